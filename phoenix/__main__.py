@@ -1,0 +1,5 @@
+import sys
+
+from phoenix.cli import main
+
+sys.exit(main())

@@ -1,0 +1,67 @@
+"""Small reusable pieces of the PhoenixStage schema: the camelCase base model and Kubernetes-style types."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic.alias_generators import to_camel
+
+# The apiserver checks these patterns with Go's RE2, pydantic with Rust's regex: keep them to the common subset.
+QUANTITY_PATTERN = (
+    r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_QUANTITY_RE = re.compile(QUANTITY_PATTERN)
+
+
+class CamelModel(BaseModel):
+    """Fields are snake_case in Python and camelCase on the wire, like every Kubernetes API."""
+
+    # extra="forbid" turns a typo in a manifest into an error instead of a silently ignored field.
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid")
+
+    def to_k8s(self) -> dict[str, Any]:
+        """The wire form: camelCase keys, unset optional fields left out."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _check_quantity(value: int | str) -> int | str:
+    if isinstance(value, str) and not _QUANTITY_RE.match(value):
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 100m, 0.5, 128Mi, 1G)")
+    return value
+
+
+# Mirrors how Kubernetes' own CRDs describe resource.Quantity: an int-or-string with the quantity pattern.
+Quantity = Annotated[
+    int | str,
+    AfterValidator(_check_quantity),
+    WithJsonSchema(
+        {
+            "anyOf": [{"type": "integer"}, {"type": "string"}],
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": True,
+        }
+    ),
+]
+
+# Names of Kubernetes objects referenced by the spec (Secrets): DNS-1123 subdomains.
+ObjectName = Annotated[
+    str,
+    Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"),
+]
+
+# A Redis key (stream) or consumer group name: any non-blank string without whitespace.
+RedisName = Annotated[str, Field(min_length=1, max_length=512, pattern=r"^\S+$")]
+
+
+class SecretKeyRef(CamelModel):
+    """One key of a Secret in the PhoenixStage's namespace."""
+
+    name: ObjectName = Field(description="Name of the Secret, in the same namespace as the PhoenixStage.")
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z0-9]+$",
+        description="Key inside the Secret's data.",
+    )

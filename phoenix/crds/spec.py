@@ -1,0 +1,291 @@
+"""PhoenixStage.spec: what one pipeline stage runs, where it reads and writes, and how it scales."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef
+
+# Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
+RUNTIME_ENV_NAMES: tuple[str, ...] = (
+    "SERVICE_NAME",
+    "INPUT_QUEUE",
+    "OUTPUT_QUEUE",
+    "CONSUMER_GROUP",
+    "DLQ_NAME",
+    "REDIS_URL",
+    "PROCESSOR",
+    "LOCK_TIMEOUT",
+    "IDEMPOTENCY_TTL",
+    "PROCESSING_TIMEOUT",
+    "CLAIM_IDLE_MS",
+    "CONCURRENCY",
+    "MAX_DELIVERIES",
+    "RETRY_BASE_SECONDS",
+    "RETRY_MAX_SECONDS",
+    "CIRCUIT_FAILURE_THRESHOLD",
+    "CIRCUIT_RESET_TIMEOUT",
+    "CIRCUIT_HALF_OPEN_CALLS",
+    "SHUTDOWN_GRACE",
+    "HEALTH_PORT",
+)
+
+STAGE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# A PhoenixStage name becomes a label value and a Deployment name: a DNS-1123 label.
+StageName = Annotated[str, Field(min_length=1, max_length=63, pattern=STAGE_NAME_PATTERN)]
+
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
+PROCESSOR_PATTERN = rf"^({_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*|[A-Za-z0-9][A-Za-z0-9_.-]*)$"
+
+
+def cel(*rules: tuple[str, str]) -> ConfigDict:
+    """Model config carrying CEL rules that the apiserver enforces; each model re-checks them in Python."""
+    return ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [{"rule": rule, "message": msg} for rule, msg in rules]}
+    )
+
+
+class DeletionPolicy(StrEnum):
+    RETAIN = "Retain"
+    DELETE = "Delete"
+
+
+class Output(CamelModel):
+    """Where the processor's results go: exactly one of `stream` or `stage`. Omit `output` for a final stage."""
+
+    model_config = cel(("has(self.stream) != has(self.stage)", "set exactly one of output.stream or output.stage"))
+
+    stream: RedisName | None = Field(
+        default=None, description="A Redis stream to append results to, e.g. `orders:enriched`."
+    )
+    stage: StageName | None = Field(
+        default=None,
+        description="The name of the next PhoenixStage in the same namespace; results go to its input "
+        "stream (`phoenix:{stage}:input` unless that stage sets `input`, so set `stream` then).",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Output:
+        if (self.stream is None) == (self.stage is None):
+            raise ValueError("set exactly one of output.stream or output.stage")
+        return self
+
+
+class RedisSpec(CamelModel):
+    """How the worker (and KEDA) reach Redis. Only Secret references: no credential is ever written in a spec."""
+
+    url_secret_ref: SecretKeyRef = Field(
+        description="Secret key holding the Redis URL (`redis://[user:password@]host:port/db`, or `rediss://` "
+        "for TLS). Given to the worker as REDIS_URL."
+    )
+    password_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding only the Redis password, used by KEDA's TriggerAuthentication (KEDA "
+        "cannot read a password inside a URL). Required when the URL has a password and autoscaling is enabled.",
+    )
+
+
+class Replicas(CamelModel):
+    """Bounds on the number of worker pods."""
+
+    model_config = cel(("self.min <= self.max", "replicas.min must be less than or equal to replicas.max"))
+
+    min: int = Field(
+        default=1,
+        ge=0,
+        le=1000,
+        description="Fewest pods; 0 lets KEDA scale the stage to zero while its stream is idle. Without "
+        "autoscaling the stage runs exactly this many.",
+    )
+    max: int = Field(default=10, ge=1, le=1000, description="Most pods KEDA may scale to.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Replicas:
+        if self.min > self.max:
+            raise ValueError(f"replicas.min ({self.min}) must be less than or equal to replicas.max ({self.max})")
+        return self
+
+
+class Autoscaling(CamelModel):
+    """KEDA autoscaling on the consumer group's lag (entries not yet delivered to any worker)."""
+
+    enabled: bool = Field(default=True, description="Create a KEDA ScaledObject for the stage.")
+    lag_count: int = Field(
+        default=10, ge=1, le=1_000_000, description="Target lag per pod: KEDA adds pods when lag/pods exceeds it."
+    )
+    activation_lag_count: int = Field(
+        default=0, ge=0, le=1_000_000, description="Lag above which a stage scaled to zero is woken up."
+    )
+    polling_interval: int = Field(default=15, ge=1, le=3600, description="Seconds between KEDA's lag checks.")
+    cooldown_period: int = Field(
+        default=180, ge=0, le=86400, description="Seconds after the last activity before scaling to replicas.min."
+    )
+
+
+class WorkerTuning(CamelModel):
+    """Worker runtime settings, passed to every pod as environment variables."""
+
+    concurrency: int = Field(default=1, ge=1, le=256, description="Records processed at once per pod (CONCURRENCY).")
+    lock_timeout: int = Field(
+        default=600, ge=1, le=86400, description="Seconds a record's processing lock is held (LOCK_TIMEOUT)."
+    )
+    idempotency_ttl: int = Field(
+        default=86400,
+        ge=1,
+        le=2_592_000,
+        alias="idempotencyTTL",
+        description="Seconds a finished record is remembered so a redelivery is skipped (IDEMPOTENCY_TTL).",
+    )
+    processing_timeout: int = Field(
+        default=600, ge=1, le=86400, description="Seconds before one process() call is cancelled (PROCESSING_TIMEOUT)."
+    )
+    claim_idle_ms: int = Field(
+        default=300_000,
+        ge=1000,
+        le=86_400_000,
+        description="Milliseconds an entry may sit unacknowledged before another pod claims it (CLAIM_IDLE_MS).",
+    )
+    max_deliveries: int = Field(
+        default=10, ge=1, le=1000, description="Deliveries of one entry before it goes to the DLQ (MAX_DELIVERIES)."
+    )
+
+
+class Retry(CamelModel):
+    """Exponential backoff for transient processor failures."""
+
+    model_config = cel(("self.baseSeconds <= self.maxSeconds", "retry.baseSeconds must not exceed retry.maxSeconds"))
+
+    base_seconds: float = Field(
+        default=2.0, gt=0, le=3600, description="First retry delay in seconds (RETRY_BASE_SECONDS)."
+    )
+    max_seconds: float = Field(
+        default=300.0, gt=0, le=86400, description="Longest retry delay in seconds (RETRY_MAX_SECONDS)."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> Retry:
+        if self.base_seconds > self.max_seconds:
+            raise ValueError(
+                f"retry.baseSeconds ({self.base_seconds}) must not exceed retry.maxSeconds ({self.max_seconds})"
+            )
+        return self
+
+
+class CircuitBreaker(CamelModel):
+    """Stops calling a failing processor for a while instead of hammering it."""
+
+    failure_threshold: int = Field(
+        default=5, ge=1, le=1000, description="Consecutive failures that open the circuit (CIRCUIT_FAILURE_THRESHOLD)."
+    )
+    reset_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Seconds the circuit stays open before trial calls (CIRCUIT_RESET_TIMEOUT).",
+    )
+    half_open_calls: int = Field(
+        default=3, ge=1, le=100, description="Trial calls allowed while half-open (CIRCUIT_HALF_OPEN_CALLS)."
+    )
+
+
+class EnvVar(CamelModel):
+    """An extra environment variable for the processor: a literal `value`, or a `secretKeyRef` for secrets."""
+
+    model_config = cel(("has(self.value) != has(self.secretKeyRef)", "set exactly one of value or secretKeyRef"))
+
+    name: str = Field(
+        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name."
+    )
+    value: str | None = Field(default=None, max_length=32768, description="Literal value; never put a secret here.")
+    secret_key_ref: SecretKeyRef | None = Field(default=None, description="Take the value from a Secret key.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvVar:
+        if (self.value is None) == (self.secret_key_ref is None):
+            raise ValueError(f"env {self.name}: set exactly one of value or secretKeyRef")
+        return self
+
+
+_RESERVED_CEL_LIST = "[" + ", ".join(f"'{name}'" for name in RUNTIME_ENV_NAMES) + "]"
+_RESERVED_MESSAGE = "spec.env must not set variables the operator derives from the spec: " + ", ".join(
+    RUNTIME_ENV_NAMES
+)
+
+
+class ResourceRequirements(CamelModel):
+    """Compute resources of the worker container, as in a Pod spec."""
+
+    requests: dict[str, Quantity] | None = Field(
+        default=None, description="Minimum resources, e.g. `{cpu: 100m, memory: 128Mi}`."
+    )
+    limits: dict[str, Quantity] | None = Field(default=None, description="Maximum resources, e.g. `{memory: 512Mi}`.")
+
+
+class PhoenixStageSpec(CamelModel):
+    """One pipeline stage: a processor reading a Redis stream through a consumer group, autoscaled by KEDA."""
+
+    processor: str = Field(
+        max_length=256,
+        pattern=PROCESSOR_PATTERN,
+        description="The processor class, `package.module:Class`, or an entry point name in group "
+        "`phoenix.processors` (router, parser, grouper).",
+    )
+    image: str = Field(min_length=1, max_length=512, description="Container image with Phoenix and the processor.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        default="IfNotPresent", description="When the kubelet pulls the image."
+    )
+    input: RedisName | None = Field(
+        default=None, description="Stream to consume. Default: `phoenix:{name}:input`."
+    )
+    output: Output | None = Field(
+        default=None, description="Where results go; omit for a final stage whose results are not forwarded."
+    )
+    consumer_group: RedisName | None = Field(default=None, description="Consumer group name. Default: `{name}-group`.")
+    dlq: RedisName | None = Field(
+        default=None, description="Dead-letter stream for records that cannot be processed. Default: `phoenix:{name}:dlq`."
+    )
+    redis: RedisSpec = Field(description="Redis connection, by Secret reference.")
+    replicas: Replicas = Field(default_factory=Replicas, description="Bounds on the number of worker pods.")
+    autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="KEDA autoscaling on consumer lag.")
+    worker: WorkerTuning = Field(default_factory=WorkerTuning, description="Worker runtime tuning.")
+    retry: Retry = Field(default_factory=Retry, description="Backoff for transient failures.")
+    circuit_breaker: CircuitBreaker = Field(default_factory=CircuitBreaker, description="Processor circuit breaker.")
+    env: list[EnvVar] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Extra environment variables for the processor (e.g. LOG_LEVEL, BILLING_URL). Variables the "
+        "operator derives from the spec (" + ", ".join(RUNTIME_ENV_NAMES) + ") cannot be set here.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {"rule": f"self.all(e, !(e.name in {_RESERVED_CEL_LIST}))", "message": _RESERVED_MESSAGE}
+            ],
+        },
+    )
+    resources: ResourceRequirements | None = Field(
+        default=None,
+        description="Worker container resources. Default: requests cpu=100m, memory=128Mi; limits cpu=1, "
+        "memory=512Mi. When set, it replaces the default as a whole.",
+    )
+    paused: bool = Field(
+        default=False, description="Scale the stage to zero and pause autoscaling; entries wait in the stream."
+    )
+    deletion_policy: DeletionPolicy = Field(
+        default=DeletionPolicy.RETAIN,
+        description="What happens to the stage's Redis data (input stream, consumer group, DLQ) when the "
+        "PhoenixStage is deleted: Retain keeps it, Delete removes it. Kubernetes objects are always removed.",
+    )
+
+    @field_validator("env")
+    @classmethod
+    def _env_not_reserved(cls, env: list[EnvVar]) -> list[EnvVar]:
+        names = [var.name for var in env]
+        if clashes := sorted(set(names) & set(RUNTIME_ENV_NAMES)):
+            raise ValueError(f"{_RESERVED_MESSAGE} (got {', '.join(clashes)})")
+        if duplicates := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"spec.env names must be unique (repeated: {', '.join(duplicates)})")
+        return env

@@ -1,0 +1,108 @@
+"""PhoenixStage.status: what the operator observed, written by the operator only."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import ConfigDict, Field
+
+from phoenix.crds.common import CamelModel
+
+
+class ConditionType(StrEnum):
+    READY = "Ready"
+    STREAM_READY = "StreamReady"
+    DEPLOYMENT_READY = "DeploymentReady"
+    AUTOSCALING_READY = "AutoscalingReady"
+
+
+class StatusModel(CamelModel):
+    # kopf stores its own bookkeeping (handler results) beside ours, so reading status back must tolerate it.
+    model_config = ConfigDict(extra="ignore")
+
+
+class Condition(StatusModel):
+    """One aspect of the stage's state, following the Kubernetes API conventions (metav1.Condition)."""
+
+    type: str = Field(
+        max_length=316,
+        pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
+        description="Ready, StreamReady, DeploymentReady or AutoscalingReady.",
+    )
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(
+        min_length=1,
+        max_length=1024,
+        pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$",
+        description="CamelCase reason for the last transition.",
+    )
+    message: str = Field(default="", max_length=32768, description="Human-readable details.")
+    last_transition_time: datetime = Field(description="When the status last changed.")
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation the condition was computed from."
+    )
+
+
+class QueueStatus(StatusModel):
+    """The input stream and consumer group, as last sampled by the operator."""
+
+    length: int | None = Field(default=None, ge=0, description="Entries in the input stream (XLEN).")
+    pending: int | None = Field(
+        default=None, ge=0, description="Entries delivered to a worker and not yet acknowledged."
+    )
+    lag: int | None = Field(default=None, ge=0, description="Entries not yet delivered to any worker (backlog).")
+    oldest_pending_seconds: int | None = Field(
+        default=None, ge=0, description="Age in seconds of the oldest unacknowledged entry."
+    )
+    dlq_length: int | None = Field(default=None, ge=0, description="Entries in the dead-letter stream.")
+    consumers: int | None = Field(default=None, ge=0, description="Consumers registered in the consumer group.")
+
+
+class ReplicaStatus(StatusModel):
+    """Worker pods of the stage's Deployment."""
+
+    desired: int = Field(default=0, ge=0, description="Pods the Deployment asks for.")
+    ready: int = Field(default=0, ge=0, description="Pods passing their readiness probe.")
+    summary: str = Field(default="0/0", max_length=32, description="`ready/desired`, for `kubectl get`.")
+
+    @classmethod
+    def of(cls, desired: int, ready: int) -> ReplicaStatus:
+        return cls(desired=desired, ready=ready, summary=f"{ready}/{desired}")
+
+
+class StreamsStatus(StatusModel):
+    """The Redis names the stage actually uses, with defaults resolved."""
+
+    input: str = Field(description="Stream the stage consumes.")
+    output: str | None = Field(default=None, description="Stream results go to; absent for a final stage.")
+    consumer_group: str = Field(description="Consumer group of the stage's workers.")
+    dlq: str = Field(description="Dead-letter stream.")
+
+
+class ReplayStatus(StatusModel):
+    """The last replay of DLQ entries back into the input stream."""
+
+    requested: int = Field(ge=0, description="Entries asked to be replayed.")
+    moved: int = Field(ge=0, description="Entries actually moved back to the input stream.")
+    at: datetime = Field(description="When the replay ran.")
+
+
+class PhoenixStageStatus(StatusModel):
+    """Observed state of the stage, maintained by the Phoenix operator."""
+
+    observed_generation: int | None = Field(
+        default=None, ge=0, description="metadata.generation of the spec last reconciled."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Ready, StreamReady, DeploymentReady and AutoscalingReady.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
+    streams: StreamsStatus | None = Field(default=None, description="Resolved Redis names.")
+    queue: QueueStatus | None = Field(default=None, description="Backlog of the input stream.")
+    replicas: ReplicaStatus | None = Field(default=None, description="Worker pods.")
+    last_restart: datetime | None = Field(default=None, description="When the workers were last restarted.")
+    last_replay: ReplayStatus | None = Field(default=None, description="The last DLQ replay.")

@@ -1,0 +1,100 @@
+"""Stream entries to typed messages, and messages back to stream fields.
+
+An entry carries `record_id`, `user_id` and `data` (a JSON object). Other plain fields, such as a
+`document_url` added by hand with redis-cli, are merged into `data` so a stage can be fed without tooling.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+# Fields the runtime owns; everything else in an entry is the processor's data.
+ENVELOPE_FIELDS = frozenset(
+    {"record_id", "user_id", "data", "retry_count", "first_failed_at", "original_id", "traceparent"}
+)
+RawFields = dict[bytes, bytes]
+
+
+@dataclass(slots=True)
+class Message:
+    entry_id: str
+    record_id: str
+    user_id: str
+    data: dict[str, Any]
+    raw: RawFields
+    retry_count: int = 0
+    first_failed_at: float | None = None
+    original_id: str | None = None
+    traceparent: str | None = None
+    deliveries: int = 1
+
+    @property
+    def enqueued_at_ms(self) -> int:
+        """Stream ids start with the server's clock at XADD, which gives queue wait for free."""
+        return int(self.entry_id.partition("-")[0])
+
+
+@dataclass(slots=True)
+class MalformedEntry:
+    entry_id: str
+    raw: RawFields
+    reason: str
+    deliveries: int = field(default=1)
+
+
+def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | MalformedEntry:
+    """Validate one entry; anything wrong becomes a MalformedEntry with the reason, never an exception."""
+    size = sum(len(k) + len(v) for k, v in raw.items())
+    if size > max_bytes:
+        return MalformedEntry(entry_id, raw, f"entry is {size} bytes, over MAX_MESSAGE_BYTES={max_bytes}")
+    try:
+        fields = {k.decode(): v.decode() for k, v in raw.items()}
+    except UnicodeDecodeError as exc:
+        return MalformedEntry(entry_id, raw, f"entry is not valid UTF-8: {exc.reason} at byte {exc.start}")
+    record_id = fields.get("record_id", "")
+    if not record_id:
+        return MalformedEntry(entry_id, raw, "missing record_id")
+    data: dict[str, Any] = {k: v for k, v in fields.items() if k not in ENVELOPE_FIELDS}
+    if "data" in fields:
+        try:
+            payload = json.loads(fields["data"])
+        except json.JSONDecodeError as exc:
+            return MalformedEntry(entry_id, raw, f"data is not valid JSON: {exc}")
+        if not isinstance(payload, dict):
+            return MalformedEntry(entry_id, raw, f"data must be a JSON object, got {type(payload).__name__}")
+        data.update(payload)
+    try:
+        retry_count = int(fields.get("retry_count", 0))
+        first_failed_at = float(fields["first_failed_at"]) if "first_failed_at" in fields else None
+    except ValueError as exc:
+        return MalformedEntry(entry_id, raw, f"bad runtime field: {exc}")
+    return Message(
+        entry_id=entry_id,
+        record_id=record_id,
+        user_id=fields.get("user_id", ""),
+        data=data,
+        raw=raw,
+        retry_count=retry_count,
+        first_failed_at=first_failed_at,
+        original_id=fields.get("original_id"),
+        traceparent=fields.get("traceparent"),
+    )
+
+
+def output_fields(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
+    """Flat field/value list for the next stage's XADD."""
+    flat = ["record_id", message.record_id, "user_id", message.user_id, "data", json.dumps(result, default=str)]
+    if traceparent:
+        flat += ["traceparent", traceparent]
+    return flat
+
+
+def retry_fields(message: Message, first_failed_at: float) -> list[str]:
+    """The entry as it goes back into the input stream for its next attempt."""
+    fields = {k.decode(): v.decode() for k, v in message.raw.items()}
+    fields["retry_count"] = str(message.retry_count + 1)
+    fields["first_failed_at"] = repr(first_failed_at)
+    fields.setdefault("original_id", message.entry_id)
+    return [item for pair in fields.items() for item in pair]

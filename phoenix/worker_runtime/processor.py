@@ -1,0 +1,84 @@
+"""The contract between the runtime and a team's processing library."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+if TYPE_CHECKING:
+    import structlog
+    from redis.asyncio import Redis
+
+    from phoenix.worker_runtime.settings import WorkerSettings
+
+T = TypeVar("T")
+
+ENTRY_POINT_GROUP = "phoenix.processors"
+
+
+class RecordNotFoundError(Exception):
+    """The record does not exist (the original design's 404): dead-lettered at once, never retried."""
+
+
+class BaseProcessor:
+    """Subclass this, implement `process`, and the runtime does everything else.
+
+    `self.redis` (a decoded redis.asyncio client), `self.logger` (a bound structlog logger) and
+    `self.settings` are set before `initialize()` is awaited.
+    """
+
+    #: Human-readable name used in logs; defaults to the class name.
+    name: ClassVar[str] = ""
+
+    redis: Redis
+    logger: structlog.typing.FilteringBoundLogger
+    settings: WorkerSettings
+
+    async def initialize(self) -> None:
+        """Open clients, load models. Called once before the first message."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        """Process one record. Return a dict to forward it to the next stage, or None to forward nothing."""
+        raise NotImplementedError
+
+    async def cleanup(self) -> None:
+        """Release what `initialize` opened. Called once at shutdown."""
+
+    async def run_blocking(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run CPU-heavy or blocking library code in a thread so the loop keeps serving other messages.
+
+        Context variables (the per-user API key among them) are visible inside the thread.
+        """
+        return await asyncio.to_thread(func, *args, **kwargs)
+
+
+class ProcessorLoadError(Exception):
+    """PROCESSOR names nothing importable, or something that is not a BaseProcessor."""
+
+
+def load_processor_class(spec: str) -> type[BaseProcessor]:
+    """Resolve `package.module:Class` or the name of an entry point in group `phoenix.processors`."""
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+        try:
+            obj: Any = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ProcessorLoadError(f"cannot import {spec!r}: {exc}") from exc
+    else:
+        matches = entry_points(group=ENTRY_POINT_GROUP, name=spec)
+        if not matches:
+            known = sorted(ep.name for ep in entry_points(group=ENTRY_POINT_GROUP))
+            raise ProcessorLoadError(
+                f"no processor named {spec!r} (entry points in {ENTRY_POINT_GROUP}: {', '.join(known) or 'none'}; "
+                "or use package.module:Class)"
+            )
+        try:
+            obj = next(iter(matches)).load()
+        except (ImportError, AttributeError) as exc:
+            raise ProcessorLoadError(f"cannot load entry point {spec!r}: {exc}") from exc
+    if not (isinstance(obj, type) and issubclass(obj, BaseProcessor)):
+        raise ProcessorLoadError(f"{spec!r} is not a subclass of phoenix.worker_runtime.BaseProcessor")
+    return obj

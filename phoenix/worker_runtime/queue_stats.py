@@ -1,0 +1,94 @@
+"""The queue dashboard of the original design: length, pending, lag, oldest pending, DLQ, consumers per stage.
+
+Used by `phoenix status`, the demo and the operator's status refresh; all stages go out in one pipeline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+
+@dataclass(frozen=True, slots=True)
+class StageQueues:
+    name: str
+    input: str
+    group: str
+    dlq: str
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    length: int
+    pending: int
+    lag: int | None  # None when Redis cannot tell (entries deleted in the unread range)
+    oldest_pending_seconds: float | None
+    dlq_length: int
+    consumers: int
+    group_exists: bool
+
+    def as_status(self) -> dict[str, int | float | None]:
+        """camelCase, as in the PhoenixStage status."""
+        return {
+            "length": self.length,
+            "pending": self.pending,
+            "lag": self.lag,
+            "oldestPendingSeconds": self.oldest_pending_seconds,
+            "dlqLength": self.dlq_length,
+            "consumers": self.consumers,
+        }
+
+
+_COMMANDS_PER_STAGE = 4
+
+
+async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueStats]:
+    """One round trip for any number of stages; a missing stream or group reads as empty."""
+    pipe = client.pipeline(transaction=False)
+    for st in stages:
+        pipe.xlen(st.input)
+        pipe.xinfo_groups(st.input)
+        pipe.xpending(st.input, st.group)
+        pipe.xlen(st.dlq)
+    replies = await pipe.execute(raise_on_error=False)
+    now_ms = time.time() * 1000
+    out = []
+    for i, st in enumerate(stages):
+        length, groups, pending, dlq_length = replies[i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE]
+        group = _find_group(groups, st.group)
+        if group is None or isinstance(pending, ResponseError):
+            out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False))
+            continue
+        oldest = None
+        if pending["pending"]:
+            first_id = pending["min"].decode() if isinstance(pending["min"], bytes) else pending["min"]
+            oldest = round(max(0.0, now_ms - int(first_id.partition("-")[0])) / 1000, 1)
+        lag = group.get("lag")
+        out.append(QueueStats(
+            length=_int(length),
+            pending=int(pending["pending"]),
+            lag=None if lag is None else int(lag),
+            oldest_pending_seconds=oldest,
+            dlq_length=_int(dlq_length),
+            consumers=int(group["consumers"]),
+            group_exists=True,
+        ))
+    return out
+
+
+def _find_group(groups: object, name: str) -> dict | None:
+    if not isinstance(groups, list):
+        return None  # ResponseError: no such stream
+    for g in groups:
+        gname = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
+        if gname == name:
+            return g
+    return None
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) else 0

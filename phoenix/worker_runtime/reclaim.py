@@ -1,0 +1,70 @@
+"""Taking over the messages of workers that died: XAUTOCLAIM of entries idle past CLAIM_IDLE_MS."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redis.asyncio import Redis
+
+from phoenix.worker_runtime.settings import WorkerSettings
+
+Entry = tuple[bytes, dict[bytes, bytes] | None]
+
+# Consumers of dead pods pile up in XINFO CONSUMERS; a live worker polls every BLOCK_MS, so an hour of
+# idleness with nothing pending means the consumer is gone for good.
+_FORGET_CONSUMER_AFTER_MS = 3_600_000
+
+
+class Reclaimer:
+    def __init__(self, client: Redis, settings: WorkerSettings) -> None:
+        self._client = client
+        self._s = settings
+        self._cursor = "0-0"
+
+    async def claim(self, count: int) -> tuple[list[Entry], int]:
+        """Up to `count` idle entries for this consumer, and how many pending entries had been trimmed away.
+
+        Trimmed entries are dropped from the PEL by XAUTOCLAIM itself (Redis 7+); they are only counted.
+        The cursor carries over between calls so a long PEL is walked a slice at a time.
+        """
+        s = self._s
+        cursor, claimed, deleted = await self._client.xautoclaim(
+            s.input_queue, s.consumer_group, s.consumer_name, s.claim_idle_ms, self._cursor, count=count
+        )
+        self._cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
+        return list(claimed), len(deleted)
+
+    @property
+    def exhausted(self) -> bool:
+        """True when the last call reached the end of the pending list."""
+        return self._cursor == "0-0"
+
+    async def delivery_counts(self, entry_ids: Sequence[str]) -> dict[str, int]:
+        """Delivery counts of entries this consumer now owns, in one XPENDING over their id range."""
+        if not entry_ids:
+            return {}
+        s = self._s
+        rows = await self._client.xpending_range(
+            s.input_queue, s.consumer_group, min=min(entry_ids, key=_id_key), max=max(entry_ids, key=_id_key),
+            count=len(entry_ids) * 4 + 100, consumername=s.consumer_name,
+        )
+        return {_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
+
+    async def forget_dead_consumers(self) -> list[str]:
+        s = self._s
+        gone = []
+        for c in await self._client.xinfo_consumers(s.input_queue, s.consumer_group):
+            name = _text(c["name"])
+            if name != s.consumer_name and int(c["pending"]) == 0 and int(c["idle"]) > _FORGET_CONSUMER_AFTER_MS:
+                await self._client.xgroup_delconsumer(s.input_queue, s.consumer_group, name)
+                gone.append(name)
+        return gone
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

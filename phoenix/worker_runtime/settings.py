@@ -1,0 +1,123 @@
+"""All worker configuration, parsed once from the environment; a bad value stops the worker at start."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, ValidationError, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class WorkerSettings(BaseSettings):
+    """One stage worker. Environment variable names follow the original design (SERVICE_NAME, INPUT_QUEUE, ...)."""
+
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
+
+    service_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    processor: str = Field(min_length=1, description="package.module:Class or an entry point in phoenix.processors")
+    redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+
+    input_queue: str = ""
+    output_queue: str = ""
+    consumer_group: str = ""
+    consumer_name: str = ""
+    dlq_name: str = ""
+
+    lock_timeout: PositiveSeconds = 600
+    idempotency_ttl: PositiveSeconds = 86400
+    processing_timeout: PositiveSeconds = 600
+    claim_idle_ms: int = Field(300_000, gt=0)
+    claim_interval: PositiveSeconds = 60
+    concurrency: int = Field(1, ge=1, le=10_000)
+    max_deliveries: int = Field(10, ge=1)
+    stream_maxlen: int = Field(100_000, ge=1)
+    dlq_maxlen: int = Field(10_000, ge=1)
+    max_message_bytes: int = Field(1_048_576, ge=1024)
+    block_ms: int = Field(5000, ge=1)
+
+    retry_base_seconds: PositiveSeconds = 2
+    retry_max_seconds: PositiveSeconds = 300
+    retry_warn_after: PositiveSeconds = 4 * 3600
+    retry_poll_interval: PositiveSeconds = 1
+
+    circuit_failure_threshold: int = Field(5, ge=1)
+    circuit_reset_timeout: PositiveSeconds = 60
+    circuit_half_open_calls: int = Field(3, ge=1)
+
+    shutdown_grace: float = Field(25, ge=0)
+    health_port: int = Field(8080, ge=0, le=65535)
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "console"] = "json"
+
+    @model_validator(mode="after")
+    def _derive_defaults(self) -> WorkerSettings:
+        # Names derived from SERVICE_NAME, as in the original design; frozen, so set through __dict__ once.
+        derived = {
+            "input_queue": self.input_queue or f"phoenix:{self.service_name}:input",
+            "consumer_group": self.consumer_group or f"{self.service_name}-group",
+            "dlq_name": self.dlq_name or f"phoenix:{self.service_name}:dlq",
+            # In a pod the hostname is the pod name; the pid separates processes sharing a host.
+            "consumer_name": self.consumer_name or f"{socket.gethostname()}-{os.getpid()}",
+        }
+        self.__dict__.update(derived)
+        if self.output_queue and self.output_queue == self.input_queue:
+            raise ValueError("OUTPUT_QUEUE must differ from INPUT_QUEUE (a stage would feed itself)")
+        if self.retry_max_seconds < self.retry_base_seconds:
+            raise ValueError("RETRY_MAX_SECONDS must be at least RETRY_BASE_SECONDS")
+        return self
+
+    @property
+    def retry_queue(self) -> str:
+        """Sorted set holding messages that wait for their next attempt (score = due time in ms)."""
+        return f"phoenix:{self.service_name}:retry"
+
+    @property
+    def lock_prefix(self) -> str:
+        return f"lock:{self.service_name}:"
+
+    @property
+    def marker_prefix(self) -> str:
+        return f"processed:{self.service_name}:"
+
+    @property
+    def redis_url_redacted(self) -> str:
+        return redact_url(self.redis_url.get_secret_value())
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+class ConfigurationError(Exception):
+    """Raised with one readable line that names the offending variable."""
+
+
+_SECRET_FIELDS = {"redis_url", "billing_master_key"}
+
+
+def describe_validation_error(exc: ValidationError) -> str:
+    """One line naming each bad variable; values of secret variables are never echoed."""
+    problems = []
+    for err in exc.errors():
+        field = str(err["loc"][0]) if err["loc"] else ""
+        name = field.upper() or "configuration"
+        value = "" if field in _SECRET_FIELDS or err["type"] == "missing" else f" (got {err.get('input')!r})"
+        problems.append(f"{name}: {err['msg']}{value}")
+    return "; ".join(problems)
+
+
+def load_settings() -> WorkerSettings:
+    try:
+        return WorkerSettings()  # type: ignore[call-arg]  # values come from the environment
+    except ValidationError as exc:
+        raise ConfigurationError(describe_validation_error(exc)) from None

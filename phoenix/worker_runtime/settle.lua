@@ -1,0 +1,62 @@
+-- Settle a batch of messages atomically, one round trip for the batch. Per item, by action:
+--   C commit:  unless the marker exists already (another worker committed first), set the idempotency
+--              marker with its TTL and XADD the result to the output stream (when it has fields); then XACK.
+--              Marker, forward and acknowledgement happen together or not at all, so a crash can neither
+--              lose the record for the next stage nor forward it twice.
+--   D dead-letter: XADD the fields to the DLQ, XACK.
+--   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
+--   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
+-- Every action then releases the record's lock if this worker still owns it (compare-and-delete).
+-- Returns per item 1 when a commit found the marker already set (a duplicate), else 0.
+-- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
+-- ARGV: group, token, marker_ttl, lock_prefix, marker_prefix, output_maxlen, dlq_maxlen, has_output,
+--       then items: action, entry_id, record_id, holds_lock (0/1), field_count, fields...
+local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local group, token, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
+local lock_prefix, marker_prefix = ARGV[4], ARGV[5]
+local output_maxlen, dlq_maxlen, has_output = ARGV[6], ARGV[7], ARGV[8] == '1'
+
+local now_ms
+local function server_now_ms()
+  if not now_ms then
+    local t = redis.call('TIME')
+    now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  end
+  return now_ms
+end
+
+local result = {}
+local i = 9
+while i <= #ARGV do
+  local action, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local holds_lock, n = ARGV[i + 3] == '1', tonumber(ARGV[i + 4])
+  local first, last = i + 5, i + 4 + n
+  local duplicate = 0
+  if action == 'C' then
+    local marker = marker_prefix .. record_id
+    if redis.call('EXISTS', marker) == 1 then
+      duplicate = 1
+    else
+      redis.call('SET', marker, entry_id, 'EX', marker_ttl)
+      if has_output and n > 0 then
+        redis.call('XADD', output, 'MAXLEN', '~', output_maxlen, '*', unpack(ARGV, first, last))
+      end
+    end
+    redis.call('XACK', input, group, entry_id)
+  elseif action == 'D' then
+    redis.call('XADD', dlq, 'MAXLEN', '~', dlq_maxlen, '*', unpack(ARGV, first, last))
+    redis.call('XACK', input, group, entry_id)
+  elseif action == 'R' then
+    redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[first]), ARGV[first + 1])
+    redis.call('XACK', input, group, entry_id)
+  end
+  if holds_lock then
+    local lock = lock_prefix .. record_id
+    if redis.call('GET', lock) == token then
+      redis.call('DEL', lock)
+    end
+  end
+  result[#result + 1] = duplicate
+  i = last + 1
+end
+return result

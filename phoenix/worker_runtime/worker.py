@@ -1,0 +1,388 @@
+"""The stage loop: read, claim, process, settle — with every guarantee of the original design.
+
+Round trips are amortised over batches: one XREADGROUP, one claim script (locks + idempotency markers)
+and, for everything that finished meanwhile, one settle script. Per message the runtime adds no round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+
+import structlog
+from redis.asyncio import Redis
+from redis.exceptions import RedisError, ResponseError
+
+from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
+from phoenix.worker_runtime.dlq import dead_letter_fields
+from phoenix.worker_runtime.locks import Claim, RecordLocks
+from phoenix.worker_runtime.messages import MalformedEntry, Message, output_fields, parse_entry
+from phoenix.worker_runtime.processor import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime.reclaim import Entry, Reclaimer
+from phoenix.worker_runtime.retry import RetryScheduler, retry_member
+from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.settle import Action, Outcome, Settler
+
+log = structlog.get_logger("phoenix.worker")
+
+_RECLAIM_BATCH = 100
+_ALIVE_WITHIN_SECONDS = 60.0
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings, processor: BaseProcessor, client: Redis) -> None:
+        """`client` must return bytes (decode_responses=False): entries are decoded here, one by one."""
+        self.settings = settings
+        self.processor = processor
+        self.redis = client
+        self.locks = RecordLocks(client, settings)
+        self.settler = Settler(client, settings, self.locks.token)
+        self.retries = RetryScheduler(client, settings)
+        self.reclaimer = Reclaimer(client, settings)
+        stage = settings.service_name
+        self.breaker = CircuitBreaker(
+            settings.circuit_failure_threshold,
+            settings.circuit_reset_timeout,
+            settings.circuit_half_open_calls,
+            on_change=self._on_circuit_change,
+        )
+        self.in_flight: dict[str, Message] = {}
+        self._slots_used = 0
+        self._slot_freed = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reread_own_pending = True  # at start: own pending entries first (id 0), then new ones (>)
+        self.last_beat = time.monotonic()
+        self._m_outcome = {o: metrics.MESSAGES.labels(stage, o) for o in
+                           ("processed", "skipped_duplicate", "retried", "dead_lettered", "deferred")}
+        self._m_duration = metrics.PROCESSING_SECONDS.labels(stage)
+        self._m_wait = metrics.QUEUE_WAIT_SECONDS.labels(stage)
+        self._m_in_flight = metrics.IN_FLIGHT.labels(stage)
+        self._m_circuit = metrics.CIRCUIT_STATE.labels(stage)
+        self._m_reclaimed = metrics.RECLAIMED.labels(stage)
+        self._m_trimmed = metrics.TRIMMED_PENDING.labels(stage)
+        self._m_contention = metrics.LOCK_CONTENTION.labels(stage)
+        self._m_circuit.set(CircuitState.CLOSED)
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def request_stop(self) -> None:
+        self._stopping.set()
+
+    def alive(self) -> bool:
+        return time.monotonic() - self.last_beat < _ALIVE_WITHIN_SECONDS
+
+    async def ready(self) -> tuple[bool, str]:
+        if self.breaker.state is CircuitState.OPEN:
+            return False, "circuit open"
+        try:
+            await asyncio.wait_for(self.redis.ping(), 2)
+        except (RedisError, TimeoutError, OSError) as exc:
+            return False, f"redis unreachable: {type(exc).__name__}"
+        return True, "ok"
+
+    async def ensure_group(self) -> None:
+        """Create the group at id 0 with MKSTREAM so entries added before the first worker are not skipped."""
+        s = self.settings
+        try:
+            await self.redis.xgroup_create(s.input_queue, s.consumer_group, id="0", mkstream=True)
+            log.info("consumer_group_created", stream=s.input_queue, group=s.consumer_group)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+
+    async def run(self) -> None:
+        """Until `request_stop`: then finish in-flight work within SHUTDOWN_GRACE and return."""
+        await self.ensure_group()
+        s = self.settings
+        log.info("worker_started", input=s.input_queue, output=s.output_queue or None, group=s.consumer_group,
+                 consumer=s.consumer_name, concurrency=s.concurrency, redis=s.redis_url_redacted)
+        settler = asyncio.create_task(self.settler.run(), name="settler")
+        loops = [
+            asyncio.create_task(self._read_loop(), name="reader"),
+            asyncio.create_task(self._every(self._renew_interval(), self._renew_locks), name="renewer"),
+            asyncio.create_task(self._every(s.claim_interval, self._reclaim), name="reclaimer"),
+            asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
+        ]
+        stop = asyncio.create_task(self._stopping.wait())
+        await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
+        for task in loops:
+            if task.done() and not task.cancelled() and task.exception():
+                log.error("worker_loop_crashed", task=task.get_name(), error=repr(task.exception()))
+            task.cancel()
+        stop.cancel()
+        await asyncio.gather(*loops, stop, return_exceptions=True)
+        await self._drain()
+        settler.cancel()
+        await asyncio.gather(settler, return_exceptions=True)
+        log.info("worker_stopped")
+
+    async def _drain(self) -> None:
+        """Let in-flight messages finish; past the grace period, cancel them: they stay pending, locks released."""
+        if self._tasks:
+            log.info("draining", in_flight=len(self._tasks), grace_seconds=self.settings.shutdown_grace)
+            _, unfinished = await asyncio.wait(self._tasks, timeout=self.settings.shutdown_grace)
+            for task in unfinished:
+                task.cancel()
+            if unfinished:
+                log.warning("shutdown_left_pending", count=len(unfinished))
+                await asyncio.wait(unfinished, timeout=10)
+
+    def _renew_interval(self) -> float:
+        s = self.settings
+        return min(s.lock_timeout, s.claim_idle_ms / 1000) / 3
+
+    async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await job()
+            except RedisError as exc:
+                log.warning("background_job_failed", job=getattr(job, "__name__", "?"), error=str(exc))
+
+    # -- capacity: at most CONCURRENCY messages between read and settle ---------------------------------------
+
+    def _free_slots(self) -> int:
+        return self.settings.concurrency - self._slots_used
+
+    async def _reserve(self, limit: int) -> int:
+        """Reserve up to `limit` slots, waiting briefly for one; 0 if none freed up (the caller loops)."""
+        if self._free_slots() <= 0:
+            self._slot_freed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._slot_freed.wait(), 1.0)
+        n = max(0, min(limit, self._free_slots()))
+        self._slots_used += n
+        return n
+
+    def _release(self, n: int = 1) -> None:
+        self._slots_used -= n
+        self._slot_freed.set()
+
+    # -- reading ---------------------------------------------------------------------------------------------
+
+    async def _read_loop(self) -> None:
+        s = self.settings
+        cursor = "0"
+        delay = 0.1
+        while not self._stopping.is_set():
+            self.last_beat = time.monotonic()
+            if self._reread_own_pending:
+                self._reread_own_pending, cursor = False, "0"
+            trial_slots = self.breaker.trial_slots()
+            if trial_slots == 0:
+                # Open, or all half-open trials running: pull no new work until the breaker lets calls through.
+                await asyncio.sleep(min(1.0, self.breaker.seconds_until_half_open() or 0.2))
+                continue
+            n = await self._reserve(s.concurrency if trial_slots is None else trial_slots)
+            if n == 0:
+                continue
+            history = cursor != ">"
+            try:
+                reply = await self.redis.xreadgroup(
+                    s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n,
+                    block=None if history else s.block_ms,
+                )
+            except ResponseError as exc:
+                self._release(n)
+                if "NOGROUP" in str(exc):
+                    # Someone deleted the stream or group (e.g. a stage reset): recreate it, keep going.
+                    await self.ensure_group()
+                    continue
+                raise
+            except RedisError as exc:
+                self._release(n)
+                log.warning("redis_read_failed", error=str(exc), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            delay = 0.1
+            entries: list[Entry] = reply[0][1] if reply else []
+            if history:
+                if not entries:
+                    cursor = ">"
+                    self._release(n)
+                    continue
+                cursor = entries[-1][0].decode()
+                counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
+                await self._dispatch(entries, n, counts)
+            else:
+                await self._dispatch(entries, n, None)
+
+    async def _reclaim(self) -> None:
+        """Take over entries idle past CLAIM_IDLE_MS (their worker died) and run them through the same checks."""
+        claimed_total = trimmed_total = 0
+        while not self._stopping.is_set():
+            n = await self._reserve(_RECLAIM_BATCH) if self._free_slots() > 0 else 0
+            if n == 0:
+                break
+            entries, trimmed = await self.reclaimer.claim(n)
+            trimmed_total += trimmed
+            claimed_total += len(entries)
+            counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
+            await self._dispatch(entries, n, counts)
+            if self.reclaimer.exhausted:
+                break
+        if trimmed_total:
+            self._m_trimmed.inc(trimmed_total)
+            log.warning("trimmed_pending_cleared", count=trimmed_total)
+        if claimed_total:
+            self._m_reclaimed.inc(claimed_total)
+            log.warning("stale_messages_claimed", count=claimed_total, idle_ms=self.settings.claim_idle_ms)
+        gone = await self.reclaimer.forget_dead_consumers()
+        if gone:
+            log.info("dead_consumers_removed", consumers=gone)
+
+    async def _promote_retries(self) -> None:
+        moved = await self.retries.promote_due()
+        if moved:
+            log.info("retries_requeued", count=moved)
+
+    async def _renew_locks(self) -> None:
+        if not self.in_flight:
+            return
+        lost = await self.locks.renew(list(self.in_flight.values()))
+        for record_id in lost:
+            # The commit still refuses to forward a record twice (it checks the marker), so this is a warning.
+            log.warning("lock_lost", record_id=record_id)
+
+    # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
+
+    async def _dispatch(self, entries: Sequence[Entry], reserved: int, counts: dict[str, int] | None) -> None:
+        s = self.settings
+        candidates: list[Message] = []
+        trimmed: list[str] = []
+        started = 0
+        for raw_id, raw in entries:
+            entry_id = raw_id.decode()
+            if entry_id in self.in_flight:
+                continue  # our own in-flight entry seen again in a history read
+            if raw is None:
+                trimmed.append(entry_id)  # trimmed from the stream while pending: nothing left to process
+                continue
+            parsed = parse_entry(entry_id, raw, s.max_message_bytes)
+            deliveries = counts.get(entry_id, 1) if counts else 1
+            if isinstance(parsed, MalformedEntry):
+                self._start(self._dead_letter(parsed.entry_id, parsed.raw, parsed.reason, "MalformedMessage", 1))
+            elif deliveries > s.max_deliveries:
+                reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
+                self._start(self._dead_letter(entry_id, raw, reason, "PoisonMessage", deliveries))
+            else:
+                parsed.deliveries = deliveries
+                candidates.append(parsed)
+                continue
+            started += 1
+        if trimmed:
+            await self.redis.xack(s.input_queue, s.consumer_group, *trimmed)
+            self._m_trimmed.inc(len(trimmed))
+            log.warning("trimmed_pending_cleared", count=len(trimmed))
+        if candidates:
+            claims = await self.locks.acquire(candidates)
+            for message, claim in zip(candidates, claims, strict=True):
+                if claim is Claim.ACQUIRED:
+                    self.in_flight[message.entry_id] = message
+                    self._start(self._handle(message))
+                    started += 1
+                elif claim is Claim.DUPLICATE:
+                    self._m_outcome["skipped_duplicate"].inc()
+                    log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
+                else:
+                    self._m_contention.inc()
+                    log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
+        self._release(reserved - started)
+        self._m_in_flight.set(self._slots_used)
+
+    def _start(self, coro: Coroutine[None, None, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._release()
+        self._m_in_flight.set(self._slots_used)
+
+    # -- one message ---------------------------------------------------------------------------------------------
+
+    async def _handle(self, m: Message) -> None:
+        structlog.contextvars.bind_contextvars(record_id=m.record_id, user_id=m.user_id, message_id=m.entry_id)
+        started = time.time()
+        self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
+        try:
+            outcome = await self._run_processor(m, started)
+            duplicate = await self.settler.settle(outcome)
+        finally:
+            self.in_flight.pop(m.entry_id, None)
+        duration = round(time.time() - started, 6)
+        if outcome.action is Action.COMMIT:
+            if duplicate:
+                self._m_outcome["skipped_duplicate"].inc()
+                log.info("duplicate_discarded", duration_seconds=duration)
+            else:
+                self._m_outcome["processed"].inc()
+                log.info("processing_complete", duration_seconds=duration)
+
+    async def _run_processor(self, m: Message, started: float) -> Outcome:
+        s = self.settings
+        if not self.breaker.try_acquire():
+            self._m_outcome["deferred"].inc()
+            log.warning("circuit_open_fast_fail")
+            return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+        try:
+            result = await asyncio.wait_for(
+                self.processor.process(m.record_id, m.user_id, m.data), s.processing_timeout
+            )
+            if result is not None and not isinstance(result, dict):
+                raise TypeError(f"process() must return a dict or None, not {type(result).__name__}")
+        except asyncio.CancelledError:
+            # Shutdown past the grace period: leave the entry pending for the next worker, free the lock.
+            self._m_outcome["deferred"].inc()
+            return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+        except RecordNotFoundError as exc:
+            self._m_duration.observe(time.time() - started)
+            self._m_outcome["dead_lettered"].inc()
+            log.warning("message_dead_lettered", error=str(exc), error_type="RecordNotFoundError")
+            fields = dead_letter_fields(m.raw, m.entry_id, error=str(exc) or "record not found",
+                                        error_type="RecordNotFoundError", stage=s.service_name,
+                                        attempts=m.retry_count + 1)
+            return Outcome(Action.DEAD_LETTER, m.entry_id, m.record_id, True, fields)
+        except Exception as exc:
+            self._m_duration.observe(time.time() - started)
+            self.breaker.record_failure()
+            return self._retry_outcome(m, exc)
+        self._m_duration.observe(time.time() - started)
+        self.breaker.record_success()
+        fields = output_fields(m, result, m.traceparent) if result is not None and s.output_queue else ()
+        return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
+
+    def _retry_outcome(self, m: Message, exc: BaseException) -> Outcome:
+        s = self.settings
+        now = time.time()
+        first = m.first_failed_at or now
+        delay_ms, member = retry_member(m, first, s)
+        error = str(exc) or type(exc).__name__
+        self._m_outcome["retried"].inc()
+        log.warning("processing_failed_will_retry", error=error, error_type=type(exc).__name__,
+                    retry_count=m.retry_count + 1, retry_in_seconds=delay_ms / 1000)
+        if now - first >= s.retry_warn_after:
+            log.warning("message_retrying_long", retrying_for_seconds=round(now - first), retry_count=m.retry_count + 1)
+        return Outcome(Action.RETRY, m.entry_id, m.record_id, True, (delay_ms, member))
+
+    async def _dead_letter(self, entry_id: str, raw: dict[bytes, bytes], reason: str, error_type: str,
+                           attempts: int) -> None:
+        """Malformed or poison entries: no lock was taken, nothing to process; the DLQ keeps them with the reason."""
+        structlog.contextvars.bind_contextvars(message_id=entry_id)
+        fields = dead_letter_fields(raw, entry_id, error=reason, error_type=error_type,
+                                    stage=self.settings.service_name, attempts=attempts)
+        await self.settler.settle(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
+        self._m_outcome["dead_lettered"].inc()
+        log.warning("message_dead_lettered", error=reason, error_type=error_type)
+
+    def _on_circuit_change(self, state: CircuitState) -> None:
+        self._m_circuit.set(state)
+        if state is CircuitState.HALF_OPEN:
+            # Messages left pending while open are ours: offer them to the trial calls first.
+            self._reread_own_pending = True

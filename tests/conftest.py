@@ -1,0 +1,32 @@
+"""Session fixtures: one real Valkey (or the user's Redis via REDIS_URL) for the whole run."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from phoenix.embedded import embedded_valkey
+
+pytest_plugins = ["tests.fixtures.kube"]
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """REDIS_URL when the user points the suite at their Redis 7+ / Valkey 8+, else an embedded Valkey."""
+    if url := os.environ.get("REDIS_URL"):
+        yield url
+        return
+    with embedded_valkey() as url:
+        yield url
+
+
+@pytest.fixture
+async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A decoded client on a database that is flushed before each test."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    await client.flushdb()
+    yield client
+    await client.aclose()

@@ -1,0 +1,414 @@
+"""Per-user billing keys against a real Valkey and a LiteLLM-compatible key service over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+import structlog
+from prometheus_client import REGISTRY
+from pydantic import SecretStr
+
+from phoenix.worker_runtime.billing import (
+    API_KEY_ENV,
+    ApiKeyProvider,
+    BillingConfigError,
+    BillingUnavailableError,
+    api_key_scope,
+    current_api_key,
+    load_billing_settings,
+)
+from tests.fixtures.key_service import KeyService, running_key_service
+
+MakeProvider = Callable[..., ApiKeyProvider]
+
+
+@pytest.fixture
+async def key_service() -> AsyncIterator[KeyService]:
+    async with running_key_service() as service:
+        yield service
+
+
+@pytest.fixture
+def stage() -> str:
+    """A stage label of its own per test, so metric counts start at zero."""
+    return f"billing-test-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def providers(
+    redis: aioredis.Redis, key_service: KeyService, stage: str
+) -> AsyncIterator[MakeProvider]:
+    """Builds providers ("workers") configured for the key service; keyword arguments override."""
+    created: list[ApiKeyProvider] = []
+
+    def make(client: aioredis.Redis | None = None, **overrides: Any) -> ApiKeyProvider:
+        kwargs: dict[str, Any] = {
+            "stage": stage, "billing_url": key_service.url, "master_key": SecretStr(key_service.master_key),
+        }
+        provider = ApiKeyProvider(client or redis, **(kwargs | overrides))
+        created.append(provider)
+        return provider
+
+    yield make
+    for provider in created:
+        await provider.aclose()
+
+
+@pytest.fixture
+def billing_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    """No billing variables or OPENAI_API_KEY from the surrounding environment leak into a test."""
+    for name in ("BILLING_URL", "BILLING_MASTER_KEY", "BILLING_SWAP_ENV", API_KEY_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def lookups(stage: str, result: str) -> float:
+    labels = {"stage": stage, "result": result}
+    return REGISTRY.get_sample_value("phoenix_billing_key_lookups_total", labels) or 0.0
+
+
+def secret(key: SecretStr | None) -> str:
+    assert key is not None
+    return key.get_secret_value()
+
+
+async def wait_until_gone(client: aioredis.Redis, name: str) -> None:
+    while await client.exists(name):
+        await asyncio.sleep(0.05)
+
+
+async def test_cached_key_is_used_without_billing_call_and_its_ttl_refreshed(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, stage: str
+) -> None:
+    await redis.set("api_key:user:alice", "sk-cached-alice", ex=100)
+
+    assert secret(await providers().key_for("alice")) == "sk-cached-alice"
+
+    assert key_service.calls == 0
+    assert await redis.ttl("api_key:user:alice") > 100
+    assert (lookups(stage, "hit"), lookups(stage, "miss")) == (1, 0)
+
+
+async def test_miss_fetches_once_with_master_key_and_caches_for_a_day(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, stage: str
+) -> None:
+    provider = providers()
+
+    first = secret(await provider.key_for("bob"))
+    second = secret(await provider.key_for("bob"))
+
+    assert key_service.calls == 1
+    assert first == second == key_service.issued[0]
+    assert key_service.requests[0]["user_id"] == "bob"
+    assert key_service.requests[0]["metadata"]["phoenix_stage"] == stage
+    assert await redis.get("api_key:user:bob") == first
+    assert 86000 < await redis.ttl("api_key:user:bob") <= 86400
+    assert not await redis.exists("fetching_key:bob")
+    assert (lookups(stage, "hit"), lookups(stage, "miss")) == (1, 1)
+
+
+async def test_concurrent_workers_fetch_a_users_key_once(
+    redis_url: str, key_service: KeyService, providers: MakeProvider, stage: str
+) -> None:
+    clients = [aioredis.Redis.from_url(redis_url, decode_responses=True) for _ in range(4)]
+    workers = [providers(client) for client in clients]
+    key_service.hold()
+    try:
+        tasks = [asyncio.create_task(workers[i % 4].key_for("carol")) for i in range(20)]
+        await key_service.wait_for_calls(1)
+        await asyncio.sleep(0.2)  # lets the other lookups reach the guard and wait; not asserted on
+        key_service.release()
+        keys = await asyncio.gather(*tasks)
+    finally:
+        for client in clients:
+            await client.aclose()
+
+    assert key_service.calls == 1
+    assert {secret(key) for key in keys} == {key_service.issued[0]}
+    assert (lookups(stage, "hit"), lookups(stage, "miss")) == (19, 1)
+
+
+def _unused_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+OUTAGES: dict[str, Callable[[KeyService], dict[str, Any]]] = {
+    "http 503": lambda s: {"_fail_status": 503},
+    "http 500": lambda s: {"_fail_status": 500},
+    "not json": lambda s: {"_raw_reply": "<html>bad gateway</html>"},
+    "no key field": lambda s: {"_raw_reply": '{"token": "x"}'},
+    "empty key": lambda s: {"_raw_reply": '{"key": ""}'},
+    "not an object": lambda s: {"_raw_reply": '["sk-x"]'},
+    "timeout": lambda s: {"_delay": 2.0, "request_timeout": 0.3},
+    "connection refused": lambda s: {"billing_url": f"http://127.0.0.1:{_unused_port()}"},
+    "wrong master key": lambda s: {"master_key": SecretStr("sk-not-the-master")},
+}
+
+
+@pytest.mark.parametrize("outage", list(OUTAGES))
+async def test_billing_outage_is_transient_caches_nothing_and_frees_the_guard(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, outage: str
+) -> None:
+    setup = OUTAGES[outage](key_service)
+    key_service.fail_status = setup.pop("_fail_status", None)
+    key_service.raw_reply = setup.pop("_raw_reply", None)
+    key_service.delay = setup.pop("_delay", 0.0)
+
+    with pytest.raises(BillingUnavailableError, match="billing service"):
+        await providers(**setup).key_for("dave")
+
+    assert not await redis.exists("api_key:user:dave")
+    assert not await redis.exists("fetching_key:dave")
+    # Once the service is healthy again, the retried message gets its key.
+    key_service.fail_status, key_service.raw_reply, key_service.delay = None, None, 0.0
+    assert secret(await providers().key_for("dave")) == key_service.issued[-1]
+
+
+async def test_rejected_master_key_is_named_in_the_error(key_service: KeyService, providers: MakeProvider) -> None:
+    with pytest.raises(BillingUnavailableError, match=r"rejected BILLING_MASTER_KEY \(HTTP 401\)"):
+        await providers(master_key=SecretStr("sk-not-the-master")).key_for("erin")
+
+
+async def test_waiter_takes_over_a_guard_left_by_a_crashed_worker(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    await redis.set("fetching_key:frank", "crashed-worker-token", ex=1)
+
+    key = secret(await providers().key_for("frank"))
+
+    assert key_service.calls == 1
+    assert await redis.get("api_key:user:frank") == key
+
+
+async def test_waiter_gives_up_as_transient_when_the_guard_never_frees(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    await redis.set("fetching_key:gina", "stuck-worker-token", ex=60)
+
+    with pytest.raises(BillingUnavailableError, match="waiting for another worker"):
+        await providers(max_wait=0.3).key_for("gina")
+
+    assert key_service.calls == 0
+    assert await redis.get("fetching_key:gina") == "stuck-worker-token"
+
+
+async def test_slow_fetch_past_guard_expiry_keeps_the_new_owners_guard_and_converges_on_one_key(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    slow = providers(guard_ttl=1, request_timeout=60)
+    patient = providers(guard_ttl=60)
+    key_service.hold()
+
+    first = asyncio.create_task(slow.key_for("hank"))
+    await key_service.wait_for_calls(1)
+    await wait_until_gone(redis, "fetching_key:hank")  # the slow worker's guard expires mid-fetch
+    second = asyncio.create_task(patient.key_for("hank"))
+    await key_service.wait_for_calls(2)
+    second_guard = await redis.get("fetching_key:hank")
+
+    key_service.release(1)  # the slow worker's reply arrives first
+    first_key = secret(await first)
+    assert await redis.get("fetching_key:hank") == second_guard  # released by its owner only
+    key_service.release()
+    second_key = secret(await second)
+
+    assert first_key == second_key == key_service.issued[0]
+    assert await redis.get("api_key:user:hank") == first_key
+    assert not await redis.exists("fetching_key:hank")
+
+
+async def test_no_user_or_billing_off_means_the_process_key(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, billing_env: pytest.MonkeyPatch
+) -> None:
+    billing_env.setenv(API_KEY_ENV, "sk-process")
+
+    assert await providers().key_for("") is None
+    assert await providers(billing_url=None, master_key=None).key_for("ivan") is None
+    with api_key_scope(None, swap_env=True):
+        assert current_api_key() == "sk-process"
+        assert os.environ[API_KEY_ENV] == "sk-process"
+
+    assert key_service.calls == 0
+    assert await redis.dbsize() == 0
+    billing_env.delenv(API_KEY_ENV)
+    assert current_api_key() is None
+
+
+@pytest.mark.parametrize("previous", ["sk-process", None])
+@pytest.mark.parametrize("processor_raises", [False, True])
+def test_env_swap_is_restored_after_the_processor(
+    billing_env: pytest.MonkeyPatch, previous: str | None, processor_raises: bool
+) -> None:
+    if previous is not None:
+        billing_env.setenv(API_KEY_ENV, previous)
+
+    def processor() -> None:
+        assert os.environ[API_KEY_ENV] == current_api_key() == "sk-user"
+        if processor_raises:
+            raise RuntimeError("LLM call failed")
+
+    try:
+        with api_key_scope(SecretStr("sk-user"), swap_env=True):
+            processor()
+    except RuntimeError:
+        assert processor_raises
+
+    assert os.environ.get(API_KEY_ENV) == previous
+    assert current_api_key() == previous
+    with api_key_scope(SecretStr("sk-next-user"), swap_env=True):  # the swap was released too
+        assert os.environ[API_KEY_ENV] == "sk-next-user"
+
+
+def test_scope_without_swap_leaves_the_environment_alone(billing_env: pytest.MonkeyPatch) -> None:
+    billing_env.setenv(API_KEY_ENV, "sk-process")
+
+    with api_key_scope(SecretStr("sk-user"), swap_env=False):
+        assert current_api_key() == "sk-user"
+        assert os.environ[API_KEY_ENV] == "sk-process"
+
+
+def test_overlapping_env_swaps_are_refused(billing_env: pytest.MonkeyPatch) -> None:
+    with api_key_scope(SecretStr("sk-a"), swap_env=True):
+        with pytest.raises(BillingConfigError, match="CONCURRENCY=1"), api_key_scope(
+            SecretStr("sk-b"), swap_env=True
+        ):
+            pass
+        assert os.environ[API_KEY_ENV] == current_api_key() == "sk-a"
+    assert API_KEY_ENV not in os.environ
+
+
+async def test_concurrent_messages_each_see_their_own_key(billing_env: pytest.MonkeyPatch) -> None:
+    billing_env.setenv(API_KEY_ENV, "sk-process")
+    both_inside = asyncio.Barrier(2)
+
+    async def message(key: str) -> tuple[str | None, str | None]:
+        with api_key_scope(SecretStr(key), swap_env=False):
+            await both_inside.wait()
+            return current_api_key(), await asyncio.to_thread(current_api_key)
+
+    assert await asyncio.gather(message("sk-a"), message("sk-b")) == [("sk-a", "sk-a"), ("sk-b", "sk-b")]
+    assert current_api_key() == "sk-process"
+
+
+@pytest.mark.parametrize(
+    ("env", "concurrency", "swaps"),
+    [
+        ({}, 8, False),
+        ({"BILLING_URL": "http://litellm:4000", "BILLING_MASTER_KEY": "sk-m"}, 1, True),
+        ({"BILLING_URL": "http://litellm:4000", "BILLING_MASTER_KEY": "sk-m", "BILLING_SWAP_ENV": "false"}, 8, False),
+        ({"BILLING_URL": "", "BILLING_SWAP_ENV": "true"}, 8, False),
+    ],
+    ids=["off", "on, swap by default", "on, no swap, concurrent", "empty url is off"],
+)
+def test_settings_that_can_work_are_accepted(
+    billing_env: pytest.MonkeyPatch, env: dict[str, str], concurrency: int, swaps: bool
+) -> None:
+    for name, value in env.items():
+        billing_env.setenv(name, value)
+
+    settings = load_billing_settings()
+    settings.check(concurrency)
+
+    assert settings.swap_env is swaps
+
+
+@pytest.mark.parametrize("swap", [None, "true"])
+def test_env_swap_with_concurrency_is_refused_at_start(billing_env: pytest.MonkeyPatch, swap: str | None) -> None:
+    billing_env.setenv("BILLING_URL", "http://litellm:4000")
+    billing_env.setenv("BILLING_MASTER_KEY", "sk-m")
+    if swap is not None:
+        billing_env.setenv("BILLING_SWAP_ENV", swap)
+
+    with pytest.raises(BillingConfigError, match=r"CONCURRENCY=1 \(got CONCURRENCY=3\).*BILLING_SWAP_ENV=false"):
+        load_billing_settings().check(3)
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"BILLING_URL": "litellm:4000"}, "BILLING_URL"),
+        ({"BILLING_URL": "http://litellm:4000", "BILLING_SWAP_ENV": "sometimes"}, "BILLING_SWAP_ENV"),
+    ],
+)
+def test_bad_settings_name_the_variable_and_not_the_master_key(
+    billing_env: pytest.MonkeyPatch, env: dict[str, str], named: str
+) -> None:
+    billing_env.setenv("BILLING_MASTER_KEY", "sk-master-do-not-echo")
+    for name, value in env.items():
+        billing_env.setenv(name, value)
+
+    with pytest.raises(BillingConfigError, match=named) as raised:
+        load_billing_settings()
+
+    assert "sk-master-do-not-echo" not in str(raised.value)
+
+
+def test_billing_url_without_master_key_is_refused(redis: aioredis.Redis) -> None:
+    for master_key in (None, SecretStr("")):
+        with pytest.raises(BillingConfigError, match="BILLING_MASTER_KEY"):
+            ApiKeyProvider(redis, stage="s", billing_url="http://litellm:4000", master_key=master_key)
+
+
+@pytest.fixture
+def rendered_logs() -> AsyncIterator[io.StringIO]:
+    """structlog rendered as JSON with tracebacks and their frames' locals, as a worker would log."""
+    saved = structlog.get_config()
+    out = io.StringIO()
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.dict_tracebacks,
+                    structlog.processors.JSONRenderer()],
+        logger_factory=structlog.PrintLoggerFactory(out),
+        cache_logger_on_first_use=False,
+    )
+    yield out
+    structlog.configure(**saved)
+
+
+async def test_keys_never_reach_logs_errors_or_reprs(
+    key_service: KeyService, providers: MakeProvider, billing_env: pytest.MonkeyPatch,
+    rendered_logs: io.StringIO, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    billing_env.setenv(API_KEY_ENV, "sk-process-own-key")
+    billing_env.setenv("BILLING_URL", key_service.url)
+    billing_env.setenv("BILLING_MASTER_KEY", key_service.master_key)
+    settings = load_billing_settings()
+    provider = providers(master_key=settings.billing_master_key)
+    logger = structlog.get_logger("worker")
+    errors: list[BaseException] = []
+
+    key = await provider.key_for("judy")
+    logger.info("lookup", key=key, again=await provider.key_for("judy"))
+    try:
+        with api_key_scope(key, swap_env=True):
+            raise RuntimeError("LLM call failed")
+    except RuntimeError as exc:
+        errors.append(exc)
+        logger.exception("processor failed")
+    for broken in (providers(master_key=SecretStr(key_service.master_key + "x")), providers(request_timeout=0.2)):
+        key_service.delay = 1.0
+        try:
+            await broken.key_for("kate")
+        except BillingUnavailableError as exc:
+            errors.append(exc)
+            logger.exception("billing unavailable")
+
+    assert '"locals"' in rendered_logs.getvalue()  # frames' locals were rendered, so the check below means something
+    assert len(errors) == 3
+    shown = "\n".join(
+        [rendered_logs.getvalue(), caplog.text, repr(settings), repr(provider), repr(key)]
+        + [f"{exc!s} {exc!r}" for exc in errors]
+    )
+    for value in [*key_service.issued, key_service.master_key, "sk-process-own-key"]:
+        assert value not in shown
