@@ -78,7 +78,8 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], path: str) -> dict[str,
             required = set(node.get("required", ()))
             out[key] = {
                 name: _with_object_default(
-                    _convert(child, defs, f"{path}.{name}"), always_present=name not in required and not _nullable(child)
+                    _convert(child, defs, f"{path}.{name}"),
+                    always_present=name not in required and not _nullable(child),
                 )
                 for name, child in value.items()
             }
@@ -109,10 +110,12 @@ def _nullable(node: dict[str, Any]) -> bool:
 
 
 def _with_object_default(schema: dict[str, Any], always_present: bool) -> dict[str, Any]:
-    """An optional, non-nullable nested object (a default_factory field) defaults to {}, so the apiserver fills
-    in its fields' defaults and `kubectl get -o yaml` shows the effective settings."""
+    """An optional, non-nullable nested object (a default_factory field) gets its fields' defaults as its own,
+    so `kubectl get -o yaml` shows the effective settings. Spelled out rather than `{}`: the apiserver checks
+    a default against the object's CEL rules before defaulting its fields."""
     if always_present and schema.get("type") == "object" and "properties" in schema and "default" not in schema:
-        return _ordered({**schema, "default": {}})
+        defaults = {name: child["default"] for name, child in schema["properties"].items() if "default" in child}
+        return _ordered({**schema, "default": defaults})
     return schema
 
 

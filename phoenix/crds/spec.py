@@ -245,7 +245,8 @@ class PhoenixStageSpec(CamelModel):
     )
     consumer_group: RedisName | None = Field(default=None, description="Consumer group name. Default: `{name}-group`.")
     dlq: RedisName | None = Field(
-        default=None, description="Dead-letter stream for records that cannot be processed. Default: `phoenix:{name}:dlq`."
+        default=None,
+        description="Dead-letter stream for records that cannot be processed. Default: `phoenix:{name}:dlq`.",
     )
     redis: RedisSpec = Field(description="Redis connection, by Secret reference.")
     replicas: Replicas = Field(default_factory=Replicas, description="Bounds on the number of worker pods.")

@@ -49,9 +49,7 @@ CATALOG: tuple[CanonicalTest, ...] = (
         ),
         {"mmol/L": (18.016, 0.0)},
     ),
-    CanonicalTest(
-        "Glucose", "mg/dL", ("Glucose", "Blood glucose", "Random glucose"), {"mmol/L": (18.016, 0.0)}
-    ),
+    CanonicalTest("Glucose", "mg/dL", ("Glucose", "Blood glucose", "Random glucose"), {"mmol/L": (18.016, 0.0)}),
     CanonicalTest(
         "Total cholesterol",
         "mg/dL",
@@ -77,9 +75,7 @@ CATALOG: tuple[CanonicalTest, ...] = (
         _CHOLESTEROL_MMOL,
     ),
     CanonicalTest("Triglycerides", "mg/dL", ("Triglycerides", "TG", "Trig"), {"mmol/L": (88.57, 0.0)}),
-    CanonicalTest(
-        "Creatinine", "mg/dL", ("Creatinine", "Creat", "Serum creatinine"), {"umol/L": (1 / 88.42, 0.0)}
-    ),
+    CanonicalTest("Creatinine", "mg/dL", ("Creatinine", "Creat", "Serum creatinine"), {"umol/L": (1 / 88.42, 0.0)}),
     CanonicalTest("eGFR", "mL/min/1.73m2", ("eGFR", "Estimated GFR", "GFR, estimated")),
     CanonicalTest("BUN", "mg/dL", ("BUN", "Blood urea nitrogen", "Urea nitrogen"), {"mmol/L": (2.801, 0.0)}),
     CanonicalTest("Sodium", "mmol/L", ("Sodium", "Na"), _SAME_ION),
@@ -90,9 +86,7 @@ CATALOG: tuple[CanonicalTest, ...] = (
     CanonicalTest("AST", "U/L", ("AST", "Aspartate aminotransferase", "SGOT")),
     CanonicalTest("Hemoglobin", "g/dL", ("Hemoglobin", "Haemoglobin", "Hgb", "Hb"), {"g/L": (0.1, 0.0)}),
     CanonicalTest("Hematocrit", "%", ("Hematocrit", "Haematocrit", "Hct")),
-    CanonicalTest(
-        "WBC", "x10^3/uL", ("WBC", "White blood cells", "White blood cell count", "Leukocytes"), _SAME_COUNT
-    ),
+    CanonicalTest("WBC", "x10^3/uL", ("WBC", "White blood cells", "White blood cell count", "Leukocytes"), _SAME_COUNT),
     CanonicalTest("RBC", "x10^6/uL", ("RBC", "Red blood cells", "Erythrocytes"), {"x10^12/L": (1.0, 0.0)}),
     CanonicalTest("Platelets", "x10^3/uL", ("Platelets", "PLT", "Platelet count"), _SAME_COUNT),
     CanonicalTest("MCV", "fL", ("MCV", "Mean corpuscular volume")),
@@ -132,9 +126,7 @@ def group_biomarkers(biomarkers: Iterable[Biomarker]) -> list[BiomarkerGroup]:
     for biomarker in biomarkers:
         found = canonical_test(biomarker)
         # The first result of a test outside the catalog fixes its group's unit.
-        test, group = groups.setdefault(
-            name_key(found.name), (found, BiomarkerGroup(name=found.name, unit=found.unit))
-        )
+        test, group = groups.setdefault(name_key(found.name), (found, BiomarkerGroup(name=found.name, unit=found.unit)))
         if biomarker.unit not in group.units:
             group.units.append(biomarker.unit)
         group.mixed_units = len({unit_key(unit) for unit in group.units}) > 1

@@ -32,6 +32,4 @@ def categorize(text: str) -> list[Category]:
 
 
 def tag_pages(texts: list[str]) -> list[Page]:
-    return [
-        Page(number=number, text=text, categories=categorize(text)) for number, text in enumerate(texts, 1)
-    ]
+    return [Page(number=number, text=text, categories=categorize(text)) for number, text in enumerate(texts, 1)]

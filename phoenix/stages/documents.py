@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit, urlunsplit
+from urllib.parse import quote, unquote, urlsplit, urlunsplit
 
 import aiohttp
 
@@ -30,7 +30,7 @@ def document_url(record_id: str, data: dict[str, Any], records_api_url: str | No
     if url := data.get("document_url"):
         return str(url)
     if records_api_url:
-        return records_api_url.format(record_id=record_id)
+        return records_api_url.format(record_id=quote(record_id, safe=""))
     raise DocumentNotFoundError(f"record {record_id} has no document_url and RECORDS_API_URL is not set")
 
 

@@ -20,9 +20,7 @@ BIOMARKER_ROW = re.compile(
     rf"\s+(?P<range>{_RANGE})(?:\s+(?P<flag>H|L))?$"
 )
 # ICD-10-CM: a letter (U is reserved), two characters, then an optional dot and up to four more.
-DIAGNOSIS_ROW = re.compile(
-    r"^(?P<code>[A-TV-Z]\d[0-9A-Z](?:\.[0-9A-Z]{1,4})?)\s+(?P<description>[A-Za-z].*)$"
-)
+DIAGNOSIS_ROW = re.compile(r"^(?P<code>[A-TV-Z]\d[0-9A-Z](?:\.[0-9A-Z]{1,4})?)\s+(?P<description>[A-Za-z].*)$")
 # CPT: five digits, or four and a category II/III letter; a trailing ISO date is the date of service.
 PROCEDURE_ROW = re.compile(
     r"^(?P<code>\d{4}[0-9FT])\s+(?P<description>[A-Za-z].*?)(?:\s+(?P<date>\d{4}-\d{2}-\d{2}))?$"
@@ -75,9 +73,7 @@ def extract_from_text(text: str, page: int) -> Findings:
         if match := VARIANT_ROW.match(line):
             findings.genetics.append(GeneticVariant(**match.groupdict(), page=page))
         elif match := DIAGNOSIS_ROW.match(line):
-            findings.diagnoses.append(
-                Diagnosis(icd10=match["code"], description=match["description"], page=page)
-            )
+            findings.diagnoses.append(Diagnosis(icd10=match["code"], description=match["description"], page=page))
         elif match := PROCEDURE_ROW.match(line):
             findings.procedures.append(
                 Procedure(cpt=match["code"], description=match["description"], date=match["date"], page=page)

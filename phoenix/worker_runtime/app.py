@@ -6,12 +6,13 @@ import asyncio
 import signal
 import sys
 
-import redis.asyncio as aioredis
 import structlog
 
+from phoenix.worker_runtime.billing import ApiKeyProvider, BillingSettings, load_billing_settings
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.processor import ProcessorLoadError, load_processor_class
+from phoenix.worker_runtime.redis_client import connect
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.worker import Worker
 
@@ -20,25 +21,29 @@ def main() -> int:
     """Exit 0 after a clean stop; 2 with one readable line on stderr when the configuration is bad."""
     try:
         settings = load_settings()
+        billing = load_billing_settings()
+        billing.check(settings.concurrency)
         processor_class = load_processor_class(settings.processor)
     except (ConfigurationError, ProcessorLoadError) as exc:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.service_name, settings.log_level, settings.log_format)
-    return asyncio.run(_serve(settings, processor_class))
+    return asyncio.run(_serve(settings, billing, processor_class))
 
 
-async def _serve(settings: WorkerSettings, processor_class: type) -> int:
+async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_class: type) -> int:
     log = structlog.get_logger("phoenix.worker")
     url = settings.redis_url.get_secret_value()
     # Two pools: the runtime decodes entries itself (bytes), processors get the friendlier str client.
-    stream_client = aioredis.Redis.from_url(url, decode_responses=False, health_check_interval=30)
-    app_client = aioredis.Redis.from_url(url, decode_responses=True, health_check_interval=30)
+    stream_client = connect(url, decode_responses=False)
+    app_client = connect(url, decode_responses=True)
     processor = processor_class()
     processor.redis = app_client
     processor.logger = structlog.get_logger(processor_class.name or processor_class.__name__)
     processor.settings = settings
-    worker = Worker(settings, processor, stream_client)
+    keys = ApiKeyProvider(app_client, stage=settings.service_name, billing_url=billing.billing_url,
+                          master_key=billing.billing_master_key)
+    worker = Worker(settings, processor, stream_client, keys, swap_env_key=billing.swap_env)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, worker.request_stop)
@@ -50,6 +55,7 @@ async def _serve(settings: WorkerSettings, processor_class: type) -> int:
         await worker.run()
     finally:
         await processor.cleanup()
+        await keys.aclose()
         if runner:
             await runner.cleanup()
         await stream_client.aclose()

@@ -1,4 +1,4 @@
-"""Per-user LLM billing: a message's LLM calls run on its user's own API key, fetched once and cached in Redis.
+"""Per-user LLM billing: a message's LLM calls run on its user's own API key, fetched once, cached in Redis.
 
 Keys: `api_key:user:{user_id}` caches the key for 24 h (the TTL is refreshed on every use);
 `fetching_key:{user_id}` is a short guard so that only one worker of the whole fleet asks the billing service
@@ -58,7 +58,10 @@ class BillingConfigError(ConfigurationError):
 class BillingSettings(BaseSettings):
     """BILLING_URL (unset = billing off), BILLING_MASTER_KEY, BILLING_SWAP_ENV (true/false; unset = auto)."""
 
-    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True, env_ignore_empty=True)
+    # Empty variables count as unset: manifests often render an absent optional value as "".
+    model_config = SettingsConfigDict(
+        case_sensitive=False, extra="ignore", frozen=True, env_ignore_empty=True
+    )
 
     billing_url: str | None = None
     billing_master_key: SecretStr | None = None
@@ -88,9 +91,10 @@ class BillingSettings(BaseSettings):
         """Refuse combinations that would bill users wrongly; call once at worker start."""
         if self.swap_env and concurrency > 1:
             raise BillingConfigError(
-                f"billing swaps OPENAI_API_KEY in the process environment, which is only safe with CONCURRENCY=1 "
-                f"(got CONCURRENCY={concurrency}): set CONCURRENCY=1, or set BILLING_SWAP_ENV=false and have "
-                "the processor pass phoenix.worker_runtime.billing.current_api_key() to its LLM client"
+                "billing swaps OPENAI_API_KEY in the process environment, which is only safe with "
+                f"CONCURRENCY=1 (got CONCURRENCY={concurrency}): set CONCURRENCY=1, or set "
+                "BILLING_SWAP_ENV=false and have the processor pass "
+                "phoenix.worker_runtime.billing.current_api_key() to its LLM client"
             )
 
 
@@ -137,7 +141,9 @@ class ApiKeyProvider:
         return self._endpoint is not None
 
     async def key_for(self, user_id: str) -> SecretStr | None:
-        """The user's own API key, or None when there is none (billing off, or empty user_id): use the process key.
+        """The user's own API key, or None when there is none (billing off, or empty user_id).
+
+        None means: use the process's own key (`api_key_scope(None, ...)` does exactly that).
 
         An empty user_id is not an error: system messages without a user run on the process's key.
         Raises BillingUnavailableError (transient) when the billing service cannot provide a key.
@@ -184,7 +190,9 @@ class ApiKeyProvider:
         earlier = await self._redis.set(
             cache_key, fetched.get_secret_value(), nx=True, get=True, ex=KEY_TTL_SECONDS
         )
-        log.info("billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=earlier is not None)
+        log.info(
+            "billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=earlier is not None
+        )
         return SecretStr(earlier) if earlier is not None else fetched
 
     async def _fetch(self, user_id: str) -> SecretStr:
@@ -203,7 +211,9 @@ class ApiKeyProvider:
                         f"billing service at {shown} rejected BILLING_MASTER_KEY (HTTP {response.status})"
                     )
                 if response.status // 100 != 2:
-                    raise BillingUnavailableError(f"billing service at {shown} answered HTTP {response.status}")
+                    raise BillingUnavailableError(
+                        f"billing service at {shown} answered HTTP {response.status}"
+                    )
                 reply: Any = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             # `from None`: aiohttp errors carry the request headers (the master key) in request_info.

@@ -25,7 +25,7 @@ local function server_now_ms()
   return now_ms
 end
 
-local result = {}
+local result, acked = {}, {}
 local i = 9
 while i <= #ARGV do
   local action, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
@@ -33,22 +33,21 @@ while i <= #ARGV do
   local first, last = i + 5, i + 4 + n
   local duplicate = 0
   if action == 'C' then
-    local marker = marker_prefix .. record_id
-    if redis.call('EXISTS', marker) == 1 then
-      duplicate = 1
-    else
-      redis.call('SET', marker, entry_id, 'EX', marker_ttl)
+    -- The marker stores the entry id that committed the record: GET processed:... answers "by which message".
+    if redis.call('SET', marker_prefix .. record_id, entry_id, 'NX', 'EX', marker_ttl) then
       if has_output and n > 0 then
         redis.call('XADD', output, 'MAXLEN', '~', output_maxlen, '*', unpack(ARGV, first, last))
       end
+    else
+      duplicate = 1
     end
-    redis.call('XACK', input, group, entry_id)
+    acked[#acked + 1] = entry_id
   elseif action == 'D' then
     redis.call('XADD', dlq, 'MAXLEN', '~', dlq_maxlen, '*', unpack(ARGV, first, last))
-    redis.call('XACK', input, group, entry_id)
+    acked[#acked + 1] = entry_id
   elseif action == 'R' then
     redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[first]), ARGV[first + 1])
-    redis.call('XACK', input, group, entry_id)
+    acked[#acked + 1] = entry_id
   end
   if holds_lock then
     local lock = lock_prefix .. record_id
@@ -58,5 +57,9 @@ while i <= #ARGV do
   end
   result[#result + 1] = duplicate
   i = last + 1
+end
+-- One XACK for the batch; chunked to stay far below Lua's limit on unpacked values.
+for j = 1, #acked, 4000 do
+  redis.call('XACK', input, group, unpack(acked, j, math.min(j + 3999, #acked)))
 end
 return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import structlog
@@ -34,14 +34,21 @@ class Outcome:
     record_id: str
     holds_lock: bool
     fields: Sequence[FieldValue] = ()
+    started_at: float = 0.0
+    duplicate: bool = False  # set after the write: a commit found the record committed by another worker
 
 
 class Settler:
-    """Queues outcomes and writes them in batches; `settle` returns once the outcome is durable in Redis."""
+    """Queues outcomes and writes everything queued since the last write in one script call.
+
+    `on_settled` gets each written batch, once it is durable in Redis; the worker frees slots there.
+    """
 
     _MAX_BATCH = 512
 
-    def __init__(self, client: Redis, settings: WorkerSettings, token: str) -> None:
+    def __init__(
+        self, client: Redis, settings: WorkerSettings, token: str, on_settled: Callable[[list[Outcome]], None]
+    ) -> None:
         self._script = lua.register(client, "settle.lua")
         s = settings
         self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
@@ -49,24 +56,32 @@ class Settler:
             s.consumer_group, token, math.ceil(s.idempotency_ttl), s.lock_prefix, s.marker_prefix,
             s.stream_maxlen, s.dlq_maxlen, "1" if s.output_queue else "0",
         ]
-        self._queue: asyncio.Queue[tuple[Outcome, asyncio.Future[bool]]] = asyncio.Queue()
+        self._on_settled = on_settled
+        self._queue: list[Outcome] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
 
-    async def settle(self, outcome: Outcome) -> bool:
-        """Returns True when a commit found the record already committed by another worker."""
-        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._queue.put_nowait((outcome, future))
-        return await future
+    def submit(self, outcome: Outcome) -> None:
+        self._queue.append(outcome)
+        self._idle.clear()
+        self._wake.set()
+
+    async def flush(self) -> None:
+        """Wait until everything submitted so far is written."""
+        await self._idle.wait()
 
     async def run(self) -> None:
-        """The committer task: takes everything queued since the last call and writes it in one script call."""
+        """The committer task."""
         while True:
-            batch = [await self._queue.get()]
-            while len(batch) < self._MAX_BATCH and not self._queue.empty():
-                batch.append(self._queue.get_nowait())
-            duplicates = await self._write([outcome for outcome, _ in batch])
-            for (_, future), duplicate in zip(batch, duplicates, strict=True):
-                if not future.done():
-                    future.set_result(bool(duplicate))
+            await self._wake.wait()
+            self._wake.clear()
+            while self._queue:
+                batch, self._queue = self._queue[: self._MAX_BATCH], self._queue[self._MAX_BATCH :]
+                for outcome, duplicate in zip(batch, await self._write(batch), strict=True):
+                    outcome.duplicate = bool(duplicate)
+                self._on_settled(batch)
+            self._idle.set()
 
     async def _write(self, outcomes: list[Outcome]) -> list[int]:
         args = list(self._head)

@@ -9,13 +9,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.dlq import dead_letter_fields
 from phoenix.worker_runtime.locks import Claim, RecordLocks
@@ -28,18 +31,41 @@ from phoenix.worker_runtime.settle import Action, Outcome, Settler
 
 log = structlog.get_logger("phoenix.worker")
 
+
+@dataclass(slots=True)
+class InFlight:
+    """A message whose lock this worker holds, from claim to settle."""
+
+    message: Message
+    deadline: float  # monotonic; the watchdog cancels the processor call past it (PROCESSING_TIMEOUT)
+    task: asyncio.Task[None] | None = None
+    timed_out: bool = False
+
 _RECLAIM_BATCH = 100
+# Reads stay small enough that the next batch is read and claimed while earlier ones are processed and
+# settled: Redis and Python then work at the same time instead of taking turns.
+_READ_BATCH = 200
 _ALIVE_WITHIN_SECONDS = 60.0
 
 
 class Worker:
-    def __init__(self, settings: WorkerSettings, processor: BaseProcessor, client: Redis) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        processor: BaseProcessor,
+        client: Redis,
+        billing: ApiKeyProvider,
+        *,
+        swap_env_key: bool = False,
+    ) -> None:
         """`client` must return bytes (decode_responses=False): entries are decoded here, one by one."""
         self.settings = settings
         self.processor = processor
+        self.billing = billing
+        self._swap_env_key = swap_env_key
         self.redis = client
         self.locks = RecordLocks(client, settings)
-        self.settler = Settler(client, settings, self.locks.token)
+        self.settler = Settler(client, settings, self.locks.token, self._on_settled)
         self.retries = RetryScheduler(client, settings)
         self.reclaimer = Reclaimer(client, settings)
         stage = settings.service_name
@@ -49,7 +75,7 @@ class Worker:
             settings.circuit_half_open_calls,
             on_change=self._on_circuit_change,
         )
-        self.in_flight: dict[str, Message] = {}
+        self.in_flight: dict[str, InFlight] = {}
         self._slots_used = 0
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -106,6 +132,8 @@ class Worker:
             asyncio.create_task(self._every(self._renew_interval(), self._renew_locks), name="renewer"),
             asyncio.create_task(self._every(s.claim_interval, self._reclaim), name="reclaimer"),
             asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
+            asyncio.create_task(self._every(min(1.0, s.processing_timeout / 10), self._enforce_timeouts),
+                                name="watchdog"),
         ]
         stop = asyncio.create_task(self._stopping.wait())
         await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
@@ -116,6 +144,8 @@ class Worker:
         stop.cancel()
         await asyncio.gather(*loops, stop, return_exceptions=True)
         await self._drain()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.settler.flush(), 30)
         settler.cancel()
         await asyncio.gather(settler, return_exceptions=True)
         log.info("worker_stopped")
@@ -177,7 +207,7 @@ class Worker:
                 # Open, or all half-open trials running: pull no new work until the breaker lets calls through.
                 await asyncio.sleep(min(1.0, self.breaker.seconds_until_half_open() or 0.2))
                 continue
-            n = await self._reserve(s.concurrency if trial_slots is None else trial_slots)
+            n = await self._reserve(_READ_BATCH if trial_slots is None else min(_READ_BATCH, trial_slots))
             if n == 0:
                 continue
             history = cursor != ">"
@@ -244,10 +274,18 @@ class Worker:
     async def _renew_locks(self) -> None:
         if not self.in_flight:
             return
-        lost = await self.locks.renew(list(self.in_flight.values()))
+        lost = await self.locks.renew([f.message for f in self.in_flight.values()])
         for record_id in lost:
             # The commit still refuses to forward a record twice (it checks the marker), so this is a warning.
             log.warning("lock_lost", record_id=record_id)
+
+    async def _enforce_timeouts(self) -> None:
+        """PROCESSING_TIMEOUT, enforced by one periodic scan instead of a timer per message."""
+        now = time.monotonic()
+        for flight in self.in_flight.values():
+            if flight.deadline < now and flight.task and not flight.task.done() and not flight.timed_out:
+                flight.timed_out = True
+                flight.task.cancel()
 
     # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
 
@@ -266,10 +304,10 @@ class Worker:
             parsed = parse_entry(entry_id, raw, s.max_message_bytes)
             deliveries = counts.get(entry_id, 1) if counts else 1
             if isinstance(parsed, MalformedEntry):
-                self._start(self._dead_letter(parsed.entry_id, parsed.raw, parsed.reason, "MalformedMessage", 1))
+                self._dead_letter(parsed.entry_id, parsed.raw, parsed.reason, "MalformedMessage", 1)
             elif deliveries > s.max_deliveries:
                 reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
-                self._start(self._dead_letter(entry_id, raw, reason, "PoisonMessage", deliveries))
+                self._dead_letter(entry_id, raw, reason, "PoisonMessage", deliveries)
             else:
                 parsed.deliveries = deliveries
                 candidates.append(parsed)
@@ -281,10 +319,14 @@ class Worker:
             log.warning("trimmed_pending_cleared", count=len(trimmed))
         if candidates:
             claims = await self.locks.acquire(candidates)
+            deadline = time.monotonic() + s.processing_timeout
             for message, claim in zip(candidates, claims, strict=True):
                 if claim is Claim.ACQUIRED:
-                    self.in_flight[message.entry_id] = message
-                    self._start(self._handle(message))
+                    flight = InFlight(message, deadline)
+                    self.in_flight[message.entry_id] = flight
+                    flight.task = task = asyncio.create_task(self._handle(flight))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
                     started += 1
                 elif claim is Claim.DUPLICATE:
                     self._m_outcome["skipped_duplicate"].inc()
@@ -295,46 +337,50 @@ class Worker:
         self._release(reserved - started)
         self._m_in_flight.set(self._slots_used)
 
-    def _start(self, coro: Coroutine[None, None, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._release()
+    def _on_settled(self, batch: list[Outcome]) -> None:
+        """Called by the settler once a batch is durable: count, log, free the slots."""
+        done = time.time()
+        for outcome in batch:
+            flight = self.in_flight.pop(outcome.entry_id, None)
+            if outcome.action is not Action.COMMIT:
+                continue  # dead letters, retries and deferrals were counted and logged when decided
+            fields = {"record_id": outcome.record_id, "message_id": outcome.entry_id,
+                      "user_id": flight.message.user_id if flight else "",
+                      "duration_seconds": round(done - outcome.started_at, 6)}
+            if outcome.duplicate:
+                self._m_outcome["skipped_duplicate"].inc()
+                log.info("duplicate_discarded", **fields)
+            else:
+                self._m_outcome["processed"].inc()
+                log.info("processing_complete", **fields)
+        self._release(len(batch))
         self._m_in_flight.set(self._slots_used)
 
     # -- one message ---------------------------------------------------------------------------------------------
 
-    async def _handle(self, m: Message) -> None:
+    async def _handle(self, flight: InFlight) -> None:
+        m = flight.message
         structlog.contextvars.bind_contextvars(record_id=m.record_id, user_id=m.user_id, message_id=m.entry_id)
         started = time.time()
         self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
-        try:
-            outcome = await self._run_processor(m, started)
-            duplicate = await self.settler.settle(outcome)
-        finally:
-            self.in_flight.pop(m.entry_id, None)
-        duration = round(time.time() - started, 6)
-        if outcome.action is Action.COMMIT:
-            if duplicate:
-                self._m_outcome["skipped_duplicate"].inc()
-                log.info("duplicate_discarded", duration_seconds=duration)
-            else:
-                self._m_outcome["processed"].inc()
-                log.info("processing_complete", duration_seconds=duration)
+        outcome = await self._run_processor(flight)
+        outcome.started_at = started
+        self.settler.submit(outcome)
 
-    async def _run_processor(self, m: Message, started: float) -> Outcome:
-        s = self.settings
+    async def _run_processor(self, flight: InFlight) -> Outcome:
+        m, s = flight.message, self.settings
+        started = time.time()
         if not self.breaker.try_acquire():
             self._m_outcome["deferred"].inc()
             log.warning("circuit_open_fast_fail")
             return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
         try:
-            result = await asyncio.wait_for(
-                self.processor.process(m.record_id, m.user_id, m.data), s.processing_timeout
-            )
+            try:
+                result = await self._call_processor(m)
+            except asyncio.CancelledError:
+                if not flight.timed_out:
+                    raise
+                raise TimeoutError(f"processing exceeded PROCESSING_TIMEOUT={s.processing_timeout:g}s") from None
             if result is not None and not isinstance(result, dict):
                 raise TypeError(f"process() must return a dict or None, not {type(result).__name__}")
         except asyncio.CancelledError:
@@ -358,6 +404,15 @@ class Worker:
         fields = output_fields(m, result, m.traceparent) if result is not None and s.output_queue else ()
         return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
 
+    async def _call_processor(self, m: Message) -> dict[str, Any] | None:
+        if self.billing.enabled:
+            # A billing outage raises BillingUnavailableError here: transient, retried like any other failure.
+            key = await self.billing.key_for(m.user_id)
+            if key is not None:
+                with api_key_scope(key, swap_env=self._swap_env_key):
+                    return await self.processor.process(m.record_id, m.user_id, m.data)
+        return await self.processor.process(m.record_id, m.user_id, m.data)
+
     def _retry_outcome(self, m: Message, exc: BaseException) -> Outcome:
         s = self.settings
         now = time.time()
@@ -371,15 +426,14 @@ class Worker:
             log.warning("message_retrying_long", retrying_for_seconds=round(now - first), retry_count=m.retry_count + 1)
         return Outcome(Action.RETRY, m.entry_id, m.record_id, True, (delay_ms, member))
 
-    async def _dead_letter(self, entry_id: str, raw: dict[bytes, bytes], reason: str, error_type: str,
-                           attempts: int) -> None:
+    def _dead_letter(self, entry_id: str, raw: dict[bytes, bytes], reason: str, error_type: str,
+                     attempts: int) -> None:
         """Malformed or poison entries: no lock was taken, nothing to process; the DLQ keeps them with the reason."""
-        structlog.contextvars.bind_contextvars(message_id=entry_id)
         fields = dead_letter_fields(raw, entry_id, error=reason, error_type=error_type,
                                     stage=self.settings.service_name, attempts=attempts)
-        await self.settler.settle(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
+        self.settler.submit(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
         self._m_outcome["dead_lettered"].inc()
-        log.warning("message_dead_lettered", error=reason, error_type=error_type)
+        log.warning("message_dead_lettered", message_id=entry_id, error=reason, error_type=error_type)
 
     def _on_circuit_change(self, state: CircuitState) -> None:
         self._m_circuit.set(state)

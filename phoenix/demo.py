@@ -1,0 +1,394 @@
+"""`make demo`: the example pipeline router -> parser -> grouper on this machine, with a live queue table.
+
+Starts an embedded Valkey (or uses `--redis-url`), runs each stage as its own `phoenix worker` process, enqueues
+the sample lab reports, redraws a per-stage table until every record is grouped, prints one record's grouped
+biomarkers and stops everything. Worker logs go to files under `--work-dir`, so the terminal shows only the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TextIO
+
+import redis.asyncio as aioredis
+
+from phoenix.embedded import embedded_valkey
+from phoenix.stages.keys import grouped_key
+from phoenix.stages.models import BiomarkerGroup, GroupList
+from phoenix.stages.samples import ensure_samples
+from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.settings import WorkerSettings, redact_url
+
+SHOWCASE_SAMPLE = "02-diabetes-follow-up.pdf"  # the report whose biomarkers come in several names and units
+REFRESH_SECONDS = 0.25
+RATE_WINDOW_SECONDS = 2.0
+STOP_WAIT_SECONDS = 30.0
+
+
+class DemoError(Exception):
+    """The pipeline did not finish as expected; the message says what to look at."""
+
+
+@dataclass(frozen=True)
+class DemoStage:
+    name: str  # also the processor entry point
+    output: str  # next stage's input stream; "" for the last stage
+
+    @property
+    def queues(self) -> StageQueues:
+        return StageQueues(self.name, f"phoenix:{self.name}:input", f"{self.name}-group", f"phoenix:{self.name}:dlq")
+
+
+PIPELINE = (
+    DemoStage("router", "phoenix:parser:input"),
+    DemoStage("parser", "phoenix:grouper:input"),
+    DemoStage("grouper", ""),
+)
+
+
+@dataclass(frozen=True)
+class Record:
+    record_id: str
+    user_id: str
+    document: Path
+
+
+# -- worker processes ---------------------------------------------------------------------------------------------
+
+
+def worker_env(stage: DemoStage, redis_url: str, base: dict[str, str]) -> dict[str, str]:
+    # A worker variable left in the caller's shell (INPUT_QUEUE, CONCURRENCY, ...) must not rewire the demo.
+    worker_vars = {name.upper() for name in WorkerSettings.model_fields}
+    env = {k: v for k, v in base.items() if k.upper() not in worker_vars}
+    env.update(
+        SERVICE_NAME=stage.name,
+        PROCESSOR=stage.name,
+        REDIS_URL=redis_url,
+        HEALTH_PORT="0",  # several workers on one host: no probe ports to collide
+        LOG_FORMAT="json",
+    )
+    if stage.output:
+        env["OUTPUT_QUEUE"] = stage.output
+    return env
+
+
+@dataclass
+class WorkerProcess:
+    stage: DemoStage
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    @classmethod
+    def start(cls, stage: DemoStage, redis_url: str, log_dir: Path) -> WorkerProcess:
+        log_path = log_dir / f"{stage.name}.log"
+        with log_path.open("wb") as log:
+            # Own session: Ctrl-C reaches only the demo, which then stops the workers in order.
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "phoenix", "worker"],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=worker_env(stage, redis_url, dict(os.environ)),
+                start_new_session=True,
+            )
+        return cls(stage, popen, log_path)
+
+    def check_running(self) -> None:
+        if (code := self.popen.poll()) is not None:
+            tail = "\n".join(self.log_path.read_text(errors="replace").splitlines()[-15:])
+            raise DemoError(f"the {self.stage.name} worker exited with code {code}; {self.log_path} ends with:\n{tail}")
+
+
+def stop_workers(workers: Sequence[WorkerProcess]) -> None:
+    """SIGTERM all (they finish in-flight work and exit), then SIGKILL whatever is still running."""
+    for worker in workers:
+        if worker.popen.poll() is None:
+            worker.popen.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + STOP_WAIT_SECONDS
+    for worker in workers:
+        try:
+            worker.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            worker.popen.kill()
+            worker.popen.wait()
+
+
+@contextlib.contextmanager
+def running_workers(redis_url: str, log_dir: Path) -> Iterator[list[WorkerProcess]]:
+    log_dir.mkdir(parents=True, exist_ok=True)
+    workers: list[WorkerProcess] = []
+    try:
+        for stage in PIPELINE:
+            workers.append(WorkerProcess.start(stage, redis_url, log_dir))
+        yield workers
+    finally:
+        stop_workers(workers)
+
+
+# -- the live table -----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StageRow:
+    name: str
+    backlog: int | None  # entries not yet delivered to any worker (the group's lag)
+    in_flight: int  # delivered, not yet acknowledged (pending)
+    done: int | None  # delivered and acknowledged
+    dlq: int
+    workers: int
+    rate: float  # acknowledged entries per second over the last RATE_WINDOW_SECONDS
+
+    @classmethod
+    def of(cls, name: str, stats: QueueStats, rate: float) -> StageRow:
+        return cls(name, stats.lag, stats.pending, acknowledged(stats), stats.dlq_length, stats.consumers, rate)
+
+    def counts(self) -> tuple[int | None, ...]:
+        return self.backlog, self.in_flight, self.done, self.dlq, self.workers
+
+
+def acknowledged(stats: QueueStats) -> int | None:
+    """Entries of the input stream the group has read and acknowledged: LENGTH - LAG - PENDING.
+
+    XACK does not delete entries, so this holds while the stream is not trimmed (the demo stays far below
+    STREAM_MAXLEN). An entry sent back for a retry counts once per attempt. None when Redis cannot tell the lag.
+    """
+    if stats.lag is None:
+        return None
+    return stats.length - stats.lag - stats.pending
+
+
+@dataclass
+class RateMeter:
+    """Acknowledgements per second of each stage, from the `done` counts of recent snapshots."""
+
+    history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+
+    def rate(self, name: str, now: float, done: int | None) -> float:
+        samples = self.history.setdefault(name, deque())
+        if done is None:
+            return 0.0
+        samples.append((now, done))
+        while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW_SECONDS:
+            samples.popleft()
+        (t0, d0) = samples[0]
+        return (done - d0) / (now - t0) if now > t0 else 0.0
+
+
+TABLE_HEADER = ("STAGE", "BACKLOG", "IN-FLIGHT", "DONE", "DLQ", "WORKERS", "RATE")
+
+
+def render_table(rows: Sequence[StageRow]) -> list[str]:
+    def cell(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    lines = [TABLE_HEADER] + [
+        (row.name, *(cell(v) for v in row.counts()), f"{row.rate:.1f}/s") for row in rows
+    ]
+    return format_columns(lines)
+
+
+def format_columns(lines: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines]
+
+
+class TableDisplay:
+    """Redraws the table in place on a terminal; elsewhere (CI, pipes) prints each changed snapshot as lines."""
+
+    def __init__(self, out: TextIO, started: float) -> None:
+        self.out = out
+        self.started = started
+        self.redraw = out.isatty()
+        self._drawn_lines = 0
+        self._last_counts: list[tuple[int | None, ...]] | None = None
+
+    def show(self, rows: Sequence[StageRow], *, final: bool = False) -> None:
+        counts = [row.counts() for row in rows]
+        lines = render_table(rows)
+        if self.redraw:
+            # Cursor up to the first line of the previous table, clear to the end of the screen, draw again.
+            prefix = f"\x1b[{self._drawn_lines}F\x1b[J" if self._drawn_lines else ""
+            self.out.write(prefix + "\n".join(lines) + "\n")
+            self._drawn_lines = len(lines)
+        elif final or counts != self._last_counts:
+            elapsed = time.monotonic() - self.started
+            self.out.write(f"--- {elapsed:5.1f} s{' (final)' if final else ''}\n" + "\n".join(lines) + "\n")
+        self._last_counts = counts
+        self.out.flush()
+
+
+# -- the pipeline run ---------------------------------------------------------------------------------------------
+
+
+def plan_records(samples: Sequence[Path], copies: int, run_id: str) -> list[Record]:
+    """Each sample `copies` times under fresh record ids (a rerun is new work, not a duplicate) and varied users."""
+    records = []
+    for copy in range(copies):
+        for path in samples:
+            n = len(records) + 1
+            records.append(Record(f"demo-{run_id}-{n:03d}", f"user-{copy % 3 + 1}", path))
+    return records
+
+
+async def enqueue(client: aioredis.Redis, stream: str, records: Sequence[Record]) -> None:
+    async with client.pipeline(transaction=False) as pipe:
+        for r in records:
+            data = json.dumps({"document_url": r.document.resolve().as_uri()})
+            pipe.xadd(stream, {"record_id": r.record_id, "user_id": r.user_id, "data": data})
+        await pipe.execute()
+
+
+async def finished_records(client: aioredis.Redis, records: Sequence[Record], since_id: str) -> tuple[int, int]:
+    """(grouped, dead-lettered) among `records`: every record ends in exactly one of the two."""
+    grouped = await client.exists(*(grouped_key(r.record_id) for r in records))
+    ours = {r.record_id for r in records}
+    dead = 0
+    for stage in PIPELINE:
+        entries = await client.xrange(stage.queues.dlq, min=since_id)
+        dead += sum(1 for _, fields in entries if fields.get("record_id") in ours)
+    return grouped, dead
+
+
+async def snapshot(client: aioredis.Redis, meter: RateMeter) -> list[StageRow]:
+    stats = await collect(client, [stage.queues for stage in PIPELINE])
+    now = time.monotonic()
+    return [StageRow.of(s.name, st, meter.rate(s.name, now, acknowledged(st))) for s, st in zip(PIPELINE, stats,
+                                                                                              strict=True)]
+
+
+def drained(rows: Sequence[StageRow]) -> bool:
+    return all(row.backlog == 0 and row.in_flight == 0 for row in rows)
+
+
+async def run_pipeline(
+    client: aioredis.Redis, workers: Sequence[WorkerProcess], records: Sequence[Record], timeout: float, out: TextIO
+) -> None:
+    since_id = f"{int(time.time() * 1000)}-0"  # DLQ entries of this run are newer than this
+    await enqueue(client, PIPELINE[0].queues.input, records)
+    started = time.monotonic()
+    display, meter = TableDisplay(out, started), RateMeter()
+    while True:
+        for worker in workers:
+            worker.check_running()
+        grouped, dead = await finished_records(client, records, since_id)
+        rows = await snapshot(client, meter)
+        # Rows are read after the records: once all are finished, an empty pipeline here means nothing is left.
+        if grouped + dead == len(records) and drained(rows):
+            display.show(rows, final=True)
+            break
+        display.show(rows)
+        if time.monotonic() - started > timeout:
+            raise DemoError(f"the pipeline did not drain within {timeout:.0f} s ({grouped + dead} of "
+                            f"{len(records)} records finished); see the worker logs")
+        await asyncio.sleep(REFRESH_SECONDS)
+    if dead:
+        raise DemoError(f"{dead} records were dead-lettered; inspect them with `phoenix dlq list --service <stage>`")
+
+
+# -- the result ---------------------------------------------------------------------------------------------------
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def render_groups(groups: Sequence[BiomarkerGroup]) -> list[str]:
+    """One line per measurement; a group's canonical name on its first line, values also in the group's unit."""
+    lines: list[tuple[str, ...]] = [("BIOMARKER", "REPORTED AS", "VALUE", "AS CANONICAL", "FLAG", "REFERENCE", "PAGE")]
+    for group in groups:
+        for i, m in enumerate(group.measurements):
+            canonical = "-" if m.normalized_value is None else f"{_number(m.normalized_value)} {group.unit}"
+            lines.append((
+                group.name if i == 0 else "",
+                m.name,
+                f"{_number(m.value)} {m.unit}",
+                canonical,
+                m.flag,
+                m.reference_range or "-",
+                str(m.page),
+            ))
+    return format_columns(lines)
+
+
+async def print_grouped(client: aioredis.Redis, record: Record, out: TextIO) -> None:
+    raw = await client.get(grouped_key(record.record_id))
+    if raw is None:
+        raise DemoError(f"no grouped biomarkers at {grouped_key(record.record_id)}")
+    groups = GroupList.validate_json(raw)
+    mixed = sum(g.mixed_units for g in groups)
+    out.write(f"\nGrouped biomarkers of record {record.record_id} ({record.document.name}, {record.user_id}): "
+              f"{len(groups)} groups, {mixed} reported in mixed units\n")
+    out.write("\n".join(render_groups(groups)) + "\n")
+
+
+# -- entry point --------------------------------------------------------------------------------------------------
+
+
+async def demo(redis_url: str, workers: Sequence[WorkerProcess], records: Sequence[Record], timeout: float,
+               out: TextIO) -> None:
+    async with aioredis.Redis.from_url(redis_url, decode_responses=True) as client:
+        await run_pipeline(client, workers, records, timeout, out)
+        showcase = next((r for r in records if r.document.name == SHOWCASE_SAMPLE), records[0])
+        await print_grouped(client, showcase, out)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m phoenix.demo", description=__doc__.splitlines()[0])
+    p.add_argument("--redis-url", help="use this Redis 7+ / Valkey instead of starting an embedded Valkey")
+    p.add_argument("--work-dir", type=Path, default=Path(".cache/demo"), help="sample PDFs and worker logs")
+    p.add_argument("--copies", type=int, default=10, help="times each of the 5 sample reports is enqueued")
+    p.add_argument("--timeout", type=float, default=120, help="seconds to wait for the pipeline to drain")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.copies < 1:
+        _parser().error("--copies must be at least 1")
+    # SIGTERM (e.g. from a CI runner) cleans up exactly like Ctrl-C.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    out = sys.stdout
+    began = time.monotonic()
+    samples = ensure_samples(args.work_dir / "samples")
+    records = plan_records(samples, args.copies, secrets.token_hex(3))
+    log_dir = args.work_dir / "logs"
+    try:
+        with contextlib.ExitStack() as stack:
+            if args.redis_url:
+                url = args.redis_url
+                out.write(f"Using Redis at {redact_url(url)}\n")
+            else:
+                url = stack.enter_context(embedded_valkey())
+                out.write(f"Started embedded Valkey at {url}\n")
+            workers = stack.enter_context(running_workers(url, log_dir))
+            out.write(f"Workers: {' -> '.join(s.name for s in PIPELINE)} (logs in {log_dir}/)\n"
+                      f"Enqueued {len(records)} records ({len(samples)} sample reports x {args.copies})\n\n")
+            out.flush()
+            asyncio.run(demo(url, workers, records, args.timeout, out))
+            out.write("\nStopping workers...\n")
+            out.flush()
+    except KeyboardInterrupt:
+        print("\nInterrupted: workers stopped.", file=sys.stderr)
+        return 130
+    except DemoError as exc:
+        print(f"\ndemo failed: {exc}", file=sys.stderr)
+        return 1
+    out.write(f"Done in {time.monotonic() - began:.1f} s.\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

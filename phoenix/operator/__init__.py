@@ -1,0 +1,1 @@
+"""The Phoenix operator: kopf handlers that reconcile PhoenixStages into Deployments and KEDA objects."""

@@ -1,0 +1,136 @@
+"""The worker Deployment of a stage: `phoenix worker` configured entirely through environment variables."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phoenix.crds import PhoenixStageSpec, StreamsStatus
+from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
+from phoenix.operator.builders.security import container_security_context, pod_security_context
+from phoenix.operator.builders.streams import resolve_streams
+
+HEALTH_PORT = 8080
+PORT_NAME = "http"
+CONTAINER_NAME = "worker"
+RESTARTED_AT_ANNOTATION = "phoenix.io/restartedAt"
+TERMINATION_GRACE_SECONDS = 30
+# The worker drains in-flight records for SHUTDOWN_GRACE, leaving 5 s before the kubelet's SIGKILL.
+SHUTDOWN_GRACE_SECONDS = TERMINATION_GRACE_SECONDS - 5
+DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
+    "requests": {"cpu": "100m", "memory": "128Mi"},
+    "limits": {"cpu": "1", "memory": "512Mi"},
+}
+
+
+def _number(value: float) -> str:
+    """2.0 -> "2", 0.5 -> "0.5": what a person would write in the env var."""
+    return str(int(value)) if value.is_integer() else repr(value)
+
+
+def worker_env(name: str, spec: PhoenixStageSpec, streams: StreamsStatus) -> list[dict[str, Any]]:
+    """The container env: runtime variables derived from the spec, then the spec's own extra variables."""
+    plain: dict[str, str] = {
+        "SERVICE_NAME": name,
+        "INPUT_QUEUE": streams.input,
+        "CONSUMER_GROUP": streams.consumer_group,
+        "DLQ_NAME": streams.dlq,
+        "PROCESSOR": spec.processor,
+        "LOCK_TIMEOUT": str(spec.worker.lock_timeout),
+        "IDEMPOTENCY_TTL": str(spec.worker.idempotency_ttl),
+        "PROCESSING_TIMEOUT": str(spec.worker.processing_timeout),
+        "CLAIM_IDLE_MS": str(spec.worker.claim_idle_ms),
+        "CONCURRENCY": str(spec.worker.concurrency),
+        "MAX_DELIVERIES": str(spec.worker.max_deliveries),
+        "RETRY_BASE_SECONDS": _number(spec.retry.base_seconds),
+        "RETRY_MAX_SECONDS": _number(spec.retry.max_seconds),
+        "CIRCUIT_FAILURE_THRESHOLD": str(spec.circuit_breaker.failure_threshold),
+        "CIRCUIT_RESET_TIMEOUT": _number(spec.circuit_breaker.reset_timeout),
+        "CIRCUIT_HALF_OPEN_CALLS": str(spec.circuit_breaker.half_open_calls),
+        "SHUTDOWN_GRACE": str(SHUTDOWN_GRACE_SECONDS),
+        "HEALTH_PORT": str(HEALTH_PORT),
+    }
+    if streams.output is not None:
+        plain["OUTPUT_QUEUE"] = streams.output
+    url_ref = spec.redis.url_secret_ref
+    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
+    env.append({"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": url_ref.name, "key": url_ref.key}}})
+    for var in spec.env:
+        if var.secret_key_ref is not None:
+            ref = var.secret_key_ref
+            env.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+        else:
+            env.append({"name": var.name, "value": var.value})
+    return env
+
+
+def worker_resources(spec: PhoenixStageSpec) -> dict[str, Any]:
+    if spec.resources is None:
+        return {section: dict(values) for section, values in DEFAULT_RESOURCES.items()}
+    return spec.resources.to_k8s()
+
+
+def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
+    return {
+        "httpGet": {"path": path, "port": PORT_NAME},
+        "periodSeconds": period,
+        "timeoutSeconds": 2,
+        "failureThreshold": failures,
+    }
+
+
+def _container(name: str, spec: PhoenixStageSpec) -> dict[str, Any]:
+    return {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": spec.image_pull_policy,
+        "command": ["phoenix", "worker"],
+        "env": worker_env(name, spec, resolve_streams(name, spec)),
+        "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
+        # Liveness: the event loop answers. Readiness: Redis reachable and the consumer loop running.
+        "livenessProbe": _probe("/healthz", period=10, failures=3),
+        "readinessProbe": _probe("/readyz", period=5, failures=2),
+        "resources": worker_resources(spec),
+        "securityContext": container_security_context(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+
+
+def desired_replicas(spec: PhoenixStageSpec) -> int:
+    """Replicas the operator sets: replicas.min, or 0 while paused. With autoscaling, KEDA's HPA moves it."""
+    return 0 if spec.paused else spec.replicas.min
+
+
+def build_deployment(owner: Owner, spec: PhoenixStageSpec, *, restarted_at: str | None = None) -> dict[str, Any]:
+    """The Deployment running the stage's workers.
+
+    `restarted_at` (an RFC 3339 time) goes into the pod template as `phoenix.io/restartedAt`: changing it rolls
+    the pods, like `kubectl rollout restart`. Pass the current value on every reconcile so it is kept.
+    """
+    pod_annotations = {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": str(HEALTH_PORT),
+        "prometheus.io/path": "/metrics",
+    }
+    if restarted_at is not None:
+        pod_annotations[RESTARTED_AT_ANNOTATION] = restarted_at
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": child_metadata(owner, owner.name),
+        "spec": {
+            "replicas": desired_replicas(spec),
+            "selector": {"matchLabels": selector_labels(owner.name)},
+            "template": {
+                "metadata": {"labels": stage_labels(owner.name), "annotations": pod_annotations},
+                "spec": {
+                    # Workers talk to Redis only; no Kubernetes API token in the pod.
+                    "automountServiceAccountToken": False,
+                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "securityContext": pod_security_context(),
+                    "containers": [_container(owner.name, spec)],
+                    # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there).
+                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
+                },
+            },
+        },
+    }

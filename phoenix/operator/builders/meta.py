@@ -1,0 +1,63 @@
+"""Metadata every child object of a PhoenixStage carries: labels and the owner reference that lets Kubernetes
+garbage-collect children when their PhoenixStage is deleted."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+WORKER_APP_NAME = "phoenix-worker"
+MANAGED_BY = "phoenix-operator"
+STAGE_LABEL = "phoenix.io/stage"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The PhoenixStage that owns the objects being built."""
+
+    api_version: str
+    kind: str
+    name: str
+    namespace: str
+    uid: str
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> Owner:
+        """From a kopf body or any object dict with apiVersion, kind and metadata.name/namespace/uid."""
+        meta = body["metadata"]
+        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"])
+
+
+def owner_reference(owner: Owner) -> dict[str, Any]:
+    # controller=True marks the single managing owner; blockOwnerDeletion makes foreground deletion wait for it.
+    return {
+        "apiVersion": owner.api_version,
+        "kind": owner.kind,
+        "name": owner.name,
+        "uid": owner.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def selector_labels(stage: str) -> dict[str, str]:
+    """The immutable subset used in the Deployment's selector."""
+    return {"app.kubernetes.io/name": WORKER_APP_NAME, "app.kubernetes.io/instance": stage}
+
+
+def stage_labels(stage: str) -> dict[str, str]:
+    return {**selector_labels(stage), "app.kubernetes.io/managed-by": MANAGED_BY, STAGE_LABEL: stage}
+
+
+def child_metadata(owner: Owner, name: str, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """metadata of a child object named `name` in the owner's namespace."""
+    meta: dict[str, Any] = {
+        "name": name,
+        "namespace": owner.namespace,
+        "labels": stage_labels(owner.name),
+        "ownerReferences": [owner_reference(owner)],
+    }
+    if annotations:
+        meta["annotations"] = dict(annotations)
+    return meta

@@ -1,0 +1,78 @@
+"""Parser stage: extract biomarkers, diagnoses, procedures and variants from the pages the router stored.
+
+Rules (extraction.py) by default; an OpenAI-compatible model (llm_extraction.py) when PARSER_LLM_URL is set,
+billed to the message's user through the key the runtime makes current.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
+from phoenix.stages.extraction import extract_findings
+from phoenix.stages.keys import pages_key, parsed_key
+from phoenix.stages.llm_extraction import LLMExtractor
+from phoenix.stages.models import Findings, Page, PageList
+from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime.billing import current_api_key
+
+
+class ParserSettings(BaseSettings):
+    """PARSED_TTL: how long findings stay in Redis. PARSER_LLM_URL (unset = rules), PARSER_LLM_MODEL and
+    PARSER_LLM_TIMEOUT configure the model."""
+
+    parsed_ttl: int = Field(86400, gt=0)
+    parser_llm_url: str | None = None
+    parser_llm_model: str = "gpt-4o-mini"
+    parser_llm_timeout: float = Field(120, gt=0)
+
+
+def summary(findings: Findings) -> dict[str, Any]:
+    """What the parser forwards to the next stage: counts, not the findings (those are in Redis)."""
+    return {
+        "biomarker_count": len(findings.biomarkers),
+        "diagnosis_count": len(findings.diagnoses),
+        "procedures_count": len(findings.procedures),
+        "genetics_count": len(findings.genetics),
+        "status": "empty" if findings.is_empty() else "parsed",
+    }
+
+
+class ParserProcessor(BaseProcessor):
+    config: ParserSettings
+    llm: LLMExtractor | None = None
+
+    async def initialize(self) -> None:
+        self.config = ParserSettings()
+        if self.config.parser_llm_url:
+            self.llm = LLMExtractor(
+                self.config.parser_llm_url, self.config.parser_llm_model, self.config.parser_llm_timeout
+            )
+
+    async def cleanup(self) -> None:
+        if self.llm is not None:
+            await self.llm.close()
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        source, target = data.get("pages_key") or pages_key(record_id), parsed_key(record_id)
+        raw_pages = await self.redis.get(source)
+        if raw_pages is None:
+            # A redelivery after this stage already succeeded (a crash before the ack) finds its own result.
+            if (done := await self.redis.get(target)) is not None:
+                return summary(Findings.model_validate_json(done))
+            raise RecordNotFoundError(f"no pages for record {record_id} at {source}: expired or never routed")
+        findings = await self.extract(PageList.validate_json(raw_pages))
+        # One transaction: the pages disappear only together with the findings that replace them.
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.set(target, findings.model_dump_json(), ex=self.config.parsed_ttl).delete(source)
+            await pipe.execute()
+        result = summary(findings)
+        self.logger.info("document_parsed", record_id=record_id, **result)
+        return result
+
+    async def extract(self, pages: list[Page]) -> Findings:
+        if self.llm is None:
+            return await self.run_blocking(extract_findings, pages)
+        return await self.llm.extract(pages, api_key=current_api_key())

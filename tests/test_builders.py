@@ -1,0 +1,333 @@
+"""Pure builders: spec in, Kubernetes objects out, checked field by field without a cluster."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from phoenix.crds import RUNTIME_ENV_NAMES, ConditionType, PhoenixStageSpec
+from phoenix.operator.builders import (
+    AutoscalingConfigError,
+    Owner,
+    RedisUrlError,
+    build_deployment,
+    build_scaled_object,
+    build_trigger_authentication,
+    new_condition,
+    redis_connection,
+    resolve_streams,
+    set_condition,
+)
+
+OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
+REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
+REDIS_WITH_PASSWORD = {**REDIS, "passwordSecretRef": {"name": "phoenix-redis", "key": "password"}}
+
+
+def make_spec(**changes: Any) -> PhoenixStageSpec:
+    return PhoenixStageSpec.model_validate({"processor": "parser", "image": "img:1", "redis": REDIS, **changes})
+
+
+def container(deployment: dict[str, Any]) -> dict[str, Any]:
+    (only,) = deployment["spec"]["template"]["spec"]["containers"]
+    return only
+
+
+def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
+    return {var["name"]: var.get("value", var.get("valueFrom")) for var in container(deployment)["env"]}
+
+
+# --- streams -------------------------------------------------------------------------------------------
+
+
+def test_streams_default_from_the_stage_name() -> None:
+    streams = resolve_streams("parser", make_spec())
+    assert (streams.input, streams.output) == ("phoenix:parser:input", None)
+    assert (streams.consumer_group, streams.dlq) == ("parser-group", "phoenix:parser:dlq")
+
+
+def test_output_stage_resolves_to_its_input_stream() -> None:
+    assert resolve_streams("parser", make_spec(output={"stage": "grouper"})).output == "phoenix:grouper:input"
+
+
+def test_explicit_names_win() -> None:
+    spec = make_spec(input="in", output={"stream": "out"}, consumerGroup="g", dlq="dead")
+    assert resolve_streams("parser", spec).to_k8s() == {
+        "input": "in",
+        "output": "out",
+        "consumerGroup": "g",
+        "dlq": "dead",
+    }
+
+
+# --- deployment ----------------------------------------------------------------------------------------
+
+
+def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
+    spec = make_spec(
+        output={"stage": "grouper"},
+        worker={"concurrency": 4, "lockTimeout": 120, "idempotencyTTL": 3600, "processingTimeout": 90,
+                "claimIdleMs": 60000, "maxDeliveries": 3},
+        retry={"baseSeconds": 0.5, "maxSeconds": 30},
+        circuitBreaker={"failureThreshold": 7, "resetTimeout": 12.5, "halfOpenCalls": 2},
+    )  # fmt: skip
+    assert env_of(build_deployment(OWNER, spec)) == {
+        "SERVICE_NAME": "parser",
+        "INPUT_QUEUE": "phoenix:parser:input",
+        "OUTPUT_QUEUE": "phoenix:grouper:input",
+        "CONSUMER_GROUP": "parser-group",
+        "DLQ_NAME": "phoenix:parser:dlq",
+        "PROCESSOR": "parser",
+        "LOCK_TIMEOUT": "120",
+        "IDEMPOTENCY_TTL": "3600",
+        "PROCESSING_TIMEOUT": "90",
+        "CLAIM_IDLE_MS": "60000",
+        "CONCURRENCY": "4",
+        "MAX_DELIVERIES": "3",
+        "RETRY_BASE_SECONDS": "0.5",
+        "RETRY_MAX_SECONDS": "30",
+        "CIRCUIT_FAILURE_THRESHOLD": "7",
+        "CIRCUIT_RESET_TIMEOUT": "12.5",
+        "CIRCUIT_HALF_OPEN_CALLS": "2",
+        "SHUTDOWN_GRACE": "25",
+        "HEALTH_PORT": "8080",
+        "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
+    }
+
+
+def test_runtime_variables_are_exactly_the_reserved_names() -> None:
+    """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
+    assert set(env_of(build_deployment(OWNER, make_spec(output={"stream": "x"})))) == set(RUNTIME_ENV_NAMES)
+
+
+def test_final_stage_has_no_output_queue() -> None:
+    assert "OUTPUT_QUEUE" not in env_of(build_deployment(OWNER, make_spec()))
+
+
+def test_extra_env_follows_the_runtime_env() -> None:
+    spec = make_spec(
+        env=[
+            {"name": "LOG_LEVEL", "value": "DEBUG"},
+            {"name": "BILLING_MASTER_KEY", "secretKeyRef": {"name": "billing", "key": "master"}},
+        ]
+    )
+    env = container(build_deployment(OWNER, spec))["env"]
+    assert env[-2:] == [
+        {"name": "LOG_LEVEL", "value": "DEBUG"},
+        {"name": "BILLING_MASTER_KEY", "valueFrom": {"secretKeyRef": {"name": "billing", "key": "master"}}},
+    ]
+
+
+def test_container_runs_the_worker_with_probes_on_the_health_port() -> None:
+    worker = container(build_deployment(OWNER, make_spec()))
+    assert worker["command"] == ["phoenix", "worker"]
+    assert worker["image"] == "img:1"
+    assert worker["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
+    assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_pod_is_hardened() -> None:
+    deployment = build_deployment(OWNER, make_spec())
+    pod = deployment["spec"]["template"]["spec"]
+    security = container(deployment)["securityContext"]
+    assert security["runAsNonRoot"] is True and security["runAsUser"] == 65532
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["automountServiceAccountToken"] is False
+    assert pod["terminationGracePeriodSeconds"] == 30
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
+    assert container(deployment)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+
+
+def test_default_and_custom_resources() -> None:
+    assert container(build_deployment(OWNER, make_spec()))["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"cpu": "1", "memory": "512Mi"},
+    }
+    custom = make_spec(resources={"limits": {"memory": "2Gi", "cpu": 2}})
+    assert container(build_deployment(OWNER, custom))["resources"] == {"limits": {"memory": "2Gi", "cpu": 2}}
+
+
+def test_labels_selector_and_owner_reference() -> None:
+    deployment = build_deployment(OWNER, make_spec())
+    meta = deployment["metadata"]
+    assert (meta["name"], meta["namespace"]) == ("parser", "docs")
+    assert meta["labels"] == {
+        "app.kubernetes.io/name": "phoenix-worker",
+        "app.kubernetes.io/instance": "parser",
+        "app.kubernetes.io/managed-by": "phoenix-operator",
+        "phoenix.io/stage": "parser",
+    }
+    assert meta["ownerReferences"] == [
+        {"apiVersion": "phoenix.io/v1alpha1", "kind": "PhoenixStage", "name": "parser", "uid": "uid-1",
+         "controller": True, "blockOwnerDeletion": True},
+    ]  # fmt: skip
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+
+
+def test_pod_template_is_scraped_by_prometheus() -> None:
+    annotations = build_deployment(OWNER, make_spec())["spec"]["template"]["metadata"]["annotations"]
+    assert annotations == {
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8080",
+        "prometheus.io/path": "/metrics",
+    }
+
+
+def test_restart_annotation_is_carried_when_given() -> None:
+    restarted = build_deployment(OWNER, make_spec(), restarted_at="2025-05-01T10:00:00Z")
+    annotations = restarted["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["phoenix.io/restartedAt"] == "2025-05-01T10:00:00Z"
+
+
+def test_replicas_start_at_min_and_drop_to_zero_when_paused() -> None:
+    assert build_deployment(OWNER, make_spec(replicas={"min": 2, "max": 4}))["spec"]["replicas"] == 2
+    assert build_deployment(OWNER, make_spec(replicas={"min": 2, "max": 4}, paused=True))["spec"]["replicas"] == 0
+
+
+# --- KEDA ----------------------------------------------------------------------------------------------
+
+
+def test_scaled_object_scales_the_deployment_on_group_lag() -> None:
+    spec = make_spec(
+        redis=REDIS_WITH_PASSWORD,
+        replicas={"min": 0, "max": 7},
+        autoscaling={"lagCount": 25, "activationLagCount": 2, "pollingInterval": 5, "cooldownPeriod": 60},
+    )
+    scaled = build_scaled_object(OWNER, spec, redis_connection("redis://:pw@redis.docs:6380/3"))
+    assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
+    assert scaled["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert "annotations" not in scaled["metadata"]
+    body = scaled["spec"]
+    assert body["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "parser"}
+    assert (body["minReplicaCount"], body["maxReplicaCount"]) == (0, 7)
+    assert (body["pollingInterval"], body["cooldownPeriod"]) == (5, 60)
+    assert body["triggers"] == [
+        {
+            "type": "redis-streams",
+            "metadata": {
+                "address": "redis.docs:6380",
+                "stream": "phoenix:parser:input",
+                "consumerGroup": "parser-group",
+                "lagCount": "25",
+                "activationLagCount": "2",
+                "databaseIndex": "3",
+                "enableTLS": "false",
+            },
+            "authenticationRef": {"name": "parser-redis"},
+        }
+    ]
+
+
+def test_trigger_authentication_reads_the_password_from_the_secret() -> None:
+    auth = build_trigger_authentication(OWNER, make_spec(redis=REDIS_WITH_PASSWORD))
+    assert auth is not None
+    assert (auth["kind"], auth["metadata"]["name"]) == ("TriggerAuthentication", "parser-redis")
+    assert auth["metadata"]["ownerReferences"][0]["controller"] is True
+    assert auth["spec"] == {"secretTargetRef": [{"parameter": "password", "name": "phoenix-redis", "key": "password"}]}
+
+
+def test_passwordless_redis_needs_no_trigger_authentication() -> None:
+    spec = make_spec()
+    assert build_trigger_authentication(OWNER, spec) is None
+    trigger = build_scaled_object(OWNER, spec, redis_connection("redis://redis:6379"))["spec"]["triggers"][0]
+    assert "authenticationRef" not in trigger
+
+
+def test_password_in_url_without_secret_ref_is_a_clear_error_without_the_password() -> None:
+    with pytest.raises(AutoscalingConfigError) as caught:
+        build_scaled_object(OWNER, make_spec(), redis_connection("redis://:hunter2@redis:6379/0"))
+    assert "spec.redis.passwordSecretRef" in str(caught.value)
+    assert "hunter2" not in str(caught.value)
+
+
+def test_paused_stage_pauses_keda_at_zero_replicas() -> None:
+    spec = make_spec(paused=True, redis=REDIS_WITH_PASSWORD)
+    scaled = build_scaled_object(OWNER, spec, redis_connection("redis://:pw@redis:6379"))
+    assert scaled["metadata"]["annotations"] == {
+        "autoscaling.keda.sh/paused": "true",
+        "autoscaling.keda.sh/paused-replicas": "0",
+    }
+
+
+def test_tls_and_acl_user_reach_the_trigger() -> None:
+    spec = make_spec(redis=REDIS_WITH_PASSWORD)
+    metadata = build_scaled_object(OWNER, spec, redis_connection("rediss://app:pw@cache:6379/1"))["spec"]["triggers"][0]
+    assert metadata["metadata"]["enableTLS"] == "true"
+    assert metadata["metadata"]["username"] == "app"
+
+
+# --- Redis URL -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "address", "db", "tls", "user", "has_password"),
+    [
+        ("redis://localhost", "localhost:6379", 0, False, None, False),
+        ("redis://:secret@redis:6380/2", "redis:6380", 2, False, None, True),
+        ("rediss://user%40corp:s@cache.example:6390", "cache.example:6390", 0, True, "user@corp", True),
+        ("redis://[::1]:7000?db=5", "[::1]:7000", 5, False, None, False),
+    ],
+)
+def test_redis_connection_facts(
+    url: str, address: str, db: int, tls: bool, user: str | None, has_password: bool
+) -> None:
+    connection = redis_connection(url)
+    assert (connection.address, connection.database_index, connection.tls) == (address, db, tls)
+    assert (connection.username, connection.has_password) == (user, has_password)
+    assert "secret" not in repr(connection)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://:topsecret@redis:6379", "must start with redis:// or rediss://"),
+        ("redis://:topsecret@redis:port/0", "port is not a number"),
+        ("redis://:topsecret@/0", "has no host"),
+        ("redis://:topsecret@redis:6379/zero", "database must be a number"),
+    ],
+)
+def test_bad_redis_urls_are_explained_without_echoing_them(url: str, message: str) -> None:
+    with pytest.raises(RedisUrlError) as caught:
+        redis_connection(url)
+    assert message in str(caught.value)
+    assert "topsecret" not in str(caught.value)
+
+
+# --- conditions ----------------------------------------------------------------------------------------
+
+T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+T1 = datetime(2025, 1, 1, 12, 5, 0, 123456, tzinfo=UTC)
+
+
+def test_condition_is_appended_with_its_transition_time() -> None:
+    ready = new_condition(ConditionType.READY, True, "Reconciled", observed_generation=2, now=T0)
+    conditions = set_condition([], ready)
+    assert conditions == [
+        {"type": "Ready", "status": "True", "reason": "Reconciled", "message": "",
+         "lastTransitionTime": "2025-01-01T12:00:00Z", "observedGeneration": 2},
+    ]  # fmt: skip
+
+
+def test_unchanged_status_keeps_the_transition_time_but_takes_the_rest() -> None:
+    first = set_condition([], new_condition(ConditionType.READY, True, "Reconciled", now=T0))
+    again = set_condition(first, new_condition(ConditionType.READY, True, "Scaled", "3 pods", now=T1))
+    assert again[0]["lastTransitionTime"] == "2025-01-01T12:00:00Z"
+    assert (again[0]["reason"], again[0]["message"]) == ("Scaled", "3 pods")
+
+
+def test_changed_status_moves_the_transition_time_in_place() -> None:
+    conditions = set_condition([], new_condition(ConditionType.STREAM_READY, True, "GroupExists", now=T0))
+    conditions = set_condition(conditions, new_condition(ConditionType.READY, True, "Reconciled", now=T0))
+    changed = set_condition(conditions, new_condition(ConditionType.STREAM_READY, None, "RedisUnreachable", now=T1))
+    assert [c["type"] for c in changed] == ["StreamReady", "Ready"]
+    assert changed[0]["status"] == "Unknown"
+    assert changed[0]["lastTransitionTime"] == "2025-01-01T12:05:00Z"
+    assert changed[1] == conditions[1]

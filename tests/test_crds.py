@@ -1,0 +1,269 @@
+"""The PhoenixStage models and the CRD generated from them."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from phoenix.crds import RUNTIME_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
+from phoenix.crds.definition import custom_resource_definition
+from phoenix.crds.generate import CRD_PATH, main, render_crd
+
+MINIMAL_SPEC: dict[str, Any] = {
+    "processor": "router",
+    "image": "ghcr.io/phoenix/phoenix:0.1.0",
+    "redis": {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}},
+}
+
+# Keywords a structural schema may use (apiextensions.k8s.io/v1 JSONSchemaProps), minus $ref and friends.
+ALLOWED_KEYWORDS = {
+    "description", "type", "format", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
+    "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "minProperties",
+    "maxProperties", "required", "items", "properties", "additionalProperties", "anyOf", "nullable",
+    "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "x-kubernetes-validations",
+    "x-kubernetes-embedded-resource",
+}  # fmt: skip
+
+
+def spec_schema() -> dict[str, Any]:
+    return openapi_schema()["properties"]["spec"]
+
+
+def openapi_schema() -> dict[str, Any]:
+    return custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def structural_violations(node: dict[str, Any], path: str = "") -> list[str]:
+    """Why `node` is not a structural schema, per the Kubernetes CRD rules (empty when it is)."""
+    problems = [f"{path}: keyword {key}" for key in node if key not in ALLOWED_KEYWORDS]
+    int_or_string = node.get("x-kubernetes-int-or-string") is True
+    if "type" not in node and not int_or_string and not node.get("x-kubernetes-preserve-unknown-fields"):
+        problems.append(f"{path}: no type")
+    if "anyOf" in node:
+        allowed = [{"type": "integer"}, {"type": "string"}]
+        if not int_or_string or node["anyOf"] != allowed:
+            problems.append(f"{path}: anyOf outside int-or-string")
+    if "properties" in node and "additionalProperties" in node:
+        problems.append(f"{path}: both properties and additionalProperties")
+    if node.get("additionalProperties") is False:
+        problems.append(f"{path}: additionalProperties: false")
+    if isinstance(node.get("exclusiveMinimum"), int | float) and not isinstance(node["exclusiveMinimum"], bool):
+        problems.append(f"{path}: numeric exclusiveMinimum (OpenAPI v3.0 wants a boolean)")
+    if node.get("type") == "array" and "items" not in node:
+        problems.append(f"{path}: array without items")
+    for name, child in node.get("properties", {}).items():
+        problems += structural_violations(child, f"{path}.{name}")
+    for key, suffix in (("items", "[]"), ("additionalProperties", "{}")):
+        if isinstance(node.get(key), dict):
+            problems += structural_violations(node[key], path + suffix)
+    return problems
+
+
+def undocumented(node: dict[str, Any], path: str) -> list[str]:
+    missing = [] if node.get("description") else [path]
+    for name, child in node.get("properties", {}).items():
+        missing += undocumented(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        missing += undocumented(node["items"], f"{path}[]")
+    return missing
+
+
+def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
+    """Defaulting as the apiserver does it: absent fields with a default get it, then recurse."""
+    if isinstance(value, dict) and "properties" in schema:
+        value = dict(value)
+        for name, child in schema["properties"].items():
+            if name not in value and "default" in child:
+                value[name] = child["default"]
+            if name in value:
+                value[name] = apply_defaults(child, value[name])
+    elif isinstance(value, list) and "items" in schema:
+        value = [apply_defaults(schema["items"], item) for item in value]
+    return value
+
+
+def test_committed_crd_is_generated_from_the_models() -> None:
+    committed = CRD_PATH.read_text()
+    assert committed == render_crd(), f"{CRD_PATH} differs from phoenix/crds: run `make manifests`"
+
+
+def test_generate_check_reports_a_stale_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    stale = tmp_path / "crd.yaml"
+    stale.write_text("# edited by hand\n")
+    assert main(["--check", "--output", str(stale)]) == 1
+    assert "make manifests" in capsys.readouterr().err
+    assert main(["--output", str(stale)]) == 0
+    assert main(["--check", "--output", str(stale)]) == 0
+    assert yaml.safe_load(stale.read_text()) == custom_resource_definition()
+
+
+def test_crd_names_scope_and_status_subresource() -> None:
+    spec = custom_resource_definition()["spec"]
+    assert spec["group"] == "phoenix.io"
+    assert spec["scope"] == "Namespaced"
+    assert spec["names"]["plural"] == "phoenixstages"
+    assert spec["names"]["shortNames"] == ["phx"]
+    (version,) = spec["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
+    assert version["subresources"] == {"status": {}}
+
+
+def test_printer_columns() -> None:
+    columns = {c["name"]: c for c in custom_resource_definition()["spec"]["versions"][0]["additionalPrinterColumns"]}
+    assert columns["Ready"]["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+    assert columns["Replicas"]["jsonPath"] == ".status.replicas.summary"
+    assert columns["Backlog"]["jsonPath"] == ".status.queue.lag"
+    assert columns["Pending"]["jsonPath"] == ".status.queue.pending"
+    assert columns["DLQ"]["jsonPath"] == ".status.queue.dlqLength"
+    assert columns["Oldest"]["jsonPath"] == ".status.queue.oldestPendingSeconds"
+    assert columns["Age"]["type"] == "date"
+    wide = {name for name, c in columns.items() if c.get("priority") == 1}
+    assert {"Input", "Output"} <= wide
+    assert columns["Input"]["jsonPath"] == ".status.streams.input"
+
+
+def test_schema_is_structural() -> None:
+    assert structural_violations(openapi_schema()) == []
+
+
+def test_structural_checker_catches_pydantic_leftovers() -> None:
+    leftover = {
+        "type": "object",
+        "properties": {
+            "a": {"$ref": "#/$defs/A"},
+            "b": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "c": {"type": "number", "exclusiveMinimum": 0},
+        },
+    }
+    problems = structural_violations(leftover)
+    assert any(".a: keyword $ref" in p for p in problems)
+    assert any(".b: anyOf outside int-or-string" in p for p in problems)
+    assert any(".c: numeric exclusiveMinimum" in p for p in problems)
+
+
+def test_only_status_root_preserves_unknown_fields() -> None:
+    text = render_crd()
+    assert text.count("x-kubernetes-preserve-unknown-fields") == 1
+    assert openapi_schema()["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+
+
+def test_every_field_is_documented() -> None:
+    assert undocumented(spec_schema(), "spec") == []
+    assert undocumented(openapi_schema()["properties"]["status"], "status") == []
+
+
+def test_resources_are_int_or_string_quantities() -> None:
+    quantity = spec_schema()["properties"]["resources"]["properties"]["limits"]["additionalProperties"]
+    assert quantity["x-kubernetes-int-or-string"] is True
+    assert "pattern" in quantity
+
+
+def test_cel_rules_guard_cross_field_constraints() -> None:
+    props = spec_schema()["properties"]
+    assert props["replicas"]["x-kubernetes-validations"][0]["rule"] == "self.min <= self.max"
+    assert props["retry"]["x-kubernetes-validations"][0]["rule"] == "self.baseSeconds <= self.maxSeconds"
+    assert props["output"]["x-kubernetes-validations"][0]["rule"] == "has(self.stream) != has(self.stage)"
+    env_rule = props["env"]["x-kubernetes-validations"][0]["rule"]
+    assert all(f"'{name}'" in env_rule for name in RUNTIME_ENV_NAMES)
+    # CEL cost is estimated from bounds: every list and string a rule walks must be bounded.
+    assert props["env"]["maxItems"] and props["env"]["items"]["properties"]["name"]["maxLength"]
+
+
+def test_schema_defaults_match_model_defaults() -> None:
+    """What the apiserver stores for a minimal spec is what the operator's models assume."""
+    defaulted = apply_defaults(spec_schema(), MINIMAL_SPEC)
+    model = PhoenixStageSpec.model_validate(MINIMAL_SPEC).to_k8s()
+    assert model.pop("env") == []  # an absent list and an empty one mean the same
+    assert defaulted == model
+
+
+def test_minimal_spec_gets_documented_defaults() -> None:
+    spec = PhoenixStageSpec.model_validate(MINIMAL_SPEC)
+    assert (spec.replicas.min, spec.replicas.max) == (1, 10)
+    assert spec.autoscaling.enabled and spec.autoscaling.lag_count == 10
+    assert (spec.autoscaling.polling_interval, spec.autoscaling.cooldown_period) == (15, 180)
+    assert spec.autoscaling.activation_lag_count == 0
+    assert spec.worker.concurrency == 1 and spec.worker.idempotency_ttl == 86400
+    assert (spec.worker.claim_idle_ms, spec.worker.max_deliveries) == (300_000, 10)
+    assert (spec.retry.base_seconds, spec.retry.max_seconds) == (2, 300)
+    assert (spec.circuit_breaker.failure_threshold, spec.circuit_breaker.half_open_calls) == (5, 3)
+    assert spec.paused is False and spec.deletion_policy == "Retain"
+    assert spec.input is None and spec.output is None and spec.env == []
+
+
+def test_wire_names_are_camel_case() -> None:
+    spec = PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "worker": {"idempotencyTTL": 60, "claimIdleMs": 5000}})
+    wire = spec.to_k8s()
+    assert wire["worker"]["idempotencyTTL"] == 60
+    assert wire["worker"]["claimIdleMs"] == 5000
+    assert "circuitBreaker" in wire and "deletionPolicy" in wire
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"replicas": {"min": 5, "max": 2}}, "replicas.min (5) must be less than or equal to replicas.max (2)"),
+        ({"output": {"stream": "a", "stage": "b"}}, "set exactly one of output.stream or output.stage"),
+        ({"output": {}}, "set exactly one of output.stream or output.stage"),
+        ({"retry": {"baseSeconds": 10, "maxSeconds": 5}}, "retry.baseSeconds (10.0) must not exceed"),
+        ({"env": [{"name": "REDIS_URL", "value": "redis://x"}]}, "must not set variables the operator derives"),
+        ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "names must be unique (repeated: A)"),
+        ({"env": [{"name": "A"}]}, "env A: set exactly one of value or secretKeyRef"),
+        ({"env": [{"name": "1BAD", "value": "x"}]}, "String should match pattern"),
+        ({"processor": "not a processor!"}, "String should match pattern"),
+        ({"resources": {"limits": {"memory": "lots"}}}, "'lots' is not a Kubernetes quantity"),
+        ({"replicas": {"min": -1}}, "greater than or equal to 0"),
+        ({"autoscaling": {"lagCount": 0}}, "greater than or equal to 1"),
+        ({"worker": {"concurrency": 0}}, "greater than or equal to 1"),
+        ({"deletionPolicy": "Destroy"}, "Input should be 'Retain' or 'Delete'"),
+        ({"replica": {"min": 1}}, "Extra inputs are not permitted"),
+        ({"redis": {"urlSecretRef": {"name": "Bad_Name", "key": "url"}}}, "String should match pattern"),
+        ({"input": "has space"}, "String should match pattern"),
+    ],
+)
+def test_bad_specs_are_rejected_with_a_clear_message(change: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        PhoenixStageSpec.model_validate({**MINIMAL_SPEC, **change})
+    assert message in str(caught.value)
+
+
+def test_processor_accepts_entry_points_and_import_paths() -> None:
+    for processor in ("router", "my-plugin.v2", "phoenix.stages.router:RouterProcessor", "pkg.mod:Outer.Inner"):
+        assert PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "processor": processor}).processor == processor
+
+
+def test_quantities_accept_integers_and_suffixes() -> None:
+    spec = PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "resources": {"requests": {"cpu": 1, "memory": "1.5Gi"}}})
+    assert spec.resources is not None and spec.resources.requests == {"cpu": 1, "memory": "1.5Gi"}
+
+
+def test_whole_object_checks_kind_and_name() -> None:
+    body = {"apiVersion": "phoenix.io/v1alpha1", "kind": "PhoenixStage", "metadata": {"name": "router"}}
+    assert PhoenixStage.model_validate({**body, "spec": MINIMAL_SPEC}).metadata.name == "router"
+    with pytest.raises(ValidationError, match=r"expected apiVersion phoenix\.io/v1alpha1 kind PhoenixStage"):
+        PhoenixStage.model_validate({**body, "kind": "Deployment", "spec": MINIMAL_SPEC})
+    with pytest.raises(ValidationError, match="String should match pattern"):
+        PhoenixStage.model_validate({**body, "metadata": {"name": "Router.v1"}, "spec": MINIMAL_SPEC})
+
+
+def test_status_reads_back_kopf_bookkeeping_and_timestamps() -> None:
+    status = PhoenixStageStatus.model_validate(
+        {
+            "observedGeneration": 3,
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Reconciled", "message": "",
+                 "lastTransitionTime": "2025-01-02T03:04:05Z", "observedGeneration": 3},
+            ],
+            "queue": {"length": 5, "pending": 2, "lag": 3, "oldestPendingSeconds": 12, "dlqLength": 0, "consumers": 1},
+            "kopf": {"progress": {}},
+            "reconcile": {"result": "from a kopf handler"},
+        }
+    )  # fmt: skip
+    assert status.conditions[0].last_transition_time.year == 2025
+    assert status.queue is not None and status.queue.lag == 3
+    assert "kopf" not in status.to_k8s()

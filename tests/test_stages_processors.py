@@ -1,0 +1,305 @@
+"""The three stage processors against a real Redis, real files and real HTTP servers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import redis.asyncio as aioredis
+import structlog
+from aiohttp import web
+from aiohttp.test_utils import TestServer
+from pydantic import SecretStr
+
+from phoenix.stages.grouper import GrouperProcessor
+from phoenix.stages.llm_extraction import LLMExtractionError
+from phoenix.stages.models import Category, Findings, Page, PageList
+from phoenix.stages.parser import ParserProcessor
+from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
+from phoenix.stages.samples import ensure_samples
+from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime.billing import api_key_scope
+
+P = TypeVar("P", bound=BaseProcessor)
+
+DIABETES = "02-diabetes-follow-up.pdf"
+CT_CHEST = "05-ct-chest.pdf"
+
+
+@pytest.fixture(scope="module")
+def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    return {path.name: path for path in ensure_samples(tmp_path_factory.mktemp("samples"))}
+
+
+async def started(processor: P, redis: aioredis.Redis) -> P:
+    """What the runtime does before the first message (the stages read no WorkerSettings)."""
+    processor.redis = redis
+    processor.logger = structlog.get_logger()
+    await processor.initialize()
+    return processor
+
+
+@pytest.fixture
+async def router(redis: aioredis.Redis) -> AsyncIterator[RouterProcessor]:
+    processor = await started(RouterProcessor(), redis)
+    yield processor
+    await processor.cleanup()
+
+
+@pytest.fixture
+async def parser(redis: aioredis.Redis) -> AsyncIterator[ParserProcessor]:
+    processor = await started(ParserProcessor(), redis)
+    yield processor
+    await processor.cleanup()
+
+
+@pytest.fixture
+async def grouper(redis: aioredis.Redis) -> GrouperProcessor:
+    return await started(GrouperProcessor(), redis)
+
+
+async def test_pipeline_from_pdf_to_grouped_biomarkers(
+    redis: aioredis.Redis,
+    router: RouterProcessor,
+    parser: ParserProcessor,
+    grouper: GrouperProcessor,
+    samples: dict[str, Path],
+) -> None:
+    routed = await router.process("rec-1", "user-1", {"document_url": samples[DIABETES].as_uri()})
+    assert routed == {"pages_key": "pages:rec-1", "document_name": DIABETES, "page_count": 3}
+    pages = json.loads(await redis.get("pages:rec-1"))
+    assert [page["categories"] for page in pages] == [["labs"], ["labs"], ["diagnoses", "procedures"]]
+    assert 0 < await redis.ttl("pages:rec-1") <= 3600
+
+    parsed = await parser.process("rec-1", "user-1", routed)
+    assert parsed == {
+        "biomarker_count": 10,
+        "diagnosis_count": 3,
+        "procedures_count": 3,
+        "genetics_count": 0,
+        "status": "parsed",
+    }
+    assert await redis.exists("pages:rec-1") == 0
+    findings = Findings.model_validate_json(await redis.get("parsed:rec-1"))
+    assert [d.icd10 for d in findings.diagnoses] == ["E11.65", "E78.5", "I10"]
+    assert 0 < await redis.ttl("parsed:rec-1") <= 86400
+
+    grouped = await grouper.process("rec-1", "user-1", parsed)
+    assert grouped == {"grouped_key": "grouped:rec-1", "group_count": 7, "mixed_unit_groups": 3}
+    groups = {group["name"]: group for group in json.loads(await redis.get("grouped:rec-1"))}
+    assert list(groups) == [
+        "HbA1c",
+        "Fasting glucose",
+        "Total cholesterol",
+        "LDL-C",
+        "HDL-C",
+        "Triglycerides",
+        "Creatinine",
+    ]
+    assert groups["LDL-C"]["units"] == ["mg/dL", "mmol/L"]
+    assert [(m["name"], m["value"], m["normalized_value"]) for m in groups["LDL-C"]["measurements"]] == [
+        ("LDL Cholesterol", 138.0, 138.0),
+        ("LDL-C", 3.9, 150.81),
+    ]
+    assert groups["Creatinine"]["measurements"][0]["normalized_value"] == 1.1
+
+
+async def test_router_keeps_the_textless_scanned_page(
+    redis: aioredis.Redis, router: RouterProcessor, samples: dict[str, Path]
+) -> None:
+    await router.process("rec-ct", "user-1", {"document_url": samples[CT_CHEST].as_uri()})
+    first, scan = json.loads(await redis.get("pages:rec-ct"))
+    assert first["categories"] == ["diagnoses", "procedures", "imaging"]
+    assert scan == {"number": 2, "text": "", "categories": ["other"]}
+
+
+async def test_router_reads_from_the_records_api(
+    redis: aioredis.Redis, samples: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def document(request: web.Request) -> web.Response:
+        if request.match_info["record_id"] != "rec/api":
+            raise web.HTTPNotFound()
+        return web.Response(body=samples[CT_CHEST].read_bytes(), content_type="application/pdf")
+
+    app = web.Application()
+    app.router.add_get("/records/{record_id}/document", document)
+    async with TestServer(app, host="127.0.0.1") as server:
+        monkeypatch.setenv("RECORDS_API_URL", f"{server.make_url('/records')}/{{record_id}}/document")
+        router = await started(RouterProcessor(), redis)
+        try:
+            routed = await router.process("rec/api", "user-1", {})  # quoted into one path segment
+            with pytest.raises(RecordNotFoundError, match="returned 404"):
+                await router.process("rec-unknown", "user-1", {})
+        finally:
+            await router.cleanup()
+    assert routed == {"pages_key": "pages:rec/api", "document_name": "document", "page_count": 2}
+    assert await redis.exists("pages:rec-unknown") == 0
+
+
+async def test_router_missing_file_is_record_not_found(
+    redis: aioredis.Redis, router: RouterProcessor, tmp_path: Path
+) -> None:
+    with pytest.raises(RecordNotFoundError, match="no document at"):
+        await router.process("rec-2", "user-1", {"document_url": (tmp_path / "nope.pdf").as_uri()})
+    assert await redis.exists("pages:rec-2") == 0
+
+
+async def test_router_corrupt_pdf_is_dead_lettered_not_retried(
+    redis: aioredis.Redis, router: RouterProcessor, tmp_path: Path
+) -> None:
+    corrupt = tmp_path / "corrupt.pdf"
+    corrupt.write_bytes(b"%PDF-1.7\n1 0 obj <</Type /Catalog")
+    with pytest.raises(UnreadableDocumentError, match=r"corrupt\.pdf: not a readable PDF") as caught:
+        await router.process("rec-3", "user-1", {"document_url": corrupt.as_uri()})
+    assert isinstance(caught.value, RecordNotFoundError)  # the runtime's signal for "dead-letter at once"
+    assert await redis.exists("pages:rec-3") == 0
+
+
+async def test_parser_without_pages_is_record_not_found(parser: ParserProcessor) -> None:
+    with pytest.raises(RecordNotFoundError, match="no pages for record rec-4 at pages:rec-4"):
+        await parser.process("rec-4", "user-1", {"pages_key": "pages:rec-4"})
+
+
+async def test_parser_redelivery_after_success_returns_the_stored_result(
+    router: RouterProcessor, parser: ParserProcessor, samples: dict[str, Path]
+) -> None:
+    routed = await router.process("rec-5", "user-1", {"document_url": samples[CT_CHEST].as_uri()})
+    first = await parser.process("rec-5", "user-1", routed)
+    assert await parser.process("rec-5", "user-1", routed) == first
+    assert (first["diagnosis_count"], first["procedures_count"]) == (1, 1)
+
+
+async def test_grouper_without_findings_is_record_not_found(grouper: GrouperProcessor) -> None:
+    with pytest.raises(RecordNotFoundError, match="no findings for record rec-6"):
+        await grouper.process("rec-6", "user-1", {})
+
+
+LLM_FINDINGS = {
+    "biomarkers": [{"name": "HbA1c", "value": 7.4, "unit": "%", "reference_range": "4.0-5.6", "flag": "H", "page": 1}],
+    "diagnoses": [{"icd10": "R91.1", "description": "Solitary pulmonary nodule", "page": 1}],
+    "procedures": [],
+    "genetics": [{"gene": "BRCA1", "hgvs": "c.68_69delAG", "page": 1}],
+}
+
+
+class FakeOpenAI:
+    """An OpenAI-compatible chat endpoint on loopback that records what it was sent."""
+
+    def __init__(self, status: int = 200, content: str = json.dumps(LLM_FINDINGS)) -> None:
+        self.status, self.content = status, content
+        self.requests: list[tuple[str | None, dict[str, Any]]] = []
+
+    async def chat_completions(self, request: web.Request) -> web.Response:
+        self.requests.append((request.headers.get("Authorization"), await request.json()))
+        if self.status != 200:
+            return web.json_response({"error": {"message": "overloaded"}}, status=self.status)
+        return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.content}}]})
+
+
+@pytest.fixture
+async def llm_parser(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[tuple[ParserProcessor, FakeOpenAI]]:
+    fake = FakeOpenAI()
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", fake.chat_completions)
+    async with TestServer(app, host="127.0.0.1") as server:
+        monkeypatch.setenv("PARSER_LLM_URL", str(server.make_url("/v1")))
+        monkeypatch.setenv("PARSER_LLM_MODEL", "test-model")
+        monkeypatch.setenv("OPENAI_API_KEY", "process-key")
+        parser = await started(ParserProcessor(), redis)
+        yield parser, fake
+        await parser.cleanup()
+
+
+async def test_llm_mode_bills_the_users_key_and_stores_the_models_findings(
+    redis: aioredis.Redis,
+    router: RouterProcessor,
+    llm_parser: tuple[ParserProcessor, FakeOpenAI],
+    samples: dict[str, Path],
+) -> None:
+    parser, fake = llm_parser
+    routed = await router.process("rec-7", "user-7", {"document_url": samples[CT_CHEST].as_uri()})
+    with api_key_scope(SecretStr("user-7-key"), swap_env=False):
+        parsed = await parser.process("rec-7", "user-7", routed)
+
+    assert parsed == {
+        "biomarker_count": 1,
+        "diagnosis_count": 1,
+        "procedures_count": 0,
+        "genetics_count": 1,
+        "status": "parsed",
+    }
+    assert Findings.model_validate_json(await redis.get("parsed:rec-7")) == Findings.model_validate(LLM_FINDINGS)
+    ((authorization, body),) = fake.requests
+    assert authorization == "Bearer user-7-key"
+    assert body["model"] == "test-model"
+    report = body["messages"][1]["content"]
+    assert "=== Page 1 ===\nMetro Imaging Center" in report
+    assert "=== Page 2 ===" not in report  # the textless scan is not sent
+
+
+async def test_llm_mode_falls_back_to_the_process_key(
+    router: RouterProcessor, llm_parser: tuple[ParserProcessor, FakeOpenAI], samples: dict[str, Path]
+) -> None:
+    parser, fake = llm_parser
+    routed = await router.process("rec-8", "user-8", {"document_url": samples[CT_CHEST].as_uri()})
+    await parser.process("rec-8", "user-8", routed)
+    assert [authorization for authorization, _ in fake.requests] == ["Bearer process-key"]
+
+
+@pytest.mark.parametrize(
+    ("status", "content", "error"),
+    [
+        (503, "", "returned 503"),
+        (200, '{"biomarkers": [{"name": "HbA1c"}]}', "not findings JSON: 3 error"),
+    ],
+)
+async def test_llm_failures_are_transient_keep_the_pages_and_hide_the_key(
+    redis: aioredis.Redis,
+    router: RouterProcessor,
+    llm_parser: tuple[ParserProcessor, FakeOpenAI],
+    samples: dict[str, Path],
+    status: int,
+    content: str,
+    error: str,
+) -> None:
+    parser, fake = llm_parser
+    fake.status, fake.content = status, content
+    routed = await router.process("rec-9", "user-9", {"document_url": samples[CT_CHEST].as_uri()})
+    with pytest.raises(LLMExtractionError, match=error) as caught:
+        await parser.process("rec-9", "user-9", routed)
+    assert not isinstance(caught.value, RecordNotFoundError)
+    assert "process-key" not in str(caught.value)
+    assert await redis.exists("pages:rec-9") == 1
+    assert await redis.exists("parsed:rec-9") == 0
+
+
+async def test_llm_mode_does_not_call_the_model_for_pages_without_findings(
+    redis: aioredis.Redis, llm_parser: tuple[ParserProcessor, FakeOpenAI]
+) -> None:
+    parser, fake = llm_parser
+    scan = Page(number=1, text="", categories=[Category.OTHER])
+    await redis.set("pages:rec-10", PageList.dump_json([scan]))
+    parsed = await parser.process("rec-10", "user-10", {"pages_key": "pages:rec-10"})
+    assert parsed["status"] == "empty"
+    assert fake.requests == []
+
+
+async def test_llm_mode_without_any_key_is_a_clear_transient_error(
+    redis: aioredis.Redis,
+    router: RouterProcessor,
+    llm_parser: tuple[ParserProcessor, FakeOpenAI],
+    samples: dict[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    parser, fake = llm_parser
+    monkeypatch.delenv("OPENAI_API_KEY")
+    routed = await router.process("rec-11", "user-11", {"document_url": samples[CT_CHEST].as_uri()})
+    with pytest.raises(LLMExtractionError, match="no API key"):
+        await parser.process("rec-11", "user-11", routed)
+    assert fake.requests == []
+    assert await redis.exists("pages:rec-11") == 1
