@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
+from phoenix.operator.options import OperatorOptions
+from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.worker_runtime import dlq
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
 
@@ -84,7 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phoenix", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("worker", help="run one stage worker (configured by environment variables)")
-    sub.add_parser("operator", help="run the Kubernetes operator (kopf)")
+    add_operator_arguments(sub.add_parser("operator", help="run the Kubernetes operator (kopf)"))
 
     def with_redis(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
         sp.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
@@ -125,9 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return worker_main()
     if args.command == "operator":
-        from phoenix.operator.main import main as operator_main
+        from phoenix.operator.main import run as run_operator
 
-        return operator_main()
+        return run_operator(OperatorOptions.from_args(args))
     handlers = {"enqueue": _enqueue, "status": _status}
     handler = handlers.get(args.command) or {"list": _dlq_list, "replay": _dlq_replay}[args.dlq_command]
     return asyncio.run(handler(args))

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TextIO
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
 from phoenix.embedded import embedded_valkey
 from phoenix.stages.keys import grouped_key
@@ -375,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 out.write(f"Started embedded Valkey at {url}\n")
             workers = stack.enter_context(running_workers(url, log_dir))
             out.write(f"Workers: {' -> '.join(s.name for s in PIPELINE)} (logs in {log_dir}/)\n"
-                      f"Enqueued {len(records)} records ({len(samples)} sample reports x {args.copies})\n\n")
+                      f"Enqueueing {len(records)} records ({len(samples)} sample reports x {args.copies})\n\n")
             out.flush()
             asyncio.run(demo(url, workers, records, args.timeout, out))
             out.write("\nStopping workers...\n")
@@ -385,6 +386,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except DemoError as exc:
         print(f"\ndemo failed: {exc}", file=sys.stderr)
+        return 1
+    except RedisError as exc:
+        # The message names host and port, never the password.
+        print(f"\ndemo failed: Redis error: {exc}", file=sys.stderr)
         return 1
     out.write(f"Done in {time.monotonic() - began:.1f} s.\n")
     return 0

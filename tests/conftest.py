@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from phoenix.embedded import embedded_valkey
+from tests.fixtures.workers import WorkerPool
 
 pytest_plugins = ["tests.fixtures.kube"]
 
@@ -28,5 +30,21 @@ async def redis(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     """A decoded client on a database that is flushed before each test."""
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     await client.flushdb()
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+def workers(redis_url: str, tmp_path: Path) -> Iterator[WorkerPool]:
+    """Real `phoenix worker` subprocesses against the session's Redis; all stopped after the test."""
+    pool = WorkerPool(redis_url, tmp_path / "logs")
+    yield pool
+    pool.stop_all()
+
+
+@pytest.fixture
+async def raw_redis(redis_url: str, redis: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
+    """A bytes client (decode_responses=False) on the same, already flushed, database."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=False)
     yield client
     await client.aclose()

@@ -109,10 +109,13 @@ def describe_validation_error(exc: ValidationError) -> str:
     """One line naming each bad variable; values of secret variables are never echoed."""
     problems = []
     for err in exc.errors():
-        field = str(err["loc"][0]) if err["loc"] else ""
-        name = field.upper() or "configuration"
+        message = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a rule across several variables: its message names them
+            problems.append(message)
+            continue
+        field = str(err["loc"][0])
         value = "" if field in _SECRET_FIELDS or err["type"] == "missing" else f" (got {err.get('input')!r})"
-        problems.append(f"{name}: {err['msg']}{value}")
+        problems.append(f"{field.upper()}: {message}{value}")
     return "; ".join(problems)
 
 

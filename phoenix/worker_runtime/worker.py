@@ -128,9 +128,8 @@ class Worker:
                  consumer=s.consumer_name, concurrency=s.concurrency, redis=s.redis_url_redacted)
         settler = asyncio.create_task(self.settler.run(), name="settler")
         loops = [
-            asyncio.create_task(self._read_loop(), name="reader"),
+            asyncio.create_task(self._intake_loop(), name="intake"),
             asyncio.create_task(self._every(self._renew_interval(), self._renew_locks), name="renewer"),
-            asyncio.create_task(self._every(s.claim_interval, self._reclaim), name="reclaimer"),
             asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
             asyncio.create_task(self._every(min(1.0, s.processing_timeout / 10), self._enforce_timeouts),
                                 name="watchdog"),
@@ -188,15 +187,21 @@ class Worker:
         self._slots_used += n
         return n
 
-    def _release(self, n: int = 1) -> None:
-        self._slots_used -= n
-        self._slot_freed.set()
+    def _release(self, n: int) -> None:
+        if n:
+            self._slots_used -= n
+            self._slot_freed.set()
+        self._m_in_flight.set(len(self.in_flight))
 
     # -- reading ---------------------------------------------------------------------------------------------
 
-    async def _read_loop(self) -> None:
+    async def _intake_loop(self) -> None:
+        """The one way work comes in: own pending entries first, idle entries of dead workers whenever a claim
+        is due (every CLAIM_INTERVAL, and at start so a replacement pod picks up its predecessor's work), else
+        new entries. Whatever the source, it is read into slots reserved beforehand, so CONCURRENCY holds."""
         s = self.settings
         cursor = "0"
+        next_claim = time.monotonic()
         delay = 0.1
         while not self._stopping.is_set():
             self.last_beat = time.monotonic()
@@ -210,61 +215,61 @@ class Worker:
             n = await self._reserve(_READ_BATCH if trial_slots is None else min(_READ_BATCH, trial_slots))
             if n == 0:
                 continue
-            history = cursor != ">"
+            started = 0
             try:
-                reply = await self.redis.xreadgroup(
-                    s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n,
-                    block=None if history else s.block_ms,
-                )
+                if cursor == ">" and time.monotonic() >= next_claim:
+                    started, done = await self._claim_idle(n)
+                    if done:
+                        next_claim = time.monotonic() + s.claim_interval
+                else:
+                    started, cursor = await self._read(cursor, n)
+                delay = 0.1
             except ResponseError as exc:
-                self._release(n)
-                if "NOGROUP" in str(exc):
-                    # Someone deleted the stream or group (e.g. a stage reset): recreate it, keep going.
-                    await self.ensure_group()
-                    continue
-                raise
+                if "NOGROUP" not in str(exc):
+                    raise
+                # Someone deleted the stream or group (a stage reset): recreate it and go on.
+                await self.ensure_group()
             except RedisError as exc:
-                self._release(n)
                 log.warning("redis_read_failed", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-                continue
-            delay = 0.1
-            entries: list[Entry] = reply[0][1] if reply else []
-            if history:
-                if not entries:
-                    cursor = ">"
-                    self._release(n)
-                    continue
-                cursor = entries[-1][0].decode()
-                counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
-                await self._dispatch(entries, n, counts)
-            else:
-                await self._dispatch(entries, n, None)
+            finally:
+                self._release(n - started)
 
-    async def _reclaim(self) -> None:
-        """Take over entries idle past CLAIM_IDLE_MS (their worker died) and run them through the same checks."""
-        claimed_total = trimmed_total = 0
-        while not self._stopping.is_set():
-            n = await self._reserve(_RECLAIM_BATCH) if self._free_slots() > 0 else 0
-            if n == 0:
-                break
-            entries, trimmed = await self.reclaimer.claim(n)
-            trimmed_total += trimmed
-            claimed_total += len(entries)
+    async def _read(self, cursor: str, n: int) -> tuple[int, str]:
+        """XREADGROUP from `cursor` ("0": own pending history, ">": new). Returns (started, next cursor)."""
+        s = self.settings
+        history = cursor != ">"
+        reply = await self.redis.xreadgroup(
+            s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n,
+            block=None if history else s.block_ms,
+        )
+        entries: list[Entry] = reply[0][1] if reply else []
+        if not history:
+            return await self._dispatch(entries, None), ">"
+        if not entries:
+            return 0, ">"  # own history replayed: from now on only new entries
+        counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
+        return await self._dispatch(entries, counts), entries[-1][0].decode()
+
+    async def _claim_idle(self, n: int) -> tuple[int, bool]:
+        """XAUTOCLAIM a slice of the group's idle entries. Returns (started, whole pending list walked)."""
+        entries, trimmed = await self.reclaimer.claim(n)
+        if trimmed:
+            self._m_trimmed.inc(trimmed)
+            log.warning("trimmed_pending_cleared", count=trimmed)
+        started = 0
+        if entries:
+            self._m_reclaimed.inc(len(entries))
+            log.warning("stale_messages_claimed", count=len(entries), idle_ms=self.settings.claim_idle_ms)
             counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
-            await self._dispatch(entries, n, counts)
-            if self.reclaimer.exhausted:
-                break
-        if trimmed_total:
-            self._m_trimmed.inc(trimmed_total)
-            log.warning("trimmed_pending_cleared", count=trimmed_total)
-        if claimed_total:
-            self._m_reclaimed.inc(claimed_total)
-            log.warning("stale_messages_claimed", count=claimed_total, idle_ms=self.settings.claim_idle_ms)
+            started = await self._dispatch(entries, counts)
+        if not self.reclaimer.exhausted:
+            return started, False
         gone = await self.reclaimer.forget_dead_consumers()
         if gone:
             log.info("dead_consumers_removed", consumers=gone)
+        return started, True
 
     async def _promote_retries(self) -> None:
         moved = await self.retries.promote_due()
@@ -289,11 +294,15 @@ class Worker:
 
     # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
 
-    async def _dispatch(self, entries: Sequence[Entry], reserved: int, counts: dict[str, int] | None) -> None:
+    async def _dispatch(self, entries: Sequence[Entry], counts: dict[str, int] | None) -> int:
+        """Parse, poison-check, claim and start; returns how many entries now hold a slot until settled.
+
+        Every Redis call comes before anything is started, so an error here leaves no slot taken.
+        """
         s = self.settings
         candidates: list[Message] = []
+        dead: list[tuple[str, dict[bytes, bytes], str, str, int]] = []
         trimmed: list[str] = []
-        started = 0
         for raw_id, raw in entries:
             entry_id = raw_id.decode()
             if entry_id in self.in_flight:
@@ -304,38 +313,37 @@ class Worker:
             parsed = parse_entry(entry_id, raw, s.max_message_bytes)
             deliveries = counts.get(entry_id, 1) if counts else 1
             if isinstance(parsed, MalformedEntry):
-                self._dead_letter(parsed.entry_id, parsed.raw, parsed.reason, "MalformedMessage", 1)
+                dead.append((entry_id, raw, parsed.reason, "MalformedMessage", 1))
             elif deliveries > s.max_deliveries:
                 reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
-                self._dead_letter(entry_id, raw, reason, "PoisonMessage", deliveries)
+                dead.append((entry_id, raw, reason, "PoisonMessage", deliveries))
             else:
                 parsed.deliveries = deliveries
                 candidates.append(parsed)
-                continue
-            started += 1
         if trimmed:
             await self.redis.xack(s.input_queue, s.consumer_group, *trimmed)
             self._m_trimmed.inc(len(trimmed))
             log.warning("trimmed_pending_cleared", count=len(trimmed))
-        if candidates:
-            claims = await self.locks.acquire(candidates)
-            deadline = time.monotonic() + s.processing_timeout
-            for message, claim in zip(candidates, claims, strict=True):
-                if claim is Claim.ACQUIRED:
-                    flight = InFlight(message, deadline)
-                    self.in_flight[message.entry_id] = flight
-                    flight.task = task = asyncio.create_task(self._handle(flight))
-                    self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
-                    started += 1
-                elif claim is Claim.DUPLICATE:
-                    self._m_outcome["skipped_duplicate"].inc()
-                    log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
-                else:
-                    self._m_contention.inc()
-                    log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
-        self._release(reserved - started)
-        self._m_in_flight.set(self._slots_used)
+        claims = await self.locks.acquire(candidates) if candidates else []
+        for args in dead:
+            self._dead_letter(*args)
+        started = len(dead)
+        deadline = time.monotonic() + s.processing_timeout
+        for message, claim in zip(candidates, claims, strict=True):
+            if claim is Claim.ACQUIRED:
+                flight = InFlight(message, deadline)
+                self.in_flight[message.entry_id] = flight
+                flight.task = task = asyncio.create_task(self._handle(flight))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+                started += 1
+            elif claim is Claim.DUPLICATE:
+                self._m_outcome["skipped_duplicate"].inc()
+                log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
+            else:
+                self._m_contention.inc()
+                log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
+        return started
 
     def _on_settled(self, batch: list[Outcome]) -> None:
         """Called by the settler once a batch is durable: count, log, free the slots."""
@@ -354,7 +362,6 @@ class Worker:
                 self._m_outcome["processed"].inc()
                 log.info("processing_complete", **fields)
         self._release(len(batch))
-        self._m_in_flight.set(self._slots_used)
 
     # -- one message ---------------------------------------------------------------------------------------------
 

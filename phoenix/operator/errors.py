@@ -1,0 +1,22 @@
+"""Why a stage cannot be reconciled, as a condition reason and a message that never holds a secret."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class StageError(Exception):
+    """`reason` is a CamelCase condition reason; `permanent` errors wait for a spec change instead of a retry."""
+
+    reason: str
+    message: str
+    permanent: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+
+def scrub(text: str, secret: str | None) -> str:
+    """`text` with every occurrence of `secret` masked: driver errors may echo parts of a URL."""
+    return text.replace(secret, "***") if secret else text

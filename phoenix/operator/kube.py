@@ -1,0 +1,190 @@
+"""The few Kubernetes API calls the operator makes, as coroutines over the blocking official client.
+
+Calls run in threads (asyncio.to_thread) and return plain dicts read straight from the JSON: deserializing
+into the client's model classes costs more than the request itself when a cycle lists hundreds of objects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
+from phoenix.operator.builders.keda import KEDA_API_VERSION
+from phoenix.operator.builders.meta import MANAGED_BY
+from phoenix.operator.errors import StageError
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+KEDA_GROUP, KEDA_VERSION = KEDA_API_VERSION.split("/")
+KEDA_PLURALS = {"ScaledObject": "scaledobjects", "TriggerAuthentication": "triggerauthentications"}
+MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+# Discovery is cheap but 200 stages reconciling at once would still ask 200 times.
+KEDA_CHECK_TTL_SECONDS = 10.0
+
+Json = dict[str, Any]
+
+
+def _annotation_path(key: str) -> str:
+    """The JSON pointer of an annotation (RFC 6901 escapes `~` and `/`)."""
+    return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
+
+
+def load_client() -> client.ApiClient:
+    """In a pod: the ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+async def _json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
+    response = await asyncio.to_thread(call, *args, _preload_content=False, **kwargs)
+    return json.loads(response.data) if response.data else {}
+
+
+async def _json_or_none(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json | None:
+    try:
+        return await _json(call, *args, **kwargs)
+    except ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+class KubeApi:
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._core = client.CoreV1Api(api_client)
+        self._apps = client.AppsV1Api(api_client)
+        self._custom = client.CustomObjectsApi(api_client)
+        self._keda_checked_at = float("-inf")
+        self._keda_installed = False
+
+    async def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
+        """The decoded value of one Secret key; a missing Secret or key is a StageError naming it (not its value)."""
+        secret = await _json_or_none(self._core.read_namespaced_secret, ref.name, namespace)
+        if secret is None:
+            raise StageError("SecretNotFound", f"Secret {ref.name!r} does not exist in namespace {namespace!r}")
+        data = secret.get("data") or {}
+        if ref.key not in data:
+            raise StageError("SecretKeyNotFound", f"Secret {ref.name!r} has no key {ref.key!r}")
+        return base64.b64decode(data[ref.key]).decode()
+
+    # -- Deployments -----------------------------------------------------------------------------------------
+
+    async def get_deployment(self, namespace: str, name: str) -> Json | None:
+        return await _json_or_none(self._apps.read_namespaced_deployment, name, namespace)
+
+    async def create_deployment(self, body: Json) -> Json:
+        return await _json(self._apps.create_namespaced_deployment, body["metadata"]["namespace"], body)
+
+    async def patch_deployment(self, namespace: str, name: str, patch: Json) -> Json:
+        # A JSON merge patch replaces lists whole, so an env var dropped from the spec disappears from the pods;
+        # a strategic merge would keep it.
+        return await _json(
+            self._apps.patch_namespaced_deployment, name, namespace, patch, _content_type=MERGE_PATCH
+        )
+
+    async def managed_deployments(self, namespaces: tuple[str, ...]) -> list[Json]:
+        """Every worker Deployment the operator manages: one list call per watched namespace (or the cluster)."""
+        if not namespaces:
+            found = await _json(self._apps.list_deployment_for_all_namespaces, label_selector=MANAGED_SELECTOR)
+            return found.get("items", [])
+        lists = await asyncio.gather(*(
+            _json(self._apps.list_namespaced_deployment, ns, label_selector=MANAGED_SELECTOR) for ns in namespaces
+        ))
+        return [item for found in lists for item in found.get("items", [])]
+
+    # -- KEDA ------------------------------------------------------------------------------------------------
+
+    async def keda_installed(self) -> bool:
+        """Whether the API serves KEDA's ScaledObject and TriggerAuthentication (API discovery, cached briefly)."""
+        if time.monotonic() - self._keda_checked_at < KEDA_CHECK_TTL_SECONDS:
+            return self._keda_installed
+        found = await _json_or_none(self._custom.get_api_resources, KEDA_GROUP, KEDA_VERSION)
+        served = {resource["name"] for resource in (found or {}).get("resources", [])}
+        self._keda_installed = set(KEDA_PLURALS.values()) <= served
+        self._keda_checked_at = time.monotonic()
+        return self._keda_installed
+
+    async def apply_keda_object(self, body: Json) -> Json:
+        """Create the object, or merge-patch it into shape when it exists."""
+        meta, plural = body["metadata"], KEDA_PLURALS[body["kind"]]
+        args = (KEDA_GROUP, KEDA_VERSION, meta["namespace"], plural)
+        try:
+            return await _json(self._custom.create_namespaced_custom_object, *args, body)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        return await _json(
+            self._custom.patch_namespaced_custom_object, *args, meta["name"], body, _content_type=MERGE_PATCH
+        )
+
+    async def delete_keda_object(self, kind: str, namespace: str, name: str) -> None:
+        try:
+            await asyncio.to_thread(
+                self._custom.delete_namespaced_custom_object, KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURALS[kind],
+                name,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    # -- PhoenixStages ---------------------------------------------------------------------------------------
+
+    async def patch_stage_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        """Merge-patch status (None deletes a field); False when the stage no longer exists."""
+        try:
+            await _json(
+                self._custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name,
+                {"status": dict(status)}, _content_type=MERGE_PATCH,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def add_status_field_if_annotated(
+        self, namespace: str, name: str, annotation: str, expected: str, field: str, value: Any, has_status: bool
+    ) -> bool:
+        """Set status.<field> only while annotation `annotation` holds `expected`, checked by the API server in
+        the same write (a JSON patch `test`); False when it no longer does or the stage is gone."""
+        ops: list[Json] = [{"op": "test", "path": _annotation_path(annotation), "value": expected}]
+        if not has_status:
+            ops.append({"op": "add", "path": "/status", "value": {}})
+        ops.append({"op": "add", "path": f"/status/{field}", "value": value})
+        try:
+            await _json(
+                self._custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name, ops,
+                _content_type=JSON_PATCH,
+            )  # fmt: skip
+        except ApiException as exc:
+            if exc.status in (404, 422):
+                return False
+            raise
+        return True
+
+    async def remove_stage_annotation(self, namespace: str, name: str, key: str, expected: str) -> bool:
+        """Remove annotation `key` only while it still holds `expected`: a newer request is left for later."""
+        path = _annotation_path(key)
+        patch = [{"op": "test", "path": path, "value": expected}, {"op": "remove", "path": path}]
+        try:
+            await _json(
+                self._custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name, patch,
+                _content_type=JSON_PATCH,
+            )  # fmt: skip
+        except ApiException as exc:
+            # 422: the test failed (the value changed or is gone); 404: the stage is gone.
+            if exc.status in (404, 422):
+                return False
+            raise
+        return True

@@ -1,0 +1,77 @@
+"""Pure status logic: the DeploymentReady condition, the replica counts and the aggregated Ready condition."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from phoenix.crds import Condition, ConditionType, ReplicaStatus
+from phoenix.operator.builders import find_condition, new_condition
+
+
+def replica_status(deployment: Mapping[str, Any] | None) -> ReplicaStatus:
+    if deployment is None:
+        return ReplicaStatus.of(0, 0)
+    desired = int(deployment.get("spec", {}).get("replicas", 0) or 0)
+    return ReplicaStatus.of(desired, int(deployment.get("status", {}).get("readyReplicas", 0) or 0))
+
+
+def deployment_condition(deployment: Mapping[str, Any] | None, generation: int | None = None) -> Condition:
+    """DeploymentReady from the Deployment's own status, the way `kubectl rollout status` reads it."""
+    if deployment is None:
+        return new_condition(
+            ConditionType.DEPLOYMENT_READY, False, "DeploymentMissing", "the Deployment does not exist",
+            observed_generation=generation,
+        )  # fmt: skip
+    spec, status = deployment.get("spec", {}), deployment.get("status", {})
+    desired = int(spec.get("replicas", 0) or 0)
+    if int(status.get("observedGeneration", 0) or 0) < int(deployment["metadata"].get("generation", 0) or 0):
+        return new_condition(
+            ConditionType.DEPLOYMENT_READY, False, "RolloutPending", "the Deployment controller has not seen the "
+            "latest change yet", observed_generation=generation,
+        )  # fmt: skip
+    if desired == 0:
+        return new_condition(
+            ConditionType.DEPLOYMENT_READY, True, "ScaledToZero", "no pods are wanted", observed_generation=generation
+        )
+    updated = int(status.get("updatedReplicas", 0) or 0)
+    available = int(status.get("availableReplicas", 0) or 0)
+    if updated < desired:
+        message = f"{updated} of {desired} pods run the latest pod template"
+        return new_condition(
+            ConditionType.DEPLOYMENT_READY, False, "RolloutInProgress", message, observed_generation=generation
+        )
+    if available < desired:
+        message = f"{available} of {desired} pods available"
+        return new_condition(
+            ConditionType.DEPLOYMENT_READY, False, "ReplicasUnavailable", message, observed_generation=generation
+        )
+    return new_condition(
+        ConditionType.DEPLOYMENT_READY, True, "ReplicasAvailable", f"{available} of {desired} pods available",
+        observed_generation=generation,
+    )  # fmt: skip
+
+
+def ready_condition(
+    conditions: Iterable[Mapping[str, Any]], error: Condition | None, generation: int | None = None
+) -> Condition:
+    """Ready: no reconcile error, the streams exist and the workers are available. Autoscaling is not required:
+    without it the stage still runs at replicas.min."""
+    if error is not None:
+        return new_condition(ConditionType.READY, False, error.reason, error.message, observed_generation=generation)
+    conditions = list(conditions)
+    for type_ in (ConditionType.STREAM_READY, ConditionType.DEPLOYMENT_READY):
+        found = find_condition(conditions, type_)
+        if found is None:
+            return new_condition(
+                ConditionType.READY, None, "Reconciling", f"{type_} is not known yet", observed_generation=generation
+            )
+        if found.get("status") != "True":
+            return new_condition(
+                ConditionType.READY, False, str(found.get("reason", "NotReady")), str(found.get("message", "")),
+                observed_generation=generation,
+            )  # fmt: skip
+    return new_condition(
+        ConditionType.READY, True, "StageReady", "streams exist and workers are available",
+        observed_generation=generation,
+    )  # fmt: skip

@@ -1,0 +1,80 @@
+"""What the operator does in Redis: create a stage's streams and group, replay its DLQ once, destroy its data."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+from phoenix.crds import StreamsStatus
+from phoenix.worker_runtime import lua as runtime_lua
+
+_ENSURE_STREAM = files(__package__).joinpath("ensure_stream.lua").read_text()
+REPLAY_BATCH = 1000
+# Long enough to outlive any operator outage; short enough not to accumulate.
+REPLAY_LEDGER_TTL_SECONDS = 7 * 86400
+
+
+def retry_set(stage: str) -> str:
+    """The worker runtime's sorted set of records waiting for their next attempt."""
+    return f"phoenix:{stage}:retry"
+
+
+def replay_ledger(stage: str, request_id: str) -> str:
+    return f"phoenix:{stage}:replay:{request_id}"
+
+
+async def ensure_streams(client: Redis, streams: StreamsStatus) -> None:
+    """The input stream with the consumer group (an existing group is adopted), and an empty DLQ stream."""
+    try:
+        # From 0: entries enqueued before the stage existed are processed too.
+        await client.xgroup_create(streams.input, streams.consumer_group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+    await client.register_script(_ENSURE_STREAM)(keys=[streams.dlq])
+
+
+async def destroy(client: Redis, stage: str, streams: StreamsStatus) -> None:
+    """Remove the consumer group, the input and DLQ streams and the retry set (deletionPolicy: Delete)."""
+    pipe = client.pipeline(transaction=True)
+    pipe.xgroup_destroy(streams.input, streams.consumer_group)
+    pipe.delete(streams.input, streams.dlq, retry_set(stage))
+    # XGROUP DESTROY on a missing stream fails; the DEL still runs and that is all that matters.
+    await pipe.execute(raise_on_error=False)
+
+
+async def replay_once(
+    client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None, maxlen: int
+) -> int:
+    """Move up to `limit` (None: all) DLQ entries back to the input, at most once for the request `ledger` names.
+
+    Each batch is one MULTI/EXEC holding the claim of the batch (HINCRBY claimed) and the atomic move of the
+    worker runtime's replay script: both happen or neither does. The number moved is recorded right after. A
+    crash between EXEC and that record leaves claimed > recorded: the request then ends there instead of moving
+    again, so a crash can make a replay move fewer entries (they stay in the DLQ, nothing is lost), never more.
+    """
+    move = runtime_lua.register(client, "dlq_replay.lua")
+    while True:
+        state = await client.hgetall(ledger)
+        moved, claimed, recorded = (int(state.get(k, 0)) for k in ("moved", "claimed", "recorded"))
+        if state.get("done") or claimed > recorded:
+            break
+        want = REPLAY_BATCH if limit is None else min(REPLAY_BATCH, limit - moved)
+        if want <= 0:
+            break
+        pipe = client.pipeline(transaction=True)
+        pipe.hincrby(ledger, "claimed", 1)
+        pipe.expire(ledger, REPLAY_LEDGER_TTL_SECONDS)
+        await move(keys=[dlq, input_stream], args=[want, maxlen], client=pipe)
+        _, _, count = await pipe.execute()
+        record = client.pipeline(transaction=True)
+        record.hincrby(ledger, "moved", count)
+        record.hincrby(ledger, "recorded", 1)
+        await record.execute()
+        moved += count
+        if count < want:
+            break
+    await client.hset(ledger, "done", 1)
+    return moved

@@ -1,0 +1,121 @@
+"""The periodic status refresh of every stage: queue figures from Redis, replicas from the Deployments.
+
+One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it),
+one Deployment list call, and a status patch only for stages whose figures changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from phoenix.operator.builders.meta import STAGE_LABEL
+from phoenix.operator.context import OperatorContext
+from phoenix.operator.errors import scrub
+from phoenix.operator.readiness import deployment_condition, replica_status
+from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.registry import StageKey, StageRecord
+from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.settings import redact_url
+
+logger = logging.getLogger(__name__)
+PATCH_CONCURRENCY = 16
+
+
+@dataclass(frozen=True)
+class CycleReport:
+    stages: int
+    redis_round_trips: int
+    redis_failures: int
+    patched: int
+    seconds: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def group_by_redis(records: Iterable[StageRecord]) -> dict[str, list[StageRecord]]:
+    """Stages that share a Redis URL, so that each Redis is asked once per cycle."""
+    groups: dict[str, list[StageRecord]] = defaultdict(list)
+    for record in records:
+        if record.redis_url is not None and record.streams is not None:
+            groups[record.redis_url].append(record)
+    return dict(groups)
+
+
+def queue_status(stats: QueueStats) -> dict[str, int]:
+    """status.queue: whole numbers, unknown figures left out."""
+    return {key: round(value) for key, value in stats.as_status().items() if value is not None}
+
+
+async def _sample(pool: RedisPool, url: str, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
+    queues = [StageQueues(r.name, r.streams.input, r.streams.consumer_group, r.streams.dlq) for r in records]
+    try:
+        stats = await collect(pool.client(url), queues)
+    except (RedisError, OSError) as exc:
+        logger.warning("queue refresh: Redis at %s failed: %s", redact_url(url), scrub(str(exc), url))
+        return None
+    return {record.key: stat for record, stat in zip(records, stats, strict=True)}
+
+
+def _by_stage(deployments: Iterable[Mapping[str, Any]]) -> dict[StageKey, Mapping[str, Any]]:
+    found: dict[StageKey, Mapping[str, Any]] = {}
+    for deployment in deployments:
+        meta = deployment["metadata"]
+        stage = (meta.get("labels") or {}).get(STAGE_LABEL)
+        if stage is not None:
+            found[(meta["namespace"], stage)] = deployment
+    return found
+
+
+async def refresh_once(ctx: OperatorContext) -> CycleReport:
+    started = time.perf_counter()
+    records = ctx.registry.records()
+    groups = group_by_redis(records)
+    samples, deployments = await asyncio.gather(
+        asyncio.gather(*(_sample(ctx.pool, url, members) for url, members in groups.items())),
+        ctx.kube.managed_deployments(ctx.namespaces),
+    )
+    queues: dict[StageKey, QueueStats] = {}
+    for sample in samples:
+        queues.update(sample or {})
+    by_stage = _by_stage(deployments)
+    limit = asyncio.Semaphore(PATCH_CONCURRENCY)
+
+    async def refresh(record: StageRecord) -> bool:
+        deployment = by_stage.get(record.key)
+        changes: dict[str, Any] = {"replicas": replica_status(deployment).to_k8s()}
+        if record.key in queues:
+            changes["queue"] = queue_status(queues[record.key])
+        async with limit:
+            return await ctx.writer.update(record, changes, [deployment_condition(deployment, record.generation)])
+
+    # Stages whose reconcile failed have no Deployment to report on yet: their status says why already.
+    patched = await asyncio.gather(*(refresh(r) for r in records if r.error is None and r.streams is not None))
+    return CycleReport(
+        stages=len(records),
+        redis_round_trips=len(groups),
+        redis_failures=sum(sample is None for sample in samples),
+        patched=sum(patched),
+        seconds=round(time.perf_counter() - started, 4),
+    )
+
+
+async def refresh_forever(ctx: OperatorContext) -> None:
+    """A cycle every ctx.refresh_interval seconds, its figures kept in ctx.last_refresh."""
+    while True:
+        try:
+            report = await refresh_once(ctx)
+            ctx.last_refresh = report.as_dict()
+            logger.debug("status refresh: %s", report)
+        except Exception:
+            # The next cycle retries; a broken cycle must not stop the operator.
+            logger.exception("status refresh cycle failed")
+        await asyncio.sleep(ctx.refresh_interval)

@@ -1,0 +1,58 @@
+"""What the operator remembers about each stage between handler calls, for the batched status refresh."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from phoenix.crds import Condition, StreamsStatus
+
+StageKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class StageRecord:
+    namespace: str
+    name: str
+    generation: int | None = None
+    streams: StreamsStatus | None = None
+    # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
+    redis_url: str | None = field(default=None, repr=False)
+    # The reconcile failure that keeps the stage not Ready, if any.
+    error: Condition | None = None
+    # The status as last written or read: the refresh patches only fields that differ from it.
+    status: dict[str, Any] = field(default_factory=dict)
+    # Serializes read-modify-write of status, and of the Deployment (reconcile against restart).
+    status_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    deployment_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    @property
+    def key(self) -> StageKey:
+        return (self.namespace, self.name)
+
+
+class StageRegistry:
+    def __init__(self) -> None:
+        self._records: dict[StageKey, StageRecord] = {}
+
+    def observe(self, body: Mapping[str, Any]) -> StageRecord:
+        """The stage's record, created on first sight with the status the object carries."""
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        record = self._records.get(key)
+        if record is None:
+            record = StageRecord(meta["namespace"], meta["name"], status=dict(body.get("status") or {}))
+            self._records[key] = record
+        record.generation = meta.get("generation")
+        return record
+
+    def get(self, key: StageKey) -> StageRecord | None:
+        return self._records.get(key)
+
+    def forget(self, key: StageKey) -> None:
+        self._records.pop(key, None)
+
+    def records(self) -> list[StageRecord]:
+        return list(self._records.values())

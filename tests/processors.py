@@ -1,0 +1,54 @@
+"""Processors the worker tests run inside real `phoenix worker` subprocesses.
+
+Behaviour is steered through the message data and Redis keys, so a test can change it while workers run.
+Every call leaves a side effect in Redis (`effects:{stage}` hash, `pids:{stage}:{record}` set) so tests
+can count how often a record was really processed, and by which process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from typing import Any
+
+from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
+
+
+class ScriptedProcessor(BaseProcessor):
+    """data["action"]: missing | fail | sleep:<s> | crash-before | crash-after | none; default: forward.
+
+    crash-* kill the whole worker with SIGKILL the first time a record is seen (`crashed:{stage}:{record}`),
+    before or after the side effect. The Redis key `dependency-down:{stage}` makes every call fail.
+    """
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        stage = self.settings.service_name
+        action = str(data.get("action", ""))
+        await self.redis.incr(f"calls:{stage}")
+        if await self.redis.exists(f"dependency-down:{stage}"):
+            raise ConnectionError("dependency is down")
+        if action == "crash-before" and await self.redis.set(f"crashed:{stage}:{record_id}", 1, nx=True):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == "missing":
+            raise RecordNotFoundError(f"record {record_id} does not exist")
+        if action == "fail":
+            raise RuntimeError("transient failure")
+        if action.startswith("sleep:"):
+            await asyncio.sleep(float(action.partition(":")[2]))
+        await self.redis.hincrby(f"effects:{stage}", record_id, 1)
+        await self.redis.sadd(f"pids:{stage}:{record_id}", os.getpid())
+        if action == "crash-after" and await self.redis.set(f"crashed:{stage}:{record_id}", 1, nx=True):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if action == "none":
+            return None
+        return {**data, "seen_by": stage}
+
+
+class AlwaysCrashProcessor(BaseProcessor):
+    """Kills its worker on every call: a poison message."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        await self.redis.incr(f"calls:{self.settings.service_name}")
+        os.kill(os.getpid(), signal.SIGKILL)
+        return None

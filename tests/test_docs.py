@@ -1,0 +1,137 @@
+"""README's "Add a stage", followed literally: its module, its commands, its promised output.
+
+The code blocks are found by their `<!-- docs-test: add-a-stage ... -->` markers. The only substitutions are the ones
+a reader makes: their Redis (here the test Valkey) in `REDIS_URL` and a free port for `HEALTH_PORT`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from tests.fixtures.eventually import eventually
+from tests.fixtures.processes import LoggedProcess, free_loopback_port
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+BIN = Path(sys.executable).parent  # the phoenix console script lives next to the interpreter
+PLACEHOLDER = "..."
+
+
+def marked_block(marker: str) -> tuple[str, str]:
+    """(marker arguments, code) of the fenced block right after `<!-- docs-test: {marker} ... -->`."""
+    pattern = rf"<!-- docs-test: {re.escape(marker)}(?P<args>[^>]*)-->\n```\w*\n(?P<code>.*?)```"
+    match = re.search(pattern, README.read_text(), re.DOTALL)
+    assert match, f"README.md has no block marked docs-test: {marker}"
+    return match["args"].strip(), match["code"]
+
+
+def shell_commands(code: str) -> list[list[str]]:
+    """The block's commands as argument lists: continuation lines joined, comments dropped."""
+    joined = code.replace("\\\n", " ")
+    return [shlex.split(line, comments=True) for line in joined.splitlines() if shlex.split(line, comments=True)]
+
+
+def split_env(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Leading NAME=value words (or `export NAME=value`) and the command after them."""
+    env: dict[str, str] = {}
+    words = argv[1:] if argv[0] == "export" else argv
+    while words and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", words[0]):
+        name, _, value = words.pop(0).partition("=")
+        env[name] = value
+    return env, words
+
+
+def matches(documented: dict[str, Any], logged: dict[str, Any]) -> bool:
+    return all(key in logged and (value == PLACEHOLDER or logged[key] == value) for key, value in documented.items())
+
+
+def test_readme_blocks_parse() -> None:
+    assert split_env(["export", "A=1"]) == ({"A": "1"}, [])
+    assert split_env(["A=1", "B=x y", "phoenix", "worker"]) == ({"A": "1", "B": "x y"}, ["phoenix", "worker"])
+    assert shell_commands("A=1 \\\n  b c  # note\n\n# only a comment\nd 'e f'\n") == [["A=1", "b", "c"], ["d", "e f"]]
+
+
+def test_add_a_stage_as_documented(tmp_path: Path, redis_url: str) -> None:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    client.flushdb()  # a marker of an earlier run would make doc-1 a duplicate
+    args, module = marked_block("add-a-stage")
+    file_name = re.fullmatch(r"file=(\S+)", args)[1]
+    (tmp_path / file_name).write_text(module)
+
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # `phoenix` as after `source .venv/bin/activate`
+    worker_argv: list[str] = []
+    for argv in shell_commands(marked_block("add-a-stage commands")[1]):
+        assignments, command = split_env(argv)
+        env.update(assignments)
+        if command:
+            worker_argv = command
+    assert worker_argv == ["phoenix", "worker"]
+    documented_url = env["REDIS_URL"]
+    env.update(REDIS_URL=redis_url, HEALTH_PORT=str(free_loopback_port()))
+    output_stream = env["OUTPUT_QUEUE"]
+
+    log_path = tmp_path / "worker.log"
+    with log_path.open("wb") as log:
+        # Run in the directory of the module, as documented: PYTHONPATH=. is relative to it.
+        popen = subprocess.Popen(
+            [str(BIN / "phoenix"), *worker_argv[1:]], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    worker = LoggedProcess("wordcount worker", popen, log_path)
+    try:
+        ((*enqueue_argv,),) = shell_commands(marked_block("add-a-stage enqueue")[1])
+        assert enqueue_argv[:2] == ["phoenix", "enqueue"]
+        enqueued = subprocess.run(
+            [str(BIN / "phoenix"), *enqueue_argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=60,
+        )
+        assert enqueued.returncode == 0, enqueued.stderr
+        assert re.fullmatch(r"\d+-\d+\n", enqueued.stdout)  # the entry id
+
+        documented = [json.loads(line) for line in marked_block("add-a-stage output")[1].splitlines() if line]
+
+        def all_logged() -> bool:
+            if not worker.alive:
+                raise worker.failure("exited early")
+            logged = [json.loads(line) for line in worker.log_tail(10_000).splitlines() if line.startswith("{")]
+            return all(any(matches(doc, entry) for entry in logged) for doc in documented)
+
+        eventually(all_logged, f"the documented log lines (README's REDIS_URL {documented_url} -> test Valkey)", 60)
+        ((_, fields),) = client.xrange(output_stream)
+    finally:
+        worker.stop()
+        client.close()
+    words = next(doc for doc in documented if doc["event"] == "words_counted")
+    result = {k: words[k] for k in ("words", "unique", "top_word")}
+    assert fields == {"record_id": words["record_id"], "user_id": words["user_id"], "data": json.dumps(result)}
+    assert worker.popen.returncode == 0
+
+
+def test_entry_point_snippet_names_the_documented_class() -> None:
+    text = README.read_text()
+    snippet = re.search(r'```toml\n(\[project\.entry-points\."phoenix\.processors"\]\n.*?)```', text, re.DOTALL)
+    assert snippet, "README.md has no phoenix.processors entry point example"
+    entry_points = tomllib.loads(snippet[1])["project"]["entry-points"]["phoenix.processors"]
+    args, module = marked_block("add-a-stage")
+    for target in entry_points.values():
+        module_name, _, class_name = target.partition(":")
+        assert f"file={module_name}.py" == args
+        assert re.search(rf"^class {class_name}\(BaseProcessor\):", module, re.MULTILINE)
+
+
+@pytest.mark.parametrize("command", ["make demo", "make test", "make bench", "make bench-operator", "make manifests"])
+def test_documented_make_targets_exist(command: str) -> None:
+    makefile = (README.parent / "Makefile").read_text()
+    assert command in README.read_text()
+    assert re.search(rf"^{command.split()[1]}:", makefile, re.MULTILINE)

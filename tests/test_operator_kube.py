@@ -1,0 +1,236 @@
+"""The operator end to end: `phoenix operator` with the manifests/rbac identity against the local control plane,
+workers played from the generated Deployments, records flowing through router -> parser -> grouper."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from kubernetes import client
+
+from phoenix.stages.samples import ensure_samples
+from tests.fixtures.control_plane import ControlPlane
+from tests.fixtures.eventually import eventually
+from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.operator_process import (
+    condition,
+    get_stage,
+    health,
+    kubectl_apply,
+    running_operator,
+    sample_documents,
+)
+
+pytestmark = pytest.mark.kube
+STAGES = ("router", "parser", "grouper")
+
+
+@pytest.fixture(scope="module")
+def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[str]:
+    """The operator for the whole module; yields its liveness URL."""
+    with running_operator(kube_cluster, operator_kubeconfig) as (process, liveness):
+        yield liveness
+        assert process.alive, process.failure("died during the tests")
+
+
+def _db_url(redis_url: str, db: int) -> str:
+    """Each test on its own database: stages of different tests share names, hence Redis keys."""
+    return f"{redis_url.rsplit('/', 1)[0]}/{db}"
+
+
+@pytest.fixture
+def redis_db(redis_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[str, sync_redis.Redis]]:
+    url = _db_url(redis_url, request.param)
+    with sync_redis.Redis.from_url(url, decode_responses=True) as connection:
+        connection.flushdb()
+        yield url, connection
+
+
+def _columns(plane: ControlPlane, namespace: str) -> dict[str, dict[str, str]]:
+    """`kubectl get phoenixstages` as a person reads it: {stage: {column: value}}."""
+    lines = plane.kubectl("get", "phoenixstages", "-n", namespace).stdout.splitlines()
+    if not lines:
+        return {}
+    # Columns are cut at the header's positions: an empty cell (no figure yet) has no text to split on.
+    starts = [m.start() for m in re.finditer(r"\S+", lines[0])]
+    bounds = list(zip(starts, [*starts[1:], None], strict=True))
+    rows = [{lines[0][a:b].strip(): row[a:b].strip() for a, b in bounds} for row in lines[1:]]
+    return {row["NAME"]: row for row in rows}
+
+
+def _status(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
+    return (get_stage(plane, namespace, name) or {}).get("status") or {}
+
+
+def _enqueue(connection: sync_redis.Redis, record_id: str, document: Path) -> None:
+    data = json.dumps({"document_url": document.resolve().as_uri()})
+    connection.xadd("phoenix:router:input", {"record_id": record_id, "user_id": "u1", "data": data})
+
+
+def _replica_sets(api: client.ApiClient, namespace: str, stage: str) -> set[str]:
+    found = client.AppsV1Api(api).list_namespaced_replica_set(namespace, label_selector=f"phoenix.io/stage={stage}")
+    return {rs.metadata.name for rs in found.items}
+
+
+@pytest.mark.parametrize("redis_db", [1], indirect=True)
+def test_sample_pipeline_end_to_end(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    kubelet_player: PlayKubelet, redis_db: tuple[str, sync_redis.Redis], tmp_path: Path,
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, sample_documents(url, ns))
+    apps = client.AppsV1Api(kube_api)
+
+    # Streams, groups, DLQs and children exist before any worker runs.
+    eventually(lambda: all((_status(kube_cluster, ns, s).get("streams")) for s in STAGES), "streams in status")
+    for stage in STAGES:
+        assert connection.xinfo_groups(f"phoenix:{stage}:input")[0]["name"] == f"{stage}-group"
+        assert connection.xlen(f"phoenix:{stage}:dlq") == 0
+        deployment = apps.read_namespaced_deployment(stage, ns)
+        assert deployment.metadata.owner_references[0].kind == "PhoenixStage"
+    scaled = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+        "keda.sh", "v1alpha1", ns, "scaledobjects", "parser"
+    )
+    assert scaled["spec"]["maxReplicaCount"] == 20
+    assert condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady")["status"] == "True"
+
+    # Backlog builds up while no worker runs.
+    documents = ensure_samples(tmp_path / "docs")
+    for i, document in enumerate(documents):
+        _enqueue(connection, f"rec-{i}", document)
+    eventually(lambda: _columns(kube_cluster, ns).get("router", {}).get("BACKLOG") == str(len(documents)),
+               "the router's backlog in kubectl get", timeout=30)  # fmt: skip
+
+    # Workers start; KEDA is not running here, so the test scales the parser as KEDA would (min is 0).
+    players = {stage: kubelet_player(ns, stage) for stage in STAGES}
+    for player in players.values():
+        player.start()
+    apps.patch_namespaced_deployment_scale("parser", ns, {"spec": {"replicas": 1}})
+    eventually(lambda: all(connection.exists(f"grouped:rec-{i}") for i in range(len(documents))),
+               "every record grouped", timeout=120)  # fmt: skip
+
+    def drained() -> bool:
+        rows = _columns(kube_cluster, ns)
+        return all(rows.get(s, {}).get("BACKLOG") == "0" and rows.get(s, {}).get("PENDING") == "0" for s in STAGES)
+
+    eventually(drained, "backlog and pending back to 0 in kubectl get", timeout=30)
+    # The operator left KEDA's replica count alone.
+    assert apps.read_namespaced_deployment("parser", ns).spec.replicas == 1
+    eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["status"] == "True", "router Ready")
+
+    # Restart: a new ReplicaSet, once per annotation value.
+    before = _replica_sets(kube_api, ns, "router")
+    kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
+    eventually(lambda: len(_replica_sets(kube_api, ns, "router")) == len(before) + 1, "a new ReplicaSet")
+    eventually(lambda: _status(kube_cluster, ns, "router").get("handledRestart") == "r1", "restart recorded")
+    assert _status(kube_cluster, ns, "router")["lastRestart"]
+    kube_cluster.kubectl("annotate", "--overwrite", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
+    kube_cluster.kubectl("label", "phoenixstage", "router", "-n", ns, "touched=yes")
+    assert len(_replica_sets(kube_api, ns, "router")) == len(before) + 1
+
+    # A record whose document is missing is dead-lettered; once the document exists, a replay processes it.
+    missing = tmp_path / "late.pdf"
+    _enqueue(connection, "late", missing)
+    eventually(lambda: _columns(kube_cluster, ns)["router"]["DLQ"] == "1", "the DLQ column at 1", timeout=60)
+    missing.write_bytes(documents[0].read_bytes())
+    kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/replay-dlq=all")
+    eventually(lambda: connection.exists("grouped:late"), "the replayed record processed", timeout=60)
+    last = eventually(lambda: _status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
+    assert (last["requested"], last["moved"]) == (1, 1)
+    stage = get_stage(kube_cluster, ns, "router")
+    assert "phoenix.io/replay-dlq" not in stage["metadata"].get("annotations", {})
+    assert "replayRequest" not in stage["status"]
+
+    # Deleting with Delete removes the Redis data; the children are garbage-collected.
+    kube_cluster.kubectl("patch", "phoenixstage", "router", "-n", ns, "--type=merge",
+                         "-p", '{"spec": {"deletionPolicy": "Delete"}}')  # fmt: skip
+    eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["observedGeneration"] == 2,
+               "the policy change reconciled")  # fmt: skip
+    players["router"].stop()
+    assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
+    assert not connection.exists("phoenix:router:input", "phoenix:router:dlq")
+    assert connection.exists("phoenix:parser:input")  # Retain keeps the others' data
+
+    def router_children_gone() -> bool:
+        try:
+            apps.read_namespaced_deployment("router", ns)
+        except client.ApiException as exc:
+            return exc.status == 404
+        return False
+
+    eventually(router_children_gone, "the router Deployment garbage-collected")
+    assert health(operator)["statusRefresh"]["redis_round_trips"] >= 1
+
+
+@pytest.mark.parametrize("redis_db", [2], indirect=True)
+def test_without_keda_the_stage_runs_at_min(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    without_keda: None, redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, _ = redis_db
+    secret, router = sample_documents(url, kube_namespace)[:2]
+    router["spec"]["replicas"] = {"min": 2, "max": 5}
+    kubectl_apply(kube_cluster, [secret, router])
+
+    def degraded() -> dict[str, Any] | None:
+        found = condition(get_stage(kube_cluster, kube_namespace, "router"), "AutoscalingReady")
+        return found if found and found["reason"] == "KedaNotInstalled" else None
+
+    autoscaling = eventually(degraded, "AutoscalingReady=False/KedaNotInstalled", timeout=60)
+    assert autoscaling["status"] == "False"
+    assert "replicas.min (2)" in autoscaling["message"]
+    deployment = client.AppsV1Api(kube_api).read_namespaced_deployment("router", kube_namespace)
+    assert deployment.spec.replicas == 2
+
+
+def _events(kube_api: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
+    found = client.CoreV1Api(kube_api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
+    return found.items
+
+
+@pytest.mark.parametrize("redis_db", [3], indirect=True)
+def test_bad_redis_settings_become_conditions_and_events(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    secret, router, parser, grouper = sample_documents(url, ns)
+    password = "s3cret-never-shown"
+    unreachable = {
+        **secret, "metadata": {**secret["metadata"], "name": "unreachable"},
+        "stringData": {"url": f"redis://:{password}@127.0.0.1:1/0", "password": password},
+    }  # fmt: skip
+    parser["spec"]["redis"] = {"urlSecretRef": {"name": "unreachable", "key": "url"}}
+    router["spec"]["redis"] = {"urlSecretRef": {"name": "not-yet", "key": "url"}}
+    grouper["spec"]["replicas"] = {"min": 0, "max": 1}
+    kubectl_apply(kube_cluster, [secret, unreachable, router, parser, grouper])
+
+    def reason(name: str) -> str | None:
+        found = condition(get_stage(kube_cluster, ns, name), "Ready")
+        return found and found["reason"]
+
+    eventually(lambda: reason("router") == "SecretNotFound", "router Ready=False/SecretNotFound")
+    eventually(lambda: reason("parser") == "RedisUnavailable", "parser Ready=False/RedisUnavailable", timeout=60)
+    # The operator keeps serving the stage that is fine.
+    eventually(lambda: reason("grouper") == "StageReady", "grouper Ready")
+    eventually(lambda: ("Warning", "SecretNotFound") in {(e.type, e.reason) for e in _events(kube_api, ns, "router")},
+               "a Warning Event on router")  # fmt: skip
+    eventually(lambda: any(e.reason == "RedisUnavailable" for e in _events(kube_api, ns, "parser")),
+               "a Warning Event on parser")  # fmt: skip
+    shown = json.dumps([get_stage(kube_cluster, ns, "parser")["status"]]) + " ".join(
+        e.message or "" for e in _events(kube_api, ns, "parser")
+    )
+    assert password not in shown
+
+    # Creating the Secret heals the stage on the next retry.
+    fixed = {**secret, "metadata": {**secret["metadata"], "name": "not-yet"}}
+    kubectl_apply(kube_cluster, [fixed])
+    eventually(lambda: _status(kube_cluster, ns, "router").get("streams"), "router reconciled", timeout=60)
+    assert connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group"
