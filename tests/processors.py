@@ -36,8 +36,10 @@ class ScriptedProcessor(BaseProcessor):
             raise RuntimeError("transient failure")
         if action.startswith("sleep:"):
             await asyncio.sleep(float(action.partition(":")[2]))
-        await self.redis.hincrby(f"effects:{stage}", record_id, 1)
-        await self.redis.sadd(f"pids:{stage}:{record_id}", os.getpid())
+        # One transaction, so a kill cannot separate the side effect from the record of who caused it.
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(f"effects:{stage}", record_id, 1).sadd(f"pids:{stage}:{record_id}", os.getpid())
+            await pipe.execute()
         if action == "crash-after" and await self.redis.set(f"crashed:{stage}:{record_id}", 1, nx=True):
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "none":

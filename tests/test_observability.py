@@ -239,7 +239,10 @@ def test_outcome_counters(observed: Observations) -> None:
     assert count("deferred") >= 1  # fast failures while open
     assert sample_value(final, "phoenix_circuit_state", stage=stage) == 0
     assert sample_value(observed.metrics["open"], "phoenix_circuit_state", stage=stage) == 2
-    assert sample_value(final, "phoenix_in_flight_messages", stage=stage) == 0
+
+
+def test_in_flight_gauge_is_zero_once_everything_settled(observed: Observations) -> None:
+    assert sample_value(observed.metrics["final"], "phoenix_in_flight_messages", stage=observed.service) == 0
 
 
 @pytest.mark.parametrize("histogram", ["phoenix_processing_duration_seconds", "phoenix_queue_wait_seconds"])

@@ -17,6 +17,7 @@ from phoenix.stages.samples import ensure_samples
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.kubelet_player import KubeletPlayer
 from tests.fixtures.operator_process import (
     condition,
     get_stage,
@@ -72,6 +73,15 @@ def _enqueue(connection: sync_redis.Redis, record_id: str, document: Path) -> No
     connection.xadd("phoenix:router:input", {"record_id": record_id, "user_id": "u1", "data": data})
 
 
+def _worker_report(players: dict[str, KubeletPlayer]) -> str:
+    """What the played pods did: start errors and the end of each worker's log."""
+    lines = []
+    for stage, player in players.items():
+        lines.append(f"{stage}: start errors {player.start_errors}")
+        lines += [f"--- {pod}\n{process.log_tail(15)}" for pod, process in player.processes().items()]
+    return "\n".join(lines)
+
+
 def _replica_sets(api: client.ApiClient, namespace: str, stage: str) -> set[str]:
     found = client.AppsV1Api(api).list_namespaced_replica_set(namespace, label_selector=f"phoenix.io/stage={stage}")
     return {rs.metadata.name for rs in found.items}
@@ -112,8 +122,11 @@ def test_sample_pipeline_end_to_end(
     for player in players.values():
         player.start()
     apps.patch_namespaced_deployment_scale("parser", ns, {"spec": {"replicas": 1}})
-    eventually(lambda: all(connection.exists(f"grouped:rec-{i}") for i in range(len(documents))),
-               "every record grouped", timeout=120)  # fmt: skip
+    try:
+        eventually(lambda: all(connection.exists(f"grouped:rec-{i}") for i in range(len(documents))),
+                   "every record grouped", timeout=120)  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
 
     def drained() -> bool:
         rows = _columns(kube_cluster, ns)

@@ -28,6 +28,7 @@ from phoenix.worker_runtime.reclaim import Entry, Reclaimer
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.tracing import process_span
 
 log = structlog.get_logger("phoenix.worker")
 
@@ -383,7 +384,8 @@ class Worker:
             return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
         try:
             try:
-                result = await self._call_processor(m)
+                with process_span(s.service_name, m.record_id, m.traceparent) as traceparent:
+                    result = await self._call_processor(m)
             except asyncio.CancelledError:
                 if not flight.timed_out:
                     raise
@@ -408,7 +410,7 @@ class Worker:
             return self._retry_outcome(m, exc)
         self._m_duration.observe(time.time() - started)
         self.breaker.record_success()
-        fields = output_fields(m, result, m.traceparent) if result is not None and s.output_queue else ()
+        fields = output_fields(m, result, traceparent) if result is not None and s.output_queue else ()
         return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
 
     async def _call_processor(self, m: Message) -> dict[str, Any] | None:

@@ -1,0 +1,98 @@
+"""Circuit breaker: the state machine on its own, then a worker with a dependency that fails on demand."""
+
+from __future__ import annotations
+
+import asyncio
+
+import redis.asyncio as aioredis
+
+from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
+from tests.fixtures.workers import WorkerPool, wait_until
+from tests.test_worker_errors import DLQ, OUT, RETRY, add, idle, outputs
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def breaker(clock: Clock) -> CircuitBreaker:
+    return CircuitBreaker(5, 60, 3, clock=clock)
+
+
+def test_opens_after_consecutive_failures_only() -> None:
+    b = breaker(Clock())
+    for _ in range(4):
+        b.record_failure()
+    b.record_success()  # the streak is broken
+    for _ in range(4):
+        b.record_failure()
+    assert b.state is CircuitState.CLOSED and b.try_acquire()
+    b.record_failure()
+    assert b.state is CircuitState.OPEN
+    assert not b.try_acquire() and b.trial_slots() == 0
+
+
+def test_half_open_after_reset_timeout_admits_three_trials_and_closes() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(5):
+        b.record_failure()
+    clock.now += 59.9
+    assert b.state is CircuitState.OPEN and b.seconds_until_half_open() > 0
+    clock.now += 0.1
+    assert b.state is CircuitState.HALF_OPEN
+    assert [b.try_acquire() for _ in range(4)] == [True, True, True, False]
+    b.record_success()
+    b.record_success()
+    assert b.state is CircuitState.HALF_OPEN
+    b.record_success()
+    assert b.state is CircuitState.CLOSED and b.trial_slots() is None
+
+
+def test_any_failure_in_half_open_opens_again() -> None:
+    clock = Clock()
+    b = breaker(clock)
+    for _ in range(5):
+        b.record_failure()
+    clock.now += 60
+    assert b.try_acquire()
+    b.record_success()
+    b.record_failure()
+    assert b.state is CircuitState.OPEN
+    assert b.seconds_until_half_open() == 60
+
+
+async def test_worker_with_open_circuit_leaves_messages_queued_then_recovers(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    await redis.set("dependency-down:s", 1)
+    w = workers.start("s", OUTPUT_QUEUE=OUT, CONCURRENCY="4", CIRCUIT_FAILURE_THRESHOLD="2",
+                      CIRCUIT_RESET_TIMEOUT="1", CIRCUIT_HALF_OPEN_CALLS="3", RETRY_BASE_SECONDS="3",
+                      RETRY_MAX_SECONDS="3")
+    for i in range(10):
+        await add(redis, f"r{i}")
+    await wait_until(lambda: _has_event(w, "circuit_open_fast_fail"), "fast failures while open")
+    # While open: two failures wait for their retry, the rest stay in the stream; nothing is dead-lettered.
+    await asyncio.sleep(1.5)
+    assert await redis.zcard(RETRY) >= 2
+    assert await redis.xlen(DLQ) == 0
+    calls_while_down = int(await redis.get("calls:s"))
+    assert calls_while_down < 10  # it stopped calling the failing dependency for every message
+    await redis.delete("dependency-down:s")
+    await wait_until(lambda: _processed(redis, 10), "all ten processed after recovery", timeout=60)
+    assert await redis.xlen(DLQ) == 0
+    assert sorted(o["record_id"] for o in await outputs(redis)) == sorted(f"r{i}" for i in range(10))
+    states = [(e["previous"], e["state"]) for e in w.events() if e["event"] == "circuit_state_changed"]
+    assert ("CLOSED", "OPEN") in states and ("OPEN", "HALF_OPEN") in states and states[-1] == ("HALF_OPEN", "CLOSED")
+
+
+async def _has_event(w: object, name: str) -> bool:
+    return name in w.event_names()  # type: ignore[attr-defined]
+
+
+async def _processed(redis: aioredis.Redis, n: int) -> bool:
+    return await redis.xlen(OUT) == n and await idle(redis)
