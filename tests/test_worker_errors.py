@@ -6,7 +6,6 @@ import json
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import ResponseError
 
 from tests.fixtures.workers import WorkerPool, wait_until
 
@@ -21,13 +20,13 @@ async def outputs(redis: aioredis.Redis) -> list[dict[str, str]]:
     return [fields for _, fields in await redis.xrange(OUT)]
 
 
-async def idle(redis: aioredis.Redis) -> bool:
-    """The group exists, nothing is pending in it, nothing waits for a retry."""
-    try:
-        pending = await redis.xpending(IN, "s-group")
-    except ResponseError:  # the worker has not created the group yet
+async def idle(redis: aioredis.Redis, stream: str = IN, group: str = "s-group") -> bool:
+    """Every entry delivered (lag 0), none pending, nothing waiting for a retry."""
+    groups = await redis.xinfo_groups(stream) if await redis.exists(stream) else []
+    mine = [g for g in groups if g["name"] == group]
+    if not mine or mine[0]["lag"] != 0 or mine[0]["pending"] != 0:
         return False
-    return pending["pending"] == 0 and await redis.zcard(RETRY) == 0
+    return await redis.zcard(RETRY) == 0
 
 
 async def test_success_forwards_result_with_ids_and_sets_marker(redis: aioredis.Redis, workers: WorkerPool) -> None:
@@ -68,7 +67,7 @@ async def test_transient_error_retries_with_backoff_until_it_succeeds(
     await redis.set("dependency-down:s", 1)
     await add(redis, "r1")
     w = workers.start("s", OUTPUT_QUEUE=OUT, RETRY_BASE_SECONDS="0.1", RETRY_MAX_SECONDS="0.4",
-                      CIRCUIT_FAILURE_THRESHOLD="1000")
+                      CIRCUIT_FAILURE_THRESHOLD="1000", RETRY_WARN_AFTER="0.5")
     await wait_until(lambda: redis.get("calls:s"), "first attempt")
     await wait_until(lambda: _calls_at_least(redis, 4), "several attempts")
     # While it fails, the message lives in the retry set with its retry count, never in the DLQ.
@@ -82,6 +81,9 @@ async def test_transient_error_retries_with_backoff_until_it_succeeds(
     assert [e["retry_count"] for e in retries[:4]] == [1, 2, 3, 4]
     assert [e["retry_in_seconds"] for e in retries[:4]] == [0.1, 0.2, 0.4, 0.4]  # min(2^n x base, max)
     assert all(e["error"] == "dependency is down" and e["record_id"] == "r1" for e in retries)
+    # Failing for longer than RETRY_WARN_AFTER (4 hours by default) is worth a warning of its own.
+    long = [e for e in w.events() if e["event"] == "message_retrying_long"]
+    assert long and long[0]["level"] == "warning" and long[0]["record_id"] == "r1"
 
 
 async def _calls_at_least(redis: aioredis.Redis, n: int) -> bool:

@@ -1,0 +1,142 @@
+"""The operator's pure parts: replica policy, readiness, status merging, replay requests, refresh grouping."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from phoenix.crds import ConditionType, PhoenixStageSpec, StreamsStatus
+from phoenix.operator.builders import new_condition
+from phoenix.operator.errors import scrub
+from phoenix.operator.readiness import deployment_condition, ready_condition, replica_status
+from phoenix.operator.refresh import group_by_redis
+from phoenix.operator.registry import StageRecord
+from phoenix.operator.requests import (
+    ReplayRequestError,
+    has_replay_work,
+    has_restart_request,
+    parse_replay_count,
+)
+from phoenix.operator.scaling import deployment_replicas
+from phoenix.operator.status import merged_status, status_patch
+
+
+def _spec(**overrides: Any) -> PhoenixStageSpec:
+    return PhoenixStageSpec.model_validate({
+        "processor": "router", "image": "img", "redis": {"urlSecretRef": {"name": "s", "key": "url"}}, **overrides
+    })  # fmt: skip
+
+
+def _deployment(desired: int, ready: int = 0, updated: int | None = None, seen: int = 1) -> dict[str, Any]:
+    return {
+        "metadata": {"generation": 1},
+        "spec": {"replicas": desired},
+        "status": {
+            "observedGeneration": seen, "readyReplicas": ready, "availableReplicas": ready,
+            "updatedReplicas": desired if updated is None else updated,
+        },
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("overrides", "current", "keda", "expected"),
+    [
+        ({"replicas": {"min": 2, "max": 5}}, 4, False, 2),  # no KEDA: exactly min
+        ({"replicas": {"min": 2, "max": 5}}, 4, True, 4),  # KEDA's choice is kept
+        ({"replicas": {"min": 2, "max": 5}}, 0, True, 2),  # unpaused: back to min
+        ({"replicas": {"min": 2, "max": 5}}, 9, True, 5),  # max lowered: clamped
+        ({"replicas": {"min": 2, "max": 5}}, None, True, 2),  # created at min
+        ({"replicas": {"min": 2, "max": 5}, "paused": True}, 4, True, 0),
+        ({"replicas": {"min": 2, "max": 5}, "paused": True}, 4, False, 0),
+    ],
+)
+def test_deployment_replicas(overrides: dict[str, Any], current: int | None, keda: bool, expected: int) -> None:
+    assert deployment_replicas(_spec(**overrides), current, keda) == expected
+
+
+@pytest.mark.parametrize(
+    ("deployment", "status", "reason"),
+    [
+        (None, "False", "DeploymentMissing"),
+        (_deployment(2, ready=2), "True", "ReplicasAvailable"),
+        (_deployment(2, ready=1), "False", "ReplicasUnavailable"),
+        (_deployment(2, ready=2, updated=1), "False", "RolloutInProgress"),
+        (_deployment(2, ready=2, seen=0), "False", "RolloutPending"),
+        (_deployment(0), "True", "ScaledToZero"),
+    ],
+)
+def test_deployment_condition(deployment: dict[str, Any] | None, status: str, reason: str) -> None:
+    found = deployment_condition(deployment)
+    assert (found.type, found.status, found.reason) == ("DeploymentReady", status, reason)
+
+
+def test_replica_status_reads_desired_and_ready() -> None:
+    assert replica_status(_deployment(3, ready=2)).to_k8s() == {"desired": 3, "ready": 2, "summary": "2/3"}
+    assert replica_status(None).summary == "0/0"
+
+
+def test_ready_needs_streams_and_workers_but_not_autoscaling() -> None:
+    streams = new_condition(ConditionType.STREAM_READY, True, "StreamReady").to_k8s()
+    workers = new_condition(ConditionType.DEPLOYMENT_READY, False, "ReplicasUnavailable", "0 of 1").to_k8s()
+    no_keda = new_condition(ConditionType.AUTOSCALING_READY, False, "KedaNotInstalled").to_k8s()
+    assert ready_condition([streams], None).status == "Unknown"
+    waiting = ready_condition([streams, workers, no_keda], None)
+    assert (waiting.status, waiting.reason, waiting.message) == ("False", "ReplicasUnavailable", "0 of 1")
+    workers["status"] = "True"
+    assert ready_condition([streams, workers, no_keda], None).status == "True"
+    error = new_condition(ConditionType.READY, False, "SecretNotFound", "no Secret")
+    assert ready_condition([streams, workers], error).reason == "SecretNotFound"
+
+
+def test_status_merge_patches_only_what_changed() -> None:
+    streams = new_condition(ConditionType.STREAM_READY, True, "StreamReady")
+    first = merged_status({}, {"queue": {"lag": 3}, "observedGeneration": 1}, [streams], None, 1)
+    assert [c["type"] for c in first["conditions"]] == ["StreamReady", "Ready"]
+    assert status_patch({}, first) == first
+    again = merged_status(first, {"queue": {"lag": 3}}, [streams], None, 1)
+    assert status_patch(first, again) == {}
+    drained = merged_status(first, {"queue": {"lag": 0}, "replayRequest": None}, [], None, 1)
+    assert status_patch(first, drained) == {"queue": {"lag": 0}}
+    pending = {**first, "replayRequest": {"id": "x"}}
+    assert status_patch(pending, merged_status(pending, {"replayRequest": None}, [], None, 1)) == {
+        "replayRequest": None
+    }
+
+
+@pytest.mark.parametrize(("value", "expected"), [("all", None), ("ALL", None), ("5", 5), (" 12 ", 12)])
+def test_parse_replay_count(value: str, expected: int | None) -> None:
+    assert parse_replay_count(value) == expected
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "five", "", "1.5"])
+def test_parse_replay_count_rejects(value: str) -> None:
+    with pytest.raises(ReplayRequestError, match=r"phoenix\.io/replay-dlq"):
+        parse_replay_count(value)
+
+
+def test_request_filters() -> None:
+    body: dict[str, Any] = {"metadata": {"annotations": {"phoenix.io/restart": "a"}}, "status": {}}
+    assert has_restart_request(body)
+    body["status"]["handledRestart"] = "a"
+    assert not has_restart_request(body)
+    assert not has_replay_work(body)
+    body["status"]["replayRequest"] = {"id": "1", "count": "all"}  # begun, annotation already removed
+    assert has_replay_work(body)
+
+
+def test_refresh_groups_stages_by_redis_url() -> None:
+    def record(name: str, url: str | None) -> StageRecord:
+        streams = StreamsStatus(input=f"{name}:in", consumer_group="g", dlq=f"{name}:dlq")
+        return StageRecord("ns", name, streams=streams, redis_url=url)
+
+    groups = group_by_redis([record("a", "redis://r1"), record("b", "redis://r2"), record("c", "redis://r1"),
+                             record("d", None)])  # fmt: skip
+    assert {url: [r.name for r in members] for url, members in groups.items()} == {
+        "redis://r1": ["a", "c"], "redis://r2": ["b"]
+    }
+
+
+def test_scrub_and_records_hide_the_password() -> None:
+    assert scrub("Error connecting to redis://:pw@h:1", "redis://:pw@h:1") == "Error connecting to ***"
+    assert "pw" not in repr(StageRecord("ns", "a", redis_url="redis://:pw@h:1/0"))
