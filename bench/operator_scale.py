@@ -62,9 +62,10 @@ def ready_count(plane: ControlPlane) -> int:
 def wait_for_cycle(liveness: str, predicate: Any, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        report = health(liveness).get("statusRefresh")
-        if report and predicate(report):
-            return report
+        reports = health(liveness).get("statusRefresh") or {}
+        for report in reports.values():
+            if predicate(report):
+                return report
         time.sleep(1)
     raise TimeoutError("no matching status refresh cycle")
 

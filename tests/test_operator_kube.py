@@ -178,7 +178,9 @@ def test_sample_pipeline_end_to_end(
         return False
 
     eventually(router_children_gone, "the router Deployment garbage-collected")
-    assert health(operator)["statusRefresh"]["redis_round_trips"] >= 1
+    # One Redis round trip per refresh cycle for all stages of this Redis (other tests' Redis databases add theirs).
+    refresh = health(operator)["statusRefresh"]["last"]
+    assert 1 <= refresh["redis_round_trips"] < refresh["stages"]
 
 
 @pytest.mark.parametrize("redis_db", [2], indirect=True)

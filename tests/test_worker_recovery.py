@@ -7,6 +7,7 @@ import json
 
 import redis.asyncio as aioredis
 
+from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.workers import WorkerPool, wait_until
 from tests.test_worker_errors import DLQ, IN, OUT, add, idle, outputs
 
@@ -138,3 +139,15 @@ async def _lock_gone(redis: aioredis.Redis) -> bool:
 
 async def _locks(redis: aioredis.Redis, n: int) -> bool:
     return len(await redis.keys("lock:s:*")) == n
+
+
+async def test_unreachable_redis_is_waited_for_not_crashed_on(workers: WorkerPool) -> None:
+    w = workers.start("s", REDIS_URL=f"redis://:secret-pw@127.0.0.1:{free_loopback_port()}/0")
+    await wait_until(lambda: _has(w, "redis_unavailable"), "the worker reports Redis as unavailable")
+    assert w.alive
+    assert await asyncio.to_thread(w.terminate) == 0
+    assert "secret-pw" not in w.process.log_path.read_text()
+
+
+async def _has(w: object, event: str) -> bool:
+    return event in w.event_names()  # type: ignore[attr-defined]

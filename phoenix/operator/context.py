@@ -19,8 +19,9 @@ class OperatorContext:
     pool: RedisPool = field(default_factory=RedisPool)
     registry: StageRegistry = field(default_factory=StageRegistry)
     writer: StatusWriter = field(init=False)
-    # The last status refresh cycle's figures (see refresh.CycleReport), served on the liveness endpoint.
-    last_refresh: dict[str, Any] | None = None
+    # Figures of the last status refresh cycle and of the last one that patched something (refresh.CycleReport),
+    # served on the liveness endpoint.
+    refresh_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.writer = StatusWriter(self.kube)

@@ -40,8 +40,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 @kopf.on.probe(id="statusRefresh")
-def status_refresh(memo: kopf.Memo, **_: Any) -> dict[str, Any] | None:
-    return _context(memo).last_refresh
+def status_refresh(memo: kopf.Memo, **_: Any) -> dict[str, dict[str, Any]]:
+    return _context(memo).refresh_reports
 
 
 @kopf.on.resume(*STAGES)

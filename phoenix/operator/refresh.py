@@ -109,11 +109,13 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
 
 
 async def refresh_forever(ctx: OperatorContext) -> None:
-    """A cycle every ctx.refresh_interval seconds, its figures kept in ctx.last_refresh."""
+    """A cycle every ctx.refresh_interval seconds, its figures kept in ctx.refresh_reports."""
     while True:
         try:
             report = await refresh_once(ctx)
-            ctx.last_refresh = report.as_dict()
+            ctx.refresh_reports["last"] = report.as_dict()
+            if report.patched:
+                ctx.refresh_reports["lastWithChanges"] = report.as_dict()
             logger.debug("status refresh: %s", report)
         except Exception:
             # The next cycle retries; a broken cycle must not stop the operator.

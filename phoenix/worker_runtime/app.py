@@ -43,13 +43,19 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
     processor.settings = settings
     keys = ApiKeyProvider(app_client, stage=settings.service_name, billing_url=billing.billing_url,
                           master_key=billing.billing_master_key)
-    worker = Worker(settings, processor, stream_client, keys, swap_env_key=billing.swap_env)
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, worker.request_stop)
     runner = None
     try:
-        await processor.initialize()
+        try:
+            await processor.initialize()
+        except Exception as exc:
+            # A stage that cannot start (its own settings, a model file) says why in one line, not a traceback.
+            log.error("processor_initialize_failed", error=str(exc), error_type=type(exc).__name__)
+            print(f"phoenix worker: {processor_class.__name__}.initialize() failed: {exc}", file=sys.stderr)
+            return 3
+        worker = Worker(settings, processor, stream_client, keys, swap_env_key=billing.swap_env)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.request_stop)
         if settings.health_port:
             runner = await start_health_server(settings.health_port, alive=worker.alive, ready=worker.ready)
         await worker.run()

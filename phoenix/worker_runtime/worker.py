@@ -28,7 +28,7 @@ from phoenix.worker_runtime.reclaim import Entry, Reclaimer
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
-from phoenix.worker_runtime.tracing import process_span
+from phoenix.worker_runtime.tracing import MessageTracing
 
 log = structlog.get_logger("phoenix.worker")
 
@@ -69,6 +69,8 @@ class Worker:
         self.settler = Settler(client, settings, self.locks.token, self._on_settled)
         self.retries = RetryScheduler(client, settings)
         self.reclaimer = Reclaimer(client, settings)
+        # Built after the processor's initialize(), which is where a team configures an OpenTelemetry SDK.
+        self._tracing = MessageTracing(settings.service_name)
         stage = settings.service_name
         self.breaker = CircuitBreaker(
             settings.circuit_failure_threshold,
@@ -121,9 +123,25 @@ class Worker:
             if "BUSYGROUP" not in str(exc):
                 raise
 
+    async def _wait_for_redis(self) -> bool:
+        """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile."""
+        delay = 0.5
+        while not self._stopping.is_set():
+            try:
+                await self.ensure_group()
+                return True
+            except RedisError as exc:
+                log.warning("redis_unavailable", error=str(exc), redis=self.settings.redis_url_redacted,
+                            retry_in=delay)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), delay)
+                delay = min(delay * 2, 10.0)
+        return False
+
     async def run(self) -> None:
         """Until `request_stop`: then finish in-flight work within SHUTDOWN_GRACE and return."""
-        await self.ensure_group()
+        if not await self._wait_for_redis():
+            return
         s = self.settings
         log.info("worker_started", input=s.input_queue, output=s.output_queue or None, group=s.consumer_group,
                  consumer=s.consumer_name, concurrency=s.concurrency, redis=s.redis_url_redacted)
@@ -225,12 +243,13 @@ class Worker:
                 else:
                     started, cursor = await self._read(cursor, n)
                 delay = 0.1
-            except ResponseError as exc:
-                if "NOGROUP" not in str(exc):
-                    raise
-                # Someone deleted the stream or group (a stage reset): recreate it and go on.
-                await self.ensure_group()
             except RedisError as exc:
+                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                    # Someone deleted the stream or group (a stage reset): recreate it and go on.
+                    with contextlib.suppress(RedisError):
+                        await self.ensure_group()
+                    continue
+                # Redis down, or the key is not a stream: say so and keep trying, never crash-loop.
                 log.warning("redis_read_failed", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
@@ -384,7 +403,7 @@ class Worker:
             return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
         try:
             try:
-                with process_span(s.service_name, m.record_id, m.traceparent) as traceparent:
+                with self._tracing.span(m.record_id, m.traceparent) as traceparent:
                     result = await self._call_processor(m)
             except asyncio.CancelledError:
                 if not flight.timed_out:
