@@ -89,6 +89,13 @@ class ReplayStatus(StatusModel):
     at: datetime = Field(description="When the replay ran.")
 
 
+class ReplayRequest(StatusModel):
+    """A `phoenix.io/replay-dlq` request claimed by the operator and not yet finished."""
+
+    id: str = Field(max_length=64, description="Identity of the request; a resumed replay continues under it.")
+    count: str = Field(max_length=16, description="The annotation's value: `all` or a number of entries.")
+
+
 class PhoenixStageStatus(StatusModel):
     """Observed state of the stage, maintained by the Phoenix operator."""
 
@@ -106,3 +113,10 @@ class PhoenixStageStatus(StatusModel):
     replicas: ReplicaStatus | None = Field(default=None, description="Worker pods.")
     last_restart: datetime | None = Field(default=None, description="When the workers were last restarted.")
     last_replay: ReplayStatus | None = Field(default=None, description="The last DLQ replay.")
+    handled_restart: str | None = Field(
+        default=None, max_length=256,
+        description="The `phoenix.io/restart` value last acted on; a new value restarts the workers once.",
+    )
+    replay_request: ReplayRequest | None = Field(
+        default=None, description="A DLQ replay in progress (set before entries move, cleared when done)."
+    )

@@ -51,6 +51,19 @@ async def _json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
     return json.loads(response.data) if response.data else {}
 
 
+async def _patch_unless(
+    statuses: tuple[int, ...], call: Callable[..., Any], namespace: str, name: str, body: Any, content_type: str
+) -> bool:
+    """Patch a PhoenixStage; False instead of an error when the API server answers one of `statuses`."""
+    try:
+        await _json(call, GROUP, VERSION, namespace, PLURAL, name, body, _content_type=content_type)
+    except ApiException as exc:
+        if exc.status in statuses:
+            return False
+        raise
+    return True
+
+
 async def _json_or_none(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json | None:
     try:
         return await _json(call, *args, **kwargs)
@@ -142,16 +155,10 @@ class KubeApi:
 
     async def patch_stage_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch status (None deletes a field); False when the stage no longer exists."""
-        try:
-            await _json(
-                self._custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name,
-                {"status": dict(status)}, _content_type=MERGE_PATCH,
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status == 404:
-                return False
-            raise
-        return True
+        return await _patch_unless(
+            (404,), self._custom.patch_namespaced_custom_object_status, namespace, name, {"status": dict(status)},
+            MERGE_PATCH,
+        )
 
     async def add_status_field_if_annotated(
         self, namespace: str, name: str, annotation: str, expected: str, field: str, value: Any, has_status: bool
@@ -162,29 +169,15 @@ class KubeApi:
         if not has_status:
             ops.append({"op": "add", "path": "/status", "value": {}})
         ops.append({"op": "add", "path": f"/status/{field}", "value": value})
-        try:
-            await _json(
-                self._custom.patch_namespaced_custom_object_status, GROUP, VERSION, namespace, PLURAL, name, ops,
-                _content_type=JSON_PATCH,
-            )  # fmt: skip
-        except ApiException as exc:
-            if exc.status in (404, 422):
-                return False
-            raise
-        return True
+        # 422: the test failed (the value changed or is gone); 404: the stage is gone.
+        return await _patch_unless(
+            (404, 422), self._custom.patch_namespaced_custom_object_status, namespace, name, ops, JSON_PATCH
+        )
 
     async def remove_stage_annotation(self, namespace: str, name: str, key: str, expected: str) -> bool:
         """Remove annotation `key` only while it still holds `expected`: a newer request is left for later."""
         path = _annotation_path(key)
-        patch = [{"op": "test", "path": path, "value": expected}, {"op": "remove", "path": path}]
-        try:
-            await _json(
-                self._custom.patch_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name, patch,
-                _content_type=JSON_PATCH,
-            )  # fmt: skip
-        except ApiException as exc:
-            # 422: the test failed (the value changed or is gone); 404: the stage is gone.
-            if exc.status in (404, 422):
-                return False
-            raise
-        return True
+        ops = [{"op": "test", "path": path, "value": expected}, {"op": "remove", "path": path}]
+        return await _patch_unless(
+            (404, 422), self._custom.patch_namespaced_custom_object, namespace, name, ops, JSON_PATCH
+        )
