@@ -63,6 +63,8 @@ class CircuitBreaker:
 
     def try_acquire(self) -> bool:
         """Called right before the protected call; False means fail fast."""
+        if self._state is CircuitState.CLOSED:
+            return True  # the common case, first
         slots = self.trial_slots()
         if slots is None:
             return True

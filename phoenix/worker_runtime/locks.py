@@ -32,7 +32,7 @@ class RecordLocks:
         self._acquire = lua.register(client, "locks_acquire.lua")
         self._renew = lua.register(client, "locks_renew.lua")
 
-    async def acquire(self, messages: Sequence[Message]) -> list[Claim]:
+    async def acquire(self, messages: Sequence[Message]) -> list[int]:
         s = self._settings
         args: list[str | int] = [
             s.consumer_group, self.token, math.ceil(s.lock_timeout), math.ceil(s.idempotency_ttl),
@@ -40,8 +40,7 @@ class RecordLocks:
         ]
         for m in messages:
             args += (m.entry_id, m.record_id)
-        codes = await self._acquire(keys=[s.input_queue], args=args)
-        return [Claim(c) for c in codes]
+        return await self._acquire(keys=[s.input_queue], args=args)  # ints, compared with Claim members
 
     async def renew(self, messages: Sequence[Message]) -> list[str]:
         """Extend the locks still ours and reset their entries' idle time; returns record ids whose lock is gone."""

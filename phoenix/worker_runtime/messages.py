@@ -46,17 +46,24 @@ class MalformedEntry:
 
 def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | MalformedEntry:
     """Validate one entry; anything wrong becomes a MalformedEntry with the reason, never an exception."""
-    size = sum(len(k) + len(v) for k, v in raw.items())
-    if size > max_bytes:
-        return MalformedEntry(entry_id, raw, f"entry is {size} bytes, over MAX_MESSAGE_BYTES={max_bytes}")
+    # One pass: this runs for every message, so it avoids building intermediate dicts.
+    size = 0
+    fields: dict[str, str] = {}
+    data: dict[str, Any] = {}
     try:
-        fields = {k.decode(): v.decode() for k, v in raw.items()}
+        for k, v in raw.items():
+            size += len(k) + len(v)
+            key, value = k.decode(), v.decode()
+            fields[key] = value
+            if key not in ENVELOPE_FIELDS:
+                data[key] = value
     except UnicodeDecodeError as exc:
         return MalformedEntry(entry_id, raw, f"entry is not valid UTF-8: {exc.reason} at byte {exc.start}")
-    record_id = fields.get("record_id", "")
+    if size > max_bytes:
+        return MalformedEntry(entry_id, raw, f"entry is {size} bytes, over MAX_MESSAGE_BYTES={max_bytes}")
+    record_id = fields.get("record_id")
     if not record_id:
         return MalformedEntry(entry_id, raw, "missing record_id")
-    data: dict[str, Any] = {k: v for k, v in fields.items() if k not in ENVELOPE_FIELDS}
     if "data" in fields:
         try:
             payload = json.loads(fields["data"])
@@ -66,26 +73,23 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
             return MalformedEntry(entry_id, raw, f"data must be a JSON object, got {type(payload).__name__}")
         data.update(payload)
     try:
-        retry_count = int(fields.get("retry_count", 0))
+        retry_count = int(fields["retry_count"]) if "retry_count" in fields else 0
         first_failed_at = float(fields["first_failed_at"]) if "first_failed_at" in fields else None
     except ValueError as exc:
         return MalformedEntry(entry_id, raw, f"bad runtime field: {exc}")
     return Message(
-        entry_id=entry_id,
-        record_id=record_id,
-        user_id=fields.get("user_id", ""),
-        data=data,
-        raw=raw,
-        retry_count=retry_count,
-        first_failed_at=first_failed_at,
-        original_id=fields.get("original_id"),
-        traceparent=fields.get("traceparent"),
+        entry_id, record_id, fields.get("user_id", ""), data, raw, retry_count, first_failed_at,
+        fields.get("original_id"), fields.get("traceparent"),
     )
+
+
+# Built once: json.dumps(..., default=str) would construct a new encoder for every message.
+_RESULT_ENCODER = json.JSONEncoder(default=str)
 
 
 def output_fields(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
     """Flat field/value list for the next stage's XADD."""
-    flat = ["record_id", message.record_id, "user_id", message.user_id, "data", json.dumps(result, default=str)]
+    flat = ["record_id", message.record_id, "user_id", message.user_id, "data", _RESULT_ENCODER.encode(result)]
     if traceparent:
         flat += ["traceparent", traceparent]
     return flat

@@ -83,6 +83,8 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
+        # Per-message success lines are info; skipping their arguments matters at tens of thousands a second.
+        self._log_each_message = settings.log_level in ("debug", "info")
         self._reread_own_pending = True  # at start: own pending entries first (id 0), then new ones (>)
         self.last_beat = time.monotonic()
         self._m_outcome = {o: metrics.MESSAGES.labels(stage, o) for o in
@@ -350,14 +352,14 @@ class Worker:
         started = len(dead)
         deadline = time.monotonic() + s.processing_timeout
         for message, claim in zip(candidates, claims, strict=True):
-            if claim is Claim.ACQUIRED:
+            if claim == Claim.ACQUIRED:
                 flight = InFlight(message, deadline)
                 self.in_flight[message.entry_id] = flight
                 flight.task = task = asyncio.create_task(self._handle(flight))
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
                 started += 1
-            elif claim is Claim.DUPLICATE:
+            elif claim == Claim.DUPLICATE:
                 self._m_outcome["skipped_duplicate"].inc()
                 log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
             else:
@@ -368,78 +370,85 @@ class Worker:
     def _on_settled(self, batch: list[Outcome]) -> None:
         """Called by the settler once a batch is durable: count, log, free the slots."""
         done = time.time()
+        processed = duplicates = 0
         for outcome in batch:
             flight = self.in_flight.pop(outcome.entry_id, None)
             if outcome.action is not Action.COMMIT:
                 continue  # dead letters, retries and deferrals were counted and logged when decided
-            fields = {"record_id": outcome.record_id, "message_id": outcome.entry_id,
-                      "user_id": flight.message.user_id if flight else "",
-                      "duration_seconds": round(done - outcome.started_at, 6)}
             if outcome.duplicate:
-                self._m_outcome["skipped_duplicate"].inc()
-                log.info("duplicate_discarded", **fields)
+                duplicates += 1
             else:
-                self._m_outcome["processed"].inc()
-                log.info("processing_complete", **fields)
+                processed += 1
+            if self._log_each_message:
+                log.info("duplicate_discarded" if outcome.duplicate else "processing_complete",
+                         record_id=outcome.record_id, message_id=outcome.entry_id,
+                         user_id=flight.message.user_id if flight else "",
+                         duration_seconds=round(done - outcome.started_at, 6))
+        self._m_outcome["processed"].inc(processed)
+        self._m_outcome["skipped_duplicate"].inc(duplicates)
         self._release(len(batch))
 
     # -- one message ---------------------------------------------------------------------------------------------
 
     async def _handle(self, flight: InFlight) -> None:
-        m = flight.message
+        """One message from claim to settle: the processor call under the breaker, the timeout watchdog, the
+        user's API key and the trace context. One coroutine, since it runs for every message."""
+        m, s = flight.message, self.settings
         structlog.contextvars.bind_contextvars(record_id=m.record_id, user_id=m.user_id, message_id=m.entry_id)
         started = time.time()
         self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
-        outcome = await self._run_processor(flight)
-        outcome.started_at = started
-        self.settler.submit(outcome)
-
-    async def _run_processor(self, flight: InFlight) -> Outcome:
-        m, s = flight.message, self.settings
-        started = time.time()
         if not self.breaker.try_acquire():
             self._m_outcome["deferred"].inc()
             log.warning("circuit_open_fast_fail")
-            return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
-        try:
+            outcome = Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+        else:
             try:
                 with self._tracing.span(m.record_id, m.traceparent) as traceparent:
-                    result = await self._call_processor(m)
+                    if self.billing.enabled:
+                        result = await self._process_with_user_key(m)
+                    else:
+                        result = await self.processor.process(m.record_id, m.user_id, m.data)
+                if result is not None and not isinstance(result, dict):
+                    raise TypeError(f"process() must return a dict or None, not {type(result).__name__}")
             except asyncio.CancelledError:
-                if not flight.timed_out:
-                    raise
-                raise TimeoutError(f"processing exceeded PROCESSING_TIMEOUT={s.processing_timeout:g}s") from None
-            if result is not None and not isinstance(result, dict):
-                raise TypeError(f"process() must return a dict or None, not {type(result).__name__}")
-        except asyncio.CancelledError:
-            # Shutdown past the grace period: leave the entry pending for the next worker, free the lock.
-            self._m_outcome["deferred"].inc()
-            return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
-        except RecordNotFoundError as exc:
-            self._m_duration.observe(time.time() - started)
-            self._m_outcome["dead_lettered"].inc()
-            log.warning("message_dead_lettered", error=str(exc), error_type="RecordNotFoundError")
-            fields = dead_letter_fields(m.raw, m.entry_id, error=str(exc) or "record not found",
-                                        error_type="RecordNotFoundError", stage=s.service_name,
-                                        attempts=m.retry_count + 1)
-            return Outcome(Action.DEAD_LETTER, m.entry_id, m.record_id, True, fields)
-        except Exception as exc:
-            self._m_duration.observe(time.time() - started)
+                if flight.timed_out:
+                    error = TimeoutError(f"processing exceeded PROCESSING_TIMEOUT={s.processing_timeout:g}s")
+                    outcome = self._failure_outcome(m, error, started)
+                else:
+                    # Shutdown past the grace period: leave the entry pending for the next worker, free the lock.
+                    self._m_outcome["deferred"].inc()
+                    outcome = Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+            except Exception as exc:
+                outcome = self._failure_outcome(m, exc, started)
+            else:
+                self._m_duration.observe(time.time() - started)
+                self.breaker.record_success()
+                fields = output_fields(m, result, traceparent) if result is not None and s.output_queue else ()
+                outcome = Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
+        outcome.started_at = started
+        self.settler.submit(outcome)
+
+    async def _process_with_user_key(self, m: Message) -> dict[str, Any] | None:
+        # A billing outage raises BillingUnavailableError here: transient, retried like any other failure.
+        key = await self.billing.key_for(m.user_id)
+        if key is None:
+            return await self.processor.process(m.record_id, m.user_id, m.data)
+        with api_key_scope(key, swap_env=self._swap_env_key):
+            return await self.processor.process(m.record_id, m.user_id, m.data)
+
+    def _failure_outcome(self, m: Message, exc: Exception, started: float) -> Outcome:
+        """RecordNotFoundError: DLQ at once. Anything else: transient, retried with backoff."""
+        self._m_duration.observe(time.time() - started)
+        if not isinstance(exc, RecordNotFoundError):
             self.breaker.record_failure()
             return self._retry_outcome(m, exc)
-        self._m_duration.observe(time.time() - started)
-        self.breaker.record_success()
-        fields = output_fields(m, result, traceparent) if result is not None and s.output_queue else ()
-        return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
-
-    async def _call_processor(self, m: Message) -> dict[str, Any] | None:
-        if self.billing.enabled:
-            # A billing outage raises BillingUnavailableError here: transient, retried like any other failure.
-            key = await self.billing.key_for(m.user_id)
-            if key is not None:
-                with api_key_scope(key, swap_env=self._swap_env_key):
-                    return await self.processor.process(m.record_id, m.user_id, m.data)
-        return await self.processor.process(m.record_id, m.user_id, m.data)
+        s = self.settings
+        self._m_outcome["dead_lettered"].inc()
+        log.warning("message_dead_lettered", error=str(exc), error_type="RecordNotFoundError")
+        fields = dead_letter_fields(m.raw, m.entry_id, error=str(exc) or "record not found",
+                                    error_type="RecordNotFoundError", stage=s.service_name,
+                                    attempts=m.retry_count + 1)
+        return Outcome(Action.DEAD_LETTER, m.entry_id, m.record_id, True, fields)
 
     def _retry_outcome(self, m: Message, exc: BaseException) -> Outcome:
         s = self.settings
