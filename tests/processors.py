@@ -54,3 +54,15 @@ class AlwaysCrashProcessor(BaseProcessor):
         await self.redis.incr(f"calls:{self.settings.service_name}")
         os.kill(os.getpid(), signal.SIGKILL)
         return None
+
+
+class KeyReportingProcessor(BaseProcessor):
+    """Writes down which API key an LLM call made now would use, both ways a library may look it up."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        from phoenix.worker_runtime.billing import current_api_key
+
+        await self.redis.hset(f"seen-key:{record_id}", mapping={
+            "context": current_api_key() or "", "environ": os.environ.get("OPENAI_API_KEY", ""),
+        })
+        return {"ok": True}
