@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 
 import redis.asyncio as aioredis
 
@@ -151,3 +152,15 @@ async def test_unreachable_redis_is_waited_for_not_crashed_on(workers: WorkerPoo
 
 async def _has(w: object, event: str) -> bool:
     return event in w.event_names()  # type: ignore[attr-defined]
+
+
+async def test_locks_stay_renewed_while_draining(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    await add(redis, "slow", action="sleep:3")
+    w = workers.start("s", OUTPUT_QUEUE=OUT, LOCK_TIMEOUT="1", SHUTDOWN_GRACE="10")
+    await wait_until(lambda: redis.exists("lock:s:slow"), "in flight")
+    w.process.popen.send_signal(signal.SIGTERM)
+    for _ in range(4):  # two lock lifetimes into the drain
+        await asyncio.sleep(0.5)
+        assert await redis.pttl("lock:s:slow") > 0
+    assert await asyncio.to_thread(w.process.popen.wait, 30) == 0
+    assert [o["record_id"] for o in await outputs(redis)] == ["slow"]

@@ -26,7 +26,7 @@ from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
 from phoenix.worker_runtime.settings import redact_url
 
 logger = logging.getLogger(__name__)
-PATCH_CONCURRENCY = 16
+PATCH_CONCURRENCY = 32
 
 
 @dataclass(frozen=True)

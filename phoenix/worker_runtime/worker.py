@@ -33,6 +33,15 @@ from phoenix.worker_runtime.tracing import MessageTracing
 log = structlog.get_logger("phoenix.worker")
 
 
+async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
+    """Cancel and await; a task that had already died is reported, since the worker relied on it."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception():
+            log.error("worker_loop_crashed", task=task.get_name(), error=repr(task.exception()))
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 @dataclass(slots=True)
 class InFlight:
     """A message whose lock this worker holds, from claim to settle."""
@@ -147,27 +156,24 @@ class Worker:
         s = self.settings
         log.info("worker_started", input=s.input_queue, output=s.output_queue or None, group=s.consumer_group,
                  consumer=s.consumer_name, concurrency=s.concurrency, redis=s.redis_url_redacted)
-        settler = asyncio.create_task(self.settler.run(), name="settler")
-        loops = [
-            asyncio.create_task(self._intake_loop(), name="intake"),
+        # Lock renewal, the timeout watchdog and the committer keep running while in-flight work drains.
+        background = [
+            asyncio.create_task(self.settler.run(), name="settler"),
             asyncio.create_task(self._every(self._renew_interval(), self._renew_locks), name="renewer"),
-            asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
             asyncio.create_task(self._every(min(1.0, s.processing_timeout / 10), self._enforce_timeouts),
                                 name="watchdog"),
         ]
+        intake = [
+            asyncio.create_task(self._intake_loop(), name="intake"),
+            asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
+        ]
         stop = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait([stop, *loops], return_when=asyncio.FIRST_COMPLETED)
-        for task in loops:
-            if task.done() and not task.cancelled() and task.exception():
-                log.error("worker_loop_crashed", task=task.get_name(), error=repr(task.exception()))
-            task.cancel()
-        stop.cancel()
-        await asyncio.gather(*loops, stop, return_exceptions=True)
+        await asyncio.wait([stop, *intake, *background], return_when=asyncio.FIRST_COMPLETED)
+        await _cancel([stop, *intake])
         await self._drain()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.settler.flush(), 30)
-        settler.cancel()
-        await asyncio.gather(settler, return_exceptions=True)
+        await _cancel(background)
         log.info("worker_stopped")
 
     async def _drain(self) -> None:
