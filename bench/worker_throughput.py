@@ -83,7 +83,7 @@ class WorkerRun:
     script_us_per_msg: float
 
 
-async def phoenix_worker(client: aioredis.Redis, url: str, n: int, concurrency: int) -> WorkerRun:
+async def phoenix_worker(client: aioredis.Redis, url: str, n: int, concurrency: int, log_level: str) -> WorkerRun:
     stream, out = "phoenix:bench:input", "phoenix:bench:output"
     await client.delete(out)
     await client.flushdb()
@@ -92,9 +92,12 @@ async def phoenix_worker(client: aioredis.Redis, url: str, n: int, concurrency: 
     env = dict(
         os.environ, SERVICE_NAME="bench", PROCESSOR="bench.noop:NoopProcessor", REDIS_URL=url,
         INPUT_QUEUE=stream, OUTPUT_QUEUE=out, CONSUMER_GROUP=GROUP, CONCURRENCY=str(concurrency),
-        HEALTH_PORT="0", LOG_LEVEL="warning", PYTHONPATH=str(ROOT),
+        HEALTH_PORT="0", LOG_LEVEL=log_level, PYTHONPATH=str(ROOT),
     )
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "phoenix", "worker", env=env, cwd=ROOT)
+    # Logs go to /dev/null: a terminal's speed is not the worker's.
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "phoenix", "worker", env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL
+    )
     try:
         while not await client.xlen(out):
             await asyncio.sleep(0.001)
@@ -118,12 +121,12 @@ def _id_ms(entry_id: bytes) -> int:
     return int(entry_id.decode().partition("-")[0])
 
 
-async def run(n: int, concurrency: int, rounds: int) -> int:
+async def run(n: int, concurrency: int, rounds: int, log_level: str) -> int:
     with embedded_valkey() as url:
         client = aioredis.Redis.from_url(url)
         a = statistics.median([await floor(client, n) for _ in range(rounds)])
         b = await original(client, n)
-        runs = [await phoenix_worker(client, url, n, concurrency) for _ in range(rounds)]
+        runs = [await phoenix_worker(client, url, n, concurrency, log_level) for _ in range(rounds)]
         await client.aclose()
     c = statistics.median_high([r.rate for r in runs])
     median_run = next(r for r in runs if r.rate == c)
@@ -133,7 +136,7 @@ async def run(n: int, concurrency: int, rounds: int) -> int:
     print(f"(c) phoenix worker, CONCURRENCY={concurrency:<5}        : {c:10,.0f} msg/s  "
           f"(rounds: {', '.join(f'{r.rate:,.0f}' for r in runs)})")
     print(f"    worker peak RSS {median_run.peak_rss_mb:.0f} MiB, worker CPU {median_run.cpu_us_per_msg:.0f} us/msg, "
-          f"Redis Lua time {median_run.script_us_per_msg:.0f} us/msg, LOG_LEVEL=warning")
+          f"Redis Lua time {median_run.script_us_per_msg:.0f} us/msg, LOG_LEVEL={log_level}")
     print(f"ratios: c/a = {c / a:.2f} (target >= 0.25)   c/b = {c / b:.1f}x (target >= 20x)")
     return 0
 
@@ -143,8 +146,9 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=20_000)
     p.add_argument("--concurrency", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     args = p.parse_args()
-    return asyncio.run(run(args.messages, args.concurrency, args.rounds))
+    return asyncio.run(run(args.messages, args.concurrency, args.rounds, args.log_level))
 
 
 if __name__ == "__main__":
