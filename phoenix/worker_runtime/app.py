@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sys
+import threading
 
 import structlog
 
@@ -15,6 +17,24 @@ from phoenix.worker_runtime.processor import ProcessorLoadError, load_processor_
 from phoenix.worker_runtime.redis_client import connect
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.worker import Worker
+
+# A shutdown still running this long after the grace period is stuck; unfinished entries stay pending, so
+# ending the process loses nothing and beats waiting for Kubernetes' SIGKILL.
+_STUCK_AFTER_GRACE = 30.0
+
+
+def _stop_with_deadline(worker: Worker, deadline: float) -> None:
+    if worker.stop_requested:
+        return
+    worker.request_stop()
+    timer = threading.Timer(deadline, _exit_stuck, args=(deadline,))
+    timer.daemon = True
+    timer.start()
+
+
+def _exit_stuck(deadline: float) -> None:
+    structlog.get_logger("phoenix.worker").error("shutdown_stuck", seconds=deadline)
+    os._exit(1)
 
 
 def main() -> int:
@@ -55,7 +75,7 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
         worker = Worker(settings, processor, stream_client, keys, swap_env_key=billing.swap_env)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, worker.request_stop)
+            loop.add_signal_handler(sig, _stop_with_deadline, worker, settings.shutdown_grace + _STUCK_AFTER_GRACE)
         if settings.health_port:
             runner = await start_health_server(settings.health_port, alive=worker.alive, ready=worker.ready)
         await worker.run()

@@ -112,6 +112,10 @@ class Worker:
     def request_stop(self) -> None:
         self._stopping.set()
 
+    @property
+    def stop_requested(self) -> bool:
+        return self._stopping.is_set()
+
     def alive(self) -> bool:
         return time.monotonic() - self.last_beat < _ALIVE_WITHIN_SECONDS
 
@@ -192,7 +196,9 @@ class Worker:
         return min(s.lock_timeout, s.claim_idle_ms / 1000) / 3
 
     async def _every(self, seconds: float, job: Callable[[], Awaitable[None]]) -> None:
-        while True:
+        task = asyncio.current_task()
+        # cancelling(): a cancellation swallowed somewhere inside a client library still ends the loop.
+        while task is None or not task.cancelling():
             await asyncio.sleep(seconds)
             try:
                 await job()
