@@ -18,6 +18,7 @@ from phoenix.operator.builders import (
     new_condition,
     redis_connection,
     resolve_streams,
+    scaled_object_patch,
     set_condition,
 )
 
@@ -331,3 +332,17 @@ def test_changed_status_moves_the_transition_time_in_place() -> None:
     assert changed[0]["status"] == "Unknown"
     assert changed[0]["lastTransitionTime"] == "2025-01-01T12:05:00Z"
     assert changed[1] == conditions[1]
+
+
+def test_unpausing_patch_removes_the_pause_annotations() -> None:
+    connection = redis_connection("redis://:pw@redis:6379/0")
+    unpaused = build_scaled_object(OWNER, make_spec(redis=REDIS_WITH_PASSWORD), connection)
+    patch = scaled_object_patch(unpaused)
+    assert patch["metadata"]["annotations"] == {
+        "autoscaling.keda.sh/paused": None, "autoscaling.keda.sh/paused-replicas": None,
+    }
+    assert patch["spec"] == unpaused["spec"]
+    paused = build_scaled_object(OWNER, make_spec(paused=True, redis=REDIS_WITH_PASSWORD), connection)
+    assert scaled_object_patch(paused)["metadata"]["annotations"] == {
+        "autoscaling.keda.sh/paused": "true", "autoscaling.keda.sh/paused-replicas": "0",
+    }

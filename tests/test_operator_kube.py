@@ -249,3 +249,40 @@ def test_bad_redis_settings_become_conditions_and_events(
     kubectl_apply(kube_cluster, [fixed])
     eventually(lambda: _status(kube_cluster, ns, "router").get("streams"), "router reconciled", timeout=60)
     assert connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group"
+
+
+@pytest.mark.parametrize("redis_db", [4], indirect=True)
+def test_pause_scales_to_zero_and_pauses_keda_then_restores(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, _ = redis_db
+    ns = kube_namespace
+    secret, router = sample_documents(url, ns)[:2]
+    router["spec"]["replicas"] = {"min": 2, "max": 5}
+    kubectl_apply(kube_cluster, [secret, router])
+    apps = client.AppsV1Api(kube_api)
+    custom = client.CustomObjectsApi(kube_api)
+
+    def replicas() -> int | None:
+        try:
+            return apps.read_namespaced_deployment("router", ns).spec.replicas
+        except client.ApiException:
+            return None
+
+    def keda_paused() -> dict[str, str]:
+        scaled = custom.get_namespaced_custom_object("keda.sh", "v1alpha1", ns, "scaledobjects", "router")
+        annotations = scaled["metadata"].get("annotations") or {}
+        return {k: v for k, v in annotations.items() if k.startswith("autoscaling.keda.sh/paused")}
+
+    eventually(lambda: replicas() == 2, "the Deployment at replicas.min")
+    assert keda_paused() == {}
+
+    pause = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
+    kube_cluster.kubectl(*pause, '{"spec": {"paused": true}}')
+    eventually(lambda: replicas() == 0, "paused: scaled to zero")
+    assert keda_paused() == {"autoscaling.keda.sh/paused": "true", "autoscaling.keda.sh/paused-replicas": "0"}
+
+    kube_cluster.kubectl(*pause, '{"spec": {"paused": false}}')
+    eventually(lambda: replicas() == 2, "unpaused: back to replicas.min")
+    eventually(lambda: keda_paused() == {}, "KEDA no longer paused")

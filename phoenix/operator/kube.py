@@ -128,8 +128,8 @@ class KubeApi:
         self._keda_checked_at = time.monotonic()
         return self._keda_installed
 
-    async def apply_keda_object(self, body: Json) -> Json:
-        """Create the object, or merge-patch it into shape when it exists."""
+    async def apply_keda_object(self, body: Json, patch: Json | None = None) -> Json:
+        """Create the object, or merge-patch it into shape (with `patch`, else `body`) when it exists."""
         meta, plural = body["metadata"], KEDA_PLURALS[body["kind"]]
         args = (KEDA_GROUP, KEDA_VERSION, meta["namespace"], plural)
         try:
@@ -138,7 +138,7 @@ class KubeApi:
             if exc.status != 409:
                 raise
         return await _json(
-            self._custom.patch_namespaced_custom_object, *args, meta["name"], body, _content_type=MERGE_PATCH
+            self._custom.patch_namespaced_custom_object, *args, meta["name"], patch or body, _content_type=MERGE_PATCH
         )
 
     async def delete_keda_object(self, kind: str, namespace: str, name: str) -> None:

@@ -21,6 +21,7 @@ from phoenix.operator.builders import (
     new_condition,
     redis_connection,
     resolve_streams,
+    scaled_object_patch,
     trigger_authentication_name,
 )
 from phoenix.operator.errors import StageError, scrub
@@ -114,7 +115,7 @@ async def apply_autoscaling(kube: KubeApi, owner: Owner, stage: PhoenixStage, ur
         await kube.delete_keda_object("TriggerAuthentication", owner.namespace, trigger_authentication_name(owner.name))
     else:
         await kube.apply_keda_object(authentication)
-    await kube.apply_keda_object(scaled_object)
+    await kube.apply_keda_object(scaled_object, scaled_object_patch(scaled_object))
     state = "paused at 0 replicas" if spec.paused else f"{spec.replicas.min}..{spec.replicas.max} replicas"
     return new_condition(
         ConditionType.AUTOSCALING_READY, True, "ScaledObjectReady", f"KEDA scales the stage on lag ({state})",

@@ -15,6 +15,7 @@ from phoenix.operator.builders.keda import (
     AutoscalingConfigError,
     build_scaled_object,
     build_trigger_authentication,
+    scaled_object_patch,
     trigger_authentication_name,
 )
 from phoenix.operator.builders.meta import Owner, owner_reference, stage_labels
@@ -41,6 +42,7 @@ __all__ = [
     "owner_reference",
     "redis_connection",
     "resolve_streams",
+    "scaled_object_patch",
     "set_condition",
     "stage_labels",
     "trigger_authentication_name",

@@ -87,3 +87,14 @@ def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisC
             "triggers": [redis_streams_trigger(owner, spec, connection)],
         },
     }
+
+
+def scaled_object_patch(scaled_object: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that brings an existing ScaledObject to `scaled_object`.
+
+    A merge patch removes only what it sets to null, so after an unpause the pause annotations are nulled
+    explicitly; otherwise KEDA would keep the stage at zero.
+    """
+    metadata = scaled_object["metadata"]
+    annotations = {PAUSED_ANNOTATION: None, PAUSED_REPLICAS_ANNOTATION: None, **(metadata.get("annotations") or {})}
+    return {**scaled_object, "metadata": {**metadata, "annotations": annotations}}
