@@ -14,6 +14,7 @@ import redis as sync_redis
 from kubernetes import client
 
 from phoenix.stages.samples import ensure_samples
+from tests.fixtures.cluster_objects import install_keda_crds
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube import PlayKubelet
@@ -203,6 +204,15 @@ def test_without_keda_the_stage_runs_at_min(
     deployment = client.AppsV1Api(kube_api).read_namespaced_deployment("router", kube_namespace)
     assert deployment.spec.replicas == 2
 
+    # KEDA installed later: the operator notices by itself and hands the stage over to it.
+    install_keda_crds(kube_cluster)
+    eventually(lambda: (condition(get_stage(kube_cluster, kube_namespace, "router"), "AutoscalingReady") or {})
+               .get("status") == "True", "AutoscalingReady=True once KEDA is there", timeout=90)  # fmt: skip
+    scaled = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
+        "keda.sh", "v1alpha1", kube_namespace, "scaledobjects", "router"
+    )
+    assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 5)
+
 
 def _events(kube_api: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
     found = client.CoreV1Api(kube_api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
@@ -276,6 +286,8 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
         return {k: v for k, v in annotations.items() if k.startswith("autoscaling.keda.sh/paused")}
 
     eventually(lambda: replicas() == 2, "the Deployment at replicas.min")
+    eventually(lambda: (condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady") or {}).get("status")
+               == "True", "the ScaledObject in place", timeout=90)  # fmt: skip
     assert keda_paused() == {}
 
     pause = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")

@@ -140,3 +140,16 @@ def test_refresh_groups_stages_by_redis_url() -> None:
 def test_scrub_and_records_hide_the_password() -> None:
     assert scrub("Error connecting to redis://:pw@h:1", "redis://:pw@h:1") == "Error connecting to ***"
     assert "pw" not in repr(StageRecord("ns", "a", redis_url="redis://:pw@h:1/0"))
+
+
+def test_only_stages_that_missed_keda_are_rechecked() -> None:
+    from phoenix.operator.readiness import waits_for_keda
+
+    def body(reason: str | None) -> dict[str, object]:
+        conditions = [] if reason is None else [{"type": "AutoscalingReady", "status": "False", "reason": reason}]
+        return {"status": {"conditions": conditions}}
+
+    assert waits_for_keda(body("KedaNotInstalled"))
+    assert not waits_for_keda(body("AutoscalingDisabled"))
+    assert not waits_for_keda(body(None))
+    assert not waits_for_keda({})

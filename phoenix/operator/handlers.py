@@ -12,12 +12,15 @@ from phoenix.crds import GROUP, PLURAL, VERSION
 from phoenix.operator import flows
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.kopf_settings import configure
+from phoenix.operator.readiness import waits_for_keda
 from phoenix.operator.refresh import refresh_forever
 from phoenix.operator.requests import has_replay_work, has_restart_request
 
 STAGES = (GROUP, VERSION, PLURAL)
 # How often a pending restart or replay request is (re)tried while it is pending; idle stages run no timer.
 REQUEST_INTERVAL_SECONDS = 2.0
+# How often a stage running without KEDA looks again whether KEDA has been installed meanwhile.
+KEDA_RECHECK_SECONDS = 30.0
 
 
 def _context(memo: kopf.Memo) -> OperatorContext:
@@ -64,3 +67,8 @@ async def restart(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> Non
 @kopf.timer(*STAGES, interval=REQUEST_INTERVAL_SECONDS, when=has_replay_work)
 async def replay_dlq(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
     await flows.replay_dlq(_context(memo), body, retry)
+
+
+@kopf.timer(*STAGES, interval=KEDA_RECHECK_SECONDS, when=waits_for_keda)
+async def adopt_keda(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
+    await flows.reconcile_stage(_context(memo), body, retry)

@@ -8,6 +8,9 @@ from typing import Any
 from phoenix.crds import Condition, ConditionType, ReplicaStatus
 from phoenix.operator.builders import find_condition, new_condition
 
+# The AutoscalingReady reason while KEDA is absent; such stages are reconciled again until it appears.
+KEDA_NOT_INSTALLED = "KedaNotInstalled"
+
 
 def replica_status(deployment: Mapping[str, Any] | None) -> ReplicaStatus:
     if deployment is None:
@@ -75,3 +78,10 @@ def ready_condition(
         ConditionType.READY, True, "StageReady", "streams exist and workers are available",
         observed_generation=generation,
     )  # fmt: skip
+
+
+def waits_for_keda(body: Mapping[str, Any], **_: Any) -> bool:
+    """The stage runs without autoscaling because KEDA was missing when it was last reconciled."""
+    conditions = (body.get("status") or {}).get("conditions") or []
+    found = find_condition(conditions, ConditionType.AUTOSCALING_READY)
+    return found is not None and found.get("reason") == KEDA_NOT_INSTALLED

@@ -26,7 +26,7 @@ from phoenix.operator.builders import (
 )
 from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
-from phoenix.operator.readiness import deployment_condition, replica_status
+from phoenix.operator.readiness import KEDA_NOT_INSTALLED, deployment_condition, replica_status
 from phoenix.operator.redis_ops import ensure_streams
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.registry import StageRecord
@@ -92,7 +92,7 @@ async def apply_autoscaling(kube: KubeApi, owner: Owner, stage: PhoenixStage, ur
     spec, generation = stage.spec, stage.metadata.generation
     if not await kube.keda_installed():
         return new_condition(
-            ConditionType.AUTOSCALING_READY, False, "KedaNotInstalled",
+            ConditionType.AUTOSCALING_READY, False, KEDA_NOT_INSTALLED,
             "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale; the stage "
             f"runs at replicas.min ({spec.replicas.min})", observed_generation=generation,
         )  # fmt: skip
