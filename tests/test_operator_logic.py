@@ -9,7 +9,7 @@ import pytest
 from phoenix.crds import ConditionType, PhoenixStageSpec, StreamsStatus
 from phoenix.operator.builders import new_condition
 from phoenix.operator.errors import scrub
-from phoenix.operator.readiness import deployment_condition, ready_condition, replica_status
+from phoenix.operator.readiness import deployment_condition, ready_condition, replica_status, waits_for_keda
 from phoenix.operator.refresh import group_by_redis
 from phoenix.operator.registry import StageRecord
 from phoenix.operator.requests import (
@@ -143,8 +143,6 @@ def test_scrub_and_records_hide_the_password() -> None:
 
 
 def test_only_stages_that_missed_keda_are_rechecked() -> None:
-    from phoenix.operator.readiness import waits_for_keda
-
     def body(reason: str | None) -> dict[str, object]:
         conditions = [] if reason is None else [{"type": "AutoscalingReady", "status": "False", "reason": reason}]
         return {"status": {"conditions": conditions}}
