@@ -31,6 +31,7 @@ from tests.fixtures.control_plane import ControlPlane, running_control_plane
 from tests.fixtures.operator_process import health, kubectl_apply, running_operator
 
 NAMESPACE = "bench"
+ROUNDS = 3
 
 
 def stages(count: int) -> list[dict[str, Any]]:
@@ -91,15 +92,23 @@ def main() -> int:
                 time.sleep(0.5)
             all_ready = time.monotonic() - started
             steady = wait_for_cycle(liveness, lambda r: r["stages"] == args.stages and r["patched"] == 0)
-            # Every stage's backlog changes: the next cycle patches all of them.
+            # Every stage's backlog changes: the next cycle patches all of them. Three times, the median reported.
+            busy_cycles = []
             with redis.Redis.from_url(redis_url) as connection:
-                pipe = connection.pipeline(transaction=False)
-                for i in range(args.stages):
-                    pipe.xadd(f"phoenix:stage-{i:03d}:input", {"record_id": "r"})
-                pipe.execute()
-            busy = wait_for_cycle(liveness, lambda r: r["patched"] == args.stages)
+                for _ in range(ROUNDS):
+                    seen = health(liveness).get("statusRefresh", {}).get("lastWithChanges")
+                    pipe = connection.pipeline(transaction=False)
+                    for i in range(args.stages):
+                        pipe.xadd(f"phoenix:stage-{i:03d}:input", {"record_id": "r"})
+                    pipe.execute()
+                    busy_cycles.append(wait_for_cycle(
+                        liveness, lambda r, seen=seen: r["patched"] == args.stages and r != seen
+                    ))
+            busy = sorted(busy_cycles, key=lambda r: r["seconds"])[ROUNDS // 2]
     print(f"{args.stages} PhoenixStages, one Redis, one operator (2 cores)")
     print(f"all Ready after           {all_ready:6.1f} s   (target < 60 s)")
+    rounds = ", ".join(f"{r['seconds']:.3f} s (reading {r['read_seconds']:.3f} s)" for r in busy_cycles)
+    print(f"all-changed cycles: {rounds} (median below)")
     for label, report in (("refresh, nothing changed", steady), ("refresh, all changed", busy)):
         print(f"{label:<25} {report['seconds']:6.3f} s   Redis round trips {report['redis_round_trips']}, "
               f"status patches {report['patched']}   (target < 1 s)")  # fmt: skip

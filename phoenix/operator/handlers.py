@@ -39,7 +39,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await task
-    await _context(memo).pool.close()
+    context = _context(memo)
+    await context.pool.close()
+    await context.kube.aclose()
 
 
 @kopf.on.probe(id="statusRefresh")

@@ -2,6 +2,7 @@
 
 Calls run in threads (asyncio.to_thread) and return plain dicts read straight from the JSON: deserializing
 into the client's model classes costs more than the request itself when a cycle lists hundreds of objects.
+Status merge patches, hundreds per refresh cycle, go through StatusPatcher's aiohttp session instead.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
 from phoenix.operator.builders.keda import KEDA_API_VERSION
 from phoenix.operator.builders.meta import MANAGED_BY
 from phoenix.operator.errors import StageError
+from phoenix.operator.status_patcher import StatusPatcher
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -37,13 +39,16 @@ def _annotation_path(key: str) -> str:
     return "/metadata/annotations/" + key.replace("~", "~0").replace("/", "~1")
 
 
-def load_client() -> client.ApiClient:
+def load_client(threads: int) -> client.ApiClient:
     """In a pod: the ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        config.load_kube_config()
-    return client.ApiClient()
+        config.load_kube_config(client_configuration=configuration)
+    # One pooled connection per API thread: a smaller pool makes busy threads open (TLS-handshake) new ones.
+    configuration.connection_pool_maxsize = threads
+    return client.ApiClient(configuration)
 
 
 async def _json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
@@ -75,11 +80,15 @@ async def _json_or_none(call: Callable[..., Any], *args: Any, **kwargs: Any) -> 
 
 class KubeApi:
     def __init__(self, api_client: client.ApiClient) -> None:
+        self._status = StatusPatcher(api_client.configuration)
         self._core = client.CoreV1Api(api_client)
         self._apps = client.AppsV1Api(api_client)
         self._custom = client.CustomObjectsApi(api_client)
         self._keda_checked_at = float("-inf")
         self._keda_installed = False
+
+    async def aclose(self) -> None:
+        await self._status.aclose()
 
     async def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
         """The decoded value of one Secret key; a missing Secret or key is a StageError naming it (not its value)."""
@@ -155,10 +164,7 @@ class KubeApi:
 
     async def patch_stage_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch status (None deletes a field); False when the stage no longer exists."""
-        return await _patch_unless(
-            (404,), self._custom.patch_namespaced_custom_object_status, namespace, name, {"status": dict(status)},
-            MERGE_PATCH,
-        )
+        return await self._status.patch(namespace, name, {"status": dict(status)}, MERGE_PATCH)
 
     async def add_status_field_if_annotated(
         self, namespace: str, name: str, annotation: str, expected: str, field: str, value: Any, has_status: bool

@@ -21,7 +21,7 @@ API_THREADS = 32
 
 def run(options: OperatorOptions) -> int:
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat[options.log_format.upper()])
-    context = OperatorContext(KubeApi(load_client()), options.namespaces, options.refresh_interval)
+    context = OperatorContext(KubeApi(load_client(API_THREADS)), options.namespaces, options.refresh_interval)
     loop = asyncio.new_event_loop()
     loop.set_default_executor(ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api"))
     try:
