@@ -88,6 +88,7 @@ class Worker:
             on_change=self._on_circuit_change,
         )
         self.in_flight: dict[str, InFlight] = {}
+        self._dead_letters_unsettled: set[str] = set()  # so a history read cannot dead-letter them twice
         self._slots_used = 0
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -339,8 +340,8 @@ class Worker:
         trimmed: list[str] = []
         for raw_id, raw in entries:
             entry_id = raw_id.decode()
-            if entry_id in self.in_flight:
-                continue  # our own in-flight entry seen again in a history read
+            if entry_id in self.in_flight or entry_id in self._dead_letters_unsettled:
+                continue  # our own unsettled entry seen again in a history read
             if raw is None:
                 trimmed.append(entry_id)  # trimmed from the stream while pending: nothing left to process
                 continue
@@ -385,6 +386,7 @@ class Worker:
         processed = duplicates = 0
         for outcome in batch:
             flight = self.in_flight.pop(outcome.entry_id, None)
+            self._dead_letters_unsettled.discard(outcome.entry_id)
             if outcome.action is not Action.COMMIT:
                 continue  # dead letters, retries and deferrals were counted and logged when decided
             if outcome.duplicate:
@@ -480,6 +482,7 @@ class Worker:
         """Malformed or poison entries: no lock was taken, nothing to process; the DLQ keeps them with the reason."""
         fields = dead_letter_fields(raw, entry_id, error=reason, error_type=error_type,
                                     stage=self.settings.service_name, attempts=attempts)
+        self._dead_letters_unsettled.add(entry_id)
         self.settler.submit(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
         self._m_outcome["dead_lettered"].inc()
         log.warning("message_dead_lettered", message_id=entry_id, error=reason, error_type=error_type)
