@@ -75,7 +75,7 @@ async def test_worker_with_open_circuit_leaves_messages_queued_then_recovers(
                       RETRY_MAX_SECONDS="3")
     for i in range(10):
         await add(redis, f"r{i}")
-    await wait_until(lambda: _has_event(w, "circuit_open_fast_fail"), "fast failures while open")
+    await wait_until(lambda: w.logged("circuit_open_fast_fail"), "fast failures while open")
     # While open: two failures wait for their retry, the rest stay in the stream; nothing is dead-lettered.
     await asyncio.sleep(1.5)
     assert await redis.zcard(RETRY) >= 2
@@ -88,10 +88,6 @@ async def test_worker_with_open_circuit_leaves_messages_queued_then_recovers(
     assert sorted(o["record_id"] for o in await outputs(redis)) == sorted(f"r{i}" for i in range(10))
     states = [(e["previous"], e["state"]) for e in w.events() if e["event"] == "circuit_state_changed"]
     assert ("CLOSED", "OPEN") in states and ("OPEN", "HALF_OPEN") in states and states[-1] == ("HALF_OPEN", "CLOSED")
-
-
-async def _has_event(w: object, name: str) -> bool:
-    return name in w.event_names()  # type: ignore[attr-defined]
 
 
 async def _processed(redis: aioredis.Redis, n: int) -> bool:

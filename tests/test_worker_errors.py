@@ -7,7 +7,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from tests.fixtures.workers import WorkerPool, wait_until
+from tests.fixtures.workers import WorkerPool, WorkerProcess, wait_until
 
 IN, OUT, DLQ, RETRY = "phoenix:s:input", "phoenix:s:output", "phoenix:s:dlq", "phoenix:s:retry"
 
@@ -163,8 +163,8 @@ async def test_poison_message_goes_to_dlq_after_max_deliveries(redis: aioredis.R
     assert w.alive  # the worker that dead-lettered it is unharmed
 
 
-async def _exited_or_dead_lettered(w: Any, redis: aioredis.Redis) -> bool:
-    return not w.alive or bool(await redis.xlen(DLQ))
+async def _exited_or_dead_lettered(w: WorkerProcess, redis: aioredis.Redis) -> bool:
+    return await w.exited() or bool(await redis.xlen(DLQ))
 
 
 async def test_bad_configuration_stops_with_one_readable_line(redis_url: str, workers: WorkerPool) -> None:

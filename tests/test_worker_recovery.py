@@ -17,7 +17,7 @@ async def test_sigkill_after_taking_the_lock(redis: aioredis.Redis, workers: Wor
     """Crash scenario 1: the lock outlives its holder; another worker waits it out, then processes once."""
     await add(redis, "r1", action="crash-before")
     first = workers.start("s", OUTPUT_QUEUE=OUT, CONSUMER_NAME="pod-a")
-    await wait_until(lambda: _dead(first), "the worker killed itself holding the lock")
+    await wait_until(first.exited, "the worker killed itself holding the lock")
     assert await redis.exists("lock:s:r1")
     assert (await redis.xpending(IN, "s-group"))["pending"] == 1
     second = workers.start("s", OUTPUT_QUEUE=OUT, CONSUMER_NAME="pod-b")
@@ -34,7 +34,7 @@ async def test_sigkill_after_processing_before_the_acknowledgement(redis: aiored
     """Crash scenario 2: the work is redone, but the next stage receives the record exactly once."""
     await add(redis, "r1", action="crash-after")
     first = workers.start("s", OUTPUT_QUEUE=OUT, CONSUMER_NAME="pod-a")
-    await wait_until(lambda: _dead(first), "the worker killed itself after processing")
+    await wait_until(first.exited, "the worker killed itself after processing")
     assert await redis.hget("effects:s", "r1") == "1"
     assert await redis.xlen(OUT) == 0 and not await redis.exists("processed:s:r1")
     workers.start("s", OUTPUT_QUEUE=OUT, CONSUMER_NAME="pod-b")
@@ -47,7 +47,7 @@ async def test_sigkill_after_processing_before_the_acknowledgement(redis: aiored
 async def test_restarted_pod_finishes_its_own_pending_entries_first(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await add(redis, "r1", action="crash-after")
     first = workers.start("s", OUTPUT_QUEUE=OUT, CONSUMER_NAME="pod-a", CLAIM_IDLE_MS="600000")
-    await wait_until(lambda: _dead(first), "crash")
+    await wait_until(first.exited, "crash")
     await wait_until(lambda: _lock_gone(redis), "lock expiry")
     # Same consumer name, reclaim disabled in practice: only the id-0 read can find the entry.
     workers.start("s", OUTPUT_QUEUE=OUT, CONSUMER_NAME="pod-a", CLAIM_IDLE_MS="600000")
@@ -130,10 +130,6 @@ async def test_enqueue_before_the_first_worker_is_not_lost(redis: aioredis.Redis
     assert json.loads(out["data"])["seen_by"] == "s"
 
 
-async def _dead(w: object) -> bool:
-    return not w.alive  # type: ignore[attr-defined]
-
-
 async def _lock_gone(redis: aioredis.Redis) -> bool:
     return not await redis.exists("lock:s:r1")
 
@@ -144,14 +140,10 @@ async def _locks(redis: aioredis.Redis, n: int) -> bool:
 
 async def test_unreachable_redis_is_waited_for_not_crashed_on(workers: WorkerPool) -> None:
     w = workers.start("s", REDIS_URL=f"redis://:secret-pw@127.0.0.1:{free_loopback_port()}/0")
-    await wait_until(lambda: _has(w, "redis_unavailable"), "the worker reports Redis as unavailable")
+    await wait_until(lambda: w.logged("redis_unavailable"), "the worker reports Redis as unavailable")
     assert w.alive
     assert await asyncio.to_thread(w.terminate) == 0
     assert "secret-pw" not in w.process.log_path.read_text()
-
-
-async def _has(w: object, event: str) -> bool:
-    return event in w.event_names()  # type: ignore[attr-defined]
 
 
 async def test_locks_stay_renewed_while_draining(redis: aioredis.Redis, workers: WorkerPool) -> None:

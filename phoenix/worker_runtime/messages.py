@@ -7,7 +7,7 @@ An entry carries `record_id`, `user_id` and `data` (a JSON object). Other plain 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Fields the runtime owns; everything else in an entry is the processor's data.
@@ -28,7 +28,6 @@ class Message:
     first_failed_at: float | None = None
     original_id: str | None = None
     traceparent: str | None = None
-    deliveries: int = 1
 
     @property
     def enqueued_at_ms(self) -> int:
@@ -41,7 +40,6 @@ class MalformedEntry:
     entry_id: str
     raw: RawFields
     reason: str
-    deliveries: int = field(default=1)
 
 
 def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | MalformedEntry:

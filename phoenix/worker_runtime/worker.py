@@ -353,7 +353,6 @@ class Worker:
                 reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
                 dead.append((entry_id, raw, reason, "PoisonMessage", deliveries))
             else:
-                parsed.deliveries = deliveries
                 candidates.append(parsed)
         if trimmed:
             await self.redis.xack(s.input_queue, s.consumer_group, *trimmed)
