@@ -1,24 +1,70 @@
-"""The text of each page of a PDF."""
+"""The text of each page of a PDF, read by PDFium (pypdfium2) with its columns kept apart.
+
+A page with a text layer is read from it: each text run with its box, joined into lines by layout.py (a column gap
+becomes a tab). A page without one that holds an image (a scan, a fax) is rendered and read by OCR when the caller
+allows it; a page with neither (a drawing) has no text.
+"""
 
 from __future__ import annotations
 
-import io
+import threading
 
-from pypdf import PdfReader
-from pypdf.errors import PyPdfError
+import pypdfium2 as pdfium
+import pypdfium2.raw as pdfium_c
+from PIL.Image import Image
+
+from phoenix.stages.layout import Piece, layout_lines
+from phoenix.stages.ocr import OCR_DPI, ocr_text
+
+# PDFium is not thread-safe, and the router reads documents in worker threads (CONCURRENCY > 1).
+_PDFIUM = threading.Lock()
 
 
 class UnreadablePdfError(ValueError):
     """The bytes are not a PDF we can read (corrupt, truncated, password-protected): the same bytes will fail again."""
 
 
-def extract_page_texts(content: bytes) -> list[str]:
-    """One string per page, in order; a page without a text layer (a scan, a drawing) gives ''."""
+def extract_page_texts(content: bytes, *, ocr: bool = False) -> list[str]:
+    """One string per page, in order; a page without a text layer gives '' unless `ocr` reads its image."""
+    with _PDFIUM:
+        pages = _read(content, ocr=ocr)
+    # OCR runs outside the lock: it is the slow part, and Tesseract is a process of its own.
+    return [page if isinstance(page, str) else ocr_text(page) for page in pages]
+
+
+def _read(content: bytes, *, ocr: bool) -> list[str | Image]:
+    """Each page's text, or its rendered image when it has no text layer but a picture for OCR to read."""
     try:
-        reader = PdfReader(io.BytesIO(content))
-        # Many PDFs are encrypted only to restrict printing or copying: those open with the empty password.
-        if reader.is_encrypted and not reader.decrypt(""):
-            raise UnreadablePdfError("the PDF is password-protected")
-        return [page.extract_text().strip() for page in reader.pages]
-    except PyPdfError as exc:
-        raise UnreadablePdfError(f"not a readable PDF: {exc}") from exc
+        # Many PDFs are encrypted only to restrict printing or copying: those open without a password.
+        document = pdfium.PdfDocument(content)
+    except pdfium.PdfiumError as exc:
+        if exc.err_code == pdfium_c.FPDF_ERR_PASSWORD:
+            raise UnreadablePdfError("the PDF is password-protected") from None
+        raise UnreadablePdfError(f"not a readable PDF: {exc}") from None
+    try:
+        pages: list[str | Image] = []
+        for page in document:
+            text = "\n".join(layout_lines(_text_runs(page)))
+            if text or not ocr or not _has_image(page):
+                pages.append(text)
+            else:
+                pages.append(page.render(scale=OCR_DPI / 72, grayscale=True).to_pil())
+        return pages
+    finally:
+        document.close()
+
+
+def _text_runs(page: pdfium.PdfPage) -> list[Piece]:
+    textpage = page.get_textpage()
+    height = page.get_height()
+    pieces = []
+    for index in range(textpage.count_rects()):
+        left, bottom, right, top = textpage.get_rect(index)
+        # PDF space grows upwards; layout works top-down like an image.
+        text = textpage.get_text_bounded(left, bottom, right, top)
+        pieces.append(Piece(text, left, height - top, right, height - bottom))
+    return pieces
+
+
+def _has_image(page: pdfium.PdfPage) -> bool:
+    return next(page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]), None) is not None

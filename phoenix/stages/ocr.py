@@ -1,0 +1,34 @@
+"""Text of scanned pages by Tesseract OCR (the `tesseract` binary from Debian's tesseract-ocr, via pytesseract)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytesseract
+from PIL.Image import Image
+
+from phoenix.stages.layout import Piece, layout_lines
+
+OCR_DPI = 300  # Tesseract reads 9-10 pt print reliably from 300 dpi
+# One uniform block of text: tables come out row by row instead of column by column.
+TESSERACT_CONFIG = "--psm 6"
+
+
+def ocr_unavailable_reason() -> str | None:
+    """Why scanned pages cannot be read here, or None when they can."""
+    if shutil.which(pytesseract.pytesseract.tesseract_cmd) is None:
+        return "the tesseract binary is not installed (Debian: apt-get install tesseract-ocr tesseract-ocr-eng)"
+    return None
+
+
+def ocr_text(image: Image) -> str:
+    """The image's text as layout lines (columns separated by tabs), like a page's text layer."""
+    data = pytesseract.image_to_data(image, config=TESSERACT_CONFIG, output_type=pytesseract.Output.DICT)
+    pieces = [
+        Piece(text, left, top, left + width, top + height)
+        for text, left, top, width, height in zip(
+            data["text"], data["left"], data["top"], data["width"], data["height"], strict=True
+        )
+        if text.strip()
+    ]
+    return "\n".join(layout_lines(pieces))
