@@ -12,6 +12,8 @@ from phoenix.stages.layout import Piece, layout_lines
 OCR_DPI = 300  # Tesseract reads 9-10 pt print reliably from 300 dpi
 # One uniform block of text: tables come out row by row instead of column by column.
 TESSERACT_CONFIG = "--psm 6"
+# Table rules, fax speckles and smudges read as quotes, bars and dashes around or instead of words.
+_NOISE = "\u2018\u2019'\"`_|~\u2014\u00a9"
 
 
 def ocr_unavailable_reason() -> str | None:
@@ -25,10 +27,14 @@ def ocr_text(image: Image) -> str:
     """The image's text as layout lines (columns separated by tabs), like a page's text layer."""
     data = pytesseract.image_to_data(image, config=TESSERACT_CONFIG, output_type=pytesseract.Output.DICT)
     pieces = [
-        Piece(text, left, top, left + width, top + height)
+        Piece(word, left, top, left + width, top + height)
         for text, left, top, width, height in zip(
             data["text"], data["left"], data["top"], data["width"], data["height"], strict=True
         )
-        if text.strip()
+        if _is_word(word := text.strip().strip(_NOISE))
     ]
     return "\n".join(layout_lines(pieces))
+
+
+def _is_word(text: str) -> bool:
+    return any(c.isalnum() or c in "%<>" for c in text)

@@ -118,7 +118,7 @@ def parse_tail(text: str, allowed: frozenset[str] | None = None) -> _Tail | None
         if text[position].isspace():
             position += 1
             continue
-        match, kind, item = _next_item(text, position, tail)
+        match, kind, item = _next_item(text, position, tail, allowed)
         if match is None or (allowed is not None and kind not in allowed) or not tail.add(kind, item):
             return None
         if kind == "value" and match["flag"] and not tail.add("flag", _flag(match["flag"])):
@@ -127,11 +127,15 @@ def parse_tail(text: str, allowed: frozenset[str] | None = None) -> _Tail | None
     return tail
 
 
-def _next_item(text: str, position: int, tail: _Tail) -> tuple[re.Match[str] | None, str, object]:
-    # The first number is the value, even with a comparator (`<0.5`); "70-99" is never a value.
-    if (match := RANGE.match(text, position)) and (match["low"] or tail.value is not None):
+def _next_item(
+    text: str, position: int, tail: _Tail, allowed: frozenset[str] | None
+) -> tuple[re.Match[str] | None, str, object]:
+    # The first number is the value, even with a comparator (`<0.5`), unless the column holds no value;
+    # "70-99" is never a value.
+    value_expected = tail.value is None and (allowed is None or "value" in allowed)
+    if (match := RANGE.match(text, position)) and (match["low"] or not value_expected):
         return match, "range", canonical_range(match)
-    if tail.value is None and (match := VALUE.match(text, position)):
+    if value_expected and (match := VALUE.match(text, position)):
         return match, "value", (_number(match["number"]), _comparator(match["op"]))
     if match := FLAG.match(text, position):
         return match, "flag", _flag(match["word"])
@@ -219,7 +223,10 @@ def _fits(cell: str, role: Role) -> bool:
 
 
 _DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b|\b\d{1,2}/\d{1,2}/\d{2,4}\b|\b\d{1,2}:\d{2}\b")
-_RANGE_LIKE = re.compile(rf"(?:{_NUMBER}){_DASH}(?:{_NUMBER})|(?:{_COMPARATOR})\s*(?:{_NUMBER})|\S[/%^]|%")
+# Not inside a longer chain of numbers: "24-118-0042" is a specimen id.
+_RANGE_LIKE = re.compile(
+    rf"(?<![\d-])(?:{_NUMBER}){_DASH}(?:{_NUMBER})(?![\d-])|(?:{_COMPARATOR})\s*(?:{_NUMBER})|\S[/%^]|%"
+)
 
 
 def looks_like_result(line: str) -> bool:
