@@ -1,0 +1,89 @@
+"""Page text with columns kept apart, OCR of scanned pages, and the corpus evaluation (`make eval`)."""
+
+from __future__ import annotations
+
+import pytest
+from fpdf import FPDF
+
+from phoenix.stages.categories import tag_pages
+from phoenix.stages.corpus import CORPUS, faxed_scan
+from phoenix.stages.evaluation import MIN_PRECISION, MIN_RECALL, evaluate, pypdf_texts
+from phoenix.stages.extraction import extract_findings
+from phoenix.stages.layout import Piece, layout_lines
+from phoenix.stages.ocr import ocr_unavailable_reason
+from phoenix.stages.pdf_text import extract_page_texts
+
+needs_tesseract = pytest.mark.skipif(ocr_unavailable_reason() is not None, reason=str(ocr_unavailable_reason()))
+SCAN = next(report for report in CORPUS if report.render is faxed_scan)
+
+
+def commercial_table() -> bytes:
+    """The issue's case: Test | Result | Flag | Units | Reference Interval, made with fpdf2, flag cells empty."""
+    pdf = FPDF()
+    pdf.add_page()
+    pdf.set_font("Helvetica", size=9)
+    rows = [
+        ("Test", "Result", "Flag", "Units", "Reference Interval"),
+        ("Glucose", "131", "H", "mg/dL", "65-99"),
+        ("Sodium", "139", "", "mmol/L", "136-145"),
+        ("Creatinine", "1.32", "H", "mg/dL", "0.76-1.27"),
+        ("Potassium", "4.2", "", "mmol/L", "3.5-5.2"),
+    ]
+    with pdf.table(col_widths=(50, 25, 15, 30, 40), width=160, align="LEFT") as table:
+        for row in rows:
+            cells = table.row()
+            for text in row:
+                cells.cell(text)
+    return bytes(pdf.output())
+
+
+def test_commercial_table_keeps_its_columns_and_its_flagged_results() -> None:
+    (text,) = extract_page_texts(commercial_table())
+    assert text.splitlines()[:2] == ["Test\tResult\tFlag\tUnits\tReference Interval", "Glucose\t131\tH\tmg/dL\t65-99"]
+    rows = [(b.name, b.value, b.unit, b.flag) for b in extract_findings(tag_pages([text])).biomarkers]
+    assert rows == [
+        ("Glucose", 131, "mg/dL", "H"),
+        ("Sodium", 139, "mmol/L", "normal"),
+        ("Creatinine", 1.32, "mg/dL", "H"),
+        ("Potassium", 4.2, "mmol/L", "normal"),
+    ]
+
+
+def test_layout_joins_pieces_into_lines_with_tabs_at_column_gaps() -> None:
+    pieces = [
+        Piece("mg/dL", 300, 101, 330, 109),
+        Piece("Glucose,", 30, 100, 70, 110),
+        Piece("Fasting", 73, 100, 105, 110),  # a word gap: same cell
+        Piece("131", 200, 101, 215, 109),  # a column gap: a new cell
+        Piece("Sodium", 30, 120, 62, 130),  # the next line
+        Piece("   ", 100, 120, 110, 130),
+    ]
+    assert layout_lines(pieces) == ["Glucose, Fasting\t131\tmg/dL", "Sodium"]
+
+
+def test_page_without_text_stays_empty_without_ocr() -> None:
+    cover, scan = extract_page_texts(SCAN.pdf(), ocr=False)
+    assert cover.startswith("Fax cover")
+    assert scan == ""
+
+
+@needs_tesseract
+def test_scanned_page_is_read_by_ocr() -> None:
+    _, scan = extract_page_texts(SCAN.pdf(), ocr=True)
+    biomarkers = extract_findings(tag_pages(["", scan])).biomarkers
+    found = {(b.name, b.value, b.comparator, b.unit, b.flag) for b in biomarkers}
+    assert found == {(r.name, r.value, r.comparator, r.unit, r.flag) for r in SCAN.results}
+
+
+def test_corpus_covers_four_layouts_from_two_generators() -> None:
+    assert len({report.layout for report in CORPUS}) >= 4
+    assert {"fpdf2", "reportlab"} <= {report.generator for report in CORPUS}
+
+
+@needs_tesseract
+def test_evaluation_meets_the_targets_and_beats_pypdf() -> None:
+    score = evaluate(CORPUS, lambda content: extract_page_texts(content, ocr=True))
+    assert score.precision >= MIN_PRECISION
+    assert score.recall >= MIN_RECALL
+    assert score.missed_flagged == []
+    assert evaluate(CORPUS, pypdf_texts).recall < score.recall
