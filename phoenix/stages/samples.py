@@ -178,6 +178,8 @@ REPORTS: tuple[Report, ...] = (
                     ("Hemoglobin", "13.1", "g/dL", "12.0-16.0", ""),
                     ("Potassium", "3.3", "mmol/L", "3.5-5.1", "L"),
                 ),
+                # A result the parser cannot read: it is kept as an unparsed row, not dropped.
+                Paragraph("Magnesium 1.9 mg/dL 1.7-2.2 (specimen hemolyzed, interpret with caution)"),
                 Paragraph("Follow-up: surveillance colonoscopy in 3 years."),
             ),
         ),
