@@ -70,19 +70,22 @@ def _word_flag(result: Result) -> str:
 # -- fpdf2 ----------------------------------------------------------------------------------------------------------
 
 
-def _fpdf(title: str) -> FPDF:
+def _fpdf_report(title: str, issuer: str) -> FPDF:
+    """A document with its first page begun under a letterhead."""
     pdf = FPDF(format="letter")
     pdf.set_creation_date(CREATED)
     pdf.set_title(title)
+    pdf.add_page()
+    letterhead(pdf, issuer, PATIENT)
     return pdf
 
 
-def _fpdf_letterhead(pdf: FPDF, issuer: str) -> None:
+def letterhead(pdf: FPDF, issuer: str, patient: str) -> None:
     pdf.set_font("Helvetica", "B", 12)
     pdf.cell(0, 7, issuer, new_x="LMARGIN", new_y="NEXT")
     pdf.set_font("Helvetica", size=9)
-    pdf.cell(0, 6, PATIENT, new_x="LMARGIN", new_y="NEXT")
-    pdf.ln(3)
+    pdf.cell(0, 6, patient, new_x="LMARGIN", new_y="NEXT")
+    pdf.ln(4)
 
 
 def _fpdf_table(pdf: FPDF, rows: Sequence[Sequence[str]], widths: Sequence[int], size: int = 9) -> None:
@@ -96,9 +99,7 @@ def _fpdf_table(pdf: FPDF, rows: Sequence[Sequence[str]], widths: Sequence[int],
 
 def labcorp_like(results: tuple[Result, ...]) -> bytes:
     """Tests | Current Result and Flag | Previous Result and Date | Units | Reference Interval."""
-    pdf = _fpdf("labcorp-like")
-    pdf.add_page()
-    _fpdf_letterhead(pdf, "Commercial Reference Laboratory - Final Report - Collected 03/28/2024")
+    pdf = _fpdf_report("labcorp-like", "Commercial Reference Laboratory - Final Report - Collected 03/28/2024")
     previous = {"Glucose": "118  01/12/2024", "Creatinine": "1.18  01/12/2024", "WBC": "6.9  01/12/2024"}
     rows = [("Tests", "Current Result and Flag", "Previous Result and Date", "Units", "Reference Interval")]
     rows += [(r.name, f"{r.shown} {_word_flag(r)}".strip(), previous.get(r.name, ""), r.unit, r.range) for r in results]
@@ -110,9 +111,7 @@ def labcorp_like(results: tuple[Result, ...]) -> bytes:
 
 def free_text_rows(results: tuple[Result, ...]) -> bytes:
     """A clinic letter: one result per line in the order each lab printed it, amid prose."""
-    pdf = _fpdf("free-text-rows")
-    pdf.add_page()
-    _fpdf_letterhead(pdf, "Hillcrest Family Practice - Results letter - 2024-03-30")
+    pdf = _fpdf_report("free-text-rows", "Hillcrest Family Practice - Results letter - 2024-03-30")
     pdf.set_font("Helvetica", size=10)
     pdf.multi_cell(0, 5, "Dear Jordan, your blood tests from 28 March 2024 are back. The results are below.")
     pdf.ln(2)
@@ -131,9 +130,7 @@ def free_text_rows(results: tuple[Result, ...]) -> bytes:
 
 def faxed_scan(results: tuple[Result, ...]) -> bytes:
     """A fax: a typed lab page rendered to a slightly skewed, speckled image; no text layer at all."""
-    typed = _fpdf("typed")
-    typed.add_page()
-    _fpdf_letterhead(typed, "County Hospital Laboratory - FAX")
+    typed = _fpdf_report("typed", "County Hospital Laboratory - FAX")
     rows = [("Test", "Result", "Flag", "Units", "Reference Range")]
     rows += [(r.name, r.shown, _letter_flag(r), r.unit, r.range) for r in results]
     _fpdf_table(typed, rows, (60, 25, 15, 30, 45), size=10)
@@ -144,9 +141,7 @@ def faxed_scan(results: tuple[Result, ...]) -> bytes:
     speckles = random.Random(7)
     for _ in range(400):
         image.putpixel((speckles.randrange(image.width), speckles.randrange(image.height)), 90)
-    pdf = _fpdf("faxed-scan")
-    pdf.add_page()
-    _fpdf_letterhead(pdf, "Fax cover - County Hospital Laboratory - 1 page follows")
+    pdf = _fpdf_report("faxed-scan", "Fax cover - County Hospital Laboratory - 1 page follows")
     pdf.add_page()
     pdf.image(image, x=0, y=0, w=pdf.w, h=pdf.h)
     return bytes(pdf.output())

@@ -9,7 +9,10 @@ from PIL.Image import Image
 
 from phoenix.stages.layout import Piece, layout_lines
 
-OCR_DPI = 300  # Tesseract reads 9-10 pt print reliably from 300 dpi
+# Scans are read at their own resolution within these bounds: a fax is 200 dpi, an office scan 300; below 200
+# 9-10 pt print is too small for Tesseract, above 400 it only costs time.
+MIN_OCR_DPI = 200
+MAX_OCR_DPI = 400
 # One uniform block of text: tables come out row by row instead of column by column.
 TESSERACT_CONFIG = "--psm 6"
 # Table rules, fax speckles and smudges read as quotes, bars and dashes around or instead of words.

@@ -1,8 +1,8 @@
 """The text of each page of a PDF, read by PDFium (pypdfium2) with its columns kept apart.
 
 A page with a text layer is read from it: each text run with its box, joined into lines by layout.py (a column gap
-becomes a tab). A page without one that holds an image (a scan, a fax) is rendered and read by OCR when the caller
-allows it; a page with neither (a drawing) has no text.
+becomes a tab). A page without one that holds an image (a scan, a fax) is rendered at the image's own resolution
+and read by OCR when the caller allows it; a page with neither (a drawing) has no text.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pypdfium2.raw as pdfium_c
 from PIL.Image import Image
 
 from phoenix.stages.layout import Piece, layout_lines
-from phoenix.stages.ocr import OCR_DPI, ocr_text
+from phoenix.stages.ocr import MAX_OCR_DPI, MIN_OCR_DPI, ocr_text
 
 # PDFium is not thread-safe, and the router reads documents in worker threads (CONCURRENCY > 1).
 _PDFIUM = threading.Lock()
@@ -45,10 +45,13 @@ def _read(content: bytes, *, ocr: bool) -> list[str | Image]:
         pages: list[str | Image] = []
         for page in document:
             text = "\n".join(layout_lines(_text_runs(page)))
-            if text or not ocr or not _has_image(page):
+            dpi = _image_dpi(page) if ocr and not text else None
+            if dpi is None:
                 pages.append(text)
             else:
-                pages.append(page.render(scale=OCR_DPI / 72, grayscale=True).to_pil())
+                # At the scan's own resolution: resampling it blurs the strokes that tell "." from ":".
+                dpi = min(max(dpi, MIN_OCR_DPI), MAX_OCR_DPI)
+                pages.append(page.render(scale=dpi / 72, grayscale=True).to_pil())
         return pages
     finally:
         document.close()
@@ -66,5 +69,11 @@ def _text_runs(page: pdfium.PdfPage) -> list[Piece]:
     return pieces
 
 
-def _has_image(page: pdfium.PdfPage) -> bool:
-    return next(page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]), None) is not None
+def _image_dpi(page: pdfium.PdfPage) -> float | None:
+    """The resolution of the sharpest image on the page, in pixels per inch as placed; None without images."""
+    resolutions = []
+    for image in page.get_objects(filter=[pdfium_c.FPDF_PAGEOBJ_IMAGE]):
+        left, _, right, _ = image.get_bounds()
+        if right > left:
+            resolutions.append(image.get_px_size()[0] / ((right - left) / 72))
+    return max(resolutions, default=None)

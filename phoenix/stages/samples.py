@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fpdf import FPDF
 
-from phoenix.stages.corpus import CORPUS
+from phoenix.stages.corpus import CORPUS, letterhead
 
 DEFAULT_DIR = Path(".cache/samples")
 PATIENT = "Patient: Maria Example    DOB: 1968-04-12    Sex: F    MRN: 000123"
@@ -274,18 +274,10 @@ def render(report: Report) -> bytes:
     for blocks in report.pages:
         pdf.add_page()
         if ScanPlaceholder() not in blocks:  # a scanned page has no text, not even a letterhead
-            _letterhead(pdf, report.issuer)
+            letterhead(pdf, report.issuer, PATIENT)
         for block in blocks:
             _render_block(pdf, block)
     return bytes(pdf.output())
-
-
-def _letterhead(pdf: FPDF, issuer: str) -> None:
-    pdf.set_font("Helvetica", "B", 12)
-    pdf.cell(0, 7, issuer, new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("Helvetica", size=9)
-    pdf.cell(0, 6, PATIENT, new_x="LMARGIN", new_y="NEXT")
-    pdf.ln(4)
 
 
 def _render_block(pdf: FPDF, block: Block) -> None:
