@@ -102,8 +102,11 @@ def _number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
+_COMPARATORS: dict[str, Comparator] = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "≤": "<=", "≥": ">="}
+
+
 def _comparator(op: str | None) -> Comparator | None:
-    return {"≤": "<=", "≥": ">="}.get(op, op) if op else None  # type: ignore[return-value]
+    return _COMPARATORS[op] if op else None
 
 
 def _flag(word: str) -> tuple[Flag | None, bool]:
@@ -206,12 +209,18 @@ def _align(cells: Sequence[str], roles: Sequence[Role], i: int, j: int) -> list[
     if len(roles) - j < len(cells) - i:
         return None
     role = roles[j]
-    skip = None if role in ("name", "value") else lambda: _align(cells, roles, i, j + 1)
-    if role == "other" and skip and (rest := skip()) is not None:
-        return rest
-    if _fits(cells[i], role) and (rest := _align(cells, roles, i + 1, j + 1)) is not None:
-        return [role, *rest]
-    return skip() if skip and role != "other" else None
+
+    def take() -> list[Role] | None:
+        rest = _align(cells, roles, i + 1, j + 1) if _fits(cells[i], role) else None
+        return None if rest is None else [role, *rest]
+
+    def skip() -> list[Role] | None:
+        return None if role in ("name", "value") else _align(cells, roles, i, j + 1)
+
+    for attempt in (skip, take) if role == "other" else (take, skip):
+        if (found := attempt()) is not None:
+            return found
+    return None
 
 
 def _fits(cell: str, role: Role) -> bool:
