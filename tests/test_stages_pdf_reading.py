@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+
 import pytest
 from fpdf import FPDF
 
@@ -12,6 +16,7 @@ from phoenix.stages.extraction import extract_findings
 from phoenix.stages.layout import Piece, layout_lines
 from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.pdf_text import extract_page_texts
+from phoenix.stages.samples import ensure_corpus
 
 needs_tesseract = pytest.mark.skipif(ocr_unavailable_reason() is not None, reason=str(ocr_unavailable_reason()))
 SCAN = next(report for report in CORPUS if report.render is faxed_scan)
@@ -87,3 +92,18 @@ def test_evaluation_meets_the_targets_and_beats_pypdf() -> None:
     assert score.recall >= MIN_RECALL
     assert score.missed_flagged == []
     assert evaluate(CORPUS, pypdf_texts).recall < score.recall
+
+
+def test_a_reader_that_loses_results_misses_the_targets() -> None:
+    score = evaluate(CORPUS[:1], lambda content: [""])
+    assert (score.precision, score.recall) == (0.0, 0.0)
+    assert len(score.missed_flagged) == sum(r.flag in ("H", "L") for r in CORPUS[0].results)
+    assert not score.meets_targets()
+
+
+def test_samples_command_writes_the_corpus_with_expected_results(tmp_path: Path) -> None:
+    paths = ensure_corpus(tmp_path)
+    assert [p.name for p in paths[:2]] == [CORPUS[0].file_name, f"{CORPUS[0].file_name}.expected.json"]
+    expected = json.loads(paths[1].read_text())
+    assert expected[0] == asdict(CORPUS[0].results[0])
+    assert paths[0].read_bytes() == CORPUS[0].pdf()  # deterministic: the same bytes every time
