@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+import pytesseract
 import pytest
 from fpdf import FPDF
 
@@ -15,7 +16,7 @@ from phoenix.stages.evaluation import MIN_PRECISION, MIN_RECALL, evaluate, pypdf
 from phoenix.stages.extraction import extract_findings
 from phoenix.stages.layout import Piece, layout_lines
 from phoenix.stages.ocr import ocr_unavailable_reason
-from phoenix.stages.pdf_text import extract_page_texts
+from phoenix.stages.pdf_text import UnreadablePdfError, extract_page_texts
 from phoenix.stages.samples import ensure_corpus
 
 needs_tesseract = pytest.mark.skipif(ocr_unavailable_reason() is not None, reason=str(ocr_unavailable_reason()))
@@ -107,3 +108,15 @@ def test_samples_command_writes_the_corpus_with_expected_results(tmp_path: Path)
     expected = json.loads(paths[1].read_text())
     assert expected[0] == asdict(CORPUS[0].results[0])
     assert paths[0].read_bytes() == CORPUS[0].pdf()  # deterministic: the same bytes every time
+
+
+def test_ocr_failure_is_a_clear_unreadable_document_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A Tesseract that knows its version and fails on every image, as it does on one it cannot read.
+    broken = tmp_path / "tesseract"
+    broken.write_text(
+        '#!/bin/sh\n[ "$1" = --version ] && echo "tesseract 5.3.0" && exit 0\necho "Error: bad image" >&2\nexit 1\n'
+    )
+    broken.chmod(0o755)
+    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", str(broken))
+    with pytest.raises(UnreadablePdfError, match="OCR of page 2 failed: Error: bad image"):
+        extract_page_texts(SCAN.pdf(), ocr=True)

@@ -11,6 +11,7 @@ import threading
 
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
+import pytesseract
 from PIL.Image import Image
 
 from phoenix.stages.layout import Piece, layout_lines
@@ -29,7 +30,15 @@ def extract_page_texts(content: bytes, *, ocr: bool = False) -> list[str]:
     with _PDFIUM:
         pages = _read(content, ocr=ocr)
     # OCR runs outside the lock: it is the slow part, and Tesseract is a process of its own.
-    return [page if isinstance(page, str) else ocr_text(page) for page in pages]
+    return [page if isinstance(page, str) else _ocr(page, number) for number, page in enumerate(pages, 1)]
+
+
+def _ocr(image: Image, number: int) -> str:
+    try:
+        return ocr_text(image)
+    except pytesseract.TesseractError as exc:
+        # Tesseract fails the same way on the same image: a retry cannot help, the DLQ shows why.
+        raise UnreadablePdfError(f"OCR of page {number} failed: {exc.message.strip()[:200]}") from None
 
 
 def _read(content: bytes, *, ocr: bool) -> list[str | Image]:
