@@ -120,3 +120,26 @@ def test_ocr_failure_is_a_clear_unreadable_document_error(tmp_path: Path, monkey
     monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", str(broken))
     with pytest.raises(UnreadablePdfError, match="OCR of page 2 failed: Error: bad image"):
         extract_page_texts(SCAN.pdf(), ocr=True)
+
+
+def test_cells_wrapped_over_two_lines_are_folded_back_into_their_row() -> None:
+    # A header whose "Previous Result and Date" wraps (centred against one-line cells: one part above the row,
+    # one below), then a row whose name wraps (first line level with the row's top, the rest below).
+    pieces = [
+        Piece("Previous Result and", 280, 78, 380, 85),
+        Piece("Tests", 30, 87, 55, 94),
+        Piece("Result", 170, 87, 200, 94),
+        Piece("Units", 390, 87, 410, 94),
+        Piece("Date", 280, 95, 300, 102),
+        Piece("Vitamin D, 25-Hydroxy,", 31, 110, 140, 117),
+        Piece("22.4 Low", 170, 114, 205, 121),
+        Piece("ng/mL", 390, 114, 415, 121),
+        Piece("Total", 30, 119, 52, 126),
+        Piece("BUN", 30, 131, 48, 138),  # the next row: under the name, but the name does not sit raised
+        Piece("18", 170, 131, 180, 138),
+    ]
+    assert layout_lines(pieces) == [
+        "Tests\tResult\tPrevious Result and Date\tUnits",
+        "Vitamin D, 25-Hydroxy, Total\t22.4 Low\tng/mL",
+        "BUN\t18",
+    ]

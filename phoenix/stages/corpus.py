@@ -103,7 +103,7 @@ def labcorp_like(results: tuple[Result, ...]) -> bytes:
     previous = {"Glucose": "118  01/12/2024", "Creatinine": "1.18  01/12/2024", "WBC": "6.9  01/12/2024"}
     rows = [("Tests", "Current Result and Flag", "Previous Result and Date", "Units", "Reference Interval")]
     rows += [(r.name, f"{r.shown} {_word_flag(r)}".strip(), previous.get(r.name, ""), r.unit, r.range) for r in results]
-    _fpdf_table(pdf, rows, (44, 40, 44, 26, 36))
+    _fpdf_table(pdf, rows, (50, 38, 38, 28, 34))
     pdf.set_font("Helvetica", size=8)
     pdf.multi_cell(0, 4, "Please note: reference intervals changed for eGFR on 01/01/2024.")
     return bytes(pdf.output())
@@ -251,6 +251,7 @@ CORPUS: tuple[CorpusReport, ...] = (
             Result("Platelets", 451, "x10E3/uL", "150-450", "H"),
             Result("Vitamin B12", 1234, "pg/mL", "232-1245", printed="1,234"),
             Result("Hemoglobin A1c", 7.4, "%", "4.8-5.6", "H"),
+            Result("Vitamin D, 25-Hydroxy, Total (D2 + D3)", 22.4, "ng/mL", "30.0-100.0", "L"),
         ),
         labcorp_like,
     ),
