@@ -101,6 +101,7 @@ def test_without_the_header_an_unknown_column_leaves_the_row_unparsed_not_lost()
         "Lipase 1O2 U/L 13-60",  # an OCR misread: letter O for zero
         "Glucose 131 118 mg/dL 65-99",  # two numbers before the unit: which is the result?
         "Sodium 139 mmol/L 136-145 see note 4",
+        "22.4 L ng/mL 30.0-100.0",  # a row whose name was printed elsewhere
     ],
 )
 def test_result_like_lines_that_do_not_parse_are_kept_with_their_page(line: str) -> None:
@@ -117,6 +118,8 @@ def test_result_like_lines_that_do_not_parse_are_kept_with_their_page(line: str)
         "Findings: a 6 mm solid nodule in the right upper lobe.",
         "Northside Clinical Laboratory - Collected 2024-03-04 07:45",
         "Flags: H = above the reference range, L = below the reference range.",
+        "2024-03-04 07:45",
+        "1 of 2",
     ],
 )
 def test_prose_and_letterheads_are_neither_results_nor_unparsed(line: str) -> None:

@@ -148,13 +148,18 @@ def _next_item(
 
 
 def _row(name: str, tail: _Tail | None) -> ResultRow | None:
-    if tail is None or tail.value is None or not _is_name(name):
-        return None
-    if tail.range is None and tail.flag is None and not (tail.unit and LAB_UNIT.search(tail.unit)):
+    if tail is None or tail.value is None or not _is_result(tail) or not _is_name(name):
         return None
     direction, abnormal = tail.flag or (None, False)
     value, comparator = tail.value
     return ResultRow(name, value, comparator, tail.unit, tail.range, direction, abnormal)
+
+
+def _is_result(tail: _Tail) -> bool:
+    """A value with a range, a flag or a lab unit: a bare number with a word after it is prose."""
+    return tail.value is not None and (
+        tail.range is not None or tail.flag is not None or bool(tail.unit and LAB_UNIT.search(tail.unit))
+    )
 
 
 def _is_name(name: str) -> bool:
@@ -242,6 +247,9 @@ def looks_like_result(line: str) -> bool:
     """A name, a number and a range or lab unit, in a short line that is not a sentence: worth reporting when
     it does not parse, because a result lost without a word is worse than no extraction."""
     text = " ".join(_DATE.sub(" ", line).split())
+    if text and not re.match(r"[A-Za-z]", text):
+        # A row that lost its name (printed elsewhere on the page) still shows its value, unit and range.
+        return (tail := parse_tail(text)) is not None and _is_result(tail)
     return (
         bool(re.match(r"[A-Za-z]", text))
         and bool(re.search(r"\d", text))
