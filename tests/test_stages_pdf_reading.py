@@ -143,3 +143,13 @@ def test_cells_wrapped_over_two_lines_are_folded_back_into_their_row() -> None:
         "Vitamin D, 25-Hydroxy, Total\t22.4 Low\tng/mL",
         "BUN\t18",
     ]
+
+
+def test_tesseract_without_english_data_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    bare = tmp_path / "tesseract"
+    bare.write_text('#!/bin/sh\necho "List of available languages in /usr/share/tessdata (1):"\necho osd\n')
+    bare.chmod(0o755)
+    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", str(bare))
+    assert ocr_unavailable_reason() == (
+        "Tesseract has no English language data (Debian: apt-get install tesseract-ocr-eng)"
+    )

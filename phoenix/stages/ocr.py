@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
 
 import pytesseract
 from PIL.Image import Image
@@ -21,8 +22,13 @@ _NOISE = "\u2018\u2019'\"`_|~\u2014\u00a9"
 
 def ocr_unavailable_reason() -> str | None:
     """Why scanned pages cannot be read here, or None when they can."""
-    if shutil.which(pytesseract.pytesseract.tesseract_cmd) is None:
+    binary = shutil.which(pytesseract.pytesseract.tesseract_cmd)
+    if binary is None:
         return "the tesseract binary is not installed (Debian: apt-get install tesseract-ocr tesseract-ocr-eng)"
+    # Asked here rather than through pytesseract.get_languages, which remembers its first answer for good.
+    listed = subprocess.run([binary, "--list-langs"], capture_output=True, text=True, check=False).stdout
+    if "eng" not in listed.split():
+        return "Tesseract has no English language data (Debian: apt-get install tesseract-ocr-eng)"
     return None
 
 

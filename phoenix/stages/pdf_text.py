@@ -51,19 +51,21 @@ def _read(content: bytes, *, ocr: bool) -> list[str | Image]:
             raise UnreadablePdfError("the PDF is password-protected") from None
         raise UnreadablePdfError(f"not a readable PDF: {exc}") from None
     try:
-        pages: list[str | Image] = []
-        for page in document:
-            text = "\n".join(layout_lines(_text_runs(page)))
-            dpi = _image_dpi(page) if ocr and not text else None
-            if dpi is None:
-                pages.append(text)
-            else:
-                # At the scan's own resolution: resampling it blurs the strokes that tell "." from ":".
-                dpi = min(max(dpi, MIN_OCR_DPI), MAX_OCR_DPI)
-                pages.append(page.render(scale=dpi / 72, grayscale=True).to_pil())
-        return pages
+        return [_page_content(page, ocr=ocr) for page in document]
+    except pdfium.PdfiumError as exc:  # a page that cannot be loaded or rendered fails the same way every time
+        raise UnreadablePdfError(f"not a readable PDF: {exc}") from None
     finally:
         document.close()
+
+
+def _page_content(page: pdfium.PdfPage, *, ocr: bool) -> str | Image:
+    text = "\n".join(layout_lines(_text_runs(page)))
+    dpi = _image_dpi(page) if ocr and not text else None
+    if dpi is None:
+        return text
+    # At the scan's own resolution: resampling it blurs the strokes that tell "." from ":".
+    dpi = min(max(dpi, MIN_OCR_DPI), MAX_OCR_DPI)
+    return page.render(scale=dpi / 72, grayscale=True).to_pil()
 
 
 def _text_runs(page: pdfium.PdfPage) -> list[Piece]:
