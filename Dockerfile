@@ -7,6 +7,9 @@ COPY phoenix ./phoenix
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
+# The router reads scanned pages with Tesseract OCR.
+RUN apt-get update && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng \
+    && rm -rf /var/lib/apt/lists/*
 # The uid the manifests' securityContext runs as (runAsNonRoot, read-only root filesystem).
 RUN useradd --uid 65532 --no-create-home --shell /usr/sbin/nologin phoenix
 COPY --from=build /wheels /wheels

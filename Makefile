@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-operator manifests kube lint clean
+.PHONY: demo test eval ocr bench bench-operator manifests kube lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,11 +14,21 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-demo: $(STAMP)
+demo: $(STAMP) ocr
 	$(BIN)/python -m phoenix.demo
 
+# Precision and recall of the example parser over the report corpus (phoenix/stages/corpus.py).
+eval: $(STAMP) ocr
+	$(BIN)/python -m phoenix.stages.evaluation
+
+# The router reads scanned pages with Tesseract: installed from Debian when missing and we can (root, apt-get).
+ocr:
+	@command -v tesseract >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && apt-get install -y -qq tesseract-ocr tesseract-ocr-eng >/dev/null; } \
+	  || echo "tesseract not installed (needs root and apt-get): scanned pages will not be read"
+
 # Builds the local Kubernetes control plane (cached in .cache/kube) before the suite that needs it.
-test: $(STAMP) kube
+test: $(STAMP) kube ocr
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,8 +27,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from phoenix.embedded import embedded_valkey
-from phoenix.stages.keys import grouped_key
-from phoenix.stages.models import BiomarkerGroup, GroupList
+from phoenix.stages.keys import grouped_key, parsed_key
+from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
 from phoenix.worker_runtime.settings import WorkerSettings, redact_url
@@ -315,7 +315,7 @@ def render_groups(groups: Sequence[BiomarkerGroup]) -> list[str]:
             lines.append((
                 group.name if i == 0 else "",
                 m.name,
-                f"{_number(m.value)} {m.unit}",
+                f"{m.comparator or ''}{_number(m.value)} {m.unit}",
                 canonical,
                 m.flag,
                 m.reference_range or "-",
@@ -335,6 +335,19 @@ async def print_grouped(client: aioredis.Redis, record: Record, out: TextIO) -> 
     out.write("\n".join(render_groups(groups)) + "\n")
 
 
+async def print_unparsed(client: aioredis.Redis, records: Sequence[Record], out: TextIO) -> None:
+    """Lines that look like results but fit no grammar: the parser keeps them, the summary shows them."""
+    found: Counter[tuple[str, int, str]] = Counter()
+    for record in records:
+        if (raw := await client.get(parsed_key(record.record_id))) is not None:
+            rows = Findings.model_validate_json(raw).unparsed
+            found.update((record.document.name, row.page, row.text) for row in rows)
+    out.write(f"\nUnparsed result-like lines: {found.total()} (kept in parsed:<record_id>, counted in "
+              "phoenix_parser_unparsed_rows_total)\n")
+    for (document, page, text), count in found.most_common(5):
+        out.write(f"  {document} page {page} ({count} records): {text}\n")
+
+
 # -- entry point --------------------------------------------------------------------------------------------------
 
 
@@ -344,6 +357,7 @@ async def demo(redis_url: str, workers: Sequence[WorkerProcess], records: Sequen
         await run_pipeline(client, workers, records, timeout, out)
         showcase = next((r for r in records if r.document.name == SHOWCASE_SAMPLE), records[0])
         await print_grouped(client, showcase, out)
+        await print_unparsed(client, records, out)
 
 
 def _parser() -> argparse.ArgumentParser:

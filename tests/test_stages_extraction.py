@@ -120,19 +120,6 @@ def test_variants_keep_gene_hgvs_protein_and_classification() -> None:
 
 
 @pytest.mark.parametrize(
-    "line",
-    [
-        "Follow-up: surveillance colonoscopy in 3 years.",
-        "Plan: increase metformin to 1000 mg twice daily; repeat HbA1c in 3 months.",
-        "Patient: Maria Example DOB: 1968-04-12 Sex: F MRN: 000123",
-        "Findings: a 6 mm solid nodule in the right upper lobe.",
-    ],
-)
-def test_prose_is_not_read_as_a_finding(line: str) -> None:
-    assert extract_from_text(line, page=1) == Findings()
-
-
-@pytest.mark.parametrize(
     ("value", "reference_range", "flag"),
     [
         (5.7, "4.0-5.6", "H"),

@@ -7,16 +7,21 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pytesseract
 import pytest
 import redis.asyncio as aioredis
 import structlog
+import structlog.testing
 from aiohttp import web
 from aiohttp.test_utils import TestServer
+from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
+from phoenix.stages.corpus import CORPUS, faxed_scan
 from phoenix.stages.grouper import GrouperProcessor
 from phoenix.stages.llm_extraction import LLMExtractionError
 from phoenix.stages.models import Category, Findings, Page, PageList
+from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.parser import ParserProcessor
 from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
@@ -80,6 +85,7 @@ async def test_pipeline_from_pdf_to_grouped_biomarkers(
         "diagnosis_count": 3,
         "procedures_count": 3,
         "genetics_count": 0,
+        "unparsed_count": 0,
         "status": "parsed",
     }
     assert await redis.exists("pages:rec-1") == 0
@@ -231,6 +237,7 @@ async def test_llm_mode_bills_the_users_key_and_stores_the_models_findings(
         "diagnosis_count": 1,
         "procedures_count": 0,
         "genetics_count": 1,
+        "unparsed_count": 0,
         "status": "parsed",
     }
     assert Findings.model_validate_json(await redis.get("parsed:rec-7")) == Findings.model_validate(LLM_FINDINGS)
@@ -303,3 +310,52 @@ async def test_llm_mode_without_any_key_is_a_clear_transient_error(
         await parser.process("rec-11", "user-11", routed)
     assert fake.requests == []
     assert await redis.exists("pages:rec-11") == 1
+
+
+@pytest.fixture
+def scan_pdf(tmp_path: Path) -> Path:
+    path = tmp_path / "fax.pdf"
+    path.write_bytes(next(report for report in CORPUS if report.render is faxed_scan).pdf())
+    return path
+
+
+@pytest.mark.skipif(ocr_unavailable_reason() is not None, reason=str(ocr_unavailable_reason()))
+async def test_scanned_page_is_read_by_ocr_and_parsed(
+    redis: aioredis.Redis, router: RouterProcessor, parser: ParserProcessor, scan_pdf: Path
+) -> None:
+    routed = await router.process("rec-fax", "user-1", {"document_url": scan_pdf.as_uri()})
+    cover, scan = json.loads(await redis.get("pages:rec-fax"))
+    assert (cover["categories"], scan["categories"]) == (["other"], ["labs"])
+    parsed = await parser.process("rec-fax", "user-1", routed)
+    assert (parsed["biomarker_count"], parsed["unparsed_count"]) == (6, 0)
+
+
+async def test_router_without_tesseract_says_so_once_and_keeps_scanned_pages_empty(
+    redis: aioredis.Redis, scan_pdf: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pytesseract.pytesseract, "tesseract_cmd", str(tmp_path / "no-tesseract"))
+    with structlog.testing.capture_logs() as logs:
+        router = await started(RouterProcessor(), redis)
+        try:
+            await router.process("rec-fax2", "user-1", {"document_url": scan_pdf.as_uri()})
+            await router.process("rec-fax3", "user-1", {"document_url": scan_pdf.as_uri()})
+        finally:
+            await router.cleanup()
+    (warning,) = [log for log in logs if log["log_level"] == "warning"]
+    assert warning["event"] == "ocr_unavailable"
+    assert "tesseract binary is not installed" in warning["reason"]
+    _, scan = json.loads(await redis.get("pages:rec-fax2"))
+    assert (scan["text"], scan["categories"]) == ("", ["other"])
+
+
+async def test_parser_keeps_unparsed_result_lines_and_counts_them(
+    redis: aioredis.Redis, parser: ParserProcessor
+) -> None:
+    page = Page(number=2, text="Sodium 139 mmol/L 136-145\nLipase 1O2 U/L 13-60", categories=[Category.LABS])
+    await redis.set("pages:rec-12", PageList.dump_json([page]))
+    before = REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") or 0.0
+    parsed = await parser.process("rec-12", "user-12", {"pages_key": "pages:rec-12"})
+    assert (parsed["biomarker_count"], parsed["unparsed_count"]) == (1, 1)
+    findings = Findings.model_validate_json(await redis.get("parsed:rec-12"))
+    assert [(row.text, row.page) for row in findings.unparsed] == [("Lipase 1O2 U/L 13-60", 2)]
+    assert REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") == before + 1

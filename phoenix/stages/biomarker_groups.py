@@ -134,6 +134,7 @@ def group_biomarkers(biomarkers: Iterable[Biomarker]) -> list[BiomarkerGroup]:
             Measurement(
                 name=biomarker.name,
                 value=biomarker.value,
+                comparator=biomarker.comparator,
                 unit=biomarker.unit,
                 normalized_value=normalize(biomarker.value, biomarker.unit, test),
                 flag=biomarker.flag,

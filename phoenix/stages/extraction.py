@@ -1,8 +1,8 @@
 """Rule-based extraction of findings from report text, one line at a time.
 
-Lab reports print one result per row: `name value unit range [flag]`; the range is required so that prose such
-as "repeat in 3 months" is not read as a result. Diagnoses and procedures are rows that
-start with their code (ICD-10, CPT); variants are rows with a gene symbol followed by an HGVS coding change.
+Result rows follow the grammar in result_rows.py. Diagnoses and procedures are rows that start with their code
+(ICD-10, CPT); variants are rows with a gene symbol followed by an HGVS coding change. A line that looks like a
+result but fits no grammar is kept as an unparsed row, so nothing is lost without a trace.
 """
 
 from __future__ import annotations
@@ -10,15 +10,27 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from phoenix.stages.models import Biomarker, Diagnosis, Findings, Flag, GeneticVariant, Page, Procedure
-
-_NUMBER = r"\d+(?:\.\d+)?"
-_RANGE = rf"{_NUMBER}\s*-\s*{_NUMBER}|[<>]=?\s*{_NUMBER}"
-
-BIOMARKER_ROW = re.compile(
-    rf"^(?P<name>[A-Za-z].*?)\s+(?P<value>{_NUMBER})\s+(?P<unit>[^\s\d]\S*)"
-    rf"\s+(?P<range>{_RANGE})(?:\s+(?P<flag>H|L))?$"
+from phoenix.stages.models import (
+    Biomarker,
+    Diagnosis,
+    Findings,
+    Flag,
+    GeneticVariant,
+    Page,
+    Procedure,
+    UnparsedRow,
 )
+from phoenix.stages.result_rows import (
+    CELL_SEPARATOR,
+    RANGE,
+    ResultRow,
+    Role,
+    header_roles,
+    looks_like_result,
+    parse_row,
+    parse_table_row,
+)
+
 # ICD-10-CM: a letter (U is reserved), two characters, then an optional dot and up to four more.
 DIAGNOSIS_ROW = re.compile(r"^(?P<code>[A-TV-Z]\d[0-9A-Z](?:\.[0-9A-Z]{1,4})?)\s+(?P<description>[A-Za-z].*)$")
 # CPT: five digits, or four and a category II/III letter; a trailing ISO date is the date of service.
@@ -35,13 +47,14 @@ VARIANT_ROW = re.compile(
 
 
 def parse_range(text: str) -> tuple[float | None, float | None]:
-    """`4.0-5.6` -> (4.0, 5.6); `<200` -> (None, 200); `>40` -> (40, None)."""
-    text = text.replace(" ", "")
-    if text[0] in "<>":
-        bound = float(text.lstrip("<>="))
-        return (None, bound) if text[0] == "<" else (bound, None)
-    low, high = text.split("-")
-    return float(low), float(high)
+    """`4.0-5.6`, `136-145` (any dash), `(0.5 to 1.2)` -> (low, high); `<200` -> (None, 200); `>=40` -> (40, None)."""
+    match = RANGE.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"not a reference range: {text!r}")
+    if match["low"]:
+        return float(match["low"].replace(",", "")), float(match["high"].replace(",", ""))
+    bound = float(match["bound"].replace(",", ""))
+    return (None, bound) if match["bound_op"] in ("<", "<=", "≤") else (bound, None)
 
 
 def flag_for(value: float, reference_range: str) -> Flag:
@@ -62,13 +75,18 @@ def extract_findings(pages: Iterable[Page]) -> Findings:
         findings.diagnoses += found.diagnoses
         findings.procedures += found.procedures
         findings.genetics += found.genetics
+        findings.unparsed += found.unparsed
     return findings
 
 
 def extract_from_text(text: str, page: int) -> Findings:
     findings = Findings()
+    roles: list[Role] | None = None  # the columns named by the last header row on this page
     for raw_line in text.splitlines():
-        line = " ".join(raw_line.split())
+        cells = [" ".join(cell.split()) for cell in raw_line.split(CELL_SEPARATOR) if cell.strip()]
+        line = " ".join(cells)
+        if not line:
+            continue
         # Coded rows first: "E11.9 Type 2 diabetes" also has the shape of a lab row.
         if match := VARIANT_ROW.match(line):
             findings.genetics.append(GeneticVariant(**match.groupdict(), page=page))
@@ -78,17 +96,30 @@ def extract_from_text(text: str, page: int) -> Findings:
             findings.procedures.append(
                 Procedure(cpt=match["code"], description=match["description"], date=match["date"], page=page)
             )
-        elif match := BIOMARKER_ROW.match(line):
-            value, reference_range = float(match["value"]), match["range"]
-            findings.biomarkers.append(
-                Biomarker(
-                    name=match["name"].strip(),
-                    value=value,
-                    unit=match["unit"],
-                    reference_range=reference_range,
-                    # The printed flag wins: labs may apply age- or sex-specific limits the range omits.
-                    flag=match["flag"] or flag_for(value, reference_range),
-                    page=page,
-                )
-            )
+        elif header := header_roles(cells):
+            roles = header
+        elif row := (roles and len(cells) > 1 and parse_table_row(cells, roles)) or parse_row(line):
+            findings.biomarkers.append(biomarker(row, page))
+        elif looks_like_result(line):
+            findings.unparsed.append(UnparsedRow(text=line, page=page))
     return findings
+
+
+def biomarker(row: ResultRow, page: int) -> Biomarker:
+    # The printed flag wins: labs may apply age- or sex-specific limits the range omits.
+    derived = flag_for(row.value, row.reference_range) if row.reference_range else "normal"
+    if row.printed_flag is not None:
+        flag = row.printed_flag
+    elif row.abnormal:
+        flag = derived if derived != "normal" else "A"
+    else:
+        flag = derived
+    return Biomarker(
+        name=row.name,
+        value=row.value,
+        comparator=row.comparator,
+        unit=row.unit or "",
+        reference_range=row.reference_range,
+        flag=flag,
+        page=page,
+    )

@@ -7,7 +7,8 @@ from typing import Literal
 
 from pydantic import BaseModel, TypeAdapter
 
-Flag = Literal["H", "L", "normal"]
+Flag = Literal["H", "L", "A", "normal"]  # A: printed as abnormal without a direction
+Comparator = Literal["<", "<=", ">", ">="]  # a censored value: "<0.5" is below the assay's limit
 
 
 class Category(StrEnum):
@@ -31,6 +32,7 @@ PageList = TypeAdapter(list[Page])
 class Biomarker(BaseModel):
     name: str  # as printed in the report
     value: float
+    comparator: Comparator | None = None
     unit: str
     reference_range: str | None = None
     flag: Flag = "normal"
@@ -59,11 +61,19 @@ class GeneticVariant(BaseModel):
     page: int
 
 
+class UnparsedRow(BaseModel):
+    """A line that looks like a result (a name, a number, a unit or range) but fits no grammar."""
+
+    text: str
+    page: int
+
+
 class Findings(BaseModel):
     biomarkers: list[Biomarker] = []
     diagnoses: list[Diagnosis] = []
     procedures: list[Procedure] = []
     genetics: list[GeneticVariant] = []
+    unparsed: list[UnparsedRow] = []
 
     def is_empty(self) -> bool:
         return not (self.biomarkers or self.diagnoses or self.procedures or self.genetics)
@@ -74,6 +84,7 @@ class Measurement(BaseModel):
 
     name: str
     value: float
+    comparator: Comparator | None = None
     unit: str
     normalized_value: float | None
     flag: Flag

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from prometheus_client import Counter
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
@@ -17,6 +18,10 @@ from phoenix.stages.llm_extraction import LLMExtractor
 from phoenix.stages.models import Findings, Page, PageList
 from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
 from phoenix.worker_runtime.billing import current_api_key
+
+UNPARSED_ROWS = Counter(
+    "phoenix_parser_unparsed_rows", "Lines that look like results but fit no row grammar (kept in parsed:{record_id})."
+)
 
 
 class ParserSettings(BaseSettings):
@@ -36,6 +41,7 @@ def summary(findings: Findings) -> dict[str, Any]:
         "diagnosis_count": len(findings.diagnoses),
         "procedures_count": len(findings.procedures),
         "genetics_count": len(findings.genetics),
+        "unparsed_count": len(findings.unparsed),
         "status": "empty" if findings.is_empty() else "parsed",
     }
 
@@ -69,6 +75,7 @@ class ParserProcessor(BaseProcessor):
             pipe.set(target, findings.model_dump_json(), ex=self.config.parsed_ttl).delete(source)
             await pipe.execute()
         result = summary(findings)
+        UNPARSED_ROWS.inc(len(findings.unparsed))
         self.logger.info("document_parsed", record_id=record_id, **result)
         return result
 

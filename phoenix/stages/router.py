@@ -12,6 +12,7 @@ from phoenix.stages.categories import tag_pages
 from phoenix.stages.documents import DocumentNotFoundError, document_url, load_document
 from phoenix.stages.keys import pages_key
 from phoenix.stages.models import PageList
+from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.pdf_text import UnreadablePdfError, extract_page_texts
 from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
 
@@ -36,9 +37,14 @@ class UnreadableDocumentError(RecordNotFoundError):
 class RouterProcessor(BaseProcessor):
     config: RouterSettings
     session: aiohttp.ClientSession
+    ocr: bool
 
     async def initialize(self) -> None:
         self.config = RouterSettings()
+        reason = ocr_unavailable_reason()
+        self.ocr = reason is None
+        if reason:
+            self.logger.warning("ocr_unavailable", reason=reason, effect="pages without a text layer stay empty")
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.document_timeout))
 
     async def cleanup(self) -> None:
@@ -47,7 +53,7 @@ class RouterProcessor(BaseProcessor):
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
         try:
             document = await load_document(self.session, document_url(record_id, data, self.config.records_api_url))
-            texts = await self.run_blocking(extract_page_texts, document.content)
+            texts = await self.run_blocking(extract_page_texts, document.content, ocr=self.ocr)
         except DocumentNotFoundError as exc:
             raise RecordNotFoundError(str(exc)) from exc
         except UnreadablePdfError as exc:

@@ -1,17 +1,21 @@
 """Write the sample medical reports used by the demo and the tests: `python -m phoenix.stages.samples [DIR]`.
 
 The reports are fictional and deterministic (fixed text, fixed dates, no randomness), so tests can assert the
-exact values the pipeline extracts from them. They are generated rather than committed as binary files.
+exact values the pipeline extracts from them. They are generated rather than committed as binary files. The
+command also writes the evaluation corpus (corpus.py), each report beside its expected results as JSON.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from fpdf import FPDF
+
+from phoenix.stages.corpus import CORPUS, letterhead
 
 DEFAULT_DIR = Path(".cache/samples")
 PATIENT = "Patient: Maria Example    DOB: 1968-04-12    Sex: F    MRN: 000123"
@@ -174,6 +178,8 @@ REPORTS: tuple[Report, ...] = (
                     ("Hemoglobin", "13.1", "g/dL", "12.0-16.0", ""),
                     ("Potassium", "3.3", "mmol/L", "3.5-5.1", "L"),
                 ),
+                # A result the parser cannot read: it is kept as an unparsed row, not dropped.
+                Paragraph("Magnesium 1.9 mg/dL 1.7-2.2 (specimen hemolyzed, interpret with caution)"),
                 Paragraph("Follow-up: surveillance colonoscopy in 3 years."),
             ),
         ),
@@ -268,18 +274,10 @@ def render(report: Report) -> bytes:
     for blocks in report.pages:
         pdf.add_page()
         if ScanPlaceholder() not in blocks:  # a scanned page has no text, not even a letterhead
-            _letterhead(pdf, report.issuer)
+            letterhead(pdf, report.issuer, PATIENT)
         for block in blocks:
             _render_block(pdf, block)
     return bytes(pdf.output())
-
-
-def _letterhead(pdf: FPDF, issuer: str) -> None:
-    pdf.set_font("Helvetica", "B", 12)
-    pdf.cell(0, 7, issuer, new_x="LMARGIN", new_y="NEXT")
-    pdf.set_font("Helvetica", size=9)
-    pdf.cell(0, 6, PATIENT, new_x="LMARGIN", new_y="NEXT")
-    pdf.ln(4)
 
 
 def _render_block(pdf: FPDF, block: Block) -> None:
@@ -308,21 +306,31 @@ def _render_block(pdf: FPDF, block: Block) -> None:
 
 def ensure_samples(directory: Path = DEFAULT_DIR) -> list[Path]:
     """Write the sample reports into `directory` (created), skipping identical files; return their paths."""
-    directory.mkdir(parents=True, exist_ok=True)
+    return [_write(directory / report.file_name, render(report)) for report in REPORTS]
+
+
+def ensure_corpus(directory: Path = DEFAULT_DIR) -> list[Path]:
+    """Write the evaluation corpus into `directory`: each report and `<report>.expected.json`."""
     paths = []
-    for report in REPORTS:
-        path = directory / report.file_name
-        content = render(report)
-        if not path.exists() or path.read_bytes() != content:
-            path.write_bytes(content)
-        paths.append(path)
+    for report in CORPUS:
+        expected = json.dumps([asdict(result) for result in report.results], indent=2, ensure_ascii=False)
+        paths.append(_write(directory / report.file_name, report.pdf()))
+        paths.append(_write(directory / f"{report.file_name}.expected.json", expected.encode()))
     return paths
+
+
+def _write(path: Path, content: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists() or path.read_bytes() != content:
+        path.write_bytes(content)
+    return path
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("directory", nargs="?", type=Path, default=DEFAULT_DIR)
-    for path in ensure_samples(parser.parse_args(argv).directory):
+    directory = parser.parse_args(argv).directory
+    for path in ensure_samples(directory) + ensure_corpus(directory):
         print(path)
 
 
