@@ -19,6 +19,7 @@ from redis.exceptions import ResponseError
 
 from phoenix.worker_runtime.locks import lock_holder
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
+from phoenix.worker_runtime.reclaim import id_order
 from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -194,7 +195,7 @@ async def _input_entry(
     now_ms: float,
 ) -> InputEntry:
     age, retry_count = _age(entry_id, now_ms), int(fields.get(_RETRY_COUNT) or 0)
-    if last_delivered is None or _id_key(entry_id) > _id_key(last_delivered):
+    if last_delivered is None or id_order(entry_id) > id_order(last_delivered):
         return InputEntry(entry_id, age, "waiting", retry_count)
     rows = await client.xpending_range(s.input_queue, s.consumer_group, min=entry_id, max=entry_id, count=1)
     if not rows:
@@ -222,11 +223,6 @@ def _iso(epoch_seconds: float) -> str:
 def _age(entry_id: str, now_ms: float) -> float:
     """Stream ids start with the server's clock at XADD."""
     return max(0.0, (now_ms - int(entry_id.partition("-")[0])) / 1000)
-
-
-def _id_key(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def duration(seconds: float) -> str:

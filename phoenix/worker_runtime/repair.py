@@ -13,6 +13,7 @@ from phoenix.worker_runtime.dlq import FAILURE_FIELDS
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, entries_of
 from phoenix.worker_runtime.locks import lock_holder
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
+from phoenix.worker_runtime.reclaim import id_order
 from phoenix.worker_runtime.settings import WorkerSettings
 
 _RECLAIM_BATCH = 100
@@ -117,19 +118,18 @@ class ReprocessPlan:
 async def plan_reprocess(
     client: Redis, settings: WorkerSettings, record_id: str, scan_limit: int = DEFAULT_SCAN_LIMIT
 ) -> ReprocessPlan:
-    """The newest entry of the record (input stream first, then DLQ) becomes the new entry's fields."""
+    """The record's newest entry, in the input stream or the DLQ (where it is newer when the record was
+    dead-lettered last), gives the new entry's fields."""
     s = settings
-    source = None
+    found = []
     for name, stream in (("input", s.input_queue), ("dlq", s.dlq_name)):
         async for entry_id, fields in entries_of(client, stream, record_id, scan_limit):
-            source = (name, entry_id, fields)
+            found.append((id_order(entry_id), name, entry_id, fields))
             break
-        if source:
-            break
-    if source is None:
+    if not found:
         raise ReprocessError(f"no entry of record {record_id} in the newest {scan_limit} entries of "
                              f"{s.input_queue} or {s.dlq_name}: add it with `phoenix enqueue`")
-    name, entry_id, fields = source
+    _, name, entry_id, fields = max(found, key=lambda f: f[0])
     kept = {k: v for k, v in fields.items() if k not in _DROPPED_ON_REPROCESS}
     kept.setdefault("original_id", fields.get("original_id", entry_id))
     marker_key = s.marker_prefix + record_id
