@@ -281,8 +281,9 @@ def _locked(r: RecordReport, pending: list[InputEntry]) -> str:
     whose = [e for e in pending if e.consumer == lock.holder]
     state = f"has been idle {duration(holder.idle_seconds)}" if holder else "has left the consumer group"
     if whose and whose[-1].idle_seconds is not None:
-        reclaim_in = max(0.0, r.claim_idle_seconds - whose[-1].idle_seconds)
-        when = f"its entry will be reclaimed in {duration(reclaim_in)}"
+        reclaim_in = r.claim_idle_seconds - whose[-1].idle_seconds
+        when = (f"its entry will be reclaimed in {duration(reclaim_in)}" if reclaim_in > 0
+                else "its entry is due to be reclaimed by the next live worker's reclaim pass")
     else:
         when = "no entry of it is pending on that consumer"
     return (f"locked by a consumer that {state} (dead): {when}, and the lock expires in "
