@@ -167,6 +167,8 @@ async def test_no_trace_of_an_unknown_record(redis: aioredis.Redis, redis_url: s
     report = inspect(redis_url, "nobody")
     assert report["diagnosis"].startswith("no trace of nobody in the newest 100000 entries of phoenix:s:input")
     assert not report["group_exists"]
+    nothing = run(redis_url, "reclaim", "--service", "s")
+    assert nothing.returncode == 1 and nothing.stderr.startswith("phoenix reclaim: Redis error: NOGROUP")
 
 
 async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redis, redis_url: str) -> None:

@@ -8,6 +8,8 @@ import json
 import sys
 from collections.abc import Sequence
 
+from redis.exceptions import RedisError
+
 from phoenix.cli import records, status
 from phoenix.cli.stage import add_redis_argument, confirm, fail
 from phoenix.cli.stage import client as _client
@@ -57,7 +59,8 @@ async def _dlq_export(args: argparse.Namespace) -> int:
             count, last = count + 1, entry_id
     # On stderr, so stdout stays pure JSON lines when redirected to a file.
     print(f"exported {count} entries of {dlq_stream}" + (
-        f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service} --through {last}"
+        f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
+        f"{f' --dlq {args.dlq}' if args.dlq else ''} --through {last}"
         if last else ""), file=sys.stderr)
     return 0
 
@@ -71,8 +74,8 @@ async def _dlq_purge(args: argparse.Namespace) -> int:
         if args.through:
             deleted = await dlq.purge_through(client, dlq_stream, args.through)
         else:
-            deleted = await client.xlen(dlq_stream)
-            await client.delete(dlq_stream)
+            # One transaction: the count is exactly what was deleted.
+            deleted, _ = await client.pipeline(transaction=True).xlen(dlq_stream).delete(dlq_stream).execute()
     print(f"deleted {deleted} entries from {dlq_stream}")
     return 0
 
@@ -141,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return asyncio.run(args.handler(args))
     except KeyboardInterrupt:
         return 130
+    except RedisError as exc:
+        # redis-py names host and port, never the password.
+        return fail(f"phoenix {args.command}: Redis error: {exc}")
 
 
 if __name__ == "__main__":
