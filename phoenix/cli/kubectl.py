@@ -19,14 +19,13 @@ from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import redis.asyncio as aioredis
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.cli.records import format_report
-from phoenix.cli.stage import settings_from
+from phoenix.cli.stage import StageSettings, redis_client, settings_from
 from phoenix.console import format_columns
-from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage
+from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
 from phoenix.operator.builders import resolve_streams, worker_env
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import MERGE_PATCH, KubeApi
@@ -36,7 +35,7 @@ from phoenix.operator.requests import (
     ReplayRequestError,
     parse_replay_count,
 )
-from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, inspect_record
+from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, inspect_record
 
 Json = dict[str, Any]
 _WAIT_POLL_SECONDS = 0.5
@@ -178,7 +177,7 @@ def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
     return 0
 
 
-async def _redis_url(api: client.ApiClient, namespace: str, ref: Any) -> str:
+async def _redis_url(api: client.ApiClient, namespace: str, ref: SecretKeyRef) -> str:
     kube = KubeApi(api)
     try:
         return await kube.secret_value(namespace, ref)
@@ -194,8 +193,8 @@ async def _redis_url(api: client.ApiClient, namespace: str, ref: Any) -> str:
         await kube.aclose()
 
 
-async def _inspect(url: str, settings: Any, record_id: str, scan: int) -> Any:
-    async with aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="backslashreplace") as redis:
+async def _inspect(url: str, settings: StageSettings, record_id: str, scan: int) -> RecordReport:
+    async with redis_client(url) as redis:
         return await inspect_record(redis, settings, record_id, scan)
 
 
@@ -259,9 +258,8 @@ def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
     """The caller's client and their context's namespace (in a pod: its ServiceAccount and namespace)."""
     try:
         api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
-        _, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
-        if args.context:
-            contexts, _ = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        if args.context:  # new_client_from_config has checked that it exists
             active = next(c for c in contexts if c["name"] == args.context)
         return api, active.get("context", {}).get("namespace") or "default"
     except config.ConfigException:

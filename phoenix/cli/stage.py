@@ -69,9 +69,13 @@ def stage_settings(args: argparse.Namespace) -> StageSettings:
     return StageSettings(service_name=args.service, **given)
 
 
-def client(args: argparse.Namespace) -> aioredis.Redis:
+def redis_client(url: str) -> aioredis.Redis:
     # Entries may hold bytes that are not UTF-8 (they are dead-lettered as malformed): shown escaped, not fatal.
-    return aioredis.Redis.from_url(args.redis_url, decode_responses=True, encoding_errors="backslashreplace")
+    return aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="backslashreplace")
+
+
+def client(args: argparse.Namespace) -> aioredis.Redis:
+    return redis_client(args.redis_url)
 
 
 def confirm(question: str, assume_yes: bool) -> bool:
