@@ -83,6 +83,11 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     unlocked = phoenix(redis_url, "unlock", "--service", "s", "r1", "--claim-idle-ms", "2000")
     assert unlocked.startswith(f"released lock:s:r1 held by {report['lock']['holder']} (idle ")
     assert phoenix(redis_url, "unlock", "--service", "s", "r1").strip() == "lock:s:r1 is not locked: nothing to release"
+    unlocked_report = inspect(redis_url, "r1", "2000")
+    assert unlocked_report["diagnosis"].startswith(f"delivered to {report['lock']['holder']}, a consumer that has "
+                                                   "been idle ")
+    assert unlocked_report["diagnosis"].endswith(
+        "(dead): it is due to be reclaimed by the next live worker's reclaim pass; `phoenix reclaim` acts now")
     # The dead consumer's entry is still pending on it: reclaim puts it back to work now.
     reclaimed = phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "2000").splitlines()
     assert reclaimed[0].startswith(f"re-enqueued {report['entries'][0]['entry_id']} (record r1, ")
@@ -221,3 +226,19 @@ async def _consumer_idle_over(redis: aioredis.Redis, ms: int) -> bool:
 
 async def _effects(redis: aioredis.Redis, record_id: str, count: str) -> bool:
     return await redis.hget("effects:s", record_id) == count
+
+
+async def test_pending_on_a_live_consumer_without_a_lock_and_acknowledged_without_a_marker(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """Set up by hand: what a worker whose circuit opened leaves behind, and a record whose marker expired."""
+    await redis.xgroup_create(IN, "s-group", id="0", mkstream=True)
+    left, done = await add(redis, "left"), await add(redis, "done")
+    await redis.xreadgroup("s-group", "pod-a", {IN: ">"}, count=2)
+    await redis.xack(IN, "s-group", done)
+    report = inspect(redis_url, "left", "60000")
+    assert report["entries"][0]["entry_id"] == left and report["consumers"]["pod-a"]["alive"]
+    assert report["diagnosis"].startswith("delivered to pod-a (alive) ")
+    assert "left pending without a lock (its circuit is open, or it is shutting down): if it stays idle, it will " \
+           "be reclaimed in " in report["diagnosis"]
+    assert inspect(redis_url, "done")["diagnosis"].startswith("acknowledged, but no marker, retry or dead letter")

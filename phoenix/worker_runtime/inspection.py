@@ -266,8 +266,8 @@ def diagnose(r: RecordReport) -> str:
         return (f"dead-lettered at {dead.failed_at}: {dead.error_type}: {dead.error} "
                 "(fix the cause, then `phoenix reprocess` or `phoenix dlq replay`)")
     if r.entries:
-        return ("acknowledged, but no marker, retry or dead letter: its marker expired (IDEMPOTENCY_TTL) or the "
-                "entry was trimmed back in")
+        return ("acknowledged, but no marker, retry or dead letter: its marker expired (IDEMPOTENCY_TTL), or the "
+                "entry was acknowledged by hand")
     return (f"no trace of {r.record_id} in the newest {r.scan_limit} entries of {r.input_stream}, its retry set or "
             "its DLQ: was it enqueued to this stage?")
 
@@ -279,24 +279,28 @@ def _locked(r: RecordReport, pending: list[InputEntry]) -> str:
     if holder is not None and holder.alive:
         return f"in flight: {lock.holder} is processing it (lock renewed, {duration(lock.ttl_seconds)} left)"
     whose = [e for e in pending if e.consumer == lock.holder]
-    state = f"has been idle {duration(holder.idle_seconds)}" if holder else "has left the consumer group"
-    if whose and whose[-1].idle_seconds is not None:
-        reclaim_in = r.claim_idle_seconds - whose[-1].idle_seconds
-        when = (f"its entry will be reclaimed in {duration(reclaim_in)}" if reclaim_in > 0
-                else "its entry is due to be reclaimed by the next live worker's reclaim pass")
-    else:
-        when = "no entry of it is pending on that consumer"
-    return (f"locked by a consumer that {state} (dead): {when}, and the lock expires in "
+    when = f"its entry {_reclaim_time(r, whose[-1])}" if whose else "no entry of it is pending on that consumer"
+    return (f"locked by a consumer that {_dead_state(holder)} (dead): {when}, and the lock expires in "
             f"{duration(lock.ttl_seconds)}; `phoenix unlock` and `phoenix reclaim` act now")
 
 
 def _pending_unlocked(r: RecordReport, entry: InputEntry) -> str:
     owner = r.consumers.get(entry.consumer or "")
-    reclaim_in = max(0.0, r.claim_idle_seconds - (entry.idle_seconds or 0.0))
     if owner is not None and owner.alive:
         return (f"delivered to {entry.consumer} (alive) {duration(entry.idle_seconds or 0)} ago and left pending "
-                f"without a lock (its circuit is open, or it is shutting down): another worker reclaims it in "
-                f"{duration(reclaim_in)} if it stays idle")
-    state = f"has been idle {duration(owner.idle_seconds)}" if owner else "has left the consumer group"
-    return (f"delivered to {entry.consumer}, a consumer that {state} (dead): it will be reclaimed in "
-            f"{duration(reclaim_in)}; `phoenix reclaim` acts now")
+                f"without a lock (its circuit is open, or it is shutting down): if it stays idle, it "
+                f"{_reclaim_time(r, entry)}")
+    return (f"delivered to {entry.consumer}, a consumer that {_dead_state(owner)} (dead): it "
+            f"{_reclaim_time(r, entry)}; `phoenix reclaim` acts now")
+
+
+def _dead_state(consumer: Consumer | None) -> str:
+    return f"has been idle {duration(consumer.idle_seconds)}" if consumer else "has left the consumer group"
+
+
+def _reclaim_time(r: RecordReport, entry: InputEntry) -> str:
+    """When a live worker's reclaim pass takes a pending entry over: once it is idle past CLAIM_IDLE_MS."""
+    reclaim_in = r.claim_idle_seconds - (entry.idle_seconds or 0.0)
+    if reclaim_in > 0:
+        return f"will be reclaimed in {duration(reclaim_in)}"
+    return "is due to be reclaimed by the next live worker's reclaim pass"
