@@ -26,6 +26,7 @@ from typing import TextIO
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
 from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
@@ -201,36 +202,6 @@ def render_table(rows: Sequence[StageRow]) -> list[str]:
     return format_columns(lines)
 
 
-def format_columns(lines: Sequence[Sequence[str]]) -> list[str]:
-    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    return ["  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in lines]
-
-
-class TableDisplay:
-    """Redraws the table in place on a terminal; elsewhere (CI, pipes) prints each changed snapshot as lines."""
-
-    def __init__(self, out: TextIO, started: float) -> None:
-        self.out = out
-        self.started = started
-        self.redraw = out.isatty()
-        self._drawn_lines = 0
-        self._last_counts: list[tuple[int | None, ...]] | None = None
-
-    def show(self, rows: Sequence[StageRow], *, final: bool = False) -> None:
-        counts = [row.counts() for row in rows]
-        lines = render_table(rows)
-        if self.redraw:
-            # Cursor up to the first line of the previous table, clear to the end of the screen, draw again.
-            prefix = f"\x1b[{self._drawn_lines}F\x1b[J" if self._drawn_lines else ""
-            self.out.write(prefix + "\n".join(lines) + "\n")
-            self._drawn_lines = len(lines)
-        elif final or counts != self._last_counts:
-            elapsed = time.monotonic() - self.started
-            self.out.write(f"--- {elapsed:5.1f} s{' (final)' if final else ''}\n" + "\n".join(lines) + "\n")
-        self._last_counts = counts
-        self.out.flush()
-
-
 # -- the pipeline run ---------------------------------------------------------------------------------------------
 
 
@@ -288,9 +259,9 @@ async def run_pipeline(
         rows = await snapshot(client, meter)
         # Rows are read after the records: once all are finished, an empty pipeline here means nothing is left.
         if grouped + dead == len(records) and drained(rows):
-            display.show(rows, final=True)
+            display.show(render_table(rows), [row.counts() for row in rows], final=True)
             break
-        display.show(rows)
+        display.show(render_table(rows), [row.counts() for row in rows])
         if time.monotonic() - started > timeout:
             raise DemoError(f"the pipeline did not drain within {timeout:.0f} s ({grouped + dead} of "
                             f"{len(records)} records finished); see the worker logs")

@@ -12,6 +12,7 @@ import re
 import shlex
 import subprocess
 import sys
+import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -27,12 +28,14 @@ BIN = Path(sys.executable).parent  # the phoenix console script lives next to th
 PLACEHOLDER = "..."
 
 
-def marked_block(marker: str) -> tuple[str, str]:
-    """(marker arguments, code) of the fenced block right after `<!-- docs-test: {marker} ... -->`."""
-    pattern = rf"<!-- docs-test: {re.escape(marker)}(?P<args>[^>]*)-->\n```\w*\n(?P<code>.*?)```"
-    match = re.search(pattern, README.read_text(), re.DOTALL)
-    assert match, f"README.md has no block marked docs-test: {marker}"
-    return match["args"].strip(), match["code"]
+def marked_block(marker: str, document: Path = README) -> tuple[str, str]:
+    """(marker arguments, code) of the fenced block right after `<!-- docs-test: {marker} ... -->`; a block indented
+    under a list item comes back dedented."""
+    pattern = (rf"<!-- docs-test: {re.escape(marker)}(?P<args>[^>]*)-->\n"
+               r"(?P<indent> *)```\w*\n(?P<code>.*?)(?P=indent)```")
+    match = re.search(pattern, document.read_text(), re.DOTALL)
+    assert match, f"{document.name} has no block marked docs-test: {marker}"
+    return match["args"].strip(), textwrap.dedent(match["code"])
 
 
 def shell_commands(code: str) -> list[list[str]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 from redis.asyncio import Redis
@@ -44,3 +45,24 @@ async def replay(client: Redis, dlq: str, input_stream: str, limit: int | None, 
         if n < batch:
             break
     return moved
+
+
+async def entries(client: Redis, dlq: str, page: int = _REPLAY_BATCH) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """Every DLQ entry, oldest first, read a page at a time."""
+    lower = "-"
+    while True:
+        batch = await client.xrange(dlq, min=lower, count=page)
+        for entry in batch:
+            yield entry
+        if len(batch) < page:
+            return
+        lower = "(" + batch[-1][0]
+
+
+async def purge_through(client: Redis, dlq: str, last_id: str) -> int:
+    """Delete the DLQ entries up to and including `last_id` (e.g. the last one exported) in one command.
+
+    Entries dead-lettered after it stay, so exporting and then purging never deletes an entry nobody has read.
+    """
+    ms, _, seq = last_id.partition("-")
+    return await client.xtrim(dlq, minid=f"{int(ms)}-{int(seq or 0) + 1}", approximate=False)

@@ -3,7 +3,7 @@
 -- so a replayed record can be traced to the entry that first failed.
 -- KEYS[1] dlq stream, KEYS[2] input stream. ARGV[1] count, ARGV[2] input stream MAXLEN (~).
 local dropped = {error = true, error_type = true, stage = true, attempts = true, failed_at = true,
-                 retry_count = true, first_failed_at = true}
+                 retry_count = true, first_failed_at = true, last_error = true}
 local entries = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', tonumber(ARGV[1]))
 for _, entry in ipairs(entries) do
   local fields = entry[2]

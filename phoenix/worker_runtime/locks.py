@@ -24,11 +24,20 @@ class Claim(enum.IntEnum):
     LOCKED = 2  # another worker holds the lock: left pending, reclaim retries it later
 
 
+def lock_token(consumer_name: str) -> str:
+    """An owner token: the consumer name tells a person at 3 a.m. who holds a lock; the suffix makes it unique."""
+    return f"{consumer_name}:{uuid.uuid4().hex[:12]}"
+
+
+def lock_holder(token: str) -> str:
+    """The consumer name inside an owner token made by lock_token."""
+    return token.rpartition(":")[0]
+
+
 class RecordLocks:
     def __init__(self, client: Redis, settings: WorkerSettings) -> None:
         self._settings = settings
-        # The consumer name in the token tells a person at 3 a.m. who holds a lock (GET lock:...).
-        self.token = f"{settings.consumer_name}:{uuid.uuid4().hex[:12]}"
+        self.token = lock_token(settings.consumer_name)
         self._acquire = lua.register(client, "locks_acquire.lua")
         self._renew = lua.register(client, "locks_renew.lua")
 

@@ -12,8 +12,12 @@ from typing import Any
 
 # Fields the runtime owns; everything else in an entry is the processor's data.
 ENVELOPE_FIELDS = frozenset(
-    {"record_id", "user_id", "data", "retry_count", "first_failed_at", "original_id", "traceparent"}
+    {"record_id", "user_id", "data", "retry_count", "first_failed_at", "last_error", "original_id", "traceparent"}
 )
+# The failure history a retried entry carries; a replay or a manual reprocess starts it afresh.
+RETRY_STATE_FIELDS = ("retry_count", "first_failed_at", "last_error")
+# Enough of the error to diagnose a waiting retry (`phoenix inspect`) without bloating the entry.
+_LAST_ERROR_CHARS = 500
 RawFields = dict[bytes, bytes]
 
 
@@ -93,10 +97,12 @@ def output_fields(message: Message, result: dict[str, Any], traceparent: str | N
     return flat
 
 
-def retry_fields(message: Message, first_failed_at: float) -> list[str]:
+def retry_fields(message: Message, first_failed_at: float, error: str) -> list[str]:
     """The entry as it goes back into the input stream for its next attempt."""
     fields = {k.decode(): v.decode() for k, v in message.raw.items()}
-    fields["retry_count"] = str(message.retry_count + 1)
-    fields["first_failed_at"] = repr(first_failed_at)
+    retry_count, first, last_error = RETRY_STATE_FIELDS
+    fields[retry_count] = str(message.retry_count + 1)
+    fields[first] = repr(first_failed_at)
+    fields[last_error] = error[:_LAST_ERROR_CHARS]
     fields.setdefault("original_id", message.entry_id)
     return [item for pair in fields.items() for item in pair]

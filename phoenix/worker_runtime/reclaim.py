@@ -45,7 +45,7 @@ class Reclaimer:
             return {}
         s = self._s
         rows = await self._client.xpending_range(
-            s.input_queue, s.consumer_group, min=min(entry_ids, key=_id_key), max=max(entry_ids, key=_id_key),
+            s.input_queue, s.consumer_group, min=min(entry_ids, key=id_order), max=max(entry_ids, key=id_order),
             count=len(entry_ids) * 4 + 100, consumername=s.consumer_name,
         )
         return {_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
@@ -65,6 +65,7 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _id_key(entry_id: str) -> tuple[int, int]:
+def id_order(entry_id: str) -> tuple[int, int]:
+    """Stream ids compare as (milliseconds, sequence), not as strings."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)

@@ -467,8 +467,8 @@ class Worker:
         s = self.settings
         now = time.time()
         first = m.first_failed_at or now
-        delay_ms, member = retry_member(m, first, s)
         error = str(exc) or type(exc).__name__
+        delay_ms, member = retry_member(m, first, f"{type(exc).__name__}: {error}", s)
         self._m_outcome["retried"].inc()
         log.warning("processing_failed_will_retry", error=error, error_type=type(exc).__name__,
                     retry_count=m.retry_count + 1, retry_in_seconds=delay_ms / 1000)

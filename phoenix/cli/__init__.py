@@ -5,26 +5,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
+from redis.exceptions import RedisError
 
+from phoenix.cli import records, status
+from phoenix.cli.stage import add_redis_argument, confirm, fail
+from phoenix.cli.stage import client as _client
+from phoenix.cli.status import stage_queues as _stage_queues
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.worker_runtime import dlq
-from phoenix.worker_runtime.queue_stats import StageQueues, collect
-
-DEFAULT_REDIS_URL = "redis://localhost:6379/0"
-
-
-def _stage_queues(service: str) -> StageQueues:
-    return StageQueues(service, f"phoenix:{service}:input", f"{service}-group", f"phoenix:{service}:dlq")
-
-
-def _client(args: argparse.Namespace) -> aioredis.Redis:
-    return aioredis.Redis.from_url(args.redis_url, decode_responses=True)
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
@@ -58,28 +50,34 @@ async def _dlq_replay(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _discover_services(client: aioredis.Redis) -> list[str]:
-    names = {key.split(":")[1] async for key in client.scan_iter(match="phoenix:*:input", _type="stream")}
-    return sorted(names)
-
-
-async def _status(args: argparse.Namespace) -> int:
+async def _dlq_export(args: argparse.Namespace) -> int:
+    dlq_stream = args.dlq or _stage_queues(args.service).dlq
+    count, last = 0, None
     async with _client(args) as client:
-        services = args.service or await _discover_services(client)
-        stages = [_stage_queues(s) for s in services]
-        stats = await collect(client, stages)
-    print(format_status_table(services, [s.as_status() for s in stats]))
+        async for entry_id, fields in dlq.entries(client, dlq_stream):
+            print(json.dumps({"id": entry_id, **fields}))
+            count, last = count + 1, entry_id
+    # On stderr, so stdout stays pure JSON lines when redirected to a file.
+    print(f"exported {count} entries of {dlq_stream}" + (
+        f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
+        f"{f' --dlq {args.dlq}' if args.dlq else ''} --through {last}"
+        if last else ""), file=sys.stderr)
     return 0
 
 
-def format_status_table(names: Sequence[str], rows: Sequence[dict[str, object]]) -> str:
-    header = ("STAGE", "LENGTH", "PENDING", "LAG", "OLDEST(s)", "DLQ", "CONSUMERS")
-    lines = [header]
-    for name, row in zip(names, rows, strict=True):
-        cells = [row[k] for k in ("length", "pending", "lag", "oldestPendingSeconds", "dlqLength", "consumers")]
-        lines.append((name, *("-" if c is None else str(c) for c in cells)))
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines)
+async def _dlq_purge(args: argparse.Namespace) -> int:
+    dlq_stream = args.dlq or _stage_queues(args.service).dlq
+    what = f"entries of {dlq_stream} up to {args.through}" if args.through else f"every entry of {dlq_stream}"
+    if not confirm(f"Delete {what}?", args.yes):
+        return fail("nothing deleted")
+    async with _client(args) as client:
+        if args.through:
+            deleted = await dlq.purge_through(client, dlq_stream, args.through)
+        else:
+            # One transaction: the count is exactly what was deleted.
+            deleted, _ = await client.pipeline(transaction=True).xlen(dlq_stream).delete(dlq_stream).execute()
+    print(f"deleted {deleted} entries from {dlq_stream}")
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -88,10 +86,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("worker", help="run one stage worker (configured by environment variables)")
     add_operator_arguments(sub.add_parser("operator", help="run the Kubernetes operator (kopf)"))
 
-    def with_redis(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-                        help="default: $REDIS_URL")
-        return sp
+    with_redis = add_redis_argument
 
     e = with_redis(sub.add_parser("enqueue", help="add a record to a stage's input stream"))
     target = e.add_mutually_exclusive_group(required=True)
@@ -101,22 +96,37 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--user-id", default="")
     e.add_argument("--data", help="JSON object")
     e.add_argument("--field", action="append", default=[], metavar="KEY=VALUE", help="add a string to data")
+    e.set_defaults(handler=_enqueue)
 
-    d = sub.add_parser("dlq", help="inspect or replay a dead-letter stream")
+    d = sub.add_parser("dlq", help="list, replay, export or purge a dead-letter stream")
     dsub = d.add_subparsers(dest="dlq_command", required=True)
     dl = with_redis(dsub.add_parser("list"))
     dl.add_argument("--service", required=True)
     dl.add_argument("--dlq", help="explicit DLQ stream (default phoenix:{service}:dlq)")
     dl.add_argument("--count", type=int, default=20)
+    dl.set_defaults(handler=_dlq_list)
     dr = with_redis(dsub.add_parser("replay", help="move DLQ entries back into the input, atomically"))
     dr.add_argument("--service", required=True)
     dr.add_argument("--dlq")
     dr.add_argument("--input")
     dr.add_argument("--count", default="all", help="N or all")
     dr.add_argument("--maxlen", type=int, default=100_000)
+    dr.set_defaults(handler=_dlq_replay)
+    de = with_redis(dsub.add_parser("export", help="every DLQ entry as JSON lines, oldest first"))
+    de.add_argument("--service", required=True)
+    de.add_argument("--dlq")
+    de.set_defaults(handler=_dlq_export)
+    dp = with_redis(dsub.add_parser("purge", help="delete DLQ entries (export them first)"))
+    dp.add_argument("--service", required=True)
+    dp.add_argument("--dlq")
+    which = dp.add_mutually_exclusive_group(required=True)
+    which.add_argument("--through", metavar="ENTRY_ID", help="up to this entry id, as printed by export")
+    which.add_argument("--all", action="store_true", help="every entry, including ones nobody has exported")
+    dp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    dp.set_defaults(handler=_dlq_purge)
 
-    st = with_redis(sub.add_parser("status", help="queue length, pending, lag, oldest pending, DLQ per stage"))
-    st.add_argument("--service", action="append", help="stage name (repeatable); default: every phoenix:*:input")
+    status.add_command(sub)
+    records.add_commands(sub)
     return p
 
 
@@ -130,9 +140,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from phoenix.operator.main import run as run_operator
 
         return run_operator(OperatorOptions.from_args(args))
-    handlers = {"enqueue": _enqueue, "status": _status}
-    handler = handlers.get(args.command) or {"list": _dlq_list, "replay": _dlq_replay}[args.dlq_command]
-    return asyncio.run(handler(args))
+    try:
+        return asyncio.run(args.handler(args))
+    except KeyboardInterrupt:
+        return 130
+    except RedisError as exc:
+        # redis-py names host and port, never the password.
+        return fail(f"phoenix {args.command}: Redis error: {exc}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,290 @@
+"""`kubectl phoenix`: the on-call commands for stages run by the operator, through the API server only.
+
+Installed as the `kubectl-phoenix` executable, which kubectl finds on the PATH. Every call uses the caller's own
+kubeconfig and permissions: status reads PhoenixStage status; restart and replay-dlq set the annotations the
+operator acts on; pause and resume set spec.paused; inspect reads the stage's Redis URL Secret with the caller's
+rights (a caller who may not read that Secret is told so, never helped by the operator's) and inspects the record
+with the stage's own names and timings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from phoenix.cli.records import format_report
+from phoenix.cli.stage import StageSettings, redis_client, settings_from
+from phoenix.console import format_columns
+from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
+from phoenix.operator.builders import resolve_streams, worker_env
+from phoenix.operator.errors import StageError
+from phoenix.operator.kube import MERGE_PATCH, KubeApi
+from phoenix.operator.requests import (
+    REPLAY_ANNOTATION,
+    RESTART_ANNOTATION,
+    ReplayRequestError,
+    parse_replay_count,
+)
+from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, inspect_record
+
+Json = dict[str, Any]
+_WAIT_POLL_SECONDS = 0.5
+
+
+class PluginError(Exception):
+    """One readable line for the caller; never holds a secret."""
+
+
+class Stages:
+    """The PhoenixStage calls, with the caller's kubeconfig (or in-cluster identity)."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self.custom = client.CustomObjectsApi(api)
+
+    def list(self, namespace: str | None) -> list[Json]:
+        if namespace is None:
+            found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+        else:
+            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+        return sorted(found["items"], key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"]))
+
+    def get(self, namespace: str, name: str) -> Json:
+        try:
+            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise PluginError(f"PhoenixStage {namespace}/{name} not found") from None
+            raise
+
+    def patch(self, namespace: str, name: str, patch: Json) -> Json:
+        self.get(namespace, name)  # a clear "not found" instead of the API's
+        return self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, namespace, PLURAL, name, patch, _content_type=MERGE_PATCH
+        )
+
+    def wait_for(self, namespace: str, name: str, done: Callable[[Json], Any], timeout: float) -> Any:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if result := done(self.get(namespace, name).get("status") or {}):
+                return result
+            time.sleep(_WAIT_POLL_SECONDS)
+        raise PluginError(f"the operator did not act within {timeout:g} s: is it running? "
+                          f"(kubectl describe phoenixstage -n {namespace} {name})")
+
+
+# -- commands -------------------------------------------------------------------------------------------------------
+
+
+def status_rows(stages: Sequence[Json]) -> list[Json]:
+    rows = []
+    for stage in stages:
+        st, spec = stage.get("status") or {}, stage.get("spec") or {}
+        ready = next((c for c in st.get("conditions", []) if c.get("type") == "Ready"), None)
+        queue = st.get("queue") or {}
+        rows.append({
+            "namespace": stage["metadata"]["namespace"],
+            "stage": stage["metadata"]["name"],
+            "ready": "Unknown" if ready is None else (
+                ready["status"] if ready["status"] == "True" else f"{ready['status']}: {ready['reason']}"),
+            "replicas": (st.get("replicas") or {}).get("summary"),
+            "paused": bool(spec.get("paused")),
+            **{key: queue.get(key) for key in ("lag", "pending", "oldestPendingSeconds", "dlqLength")},
+            "lastReplay": st.get("lastReplay"),
+        })
+    return rows
+
+
+def format_status(rows: Sequence[Json]) -> list[str]:
+    header = ("NAMESPACE", "STAGE", "READY", "REPLICAS", "PAUSED", "LAG", "PENDING", "OLDEST(s)", "DLQ")
+    lines = [header]
+    for r in rows:
+        cells = (r["namespace"], r["stage"], r["ready"], r["replicas"], "yes" if r["paused"] else "no", r["lag"],
+                 r["pending"], r["oldestPendingSeconds"], r["dlqLength"])
+        lines.append(tuple("-" if c is None else str(c) for c in cells))
+    return format_columns(lines)
+
+
+def cmd_status(stages: Stages, args: argparse.Namespace) -> int:
+    rows = status_rows(stages.list(args.namespace))
+    print(json.dumps(rows) if args.json else "\n".join(format_status(rows)))
+    return 0
+
+
+def cmd_restart(stages: Stages, args: argparse.Namespace) -> int:
+    value = datetime.now(UTC).isoformat(timespec="milliseconds")
+    ns = _namespace(args)
+    stages.patch(ns, args.stage, {"metadata": {"annotations": {RESTART_ANNOTATION: value}}})
+    print(f"asked the operator to restart the workers of {ns}/{args.stage} ({RESTART_ANNOTATION}={value})")
+    if args.wait:
+        at = stages.wait_for(ns, args.stage, lambda st: st.get("handledRestart") == value and st.get("lastRestart"),
+                             args.timeout)
+        print(f"restarted at {at}")
+    return 0
+
+
+def cmd_replay(stages: Stages, args: argparse.Namespace) -> int:
+    try:
+        parse_replay_count(args.count)
+    except ReplayRequestError as exc:
+        raise PluginError(str(exc)) from None
+    ns = _namespace(args)
+    before = (stages.get(ns, args.stage).get("status") or {}).get("lastReplay")
+    stages.patch(ns, args.stage, {"metadata": {"annotations": {REPLAY_ANNOTATION: args.count}}})
+    print(f"asked the operator to replay {args.count} DLQ entries of {ns}/{args.stage} "
+          f"({REPLAY_ANNOTATION}={args.count})")
+    if args.wait:
+        last = stages.wait_for(ns, args.stage, lambda st: st.get("lastReplay") != before and st.get("lastReplay"),
+                               args.timeout)
+        print(f"replayed: {last['moved']} entries moved back to the input at {last['at']}")
+    return 0
+
+
+def _set_paused(paused: bool) -> Callable[[Stages, argparse.Namespace], int]:
+    def command(stages: Stages, args: argparse.Namespace) -> int:
+        ns = _namespace(args)
+        stages.patch(ns, args.stage, {"spec": {"paused": paused}})
+        effect = "scales its workers to 0; entries wait in the stream" if paused else "scales its workers back up"
+        print(f"{'paused' if paused else 'resumed'} {ns}/{args.stage}: the operator {effect}")
+        return 0
+
+    return command
+
+
+def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
+    ns = _namespace(args)
+    stage = PhoenixStage.from_body(stages.get(ns, args.stage))
+    name, spec = stage.metadata.name, stage.spec
+    streams = stage.status.streams if stage.status and stage.status.streams else resolve_streams(name, spec)
+    # The names and timings the operator gives the stage's pods, minus anything that comes from a Secret.
+    plain = {var["name"]: var["value"] for var in worker_env(name, spec, streams) if "value" in var}
+    settings = settings_from(plain)
+    url = asyncio.run(_redis_url(stages.api, ns, spec.redis.url_secret_ref))
+    if args.redis_host:
+        url = _with_host(url, args.redis_host)
+    report = asyncio.run(_inspect(url, settings, args.record_id, args.scan))
+    print(json.dumps(report.as_dict()) if args.json else "\n".join(format_report(report)))
+    return 0
+
+
+async def _redis_url(api: client.ApiClient, namespace: str, ref: SecretKeyRef) -> str:
+    kube = KubeApi(api)
+    try:
+        return await kube.secret_value(namespace, ref)
+    except StageError as exc:
+        raise PluginError(exc.message) from None
+    except ApiException as exc:
+        if exc.status == 403:
+            raise PluginError(
+                f"your Kubernetes identity may not read Secret {ref.name!r} in namespace {namespace!r} (get "
+                "secrets), which holds the stage's Redis URL; inspect uses only your own permissions") from None
+        raise
+    finally:
+        await kube.aclose()
+
+
+async def _inspect(url: str, settings: StageSettings, record_id: str, scan: int) -> RecordReport:
+    async with redis_client(url) as redis:
+        return await inspect_record(redis, settings, record_id, scan)
+
+
+def _with_host(url: str, host_port: str) -> str:
+    """The URL with another host:port (a `kubectl port-forward`), keeping credentials and database."""
+    parts = urlsplit(url)
+    credentials = parts.netloc.rpartition("@")[0]
+    return urlunsplit(parts._replace(netloc=f"{credentials}@{host_port}" if credentials else host_port))
+
+
+def _namespace(args: argparse.Namespace) -> str:
+    return args.namespace or args.default_namespace
+
+
+# -- entry point ----------------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kubectl phoenix", description=__doc__.splitlines()[0])
+    _add_kube_options(p, None)
+    # Also accepted after the command, as kubectl users type them (`kubectl phoenix pause router -n team`).
+    common = _add_kube_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def add(name: str, text: str) -> argparse.ArgumentParser:
+        return sub.add_parser(name, help=text, parents=[common])
+
+    st = add("status", "every stage with its readiness, replicas and queue, from its status")
+    st.add_argument("--json", action="store_true")
+    st.set_defaults(handler=cmd_status)
+    for name, handler, text in (("restart", cmd_restart, "roll the stage's workers"),
+                                ("replay-dlq", cmd_replay, "move DLQ entries back to the input stream"),
+                                ("pause", _set_paused(True), "scale the stage to zero; entries wait"),
+                                ("resume", _set_paused(False), "undo pause")):
+        c = add(name, text)
+        c.add_argument("stage")
+        if name == "replay-dlq":
+            c.add_argument("count", nargs="?", default="all", help="N oldest entries, or all (default)")
+        if name in ("restart", "replay-dlq"):
+            c.add_argument("--wait", action="store_true", help="wait until the operator reports it done")
+            c.add_argument("--timeout", type=float, default=120, help="seconds to wait")
+        c.set_defaults(handler=handler)
+    i = add("inspect", "phoenix inspect for a record of a stage, with your own permissions")
+    i.add_argument("stage")
+    i.add_argument("record_id")
+    i.add_argument("--redis-host", metavar="HOST:PORT", help="reach Redis here instead (a kubectl port-forward)")
+    i.add_argument("--json", action="store_true")
+    i.add_argument("--scan", type=int, default=DEFAULT_SCAN_LIMIT)
+    i.set_defaults(handler=cmd_inspect)
+    return p
+
+
+def _add_kube_options(parser: argparse.ArgumentParser, default: Any) -> argparse.ArgumentParser:
+    parser.add_argument("--kubeconfig", default=default, help="default: $KUBECONFIG or ~/.kube/config")
+    parser.add_argument("--context", default=default, help="kubeconfig context")
+    parser.add_argument("-n", "--namespace", default=default, help="namespace (status: default all namespaces)")
+    return parser
+
+
+def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
+    """The caller's client and their context's namespace (in a pod: its ServiceAccount and namespace)."""
+    try:
+        api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
+        contexts, active = config.list_kube_config_contexts(config_file=args.kubeconfig)
+        if args.context:  # new_client_from_config has checked that it exists
+            active = next(c for c in contexts if c["name"] == args.context)
+        return api, active.get("context", {}).get("namespace") or "default"
+    except config.ConfigException:
+        configuration = client.Configuration()
+        config.load_incluster_config(client_configuration=configuration)
+        return client.ApiClient(configuration), "default"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        api, args.default_namespace = _api_client(args)
+    except config.ConfigException as exc:
+        print(f"kubectl phoenix: no Kubernetes configuration: {exc}", file=sys.stderr)
+        return 1
+    try:
+        with api:
+            return args.handler(Stages(api), args)
+    except PluginError as exc:
+        print(f"kubectl phoenix: {exc}", file=sys.stderr)
+        return 1
+    except ApiException as exc:
+        print(f"kubectl phoenix: the API server refused: {exc.status} {exc.reason}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

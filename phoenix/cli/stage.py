@@ -1,0 +1,98 @@
+"""What every operations command shares: the Redis client, a stage's names and timings, and confirmations."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import redis.asyncio as aioredis
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from phoenix.worker_runtime.settings import WorkerSettings
+
+DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+
+
+class StageSettings(WorkerSettings):
+    """A stage's key names and timings derived exactly as its workers derive them, from explicit values only:
+    a worker variable left in this shell (INPUT_QUEUE, ...) must not redirect a command about another stage."""
+
+    processor: str = "(not loaded by tooling)"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
+# Command-line options that override what a stage's workers were given, by WorkerSettings field.
+_OVERRIDES = {
+    "input": "input_queue",
+    "group": "consumer_group",
+    "dlq": "dlq_name",
+    "output": "output_queue",
+    "claim_idle_ms": "claim_idle_ms",
+    "max_deliveries": "max_deliveries",
+}
+
+
+def add_redis_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
+                        help="default: $REDIS_URL")
+    return parser
+
+
+def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = False) -> argparse.ArgumentParser:
+    """--service plus the worker variables to pass when the stage does not use the defaults."""
+    add_redis_argument(parser)
+    parser.add_argument("--service", required=True, help="stage name (SERVICE_NAME)")
+    parser.add_argument("--input", help="INPUT_QUEUE, default phoenix:{service}:input")
+    parser.add_argument("--group", help="CONSUMER_GROUP, default {service}-group")
+    parser.add_argument("--dlq", help="DLQ_NAME, default phoenix:{service}:dlq")
+    if timings:
+        parser.add_argument("--output", help="OUTPUT_QUEUE, to show what the next stage got")
+        parser.add_argument("--claim-idle-ms", type=int, help="CLAIM_IDLE_MS of the stage (default 300000)")
+        parser.add_argument("--max-deliveries", type=int, help="MAX_DELIVERIES of the stage (default 10)")
+    return parser
+
+
+def stage_settings(args: argparse.Namespace) -> StageSettings:
+    given = {field: getattr(args, option) for option, field in _OVERRIDES.items() if getattr(args, option, None)}
+    return StageSettings(service_name=args.service, **given)
+
+
+def redis_client(url: str) -> aioredis.Redis:
+    # Entries may hold bytes that are not UTF-8 (they are dead-lettered as malformed): shown escaped, not fatal.
+    return aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="backslashreplace")
+
+
+def client(args: argparse.Namespace) -> aioredis.Redis:
+    return redis_client(args.redis_url)
+
+
+def confirm(question: str, assume_yes: bool) -> bool:
+    """Ask on the terminal; without one, only --yes confirms (a script must say so explicitly)."""
+    if assume_yes:
+        return True
+    if not sys.stdin.isatty():
+        print(f"{question} [y/N] refused: not a terminal; pass --yes to confirm", file=sys.stderr)
+        return False
+    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def fail(message: str) -> int:
+    print(message, file=sys.stderr)
+    return 1
+
+
+def settings_from(values: dict[str, Any]) -> StageSettings:
+    """Settings from worker variables by name (as the operator puts them in a pod's env)."""
+    return StageSettings(**{name.lower(): value for name, value in values.items()})

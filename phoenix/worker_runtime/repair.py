@@ -1,0 +1,155 @@
+"""The runbook's manual fixes as single atomic steps: release a stale lock, put dead consumers' entries back to
+work, reprocess one record. Each returns what it did, for the CLI to print."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from phoenix.worker_runtime import lua
+from phoenix.worker_runtime.dlq import FAILURE_FIELDS
+from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, entries_of
+from phoenix.worker_runtime.locks import lock_holder
+from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
+from phoenix.worker_runtime.reclaim import id_order
+from phoenix.worker_runtime.settings import WorkerSettings
+
+_RECLAIM_BATCH = 100
+# A reprocessed record starts afresh: no failure history; original_id stays so it can be traced.
+_DROPPED_ON_REPROCESS = (frozenset(FAILURE_FIELDS) | frozenset(RETRY_STATE_FIELDS)) - {"original_id"}
+
+
+class UnlockStatus(enum.StrEnum):
+    RELEASED = "released"
+    NOT_LOCKED = "not-locked"
+    CHANGED = "changed"  # released or re-taken by someone else between the read and the release
+    HOLDER_ALIVE = "alive"
+
+
+@dataclass(frozen=True)
+class UnlockResult:
+    status: UnlockStatus
+    key: str
+    holder: str = ""
+    holder_idle_seconds: float | None = None  # None: the holder is not in the consumer group
+
+
+async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, force: bool) -> UnlockResult:
+    """Release the record's lock unless its holder is alive (consumer idle below CLAIM_IDLE_MS) or `force`."""
+    s = settings
+    key = s.lock_prefix + record_id
+    token = await client.get(key)
+    if token is None:
+        return UnlockResult(UnlockStatus.NOT_LOCKED, key)
+    holder = lock_holder(token)
+    script = lua.register(client, "repair_unlock.lua")
+    status, idle_ms = await script(
+        keys=[key, s.input_queue], args=[token, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"]
+    )
+    idle = None if int(idle_ms) < 0 else int(idle_ms) / 1000
+    return UnlockResult(UnlockStatus(_text(status)), key, holder, idle)
+
+
+@dataclass(frozen=True)
+class Reclaimed:
+    entry_id: str
+    record_id: str
+    consumer: str
+    idle_seconds: float
+    deliveries: int
+    status: str  # moved | busy | poison | trimmed (see repair_reclaim.lua)
+    new_entry_id: str = ""
+    lock_released: bool = False
+
+
+async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | None = None) -> list[Reclaimed]:
+    """Re-enqueue every entry pending for at least `min_idle_ms` (default CLAIM_IDLE_MS), oldest first."""
+    s = settings
+    min_idle = s.claim_idle_ms if min_idle_ms is None else min_idle_ms
+    script = lua.register(client, "repair_reclaim.lua")
+    done: list[Reclaimed] = []
+    start = "-"
+    while True:
+        rows = await client.xpending_range(s.input_queue, s.consumer_group, min=start, max="+",
+                                           count=_RECLAIM_BATCH, idle=min_idle)
+        if not rows:
+            return done
+        start = "(" + rows[-1]["message_id"]
+        candidates = [await _candidate(client, s, row) for row in rows]
+        args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.lock_prefix]
+        for c, token in candidates:
+            args += (c.entry_id, c.record_id, token)
+        replies = await script(keys=[s.input_queue], args=args)
+        for (c, _), (status, new_id, released) in zip(candidates, replies, strict=True):
+            done.append(Reclaimed(c.entry_id, c.record_id, c.consumer, c.idle_seconds, c.deliveries, _text(status),
+                                  _text(new_id), bool(released)))
+
+
+async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Reclaimed, str]:
+    """A pending entry with its record, and the lock's token if its consumer holds the record's lock ('' if not)."""
+    entry_id, consumer = _text(row["message_id"]), _text(row["consumer"])
+    entries = await client.xrange(s.input_queue, min=entry_id, max=entry_id)
+    record_id = _text(entries[0][1].get("record_id", "")) if entries else ""
+    token = await client.get(s.lock_prefix + record_id) if record_id else None
+    owned = token is not None and lock_holder(_text(token)) == consumer
+    found = Reclaimed(entry_id, record_id, consumer, int(row["time_since_delivered"]) / 1000,
+                      int(row["times_delivered"]), "")
+    return found, _text(token) if owned else ""
+
+
+class ReprocessError(Exception):
+    """The record cannot be reprocessed now; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class ReprocessPlan:
+    """What reprocess would do, for the confirmation question."""
+
+    record_id: str
+    source: str  # "input" or "dlq"
+    source_entry_id: str
+    fields: dict[str, str]
+    marker_key: str
+    committed_by: str | None
+
+
+async def plan_reprocess(
+    client: Redis, settings: WorkerSettings, record_id: str, scan_limit: int = DEFAULT_SCAN_LIMIT
+) -> ReprocessPlan:
+    """The record's newest entry, in the input stream or the DLQ (where it is newer when the record was
+    dead-lettered last), gives the new entry's fields."""
+    s = settings
+    found = []
+    for name, stream in (("input", s.input_queue), ("dlq", s.dlq_name)):
+        async for entry_id, fields in entries_of(client, stream, record_id, scan_limit):
+            found.append((id_order(entry_id), name, entry_id, fields))
+            break
+    if not found:
+        raise ReprocessError(f"no entry of record {record_id} in the newest {scan_limit} entries of "
+                             f"{s.input_queue} or {s.dlq_name}: add it with `phoenix enqueue`")
+    _, name, entry_id, fields = max(found, key=lambda f: f[0])
+    kept = {k: v for k, v in fields.items() if k not in _DROPPED_ON_REPROCESS}
+    kept.setdefault("original_id", fields.get("original_id", entry_id))
+    marker_key = s.marker_prefix + record_id
+    return ReprocessPlan(record_id, name, entry_id, kept, marker_key, await client.get(marker_key))
+
+
+async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan) -> tuple[str, bool]:
+    """Carry out the plan atomically; returns (new entry id, whether a marker was deleted)."""
+    s = settings
+    script = lua.register(client, "repair_reprocess.lua")
+    flat = [item for pair in plan.fields.items() for item in pair]
+    reply = await script(
+        keys=[plan.marker_key, s.lock_prefix + plan.record_id, s.input_queue, s.dlq_name],
+        args=[plan.source_entry_id if plan.source == "dlq" else "", *flat],
+    )
+    if _text(reply[0]) == "locked":
+        raise ReprocessError(f"record {plan.record_id} is locked (being processed): wait, or release a stale lock "
+                             "with `phoenix unlock`")
+    return _text(reply[1]), bool(reply[2])
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

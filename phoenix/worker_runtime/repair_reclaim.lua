@@ -1,0 +1,43 @@
+-- Put the entries of dead consumers back to work now, instead of at a worker's next reclaim pass: each candidate
+-- still pending and idle for at least min_idle_ms gets a copy (original_id kept) added to the input stream, the
+-- old entry is acknowledged, and the record's lock is released if it still holds the dead consumer's token.
+-- Entries delivered max_deliveries times are left pending: the worker's reclaim dead-letters them as poison.
+-- KEYS[1] input stream
+-- ARGV: group, min_idle_ms, max_deliveries, lock_prefix, then per candidate: entry_id, record_id, lock_token
+--       ('' when the dead consumer holds no lock for the record).
+-- Returns per candidate {status, new_id, lock_released (0/1)}; status 'moved', 'busy' (no longer pending, or
+-- touched since the caller looked), 'poison' (left for the worker) or 'trimmed' (gone from the stream: acknowledged).
+local group, min_idle, max_deliveries, lock_prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local result = {}
+for i = 5, #ARGV, 3 do
+  local entry_id, record_id, token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local pending = redis.call('XPENDING', KEYS[1], group, 'IDLE', min_idle, entry_id, entry_id, 1)
+  if #pending == 0 then
+    result[#result + 1] = {'busy', '', 0}
+  elseif tonumber(pending[1][4]) >= max_deliveries then
+    result[#result + 1] = {'poison', '', 0}
+  else
+    local entries = redis.call('XRANGE', KEYS[1], entry_id, entry_id)
+    redis.call('XACK', KEYS[1], group, entry_id)
+    if #entries == 0 then
+      result[#result + 1] = {'trimmed', '', 0}
+    else
+      local fields, has_original = entries[1][2], false
+      for j = 1, #fields, 2 do
+        if fields[j] == 'original_id' then has_original = true end
+      end
+      if not has_original then
+        fields[#fields + 1] = 'original_id'
+        fields[#fields + 1] = entry_id
+      end
+      local new_id = redis.call('XADD', KEYS[1], '*', unpack(fields))
+      local released = 0
+      if token ~= '' and redis.call('GET', lock_prefix .. record_id) == token then
+        redis.call('DEL', lock_prefix .. record_id)
+        released = 1
+      end
+      result[#result + 1] = {'moved', new_id, released}
+    end
+  end
+end
+return result

@@ -1,0 +1,133 @@
+"""`kubectl phoenix` through the real kubectl and API server, with the operator and a played worker acting on it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+from kubernetes import client
+
+from tests.fixtures.cluster_objects import service_account_kubeconfig
+from tests.fixtures.control_plane import ControlPlane
+from tests.fixtures.eventually import eventually
+from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.operator_process import VENV_BIN, get_stage, kubectl_apply, running_operator, sample_documents
+
+pytestmark = pytest.mark.kube
+REDIS_DB = 12  # a database of its own: stage names, hence keys, repeat across test modules
+
+
+@pytest.fixture(scope="module")
+def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[None]:
+    with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-plugin") as (process, _):
+        yield
+        assert process.alive, process.failure("died during the tests")
+
+
+@pytest.fixture
+def redis_db(redis_url: str) -> Iterator[tuple[str, sync_redis.Redis]]:
+    url = f"{redis_url.rsplit('/', 1)[0]}/{REDIS_DB}"
+    with sync_redis.Redis.from_url(url, decode_responses=True) as connection:
+        connection.flushdb()
+        yield url, connection
+
+
+def kubectl_phoenix(plane: ControlPlane, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
+    """`kubectl phoenix ...` as a person types it: kubectl finds the kubectl-phoenix executable on the PATH."""
+    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+           "KUBECONFIG": str(kubeconfig or plane.kubeconfig)}
+    return subprocess.run([str(plane.bin_dir / "kubectl"), "phoenix", *args], env=env, capture_output=True,
+                          text=True, timeout=180, check=False)
+
+
+def ok(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _status(plane: ControlPlane, ns: str, name: str) -> dict[str, Any]:
+    return (get_stage(plane, ns, name) or {}).get("status") or {}
+
+
+def test_plugin_against_the_operator(
+    operator: None, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    kubelet_player: PlayKubelet, redis_db: tuple[str, sync_redis.Redis], tmp_path: Path,
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, sample_documents(url, ns))
+    eventually(lambda: all(_status(kube_cluster, ns, s).get("queue") for s in ("router", "parser", "grouper")),
+               "queues sampled into status")  # fmt: skip
+
+    # A real router worker dead-letters two records whose documents do not exist.
+    router = kubelet_player(ns, "router")
+    router.start()
+    for record in ("gone-1", "gone-2"):
+        data = json.dumps({"document_url": (tmp_path / f"{record}.pdf").as_uri()})
+        connection.xadd("phoenix:router:input", {"record_id": record, "user_id": "u1", "data": data})
+    eventually(lambda: connection.xlen("phoenix:router:dlq") == 2, "two dead letters", timeout=60)
+
+    rows = {r["stage"]: r for r in json.loads(ok(kubectl_phoenix(kube_cluster, "status", "--json")))
+            if r["namespace"] == ns}
+    assert set(rows) == {"router", "parser", "grouper"}
+    eventually(lambda: _plugin_row(kube_cluster, ns, "router").get("dlqLength") == 2, "DLQ 2 in the plugin's status")
+    table = ok(kubectl_phoenix(kube_cluster, "status", "-n", ns)).splitlines()
+    assert table[0].split() == ["NAMESPACE", "STAGE", "READY", "REPLICAS", "PAUSED", "LAG", "PENDING", "OLDEST(s)",
+                                "DLQ"]
+    assert [line.split()[1] for line in table[1:]] == ["grouper", "parser", "router"]
+
+    # inspect: the stage's names from its status, its Redis URL from its Secret, read with the caller's rights.
+    report = json.loads(ok(kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns, "--json")))
+    assert report["input_stream"] == "phoenix:router:input" and report["claim_idle_seconds"] == 300
+    assert report["diagnosis"].startswith("dead-lettered at ") and "RecordNotFoundError" in report["diagnosis"]
+
+    core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
+    core.create_namespaced_service_account(ns, {"metadata": {"name": "oncall"}})
+    rules = [{"apiGroups": ["phoenix.io"], "resources": ["phoenixstages"], "verbs": ["get", "list", "patch"]}]
+    rbac.create_namespaced_role(ns, {"metadata": {"name": "oncall"}, "rules": rules})
+    rbac.create_namespaced_role_binding(ns, {
+        "metadata": {"name": "oncall"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "oncall"},
+        "subjects": [{"kind": "ServiceAccount", "name": "oncall", "namespace": ns}],
+    })  # fmt: skip
+    oncall = service_account_kubeconfig(kube_cluster, ns, "oncall", tmp_path / "oncall.kubeconfig")
+    denied = kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns, kubeconfig=oncall)
+    assert denied.returncode == 1
+    assert "may not read Secret 'phoenix-redis' in namespace" in denied.stderr and url not in denied.stderr
+    rbac.patch_namespaced_role("oncall", ns, {"rules": [*rules, {"apiGroups": [""], "resources": ["secrets"],
+                                                                 "resourceNames": ["phoenix-redis"],
+                                                                 "verbs": ["get"]}]})
+    eventually(lambda: kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns,
+                                       kubeconfig=oncall).returncode == 0, "inspect allowed once the Role grants it")
+
+    # replay-dlq N: the operator moves one entry back and reports it.
+    out = ok(kubectl_phoenix(kube_cluster, "replay-dlq", "router", "1", "-n", ns, "--wait"))
+    assert out.splitlines()[-1].startswith("replayed: 1 entries moved back to the input at ")
+    bad = kubectl_phoenix(kube_cluster, "replay-dlq", "router", "zero", "-n", ns)
+    assert bad.returncode == 1 and "must be `all` or a whole number" in bad.stderr
+
+    # restart: a new rollout, acknowledged by the operator.
+    out = ok(kubectl_phoenix(kube_cluster, "restart", "router", "-n", ns, "--wait"))
+    assert out.splitlines()[-1].startswith("restarted at ")
+
+    # pause and resume: spec.paused, which the operator turns into replicas.
+    apps = client.AppsV1Api(kube_api)
+    assert ok(kubectl_phoenix(kube_cluster, "pause", "router", "-n", ns)).startswith(f"paused {ns}/router")
+    eventually(lambda: apps.read_namespaced_deployment("router", ns).spec.replicas == 0, "paused: scaled to zero")
+    assert _plugin_row(kube_cluster, ns, "router")["paused"] is True
+    ok(kubectl_phoenix(kube_cluster, "resume", "router", "-n", ns))
+    eventually(lambda: apps.read_namespaced_deployment("router", ns).spec.replicas == 1, "resumed: back to min")
+
+    missing = kubectl_phoenix(kube_cluster, "pause", "nosuchstage", "-n", ns)
+    assert missing.returncode == 1 and f"PhoenixStage {ns}/nosuchstage not found" in missing.stderr
+
+
+def _plugin_row(plane: ControlPlane, ns: str, stage: str) -> dict[str, Any]:
+    rows = json.loads(ok(kubectl_phoenix(plane, "status", "-n", ns, "--json")))
+    return next(r for r in rows if r["stage"] == stage)
