@@ -26,6 +26,8 @@ from phoenix.worker_runtime.health import start_health_server
 # Kubernetes calls run in threads (the official client blocks); 200 stages reconciling at once need more
 # than asyncio's default of cpu+4 threads to stay quick.
 API_THREADS = 32
+# What makes a --namespace value one of kopf's patterns (globs, negations, lists) rather than a name.
+NAMESPACE_PATTERN_CHARACTERS = set("*?[]!,")
 
 
 @contextlib.asynccontextmanager
@@ -55,8 +57,15 @@ async def operate(
     # kopf installs its own handlers while it runs; these cover a standby, which does not run kopf.
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
+    settings = kopf.OperatorSettings()
+    # Exact namespace names need no right to watch CRDs or namespaces, which the namespaced install does not grant:
+    # the PhoenixStage API is found once at start, through discovery.
+    settings.scanning.disabled = bool(options.namespaces) and not any(
+        set(namespace) & NAMESPACE_PATTERN_CHARACTERS for namespace in options.namespaces
+    )
     run_kopf = functools.partial(
         kopf.operator,
+        settings=settings,
         standalone=True,
         clusterwide=not options.namespaces,
         namespaces=options.namespaces,
