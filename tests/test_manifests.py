@@ -172,7 +172,9 @@ def test_namespaced_install_swaps_cluster_rights_for_roles_in_the_served_namespa
     account = load("rbac/service-account.yaml")["metadata"]
     assert kustomization["resources"] == ["..", "role.yaml", "role-binding.yaml"]
     deletions = [yaml.safe_load(p["patch"]) for p in kustomization["patches"] if "target" not in p]
-    assert {(d["$patch"], d["kind"]) for d in deletions} == {("delete", "ClusterRole"), ("delete", "ClusterRoleBinding")}
+    assert {(d["$patch"], d["kind"]) for d in deletions} == {
+        ("delete", "ClusterRole"), ("delete", "ClusterRoleBinding")
+    }
     (arg_patch,) = [p for p in kustomization["patches"] if "target" in p]
     (operation,) = yaml.safe_load(arg_patch["patch"])
     served = role["metadata"]["namespace"]
