@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from tests.fixtures.cluster_objects import OPERATOR_NAMESPACE
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.operator_process import (
+    VENV_BIN,
     ServingOperator,
     get_stage,
     kubectl_apply,
@@ -24,7 +26,6 @@ from tests.fixtures.operator_process import (
     serving_operator,
 )
 
-pytestmark = pytest.mark.kube
 ARGS = ["--all-namespaces", "--leader-election", f"--lease-namespace={OPERATOR_NAMESPACE}"]
 # The rules the operator uses (leader.py): a standby waits for 15 s without renewal, polling every 2 s.
 TAKEOVER_LIMIT_SECONDS = 30
@@ -43,6 +44,19 @@ def _reconciles(operator: ServingOperator) -> float:
     return sum(v for k, v in operator.metrics().items() if k.startswith("phoenix_operator_reconciles_total{"))
 
 
+def test_leader_election_outside_a_pod_needs_the_lease_namespace() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "POD_NAMESPACE"}
+    result = subprocess.run(
+        [str(VENV_BIN / "phoenix"), "operator", "--leader-election"], env=env, capture_output=True, text=True,
+        timeout=60, check=False,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "phoenix operator: --leader-election needs --lease-namespace (or $POD_NAMESPACE) when not running in a pod"
+    )
+
+
+@pytest.mark.kube
 def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
     kube_cluster: ControlPlane, kube_api: client.ApiClient, operator_kubeconfig: Path, kube_namespace: str,
     redis_url: str,
