@@ -21,29 +21,34 @@ def load(relative: str) -> dict[str, Any]:
 
 
 def kustomization_documents(directory: Path) -> list[dict[str, Any]]:
-    resources = yaml.safe_load((directory / "kustomization.yaml").read_text())["resources"]
-    return [doc for name in resources for doc in yaml.safe_load_all((directory / name).read_text())]
+    """The documents a kustomization lists, those of the kustomizations it lists included (patches not applied)."""
+    documents = []
+    for name in yaml.safe_load((directory / "kustomization.yaml").read_text())["resources"]:
+        path = directory / name
+        if path.is_dir():
+            documents += kustomization_documents(path)
+        else:
+            documents += yaml.safe_load_all(path.read_text())
+    return documents
 
 
 def by_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [doc for doc in documents if doc["kind"] == kind]
 
 
-def test_install_kustomization_covers_every_manifest_outside_other_kustomizations() -> None:
-    """samples/, namespaced/, monitoring/ and grafana/ are kustomizations of their own."""
-    listed = set(yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"])
-    on_disk = {
-        str(path.relative_to(MANIFESTS))
-        for path in MANIFESTS.rglob("*.yaml")
-        if not (path.parent / "kustomization.yaml").exists()
-    }
-    assert listed == on_disk
+KUSTOMIZATIONS = sorted(path.parent for path in MANIFESTS.rglob("kustomization.yaml"))
 
 
-def test_samples_kustomization_covers_every_sample() -> None:
-    samples = MANIFESTS / "samples"
-    listed = set(yaml.safe_load((samples / "kustomization.yaml").read_text())["resources"])
-    assert listed == {p.name for p in samples.glob("*.yaml") if p.name != "kustomization.yaml"}
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda path: str(path.relative_to(MANIFESTS.parent)))
+def test_every_manifest_is_in_the_kustomization_of_its_directory(directory: Path) -> None:
+    listed = set(yaml.safe_load((directory / "kustomization.yaml").read_text()).get("resources", []))
+    files = {path.name for path in directory.glob("*.yaml") if path.name != "kustomization.yaml"}
+    assert files <= listed
+    assert all((directory / name).exists() for name in listed)
+
+
+def test_install_is_the_crd_the_operator_and_its_rbac() -> None:
+    assert yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"] == ["crds", "operator", "rbac"]
 
 
 def test_install_creates_namespace_rbac_operator_and_crd() -> None:
@@ -170,7 +175,7 @@ def test_namespaced_install_swaps_cluster_rights_for_roles_in_the_served_namespa
     kustomization = load("namespaced/kustomization.yaml")
     role, binding = load("namespaced/role.yaml"), load("namespaced/role-binding.yaml")
     account = load("rbac/service-account.yaml")["metadata"]
-    assert kustomization["resources"] == ["..", "role.yaml", "role-binding.yaml"]
+    assert kustomization["resources"] == ["../crds", "../operator", "../rbac", "role.yaml", "role-binding.yaml"]
     deletions = [yaml.safe_load(p["patch"]) for p in kustomization["patches"] if "target" not in p]
     assert {(d["$patch"], d["kind"]) for d in deletions} == {
         ("delete", "ClusterRole"), ("delete", "ClusterRoleBinding")
