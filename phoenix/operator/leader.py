@@ -175,6 +175,8 @@ class LeaseElector:
                     self.config.identity)  # fmt: skip
         while not await self._attempt():
             await asyncio.sleep(self.config.retry_period)
+        logger.info("leading: this replica holds the Lease %s/%s and starts its handlers", self.config.namespace,
+                    self.config.name)  # fmt: skip
 
     async def hold(self) -> None:
         """Renew the Lease until it is lost: another holder, or no renewal within the renew deadline."""
