@@ -92,3 +92,22 @@ def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
             assert _reconciles(standby) >= 1
         # A clean stop hands the Lease back at once.
         assert _lease(kube_api)["holder"] is None
+
+
+@pytest.mark.kube
+def test_a_leader_that_finds_its_lease_taken_exits_at_once(
+    kube_cluster: ControlPlane, kube_api: client.ApiClient, operator_kubeconfig: Path
+) -> None:
+    coordination = client.CoordinationV1Api(kube_api)
+    with serving_operator(kube_cluster, operator_kubeconfig, ARGS, log_name="operator-usurped") as operator:
+        eventually(lambda: operator.role() == "leader", "the operator leading", timeout=30)
+        try:
+            coordination.patch_namespaced_lease(
+                DEFAULT_LEASE_NAME, OPERATOR_NAMESPACE, {"spec": {"holderIdentity": "another-replica"}}
+            )
+            eventually(lambda: not operator.process.alive, "the operator exiting", timeout=15)
+            assert operator.process.popen.returncode == 1
+            assert "lost the leader Lease" in operator.process.log_tail()
+        finally:
+            # The next test need not wait for that holder's Lease to expire.
+            coordination.delete_namespaced_lease(DEFAULT_LEASE_NAME, OPERATOR_NAMESPACE)

@@ -4,8 +4,8 @@ kopf's peering pauses every operator while more than one is alive rather than el
 run kopf at all: it waits for the Lease, and kopf starts once this replica holds it. The rules are client-go's:
 the holder renews every `retry_period`; a candidate takes the Lease once it has seen it unchanged for the Lease's
 `leaseDurationSeconds` on its own clock (so node clocks need not agree); a holder that could not renew within
-`renew_deadline` (shorter than the duration) stops acting before anyone else may start. On a clean shutdown the
-holder releases the Lease so that a standby takes over at once.
+`renew_deadline` (shorter than the duration) exits before anyone else may start. On a clean shutdown the holder
+releases the Lease so that a standby takes over at once.
 
 The official client's `kubernetes.leaderelection` implements the same rules in threads on the process-wide default
 configuration and cannot release on shutdown; here they run as coroutines on the operator's own API client.
@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import socket
 import time
 import uuid
@@ -40,8 +41,7 @@ RENEW_DEADLINE_SECONDS = 10.0
 RETRY_PERIOD_SECONDS = 2.0
 # Shorter than the renew deadline: one hung request must not outlast it.
 REQUEST_TIMEOUT_SECONDS = 4.0
-# How long kopf may take to stop after the Lease was lost, before the process exits anyway.
-STOP_GRACE_SECONDS = 10.0
+LEASE_LOST_EXIT_CODE = 1
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 Json = dict[str, Any]
@@ -183,7 +183,13 @@ class LeaseElector:
         renewed = time.monotonic()
         while True:
             await asyncio.sleep(self.config.retry_period)
-            if await self._attempt():
+            left = self.config.renew_deadline - (time.monotonic() - renewed)
+            try:
+                # Bounded by the deadline: a hung request must not keep this replica acting past it.
+                renewed_now = await asyncio.wait_for(self._attempt(), timeout=max(left, 0.0))
+            except TimeoutError:
+                renewed_now = False
+            if renewed_now:
                 renewed = time.monotonic()
             elif self.holder not in (None, self.config.identity):
                 logger.error("the leader Lease is now held by %s", self.holder)
@@ -205,11 +211,13 @@ class LeaseElector:
                 logger.info("released the leader Lease %s/%s", self.config.namespace, self.config.name)
 
 
-async def lead(elector: LeaseElector, operate: Callable[[], Awaitable[None]], stop: asyncio.Event) -> int:
-    """Stand by until the Lease is held, then run `operate` while holding it.
+async def lead(elector: LeaseElector, operate: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+    """Stand by until the Lease is held, then run `operate` while holding it; return once `stop` is set and
+    `operate` has ended, the Lease released.
 
-    0: stopped by `stop` (the Lease released); 1: the Lease was lost, `stop` is set so that `operate` ends, and the
-    process should exit so that it comes back as a candidate.
+    A lost Lease ends the process at once with exit code 1, as client-go's controllers do: handlers still running, or
+    API calls still in flight in threads, must not act once another replica may lead. The pod restarts it as a
+    candidate.
     """
     acquiring = asyncio.create_task(elector.acquire())
     stopping = asyncio.create_task(stop.wait())
@@ -219,22 +227,19 @@ async def lead(elector: LeaseElector, operate: Callable[[], Awaitable[None]], st
         acquiring.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await acquiring
-        return 0
+        return
     acquiring.result()
     LEADER.set(1)
     working = asyncio.create_task(operate())
     holding = asyncio.create_task(elector.hold())
-    try:
-        await asyncio.wait({working, holding}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        LEADER.set(0)
+    await asyncio.wait({working, holding}, return_when=asyncio.FIRST_COMPLETED)
+    LEADER.set(0)
     if holding.done():
-        stop.set()
-        await asyncio.wait({working}, timeout=STOP_GRACE_SECONDS)
-        return 1
+        logger.error("lost the leader Lease: exiting so that only the new leader acts")
+        logging.shutdown()
+        os._exit(LEASE_LOST_EXIT_CODE)
     holding.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await holding
     await elector.release()
     working.result()
-    return 0

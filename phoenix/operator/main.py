@@ -50,8 +50,8 @@ async def serving_metrics(port: int) -> AsyncIterator[None]:
 
 async def operate(
     options: OperatorOptions, api_client: client.ApiClient, context: OperatorContext, lease: leader.LeaseConfig | None
-) -> int:
-    """Run kopf until stopped; with a Lease, only while holding it. The process's exit code."""
+) -> None:
+    """Run kopf until stopped; with a Lease, only while holding it."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # kopf installs its own handlers while it runs; these cover a standby, which does not run kopf.
@@ -77,8 +77,8 @@ async def operate(
         if lease is None:
             LEADER.set(1)
             await run_kopf()
-            return 0
-        return await leader.lead(leader.LeaseElector(api_client, lease), run_kopf, stop)
+        else:
+            await leader.lead(leader.LeaseElector(api_client, lease), run_kopf, stop)
 
 
 def run(options: OperatorOptions) -> int:
@@ -95,9 +95,10 @@ def run(options: OperatorOptions) -> int:
     loop = asyncio.new_event_loop()
     loop.set_default_executor(ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api"))
     try:
-        return loop.run_until_complete(operate(options, api_client, context, lease))
+        loop.run_until_complete(operate(options, api_client, context, lease))
     finally:
         loop.close()
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
