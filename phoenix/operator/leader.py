@@ -68,9 +68,9 @@ def candidate_identity() -> str:
     return f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
 
 
-def _micro_time(moment: datetime) -> str:
-    """A Kubernetes MicroTime: RFC 3339 with exactly six fractional digits."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+def _now() -> str:
+    """Now as a Kubernetes MicroTime: RFC 3339 with exactly six fractional digits."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
@@ -125,7 +125,7 @@ class LeaseElector:
     async def try_acquire_or_renew(self) -> bool:
         """One round of the election: True when this candidate holds the Lease afterwards."""
         lease = await self._read()
-        me, now = self.config.identity, _micro_time(datetime.now(UTC))
+        me, now = self.config.identity, _now()
         if lease is None:
             self.holder = None
             taken = await self._write(None, self._spec(now, now, 0))
@@ -205,7 +205,7 @@ class LeaseElector:
             spec = (lease or {}).get("spec") or {}
             if lease is None or spec.get("holderIdentity") != self.config.identity:
                 return
-            released = {**spec, "leaseDurationSeconds": 1, "renewTime": _micro_time(datetime.now(UTC))}
+            released = {**spec, "leaseDurationSeconds": 1, "renewTime": _now()}
             released.pop("holderIdentity")
             if await self._write(lease, released):
                 logger.info("released the leader Lease %s/%s", self.config.namespace, self.config.name)
