@@ -174,10 +174,12 @@ def test_every_kustomization_passes_a_server_side_dry_run(kube_cluster: ControlP
     assert rendered.returncode == 0, rendered.stderr
     documents = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
     assert documents
-    # A dry run creates nothing, so the namespaces the other objects live in must exist for real.
+    # A dry run creates nothing, so the namespaces the objects live in (or create) must exist for real.
     for doc in documents:
         if doc["kind"] == "Namespace":
             ensure_namespace(kube_cluster, doc["metadata"]["name"])
+        elif "namespace" in doc["metadata"]:
+            ensure_namespace(kube_cluster, doc["metadata"]["namespace"])
     result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered.stdout)
     assert result.returncode == 0, result.stderr
     assert len(result.stdout.splitlines()) == len(documents)

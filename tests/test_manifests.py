@@ -11,6 +11,7 @@ import yaml
 from phoenix.crds import PhoenixStage
 from phoenix.operator.builders import resolve_streams
 from phoenix.operator.builders.security import container_security_context, pod_security_context
+from phoenix.operator.options import DEFAULT_LEASE_NAME
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 
@@ -20,35 +21,42 @@ def load(relative: str) -> dict[str, Any]:
 
 
 def kustomization_documents(directory: Path) -> list[dict[str, Any]]:
-    resources = yaml.safe_load((directory / "kustomization.yaml").read_text())["resources"]
-    return [doc for name in resources for doc in yaml.safe_load_all((directory / name).read_text())]
+    """The documents a kustomization lists, those of the kustomizations it lists included (patches not applied)."""
+    documents = []
+    for name in yaml.safe_load((directory / "kustomization.yaml").read_text())["resources"]:
+        path = directory / name
+        if path.is_dir():
+            documents += kustomization_documents(path)
+        else:
+            documents += yaml.safe_load_all(path.read_text())
+    return documents
 
 
 def by_kind(documents: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [doc for doc in documents if doc["kind"] == kind]
 
 
-def test_install_kustomization_covers_every_manifest_outside_samples() -> None:
-    listed = set(yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"])
-    on_disk = {
-        str(path.relative_to(MANIFESTS))
-        for path in MANIFESTS.rglob("*.yaml")
-        if path.parent.name != "samples" and path.name != "kustomization.yaml"
-    }
-    assert listed == on_disk
+KUSTOMIZATIONS = sorted(path.parent for path in MANIFESTS.rglob("kustomization.yaml"))
 
 
-def test_samples_kustomization_covers_every_sample() -> None:
-    samples = MANIFESTS / "samples"
-    listed = set(yaml.safe_load((samples / "kustomization.yaml").read_text())["resources"])
-    assert listed == {p.name for p in samples.glob("*.yaml") if p.name != "kustomization.yaml"}
+@pytest.mark.parametrize("directory", KUSTOMIZATIONS, ids=lambda path: str(path.relative_to(MANIFESTS.parent)))
+def test_every_manifest_is_in_the_kustomization_of_its_directory(directory: Path) -> None:
+    listed = set(yaml.safe_load((directory / "kustomization.yaml").read_text()).get("resources", []))
+    files = {path.name for path in directory.glob("*.yaml") if path.name != "kustomization.yaml"}
+    assert files <= listed
+    assert all((directory / name).exists() for name in listed)
+
+
+def test_install_is_the_crd_the_operator_and_its_rbac() -> None:
+    assert yaml.safe_load((MANIFESTS / "kustomization.yaml").read_text())["resources"] == ["crds", "operator", "rbac"]
 
 
 def test_install_creates_namespace_rbac_operator_and_crd() -> None:
     kinds = sorted(doc["kind"] for doc in kustomization_documents(MANIFESTS))
-    assert kinds == sorted(
-        ["CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment"]
-    )
+    assert kinds == sorted([
+        "CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+        "RoleBinding", "Deployment", "PodDisruptionBudget",
+    ])  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -76,25 +84,45 @@ def test_samples_reference_the_sample_secret_keys(sample_stages: dict[str, Phoen
     assert f":{password}@" in url  # the two keys describe the same credentials
 
 
-def test_operator_deployment_runs_kopf_hardened_and_alone() -> None:
+def test_operator_deployment_runs_two_hardened_replicas_with_leader_election() -> None:
     deployment = load("operator/deployment.yaml")
     pod = deployment["spec"]["template"]["spec"]
     (operator,) = pod["containers"]
     assert deployment["metadata"]["namespace"] == "phoenix-system"
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     assert operator["command"] == ["phoenix", "operator"]
-    assert "--liveness=http://0.0.0.0:8080/healthz" in operator["args"]
-    assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert {"--metrics-port=8080", "--leader-election"} <= set(operator["args"])
+    # The Lease's namespace: the operator's own.
+    assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in operator["env"]
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert operator[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in operator["ports"]
     assert pod["securityContext"] == pod_security_context()
     assert operator["securityContext"] == container_security_context()
     assert pod["serviceAccountName"] == load("rbac/service-account.yaml")["metadata"]["name"]
+    budget = load("operator/pod-disruption-budget.yaml")
+    assert budget["spec"]["selector"]["matchLabels"] == deployment["spec"]["selector"]["matchLabels"]
 
 
-def rbac_rules() -> dict[tuple[str, str], set[str]]:
+def test_leader_election_role_grants_only_the_lease_in_the_operator_namespace() -> None:
+    role, binding = load("rbac/leader-election-role.yaml"), load("rbac/leader-election-role-binding.yaml")
+    account = load("rbac/service-account.yaml")["metadata"]
+    assert role["metadata"]["namespace"] == binding["metadata"]["namespace"] == account["namespace"]
+    grants = {(verb, tuple(rule.get("resourceNames", ()))) for rule in role["rules"] for verb in rule["verbs"]}
+    assert grants == {("create", ()), ("get", (DEFAULT_LEASE_NAME,)), ("update", (DEFAULT_LEASE_NAME,))}
+    assert {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]} == {
+        ("coordination.k8s.io", "leases")
+    }
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+
+
+def rbac_rules(relative: str = "rbac/cluster-role.yaml") -> dict[tuple[str, str], set[str]]:
     verbs: dict[tuple[str, str], set[str]] = {}
-    for rule in load("rbac/cluster-role.yaml")["rules"]:
+    for rule in load(relative)["rules"]:
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
                 verbs.setdefault((group, resource), set()).update(rule["verbs"])
@@ -127,6 +155,37 @@ def test_binding_grants_the_role_to_the_operator_service_account() -> None:
     binding = load("rbac/cluster-role-binding.yaml")
     account = load("rbac/service-account.yaml")["metadata"]
     assert binding["roleRef"]["name"] == load("rbac/cluster-role.yaml")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+
+
+# Cluster-scoped resources the cluster-wide operator reads, which the namespaced one goes without.
+CLUSTER_ONLY = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+
+
+def test_namespaced_role_is_the_cluster_role_without_cluster_scoped_rights() -> None:
+    rules = rbac_rules("namespaced/role.yaml")
+    cluster = rbac_rules()
+    assert rules == {key: verbs for key, verbs in cluster.items() if key not in CLUSTER_ONLY}
+    assert rules[("", "secrets")] == {"get"}
+
+
+def test_namespaced_install_swaps_cluster_rights_for_roles_in_the_served_namespace() -> None:
+    kustomization = load("namespaced/kustomization.yaml")
+    role, binding = load("namespaced/role.yaml"), load("namespaced/role-binding.yaml")
+    account = load("rbac/service-account.yaml")["metadata"]
+    assert kustomization["resources"] == ["../crds", "../operator", "../rbac", "role.yaml", "role-binding.yaml"]
+    deletions = [yaml.safe_load(p["patch"]) for p in kustomization["patches"] if "target" not in p]
+    assert {(d["$patch"], d["kind"]) for d in deletions} == {
+        ("delete", "ClusterRole"), ("delete", "ClusterRoleBinding")
+    }
+    (arg_patch,) = [p for p in kustomization["patches"] if "target" in p]
+    (operation,) = yaml.safe_load(arg_patch["patch"])
+    served = role["metadata"]["namespace"]
+    assert operation["value"] == f"--namespace={served}"
+    assert binding["metadata"]["namespace"] == served
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "phoenix-operator"}
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     ]

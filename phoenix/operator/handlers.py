@@ -12,6 +12,7 @@ from phoenix.crds import GROUP, PLURAL, VERSION
 from phoenix.operator import flows
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.kopf_settings import configure
+from phoenix.operator.metrics import observed_reconcile
 from phoenix.operator.readiness import waits_for_keda
 from phoenix.operator.refresh import refresh_forever
 from phoenix.operator.requests import has_replay_work, has_restart_request
@@ -53,7 +54,8 @@ def status_refresh(memo: kopf.Memo, **_: Any) -> dict[str, dict[str, Any]]:
 @kopf.on.create(*STAGES)
 @kopf.on.update(*STAGES, field="spec")
 async def reconcile(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
-    await flows.reconcile_stage(_context(memo), body, retry)
+    with observed_reconcile():
+        await flows.reconcile_stage(_context(memo), body, retry)
 
 
 @kopf.on.delete(*STAGES, retries=flows.DELETE_RETRIES)
@@ -73,4 +75,5 @@ async def replay_dlq(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> 
 
 @kopf.timer(*STAGES, interval=KEDA_RECHECK_SECONDS, when=waits_for_keda)
 async def adopt_keda(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
-    await flows.reconcile_stage(_context(memo), body, retry)
+    with observed_reconcile():
+        await flows.reconcile_stage(_context(memo), body, retry)

@@ -3,36 +3,99 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import kopf
+from kubernetes import client
 
-from phoenix.operator import handlers  # noqa: F401  (registers the kopf handlers)
+from phoenix.operator import (
+    handlers,  # noqa: F401  (registers the kopf handlers)
+    leader,
+)
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.kube import KubeApi, load_client
+from phoenix.operator.metrics import LEADER, REGISTRY
 from phoenix.operator.options import OperatorOptions, parse_options
+from phoenix.worker_runtime.health import start_health_server
 
 # Kubernetes calls run in threads (the official client blocks); 200 stages reconciling at once need more
 # than asyncio's default of cpu+4 threads to stay quick.
 API_THREADS = 32
+# What makes a --namespace value one of kopf's patterns (globs, negations, lists) rather than a name.
+NAMESPACE_PATTERN_CHARACTERS = set("*?[]!,")
+
+
+@contextlib.asynccontextmanager
+async def serving_metrics(port: int) -> AsyncIterator[None]:
+    """/metrics, /healthz and /readyz on `port` (0: none), on the leader and on a standby alike."""
+    if not port:
+        yield
+        return
+
+    async def role() -> tuple[bool, str]:
+        return True, "leader" if REGISTRY.get_sample_value("phoenix_operator_leader") else "standby"
+
+    # Answering at all is the liveness signal: the server runs on the operator's event loop.
+    runner = await start_health_server(port, alive=lambda: True, ready=role, registry=REGISTRY)
+    try:
+        yield
+    finally:
+        await runner.cleanup()
+
+
+async def operate(
+    options: OperatorOptions, api_client: client.ApiClient, context: OperatorContext, lease: leader.LeaseConfig | None
+) -> None:
+    """Run kopf until stopped; with a Lease, only while holding it."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # kopf installs its own handlers while it runs; these cover a standby, which does not run kopf.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    settings = kopf.OperatorSettings()
+    # Exact namespace names need no right to watch CRDs or namespaces, which the namespaced install does not grant:
+    # the PhoenixStage API is found once at start, through discovery.
+    settings.scanning.disabled = bool(options.namespaces) and not any(
+        set(namespace) & NAMESPACE_PATTERN_CHARACTERS for namespace in options.namespaces
+    )
+    run_kopf = functools.partial(
+        kopf.operator,
+        settings=settings,
+        standalone=True,
+        clusterwide=not options.namespaces,
+        namespaces=options.namespaces,
+        liveness_endpoint=options.liveness,
+        memo=kopf.Memo(context=context),
+        stop_flag=stop,
+    )
+    async with serving_metrics(options.metrics_port):
+        if lease is None:
+            LEADER.set(1)
+            await run_kopf()
+        else:
+            await leader.lead(leader.LeaseElector(api_client, lease), run_kopf, stop)
 
 
 def run(options: OperatorOptions) -> int:
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat[options.log_format.upper()])
-    context = OperatorContext(KubeApi(load_client(API_THREADS)), options.namespaces, options.refresh_interval)
+    lease = None
+    if options.leader_election:
+        try:
+            lease = leader.lease_config(options.lease_name, options.lease_namespace)
+        except leader.LeaseConfigError as exc:
+            print(f"phoenix operator: {exc}", file=sys.stderr)
+            return 2
+    api_client = load_client(API_THREADS)
+    context = OperatorContext(KubeApi(api_client), options.namespaces, options.refresh_interval)
     loop = asyncio.new_event_loop()
     loop.set_default_executor(ThreadPoolExecutor(API_THREADS, thread_name_prefix="kube-api"))
     try:
-        kopf.run(
-            loop=loop,
-            standalone=True,
-            clusterwide=not options.namespaces,
-            namespaces=options.namespaces,
-            liveness_endpoint=options.liveness,
-            memo=kopf.Memo(context=context),
-        )
+        loop.run_until_complete(operate(options, api_client, context, lease))
     finally:
         loop.close()
     return 0

@@ -7,6 +7,7 @@ import os
 from dataclasses import dataclass
 
 DEFAULT_REFRESH_SECONDS = 10.0
+DEFAULT_LEASE_NAME = "phoenix-operator"
 
 
 @dataclass(frozen=True)
@@ -16,6 +17,10 @@ class OperatorOptions:
     refresh_interval: float
     verbose: bool
     log_format: str
+    metrics_port: int  # 0: no metrics/health server
+    leader_election: bool
+    lease_name: str
+    lease_namespace: str | None  # None: the pod's own namespace
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> OperatorOptions:
@@ -25,6 +30,10 @@ class OperatorOptions:
             refresh_interval=args.refresh_interval,
             verbose=args.verbose,
             log_format=args.log_format,
+            metrics_port=args.metrics_port,
+            leader_election=args.leader_election,
+            lease_name=args.lease_name,
+            lease_namespace=args.lease_namespace,
         )
 
 
@@ -32,6 +41,13 @@ def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError("must be greater than 0")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError("must be a TCP port from 0 to 65535")
     return value
 
 
@@ -46,12 +62,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         "like `team-*` work); default: all namespaces",
     )  # fmt: skip
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace (the default)")
-    parser.add_argument("--liveness", metavar="URL", help="serve kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz")
+    parser.add_argument(
+        "--liveness", metavar="URL", help="serve kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
     parser.add_argument(
         "--refresh-interval", type=_positive, metavar="SECONDS",
         default=float(os.environ.get("PHOENIX_REFRESH_INTERVAL", DEFAULT_REFRESH_SECONDS)),
         help=f"seconds between status refreshes of all stages (default ${{PHOENIX_REFRESH_INTERVAL}} or "
         f"{DEFAULT_REFRESH_SECONDS:g})",
+    )  # fmt: skip
+    parser.add_argument(
+        "--metrics-port", type=_port, metavar="PORT", default=os.environ.get("PHOENIX_METRICS_PORT", "0"),
+        help="serve /metrics, /healthz and /readyz on this port, leader or standby (default $PHOENIX_METRICS_PORT "
+        "or 0: off)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--leader-election", action="store_true",
+        help="run the handlers only while holding a coordination.k8s.io Lease, so that several replicas can run",
+    )  # fmt: skip
+    parser.add_argument("--lease-name", default=DEFAULT_LEASE_NAME, help=f"default: {DEFAULT_LEASE_NAME}")
+    parser.add_argument(
+        "--lease-namespace", metavar="NS", default=os.environ.get("POD_NAMESPACE"),
+        help="namespace of the Lease (default $POD_NAMESPACE, else the pod's own namespace)",
     )  # fmt: skip
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(

@@ -1,4 +1,5 @@
-"""The periodic status refresh of every stage: queue figures from Redis, replicas from the Deployments.
+"""The periodic status refresh of every stage: queue figures from Redis, replicas from the Deployments; the
+same figures feed the per-stage gauges of the operator's /metrics.
 
 One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it),
 one Deployment list call, and a status patch only for stages whose figures changed.
@@ -19,6 +20,7 @@ from redis.exceptions import RedisError
 from phoenix.operator.builders.meta import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import scrub
+from phoenix.operator.metrics import STAGES, stage_figures
 from phoenix.operator.readiness import deployment_condition, replica_status
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.registry import StageKey, StageRecord
@@ -101,6 +103,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
 
     # Stages whose reconcile failed have no Deployment to report on yet: their status says why already.
     patched = await asyncio.gather(*(refresh(r) for r in records if r.error is None and r.streams is not None))
+    STAGES.update(stage_figures(r, queues.get(r.key), by_stage.get(r.key)) for r in records)
     return CycleReport(
         stages=len(records),
         redis_round_trips=len(groups),

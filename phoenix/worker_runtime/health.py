@@ -6,14 +6,17 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from aiohttp import web
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
 
 
 async def start_health_server(
-    port: int, *, alive: Callable[[], bool], ready: Callable[[], Awaitable[tuple[bool, str]]]
+    port: int, *, alive: Callable[[], bool], ready: Callable[[], Awaitable[tuple[bool, str]]],
+    registry: CollectorRegistry = REGISTRY,
 ) -> web.AppRunner:
+    """Serve until the returned runner is cleaned up; `registry` is what /metrics exposes (the operator has its own)."""
+
     async def metrics(_: web.Request) -> web.Response:
-        body = await asyncio.to_thread(generate_latest, REGISTRY)
+        body = await asyncio.to_thread(generate_latest, registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
