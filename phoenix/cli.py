@@ -76,7 +76,7 @@ def format_status_table(names: Sequence[str], rows: Sequence[dict[str, object]])
     header = ("STAGE", "LENGTH", "PENDING", "LAG", "OLDEST(s)", "DLQ", "CONSUMERS")
     lines = [header]
     for name, row in zip(names, rows, strict=True):
-        cells = [row[k] for k in ("length", "pending", "lag", "oldestPendingSeconds", "dlqLength", "consumers")]
+        cells = [row[k] for k in ("length", "pending", "lag", "oldestUnfinishedSeconds", "dlqLength", "consumers")]
         lines.append((name, *("-" if c is None else str(c) for c in cells)))
     widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)) for line in lines)
@@ -115,7 +115,7 @@ def _parser() -> argparse.ArgumentParser:
     dr.add_argument("--count", default="all", help="N or all")
     dr.add_argument("--maxlen", type=int, default=100_000)
 
-    st = with_redis(sub.add_parser("status", help="queue length, pending, lag, oldest pending, DLQ per stage"))
+    st = with_redis(sub.add_parser("status", help="queue length, pending, lag, oldest unfinished, DLQ per stage"))
     st.add_argument("--service", action="append", help="stage name (repeatable); default: every phoenix:*:input")
     return p
 

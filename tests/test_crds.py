@@ -120,7 +120,7 @@ def test_printer_columns() -> None:
     assert columns["Backlog"]["jsonPath"] == ".status.queue.lag"
     assert columns["Pending"]["jsonPath"] == ".status.queue.pending"
     assert columns["DLQ"]["jsonPath"] == ".status.queue.dlqLength"
-    assert columns["Oldest"]["jsonPath"] == ".status.queue.oldestPendingSeconds"
+    assert columns["Oldest"]["jsonPath"] == ".status.queue.oldestUnfinishedSeconds"
     assert columns["Age"]["type"] == "date"
     wide = {name for name, c in columns.items() if c.get("priority") == 1}
     assert {"Input", "Output"} <= wide
