@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-
 import kopf
 
 PREFIX = "phoenix.io"
@@ -19,5 +17,6 @@ def configure(settings: kopf.OperatorSettings) -> None:
     )
     # One operator replica (the Deployment uses the Recreate strategy), so no peering objects are needed.
     settings.peering.standalone = True
-    # Warnings and errors become Events on the stage; routine successes stay in the log.
-    settings.posting.level = logging.WARNING
+    # The operator posts its own Events (events.py): one Normal per action, one Warning per cause. kopf's would
+    # add one per retry and per handler run.
+    settings.posting.enabled = False

@@ -76,6 +76,19 @@ def _by_stage(deployments: Iterable[Mapping[str, Any]]) -> dict[StageKey, Mappin
     return found
 
 
+def note_missing_groups(
+    ctx: OperatorContext, records: Iterable[StageRecord], queues: Mapping[StageKey, QueueStats]
+) -> None:
+    """A reconciled stage whose consumer group is gone (Redis flushed, or restarted without persistence) is
+    drift: the converger recreates the group and the DLQ."""
+    for record in records:
+        stats = queues.get(record.key)
+        if stats is not None and not stats.group_exists and record.error is None and record.children:
+            group = record.streams.consumer_group if record.streams else "?"
+            record.drift.add(f"consumer group {group} is missing from Redis")
+            ctx.wake.set()
+
+
 async def refresh_once(ctx: OperatorContext) -> CycleReport:
     started = time.perf_counter()
     records = ctx.registry.records()
@@ -88,6 +101,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
     queues: dict[StageKey, QueueStats] = {}
     for sample in samples:
         queues.update(sample or {})
+    note_missing_groups(ctx, records, queues)
     by_stage = _by_stage(deployments)
     limit = asyncio.Semaphore(PATCH_CONCURRENCY)
 
