@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import aiohttp
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.operator.errors import StageError
@@ -51,6 +52,6 @@ class EventRecorder:
         logger.info("event %s %s on %s/%s: %s", type_, reason, record.namespace, record.name, message)
         try:
             await self._kube.post_event(involved_object(record), type_, reason, message)
-        except (ApiException, OSError) as exc:
+        except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as exc:
             # An Event is a courtesy: the status says the same, so a refused post must not fail the action.
             logger.warning("could not post event %s on %s/%s: %s", reason, record.namespace, record.name, exc)

@@ -69,7 +69,7 @@ async def delete(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None
 
 
 @kopf.on.event(*STAGES)
-def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Keep the latest object for the converger's work (restart, replay, drift repair); forget a deleted one."""
     registry = _context(memo).registry
     if type == "DELETED":
@@ -81,5 +81,6 @@ def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 @kopf.on.event(KEDA_GROUP, KEDA_VERSION, "scaledobjects", labels=MANAGED)
 @kopf.on.event(KEDA_GROUP, KEDA_VERSION, "triggerauthentications", labels=MANAGED)
-def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+# async (not sync, which kopf would run in a thread): the converger's state is only touched from the event loop.
+async def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     flows.child_changed(_context(memo), type, body)

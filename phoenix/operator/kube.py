@@ -190,7 +190,7 @@ class KubeApi:
             "lastTimestamp": now,
             "count": 1,
         }
-        await _json(self._core.create_namespaced_event, namespace, body)
+        await self._status.create_event(namespace, body)
 
     # -- PhoenixStages ---------------------------------------------------------------------------------------
 
