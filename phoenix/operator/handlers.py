@@ -68,6 +68,8 @@ async def delete(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None
     await flows.delete_stage(_context(memo), body, retry)
 
 
+# The event handlers are async (kopf would run sync ones in threads): the registry and the converger's state are
+# only ever touched from the event loop.
 @kopf.on.event(*STAGES)
 async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Keep the latest object for the converger's work (restart, replay, drift repair); forget a deleted one."""
@@ -81,6 +83,5 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
 @kopf.on.event(KEDA_GROUP, KEDA_VERSION, "scaledobjects", labels=MANAGED)
 @kopf.on.event(KEDA_GROUP, KEDA_VERSION, "triggerauthentications", labels=MANAGED)
-# async (not sync, which kopf would run in a thread): the converger's state is only touched from the event loop.
 async def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     flows.child_changed(_context(memo), type, body)
