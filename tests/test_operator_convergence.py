@@ -259,33 +259,47 @@ def test_only_delete_stages_carry_the_finalizer(
     assert connection.exists("phoenix:router:input")  # Retain keeps the data
 
 
+class RestartableValkey:
+    """A persistent Valkey of the test's own, which can be stopped and started again on the same port."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._settings: dict[str, Any] = {
+            "port": free_loopback_port(), "data_dir": data_dir, "persist": True, "appendonly": "yes",
+            "appendfsync": "always", "save": "",
+        }  # fmt: skip
+        self.url = f"redis://127.0.0.1:{self._settings['port']}/0"
+        self._server: ValkeyServer | None = None
+
+    def start(self) -> None:
+        self._server = ValkeyServer(**self._settings)
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
 @pytest.fixture
-def own_valkey(tmp_path: Path) -> Iterator[dict[str, Any]]:
-    """A persistent Valkey of this test's own, which the test can stop and start again on the same port."""
-    settings: dict[str, Any] = {
-        "port": free_loopback_port(), "data_dir": tmp_path / "valkey", "persist": True, "appendonly": "yes",
-        "appendfsync": "always", "save": "",
-    }  # fmt: skip
-    servers = [ValkeyServer(**settings)]
-    servers[0].start()
-    state = {"url": f"redis://127.0.0.1:{settings['port']}/0", "servers": servers, "settings": settings}
-    yield state
-    for server in servers:
-        server.stop()
+def own_valkey(tmp_path: Path) -> Iterator[RestartableValkey]:
+    valkey = RestartableValkey(tmp_path / "valkey")
+    valkey.start()
+    yield valkey
+    valkey.stop()
 
 
 def test_delete_waits_for_an_unreachable_redis_and_says_why(
     operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
-    own_valkey: dict[str, Any],
+    own_valkey: RestartableValkey,
 ) -> None:  # fmt: skip
     ns = kube_namespace
-    kubectl_apply(kube_cluster, _stage(own_valkey["url"], ns, deletionPolicy="Delete"))
+    kubectl_apply(kube_cluster, _stage(own_valkey.url, ns, deletionPolicy="Delete"))
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     assert FINALIZER in _finalizers(kube_cluster, ns, "router")
-    with sync_redis.Redis.from_url(own_valkey["url"]) as valkey:
+    with sync_redis.Redis.from_url(own_valkey.url) as valkey:
         valkey.xadd("phoenix:router:input", {"record_id": "r1"})
 
-    own_valkey["servers"][0].stop()
+    own_valkey.stop()
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--wait=false").returncode == 0
 
     def waiting() -> dict[str, Any] | None:
@@ -299,10 +313,8 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     assert get_stage(kube_cluster, ns, "router") is not None
 
     # Redis back: the next attempt deletes the data and lets the stage go.
-    server = ValkeyServer(**own_valkey["settings"])
-    server.start()
-    own_valkey["servers"].append(server)
+    own_valkey.start()
     eventually(lambda: get_stage(kube_cluster, ns, "router") is None, "the stage gone", timeout=60)
-    with sync_redis.Redis.from_url(own_valkey["url"]) as valkey:
+    with sync_redis.Redis.from_url(own_valkey.url) as valkey:
         assert not valkey.exists("phoenix:router:input", "phoenix:router:dlq")
     assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")

@@ -1,6 +1,9 @@
 """Events on PhoenixStages: a Normal Event for every action the operator takes, a Warning for every failure,
 posted once per cause (a retry that fails the same way posts nothing new; a different cause or a recovery does).
 
+A cause is the failure's reason under one spec generation: the message's details (a driver's wording of a refused
+connection, say) may vary from one retry to the next without anything having changed for the reader.
+
 kopf's own Event posting is off (kopf_settings): it would post one per retry and per handler run.
 """
 
@@ -37,7 +40,7 @@ class EventRecorder:
 
     async def warning(self, record: StageRecord, source: str, error: StageError) -> None:
         """A Warning for `error` unless the same one is the last posted for `source` (reconcile, restart, ...)."""
-        cause = (error.reason, error.message)
+        cause = (error.reason, record.generation)
         if record.warnings.get(source) == cause:
             return
         record.warnings[source] = cause

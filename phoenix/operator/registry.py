@@ -38,8 +38,8 @@ class StageRecord:
     paused: bool | None = None
     # Why the stage's world departs from its spec, noticed since its last repair; the converger repairs it.
     drift: set[str] = field(default_factory=set)
-    # The Warning (reason, message) last posted per source (reconcile, restart, replay, delete).
-    warnings: dict[str, tuple[str, str]] = field(default_factory=dict)
+    # The cause of the Warning last posted per source (reconcile, restart, replay, delete): reason, generation.
+    warnings: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     # Background work of the converger: the task running now, failed attempts in a row, when to try again.
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     attempts: int = 0
