@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from phoenix.operator.builders import new_condition
 from phoenix.operator.converge import current_view, due_work
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import scrub
+from phoenix.operator.kopf_settings import QuietHandlers
 from phoenix.operator.readiness import deployment_condition, ready_condition, replica_status, waits_for_keda
 from phoenix.operator.refresh import group_by_redis
 from phoenix.operator.registry import StageRecord
@@ -236,3 +238,14 @@ def test_a_stage_being_deleted_gets_no_work() -> None:
     record.drift.add("Deployment s was deleted")  # garbage collection at work
     record.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert current_view(record) is None
+
+
+def test_watcher_successes_are_kept_out_of_the_log() -> None:
+    quiet = QuietHandlers(["stage_seen", "child_seen"])
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
+
+    assert not quiet.filter(record("Handler 'child_seen' succeeded."))
+    assert quiet.filter(record("Handler 'reconcile' succeeded."))
+    assert quiet.filter(record("Handler 'child_seen' failed temporarily: boom"))

@@ -14,7 +14,7 @@ from phoenix.operator.builders.keda import KEDA_API_VERSION
 from phoenix.operator.builders.meta import MANAGED_BY
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.converge import converge_forever
-from phoenix.operator.kopf_settings import configure
+from phoenix.operator.kopf_settings import configure, quiet_handlers
 from phoenix.operator.refresh import refresh_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
@@ -31,6 +31,7 @@ def _context(memo: kopf.Memo) -> OperatorContext:
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     configure(settings)
+    quiet_handlers((stage_seen.__name__, child_seen.__name__))
     context = _context(memo)
     memo["refresh_task"] = asyncio.create_task(refresh_forever(context), name="phoenix-status-refresh")
     memo["converge_task"] = asyncio.create_task(converge_forever(context), name="phoenix-converger")

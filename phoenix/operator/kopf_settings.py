@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import re
+from collections.abc import Iterable
+
 import kopf
 
 PREFIX = "phoenix.io"
@@ -20,3 +24,20 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # The operator posts its own Events (events.py): one Normal per action, one Warning per cause. kopf's would
     # add one per retry and per handler run.
     settings.posting.enabled = False
+
+
+class QuietHandlers(logging.Filter):
+    """Drops kopf's "Handler '<id>' succeeded." lines of the given handlers: the watchers of stages and children
+    run on every watch event, so their successes would drown the log."""
+
+    def __init__(self, handler_ids: Iterable[str]) -> None:
+        super().__init__()
+        ids = "|".join(re.escape(handler_id) for handler_id in handler_ids)
+        self._pattern = re.compile(rf"^Handler '({ids})' succeeded\.$")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self._pattern.match(record.getMessage())
+
+
+def quiet_handlers(handler_ids: Iterable[str]) -> None:
+    logging.getLogger("kopf.objects").addFilter(QuietHandlers(handler_ids))
