@@ -174,7 +174,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     # The key removed: the next attempt creates everything; the Warning is not repeated.
     connection.delete("phoenix:router:input")
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
-    assert "ConsumerGroupCreated" in _reasons(kube_api, ns, "router")
+    eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
 
 

@@ -142,6 +142,9 @@ def test_sample_pipeline_end_to_end(
     eventually(lambda: connection.exists("grouped:late"), "the replayed record processed", timeout=60)
     last = eventually(lambda: stage_status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
     assert (last["requested"], last["moved"]) == (1, 1)
+    replayed = eventually(lambda: [e.message for e in stage_events(kube_api, ns, "router")
+                                   if e.reason == "DlqReplayed"], "a DlqReplayed Event")  # fmt: skip
+    assert replayed == ["moved 1 DLQ entries back to the input (requested 1)"]
     stage = get_stage(kube_cluster, ns, "router")
     assert "phoenix.io/replay-dlq" not in stage["metadata"].get("annotations", {})
     assert "replayRequest" not in stage["status"]
@@ -197,6 +200,9 @@ def test_without_keda_the_stage_runs_at_min(
         "keda.sh", "v1alpha1", kube_namespace, "scaledobjects", "router"
     )
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 5)
+    adopted = eventually(lambda: [e.type for e in stage_events(kube_api, kube_namespace, "router")
+                                  if e.reason == "KedaAdopted"], "a KedaAdopted Event")  # fmt: skip
+    assert adopted == ["Normal"]
 
 
 @pytest.mark.parametrize("redis_db", [3], indirect=True)
@@ -273,10 +279,15 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     assert keda_paused() == {}
 
     pause = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
+    def reasons() -> list[str]:
+        return [e.reason for e in stage_events(kube_api, ns, "router")]
+
     kube_cluster.kubectl(*pause, '{"spec": {"paused": true}}')
     eventually(lambda: replicas() == 0, "paused: scaled to zero")
     assert keda_paused() == {"autoscaling.keda.sh/paused": "true", "autoscaling.keda.sh/paused-replicas": "0"}
+    eventually(lambda: "Paused" in reasons(), "a Paused Event")
 
     kube_cluster.kubectl(*pause, '{"spec": {"paused": false}}')
     eventually(lambda: replicas() == 2, "unpaused: back to replicas.min")
     eventually(lambda: keda_paused() == {}, "KEDA no longer paused")
+    eventually(lambda: "Resumed" in reasons(), "a Resumed Event")
