@@ -21,6 +21,9 @@ STAGES = (GROUP, VERSION, PLURAL)
 KEDA_GROUP, KEDA_VERSION = KEDA_API_VERSION.split("/")
 # The children the operator creates carry this label; only their events can be drift.
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+DEPLOYMENTS = ("apps", "v1", "deployments")
+SCALED_OBJECTS = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
+TRIGGER_AUTHENTICATIONS = (KEDA_GROUP, KEDA_VERSION, "triggerauthentications")
 _BACKGROUND = ("refresh_task", "converge_task")
 
 
@@ -30,7 +33,8 @@ def _context(memo: kopf.Memo) -> OperatorContext:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    configure(settings)
+    children = [(group, plural) for group, _, plural in (DEPLOYMENTS, SCALED_OBJECTS, TRIGGER_AUTHENTICATIONS)]
+    configure(settings, children, ",".join(f"{key}={value}" for key, value in MANAGED.items()))
     quiet_handlers((stage_seen.__name__, child_seen.__name__))
     context = _context(memo)
     memo["refresh_task"] = asyncio.create_task(refresh_forever(context), name="phoenix-status-refresh")
@@ -81,8 +85,8 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
         registry.observe(body)
 
 
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-@kopf.on.event(KEDA_GROUP, KEDA_VERSION, "scaledobjects", labels=MANAGED)
-@kopf.on.event(KEDA_GROUP, KEDA_VERSION, "triggerauthentications", labels=MANAGED)
+@kopf.on.event(*DEPLOYMENTS, labels=MANAGED)
+@kopf.on.event(*SCALED_OBJECTS, labels=MANAGED)
+@kopf.on.event(*TRIGGER_AUTHENTICATIONS, labels=MANAGED)
 async def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     flows.child_changed(_context(memo), type, body)

@@ -12,7 +12,8 @@ PREFIX = "phoenix.io"
 FINALIZER = f"{PREFIX}/finalizer"
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, children: Iterable[tuple[str, str]], managed: str) -> None:
+    """`children`: (group, plural) of the kinds the operator creates, watched only where labelled `managed`."""
     # kopf's bookkeeping in phoenix.io/* annotations; status holds only Phoenix's own fields.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
@@ -24,6 +25,10 @@ def configure(settings: kopf.OperatorSettings) -> None:
     # The operator posts its own Events (events.py): one Normal per action, one Warning per cause. kopf's would
     # add one per retry and per handler run.
     settings.posting.enabled = False
+    # Children are watched for drift: ask the API server for the operator's own only (a label selector on the
+    # watch), not for every Deployment of the cluster.
+    for child in children:
+        settings.watching.label_selectors[child] = managed
 
 
 class QuietHandlers(logging.Filter):

@@ -1,7 +1,8 @@
 """The periodic status refresh of every stage: queue figures from Redis, replicas from the Deployments.
 
-One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it),
-one Deployment list call, and a status patch only for stages whose figures changed.
+One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it; a
+second one when some stage has a backlog, for the age of its first undelivered entry), one Deployment list call,
+and a status patch only for stages whose figures changed.
 """
 
 from __future__ import annotations
