@@ -26,6 +26,7 @@ from tests.fixtures.operator_process import (
     running_operator,
     sample_documents,
     stage_events,
+    stage_status,
 )
 from tests.fixtures.processes import free_loopback_port
 
@@ -176,6 +177,26 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
+
+
+@pytest.mark.parametrize("redis_db", [10], indirect=True)
+def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
+    operator: str, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, _stage(url, ns))
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
+    first_ms = int(time.time() * 1000) - 120_000
+    for i in range(7):
+        connection.xadd("phoenix:router:input", {"record_id": f"r{i}"}, id=f"{first_ms + i}-0")
+    queue = eventually(lambda: (q := stage_status(kube_cluster, ns, "router").get("queue", {})).get("lag") == 7 and q,
+                       "the backlog in status", timeout=30)  # fmt: skip
+    assert queue["oldestUnfinishedSeconds"] >= 120 and queue["oldestUndeliveredSeconds"] >= 120
+    assert "oldestPendingSeconds" not in queue
+    header, row = kube_cluster.kubectl("get", "phoenixstage", "router", "-n", ns).stdout.splitlines()
+    assert int(row[header.index("OLDEST"):].split()[0]) >= 120
 
 
 def _acl_url(url: str, user: str, password: str) -> str:
