@@ -112,8 +112,16 @@ def start_due_work(ctx: OperatorContext) -> int:
 
 
 async def converge_forever(ctx: OperatorContext) -> None:
-    while True:
-        ctx.wake.clear()
-        start_due_work(ctx)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ctx.wake.wait(), TICK_SECONDS)
+    """Until cancelled; then the work it started is cancelled with it (what was not finished is due again at the
+    next start: requests and drift are read from the objects, not remembered)."""
+    try:
+        while True:
+            ctx.wake.clear()
+            start_due_work(ctx)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.wake.wait(), TICK_SECONDS)
+    finally:
+        running = [record.task for record in ctx.registry.records() if record.task is not None]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
