@@ -10,15 +10,14 @@ import kopf
 
 from phoenix.crds import GROUP, PLURAL, VERSION, DeletionPolicy
 from phoenix.operator import flows
-from phoenix.operator.builders.keda import KEDA_API_VERSION
 from phoenix.operator.builders.meta import MANAGED_BY
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.converge import converge_forever
 from phoenix.operator.kopf_settings import configure, quiet_handlers
+from phoenix.operator.kube import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.refresh import refresh_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
-KEDA_GROUP, KEDA_VERSION = KEDA_API_VERSION.split("/")
 # The children the operator creates carry this label; only their events can be drift.
 MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
 DEPLOYMENTS = ("apps", "v1", "deployments")
