@@ -196,6 +196,8 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
     await redis.xgroup_create(IN, "s-group", id="0", mkstream=True)
     await add(redis, "r1")
     [row] = json.loads(phoenix(redis_url, "status", "--json"))
+    undelivered_age = row.pop("oldestUndeliveredSeconds")
+    assert undelivered_age >= 0 and row.pop("oldestUnfinishedSeconds") == undelivered_age
     assert row == {"stage": "s", "length": 1, "pending": 0, "lag": 1, "oldestPendingSeconds": None, "dlqLength": 0,
                    "consumers": 0}
     watch = await asyncio.create_subprocess_exec(

@@ -120,7 +120,7 @@ def test_printer_columns() -> None:
     assert columns["Backlog"]["jsonPath"] == ".status.queue.lag"
     assert columns["Pending"]["jsonPath"] == ".status.queue.pending"
     assert columns["DLQ"]["jsonPath"] == ".status.queue.dlqLength"
-    assert columns["Oldest"]["jsonPath"] == ".status.queue.oldestPendingSeconds"
+    assert columns["Oldest"]["jsonPath"] == ".status.queue.oldestUnfinishedSeconds"
     assert columns["Age"]["type"] == "date"
     wide = {name for name, c in columns.items() if c.get("priority") == 1}
     assert {"Input", "Output"} <= wide
@@ -224,12 +224,33 @@ def test_wire_names_are_camel_case() -> None:
         ({"replica": {"min": 1}}, "Extra inputs are not permitted"),
         ({"redis": {"urlSecretRef": {"name": "Bad_Name", "key": "url"}}}, "String should match pattern"),
         ({"input": "has space"}, "String should match pattern"),
+        (
+            {"env": [{"name": "BILLING_URL", "value": "http://litellm:4000"}], "worker": {"concurrency": 2}},
+            "only safe with worker.concurrency 1",
+        ),
+        (
+            {"env": [{"name": "BILLING_URL", "secretKeyRef": {"name": "b", "key": "url"}},
+                     {"name": "BILLING_SWAP_ENV", "value": "true"}], "worker": {"concurrency": 4}},
+            "(got worker.concurrency 4)",
+        ),
     ],
 )
 def test_bad_specs_are_rejected_with_a_clear_message(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         PhoenixStageSpec.model_validate({**MINIMAL_SPEC, **change})
     assert message in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        [{"name": "BILLING_URL", "value": "http://litellm:4000"}, {"name": "BILLING_SWAP_ENV", "value": "False"}],
+        [{"name": "BILLING_URL", "value": ""}],  # empty counts as unset for the worker
+        [{"name": "OTHER", "value": "x"}],
+    ],
+)
+def test_concurrency_above_one_is_fine_without_env_swapping(env: list[dict[str, Any]]) -> None:
+    assert PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "env": env, "worker": {"concurrency": 8}}).env
 
 
 def test_processor_accepts_entry_points_and_import_paths() -> None:

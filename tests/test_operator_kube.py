@@ -26,6 +26,8 @@ from tests.fixtures.operator_process import (
     kubectl_apply,
     running_operator,
     sample_documents,
+    stage_events,
+    stage_status,
 )
 
 pytestmark = pytest.mark.kube
@@ -40,19 +42,6 @@ def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[
         assert process.alive, process.failure("died during the tests")
 
 
-def _db_url(redis_url: str, db: int) -> str:
-    """Each test on its own database: stages of different tests share names, hence Redis keys."""
-    return f"{redis_url.rsplit('/', 1)[0]}/{db}"
-
-
-@pytest.fixture
-def redis_db(redis_url: str, request: pytest.FixtureRequest) -> Iterator[tuple[str, sync_redis.Redis]]:
-    url = _db_url(redis_url, request.param)
-    with sync_redis.Redis.from_url(url, decode_responses=True) as connection:
-        connection.flushdb()
-        yield url, connection
-
-
 def _columns(plane: ControlPlane, namespace: str) -> dict[str, dict[str, str]]:
     """`kubectl get phoenixstages` as a person reads it: {stage: {column: value}}."""
     lines = plane.kubectl("get", "phoenixstages", "-n", namespace).stdout.splitlines()
@@ -63,10 +52,6 @@ def _columns(plane: ControlPlane, namespace: str) -> dict[str, dict[str, str]]:
     bounds = list(zip(starts, [*starts[1:], None], strict=True))
     rows = [{lines[0][a:b].strip(): row[a:b].strip() for a, b in bounds} for row in lines[1:]]
     return {row["NAME"]: row for row in rows}
-
-
-def _status(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
-    return (get_stage(plane, namespace, name) or {}).get("status") or {}
 
 
 def _enqueue(connection: sync_redis.Redis, record_id: str, document: Path) -> None:
@@ -99,7 +84,7 @@ def test_sample_pipeline_end_to_end(
     apps = client.AppsV1Api(kube_api)
 
     # Streams, groups, DLQs and children exist before any worker runs.
-    eventually(lambda: all((_status(kube_cluster, ns, s).get("streams")) for s in STAGES), "streams in status")
+    eventually(lambda: all((stage_status(kube_cluster, ns, s).get("streams")) for s in STAGES), "streams in status")
     for stage in STAGES:
         assert connection.xinfo_groups(f"phoenix:{stage}:input")[0]["name"] == f"{stage}-group"
         assert connection.xlen(f"phoenix:{stage}:dlq") == 0
@@ -142,8 +127,8 @@ def test_sample_pipeline_end_to_end(
     before = _replica_sets(kube_api, ns, "router")
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
     eventually(lambda: len(_replica_sets(kube_api, ns, "router")) == len(before) + 1, "a new ReplicaSet")
-    eventually(lambda: _status(kube_cluster, ns, "router").get("handledRestart") == "r1", "restart recorded")
-    assert _status(kube_cluster, ns, "router")["lastRestart"]
+    eventually(lambda: stage_status(kube_cluster, ns, "router").get("handledRestart") == "r1", "restart recorded")
+    assert stage_status(kube_cluster, ns, "router")["lastRestart"]
     kube_cluster.kubectl("annotate", "--overwrite", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
     kube_cluster.kubectl("label", "phoenixstage", "router", "-n", ns, "touched=yes")
     assert len(_replica_sets(kube_api, ns, "router")) == len(before) + 1
@@ -155,8 +140,11 @@ def test_sample_pipeline_end_to_end(
     missing.write_bytes(documents[0].read_bytes())
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/replay-dlq=all")
     eventually(lambda: connection.exists("grouped:late"), "the replayed record processed", timeout=60)
-    last = eventually(lambda: _status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
+    last = eventually(lambda: stage_status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
     assert (last["requested"], last["moved"]) == (1, 1)
+    replayed = eventually(lambda: [e.message for e in stage_events(kube_api, ns, "router")
+                                   if e.reason == "DlqReplayed"], "a DlqReplayed Event")  # fmt: skip
+    assert replayed == ["moved 1 DLQ entries back to the input (requested 1)"]
     stage = get_stage(kube_cluster, ns, "router")
     assert "phoenix.io/replay-dlq" not in stage["metadata"].get("annotations", {})
     assert "replayRequest" not in stage["status"]
@@ -212,15 +200,13 @@ def test_without_keda_the_stage_runs_at_min(
         "keda.sh", "v1alpha1", kube_namespace, "scaledobjects", "router"
     )
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 5)
-
-
-def _events(kube_api: client.ApiClient, namespace: str, name: str) -> list[client.CoreV1Event]:
-    found = client.CoreV1Api(kube_api).list_namespaced_event(namespace, field_selector=f"involvedObject.name={name}")
-    return found.items
+    adopted = eventually(lambda: [e.type for e in stage_events(kube_api, kube_namespace, "router")
+                                  if e.reason == "KedaAdopted"], "a KedaAdopted Event")  # fmt: skip
+    assert adopted == ["Normal"]
 
 
 @pytest.mark.parametrize("redis_db", [3], indirect=True)
-def test_bad_redis_settings_become_conditions_and_events(
+def test_bad_redis_settings_become_conditions_andstage_events(
     operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
 ) -> None:  # fmt: skip
@@ -245,19 +231,21 @@ def test_bad_redis_settings_become_conditions_and_events(
     eventually(lambda: reason("parser") == "RedisUnavailable", "parser Ready=False/RedisUnavailable", timeout=60)
     # The operator keeps serving the stage that is fine.
     eventually(lambda: reason("grouper") == "StageReady", "grouper Ready")
-    eventually(lambda: ("Warning", "SecretNotFound") in {(e.type, e.reason) for e in _events(kube_api, ns, "router")},
-               "a Warning Event on router")  # fmt: skip
-    eventually(lambda: any(e.reason == "RedisUnavailable" for e in _events(kube_api, ns, "parser")),
+    def posted(name: str) -> set[tuple[str, str]]:
+        return {(e.type, e.reason) for e in stage_events(kube_api, ns, name)}
+
+    eventually(lambda: ("Warning", "SecretNotFound") in posted("router"), "a Warning Event on router")
+    eventually(lambda: any(e.reason == "RedisUnavailable" for e in stage_events(kube_api, ns, "parser")),
                "a Warning Event on parser")  # fmt: skip
     shown = json.dumps([get_stage(kube_cluster, ns, "parser")["status"]]) + " ".join(
-        e.message or "" for e in _events(kube_api, ns, "parser")
+        e.message or "" for e in stage_events(kube_api, ns, "parser")
     )
     assert password not in shown
 
     # Creating the Secret heals the stage on the next retry.
     fixed = {**secret, "metadata": {**secret["metadata"], "name": "not-yet"}}
     kubectl_apply(kube_cluster, [fixed])
-    eventually(lambda: _status(kube_cluster, ns, "router").get("streams"), "router reconciled", timeout=60)
+    eventually(lambda: stage_status(kube_cluster, ns, "router").get("streams"), "router reconciled", timeout=60)
     assert connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group"
 
 
@@ -291,10 +279,15 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     assert keda_paused() == {}
 
     pause = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
+    def reasons() -> list[str]:
+        return [e.reason for e in stage_events(kube_api, ns, "router")]
+
     kube_cluster.kubectl(*pause, '{"spec": {"paused": true}}')
     eventually(lambda: replicas() == 0, "paused: scaled to zero")
     assert keda_paused() == {"autoscaling.keda.sh/paused": "true", "autoscaling.keda.sh/paused-replicas": "0"}
+    eventually(lambda: "Paused" in reasons(), "a Paused Event")
 
     kube_cluster.kubectl(*pause, '{"spec": {"paused": false}}')
     eventually(lambda: replicas() == 2, "unpaused: back to replicas.min")
     eventually(lambda: keda_paused() == {}, "KEDA no longer paused")
+    eventually(lambda: "Resumed" in reasons(), "a Resumed Event")

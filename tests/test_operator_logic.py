@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
 from phoenix.crds import ConditionType, PhoenixStageSpec, StreamsStatus
 from phoenix.operator.builders import new_condition
+from phoenix.operator.converge import current_view, due_work
+from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import scrub
+from phoenix.operator.kopf_settings import QuietHandlers
 from phoenix.operator.readiness import deployment_condition, ready_condition, replica_status, waits_for_keda
 from phoenix.operator.refresh import group_by_redis
 from phoenix.operator.registry import StageRecord
@@ -151,3 +155,97 @@ def test_only_stages_that_missed_keda_are_rechecked() -> None:
     assert not waits_for_keda(body("AutoscalingDisabled"))
     assert not waits_for_keda(body(None))
     assert not waits_for_keda({})
+
+
+def _wanted_deployment() -> dict[str, Any]:
+    return {
+        "metadata": {"name": "s", "labels": {"app": "s"}},
+        "spec": {
+            "replicas": 2,
+            "template": {"spec": {"containers": [{
+                "name": "worker", "image": "img:1", "env": [{"name": "A", "value": "1"}],
+                "resources": {"limits": {"cpu": 0.5, "memory": "512Mi"}},
+            }]}},
+        },
+    }  # fmt: skip
+
+
+def test_server_defaults_and_foreign_fields_are_no_drift() -> None:
+    actual = _wanted_deployment()
+    actual["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "3"}
+    container = actual["spec"]["template"]["spec"]["containers"][0]
+    container["terminationMessagePath"] = "/dev/termination-log"
+    container["resources"]["limits"]["cpu"] = "500m"  # the API server's canonical form of 0.5
+    actual["status"] = {"readyReplicas": 2}
+    assert differences(_wanted_deployment(), actual) == []
+
+
+def test_changed_removed_and_added_items_are_drift() -> None:
+    actual = _wanted_deployment()
+    actual["spec"]["replicas"] = 5
+    container = actual["spec"]["template"]["spec"]["containers"][0]
+    container["image"] = "img:2"
+    container["env"].append({"name": "B", "value": "2"})
+    del actual["metadata"]["labels"]
+    assert differences(_wanted_deployment(), actual) == [
+        "metadata.labels.app", "spec.replicas", "spec.template.spec.containers[0].image",
+        "spec.template.spec.containers[0].env",
+    ]  # fmt: skip
+    assert describe("Deployment", "s", ["a", "b", "c", "d", "e"]) == (
+        "Deployment s differed from the spec at a, b, c and 2 more"
+    )
+
+
+def test_none_means_must_be_absent() -> None:
+    wanted = {"metadata": {"annotations": {"autoscaling.keda.sh/paused": None}}}
+    assert differences(wanted, {"metadata": {}}) == []
+    paused = {"metadata": {"annotations": {"autoscaling.keda.sh/paused": "true"}}}
+    assert differences(wanted, paused) == ["metadata.annotations.autoscaling.keda.sh/paused"]
+
+
+def _record(**status: Any) -> StageRecord:
+    record = StageRecord("ns", "s", status=status)
+    record.body = {"metadata": {"name": "s", "annotations": {}}, "status": {}}
+    return record
+
+
+def test_converger_picks_the_most_urgent_work() -> None:
+    record = _record()
+    view = current_view(record)
+    assert view is not None and due_work(record, view, now=100.0) is None
+    record.body["metadata"]["annotations"]["phoenix.io/restart"] = "r1"
+    record.drift.add("Deployment s was deleted")
+    view = current_view(record)
+    assert view is not None and due_work(record, view, now=100.0) == "repair"  # a restart needs the Deployment
+    record.drift.clear()
+    assert due_work(record, view, now=100.0) == "restart"
+    # The status this operator wrote wins over the watched copy, which may lag behind it.
+    record.status = {"handledRestart": "r1"}
+    view = current_view(record)
+    assert view is not None and due_work(record, view, now=100.0) is None
+
+
+def test_keda_is_rechecked_only_now_and_then() -> None:
+    record = _record(conditions=[{"type": "AutoscalingReady", "status": "False", "reason": "KedaNotInstalled"}])
+    view = current_view(record)
+    assert view is not None and due_work(record, view, now=100.0) == "keda"
+    record.keda_checked_at = 90.0
+    assert due_work(record, view, now=100.0) is None
+
+
+def test_a_stage_being_deleted_gets_no_work() -> None:
+    record = _record()
+    record.drift.add("Deployment s was deleted")  # garbage collection at work
+    record.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert current_view(record) is None
+
+
+def test_watcher_successes_are_kept_out_of_the_log() -> None:
+    quiet = QuietHandlers(["stage_seen", "child_seen"])
+
+    def record(message: str) -> logging.LogRecord:
+        return logging.LogRecord("kopf.objects", logging.INFO, __file__, 1, message, None, None)
+
+    assert not quiet.filter(record("Handler 'child_seen' succeeded."))
+    assert quiet.filter(record("Handler 'reconcile' succeeded."))
+    assert quiet.filter(record("Handler 'child_seen' failed temporarily: boom"))

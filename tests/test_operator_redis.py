@@ -5,22 +5,22 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from phoenix.crds import StreamsStatus
-from phoenix.operator.redis_ops import destroy, ensure_streams, replay_ledger, replay_once
+from phoenix.operator.redis_ops import Created, destroy, ensure_streams, replay_ledger, replay_once
 
 STREAMS = StreamsStatus(input="phoenix:s:input", consumer_group="s-group", dlq="phoenix:s:dlq")
 
 
 async def test_ensure_streams_is_idempotent_and_adopts_the_group(redis: aioredis.Redis) -> None:
     await redis.xadd(STREAMS.input, {"record_id": "early"})
-    await ensure_streams(redis, STREAMS)
+    assert await ensure_streams(redis, STREAMS) == Created(group=True, dlq=True)
     await redis.xadd(STREAMS.dlq, {"record_id": "dead"})
-    await ensure_streams(redis, STREAMS)
+    assert await ensure_streams(redis, STREAMS) == Created(group=False, dlq=False)
     groups = await redis.xinfo_groups(STREAMS.input)
     # From 0: the entry enqueued before the stage existed is still to be delivered.
     assert [(g["name"], g["lag"]) for g in groups] == [("s-group", 1)]
     assert await redis.xlen(STREAMS.dlq) == 1
     await redis.delete(STREAMS.dlq)
-    await ensure_streams(redis, STREAMS)
+    assert await ensure_streams(redis, STREAMS) == Created(group=False, dlq=True)
     assert (await redis.type(STREAMS.dlq), await redis.xlen(STREAMS.dlq)) == ("stream", 0)
 
 

@@ -15,12 +15,12 @@ from phoenix.cli.stage import StageSettings, add_redis_argument, client
 from phoenix.console import TableDisplay, format_columns
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
 
-_COLUMNS = {"LENGTH": "length", "PENDING": "pending", "LAG": "lag", "OLDEST(s)": "oldestPendingSeconds",
+_COLUMNS = {"LENGTH": "length", "PENDING": "pending", "LAG": "lag", "OLDEST(s)": "oldestUnfinishedSeconds",
             "DLQ": "dlqLength", "CONSUMERS": "consumers"}
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    st = add_redis_argument(sub.add_parser("status", help="queue length, pending, lag, oldest pending, DLQ per stage"))
+    st = add_redis_argument(sub.add_parser("status", help="queue length, pending, lag, oldest unfinished, DLQ per stage"))
     st.add_argument("--service", action="append", help="stage name (repeatable); default: every phoenix:*:input")
     st.add_argument("--json", action="store_true", help="one JSON array of stages (one per snapshot with --watch)")
     st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C (redrawn on a terminal)")
@@ -65,7 +65,7 @@ async def status(args: argparse.Namespace) -> int:
                 if args.json:
                     print(json.dumps(rows), flush=True)
                 else:
-                    # Oldest-pending ages move every second; a plain-lines log prints when the counts change.
+                    # Ages move every second; a plain-lines log prints when the counts change.
                     display.show(format_status_table(rows), [_counts(row) for row in rows])
                 await asyncio.sleep(args.interval)
         except (KeyboardInterrupt, asyncio.CancelledError):
@@ -73,4 +73,4 @@ async def status(args: argparse.Namespace) -> int:
 
 
 def _counts(row: dict[str, object]) -> tuple[object, ...]:
-    return tuple(v for k, v in row.items() if k != "oldestPendingSeconds")
+    return tuple(v for k, v in row.items() if not k.startswith("oldest"))

@@ -20,8 +20,8 @@ _PRINTER_COLUMNS: list[dict[str, Any]] = [
     {
         "name": "Oldest",
         "type": "integer",
-        "jsonPath": ".status.queue.oldestPendingSeconds",
-        "description": "Seconds the oldest unacknowledged entry has waited",
+        "jsonPath": ".status.queue.oldestUnfinishedSeconds",
+        "description": "Seconds the oldest unfinished entry (undelivered or pending) has waited",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Processor", "type": "string", "jsonPath": ".spec.processor", "priority": 1},

@@ -209,7 +209,11 @@ class EnvVar(CamelModel):
         return self
 
 
-_RESERVED_CEL_LIST = "[" + ", ".join(f"'{name}'" for name in RUNTIME_ENV_NAMES) + "]"
+def _cel_list(words: tuple[str, ...]) -> str:
+    return "[" + ", ".join(f"'{word}'" for word in words) + "]"
+
+
+_RESERVED_CEL_LIST = _cel_list(RUNTIME_ENV_NAMES)
 _RESERVED_MESSAGE = "spec.env must not set variables the operator derives from the spec: " + ", ".join(
     RUNTIME_ENV_NAMES
 )
@@ -224,8 +228,29 @@ class ResourceRequirements(CamelModel):
     limits: dict[str, Quantity] | None = Field(default=None, description="Maximum resources, e.g. `{memory: 512Mi}`.")
 
 
+# The strings pydantic (the worker's BillingSettings) reads as a false BILLING_SWAP_ENV, lowercased.
+_FALSE_WORDS = ("false", "0", "no", "off", "f", "n")
+# Billing on (BILLING_URL set) swaps OPENAI_API_KEY in the process environment for each message unless
+# BILLING_SWAP_ENV is false; the worker refuses to start that way with CONCURRENCY > 1, so admission refuses it
+# before any pod could crash-loop on it.
+_BILLING_CEL = (
+    "!has(self.env)"
+    " || !self.env.exists(e, e.name == 'BILLING_URL' && (has(e.secretKeyRef) || (has(e.value) && e.value != '')))"
+    " || self.env.exists(e, e.name == 'BILLING_SWAP_ENV' && has(e.value)"
+    f" && e.value.lowerAscii() in {_cel_list(_FALSE_WORDS)})"
+    " || !has(self.worker) || self.worker.concurrency <= 1"
+)
+_BILLING_MESSAGE = (
+    "billing (BILLING_URL in spec.env) swaps OPENAI_API_KEY per message, which is only safe with "
+    "worker.concurrency 1: set worker.concurrency to 1, or set BILLING_SWAP_ENV=false in spec.env and have the "
+    "processor pass phoenix.worker_runtime.billing.current_api_key() to its LLM client"
+)
+
+
 class PhoenixStageSpec(CamelModel):
     """One pipeline stage: a processor reading a Redis stream through a consumer group, autoscaled by KEDA."""
+
+    model_config = cel((_BILLING_CEL, _BILLING_MESSAGE))
 
     processor: str = Field(
         max_length=256,
@@ -290,3 +315,14 @@ class PhoenixStageSpec(CamelModel):
         if duplicates := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"spec.env names must be unique (repeated: {', '.join(duplicates)})")
         return env
+
+    @model_validator(mode="after")
+    def _billing_needs_one_at_a_time(self) -> PhoenixStageSpec:
+        env = {var.name: var for var in self.env}
+        billing = env.get("BILLING_URL")
+        swap = env.get("BILLING_SWAP_ENV")
+        billing_on = billing is not None and (billing.secret_key_ref is not None or bool(billing.value))
+        swap_off = swap is not None and swap.value is not None and swap.value.lower() in _FALSE_WORDS
+        if billing_on and not swap_off and self.worker.concurrency > 1:
+            raise ValueError(f"{_BILLING_MESSAGE} (got worker.concurrency {self.worker.concurrency})")
+        return self

@@ -56,6 +56,15 @@ class QueueStatus(StatusModel):
     oldest_pending_seconds: int | None = Field(
         default=None, ge=0, description="Age in seconds of the oldest unacknowledged entry."
     )
+    oldest_undelivered_seconds: int | None = Field(
+        default=None, ge=0, description="Age in seconds of the first entry not yet delivered to any worker."
+    )
+    oldest_unfinished_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Age in seconds of the oldest entry not yet finished: the older of the oldest pending and the "
+        "first undelivered entry (the OLDEST column).",
+    )
     dlq_length: int | None = Field(default=None, ge=0, description="Entries in the dead-letter stream.")
     consumers: int | None = Field(default=None, ge=0, description="Consumers registered in the consumer group.")
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
+from phoenix.operator.events import EventRecorder
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.registry import StageRegistry
@@ -19,9 +21,13 @@ class OperatorContext:
     pool: RedisPool = field(default_factory=RedisPool)
     registry: StageRegistry = field(default_factory=StageRegistry)
     writer: StatusWriter = field(init=False)
+    events: EventRecorder = field(init=False)
+    # Set when a stage has new work for the converger (drift noticed), so that it does not wait for its tick.
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
     # Figures of the last status refresh cycle and of the last one that patched something (refresh.CycleReport),
     # served on the liveness endpoint.
     refresh_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.writer = StatusWriter(self.kube)
+        self.events = EventRecorder(self.kube)

@@ -8,20 +8,23 @@ from typing import Any
 
 import kopf
 
-from phoenix.crds import GROUP, PLURAL, VERSION
+from phoenix.crds import GROUP, PLURAL, VERSION, DeletionPolicy
 from phoenix.operator import flows
+from phoenix.operator.builders.meta import MANAGED_BY
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.kopf_settings import configure
+from phoenix.operator.converge import converge_forever
+from phoenix.operator.kopf_settings import configure, quiet_handlers
+from phoenix.operator.kube import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.metrics import observed_reconcile
-from phoenix.operator.readiness import waits_for_keda
 from phoenix.operator.refresh import refresh_forever
-from phoenix.operator.requests import has_replay_work, has_restart_request
 
 STAGES = (GROUP, VERSION, PLURAL)
-# How often a pending restart or replay request is (re)tried while it is pending; idle stages run no timer.
-REQUEST_INTERVAL_SECONDS = 2.0
-# How often a stage running without KEDA looks again whether KEDA has been installed meanwhile.
-KEDA_RECHECK_SECONDS = 30.0
+# The children the operator creates carry this label; only their events can be drift.
+MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+DEPLOYMENTS = ("apps", "v1", "deployments")
+SCALED_OBJECTS = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
+TRIGGER_AUTHENTICATIONS = (KEDA_GROUP, KEDA_VERSION, "triggerauthentications")
+_BACKGROUND = ("refresh_task", "converge_task")
 
 
 def _context(memo: kopf.Memo) -> OperatorContext:
@@ -30,16 +33,21 @@ def _context(memo: kopf.Memo) -> OperatorContext:
 
 @kopf.on.startup()
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
-    configure(settings)
-    memo["refresh_task"] = asyncio.create_task(refresh_forever(_context(memo)), name="phoenix-status-refresh")
+    children = [(group, plural) for group, _, plural in (DEPLOYMENTS, SCALED_OBJECTS, TRIGGER_AUTHENTICATIONS)]
+    configure(settings, children, ",".join(f"{key}={value}" for key, value in MANAGED.items()))
+    quiet_handlers((stage_seen.__name__, child_seen.__name__))
+    context = _context(memo)
+    memo["refresh_task"] = asyncio.create_task(refresh_forever(context), name="phoenix-status-refresh")
+    memo["converge_task"] = asyncio.create_task(converge_forever(context), name="phoenix-converger")
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    task: asyncio.Task[None] = memo["refresh_task"]
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    for name in _BACKGROUND:
+        task: asyncio.Task[None] = memo[name]
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     context = _context(memo)
     await context.pool.close()
     await context.kube.aclose()
@@ -58,22 +66,28 @@ async def reconcile(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> N
         await flows.reconcile_stage(_context(memo), body, retry)
 
 
-@kopf.on.delete(*STAGES, retries=flows.DELETE_RETRIES)
+# Only a Delete stage has work to do before it goes, so only such a stage gets kopf's finalizer (a filtered
+# deletion handler adds it only to the objects it matches, and removes it when the policy becomes Retain).
+# retries=None: tried with backoff until the data is deleted.
+@kopf.on.delete(*STAGES, field="spec.deletionPolicy", value=DeletionPolicy.DELETE.value, retries=None)
 async def delete(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
     await flows.delete_stage(_context(memo), body, retry)
 
 
-@kopf.timer(*STAGES, interval=REQUEST_INTERVAL_SECONDS, when=has_restart_request)
-async def restart(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
-    await flows.restart_workers(_context(memo), body, retry)
+# The event handlers are async (kopf would run sync ones in threads): the registry and the converger's state are
+# only ever touched from the event loop.
+@kopf.on.event(*STAGES)
+async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the latest object for the converger's work (restart, replay, drift repair); forget a deleted one."""
+    registry = _context(memo).registry
+    if type == "DELETED":
+        registry.forget((body["metadata"]["namespace"], body["metadata"]["name"]))
+    else:
+        registry.observe(body)
 
 
-@kopf.timer(*STAGES, interval=REQUEST_INTERVAL_SECONDS, when=has_replay_work)
-async def replay_dlq(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
-    await flows.replay_dlq(_context(memo), body, retry)
-
-
-@kopf.timer(*STAGES, interval=KEDA_RECHECK_SECONDS, when=waits_for_keda)
-async def adopt_keda(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
-    with observed_reconcile():
-        await flows.reconcile_stage(_context(memo), body, retry)
+@kopf.on.event(*DEPLOYMENTS, labels=MANAGED)
+@kopf.on.event(*SCALED_OBJECTS, labels=MANAGED)
+@kopf.on.event(*TRIGGER_AUTHENTICATIONS, labels=MANAGED)
+async def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    flows.child_changed(_context(memo), type, body)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Iterable
 
 import kopf
 
@@ -10,14 +12,37 @@ PREFIX = "phoenix.io"
 FINALIZER = f"{PREFIX}/finalizer"
 
 
-def configure(settings: kopf.OperatorSettings) -> None:
+def configure(settings: kopf.OperatorSettings, children: Iterable[tuple[str, str]], managed: str) -> None:
+    """`children`: (group, plural) of the kinds the operator creates, watched only where labelled `managed`."""
     # kopf's bookkeeping in phoenix.io/* annotations; status holds only Phoenix's own fields.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration"
     )
-    # One operator replica (the Deployment uses the Recreate strategy), so no peering objects are needed.
+    # One replica acts at a time through the Lease (leader.py); kopf's peering would freeze, not elect.
     settings.peering.standalone = True
-    # Warnings and errors become Events on the stage; routine successes stay in the log.
-    settings.posting.level = logging.WARNING
+    # The operator posts its own Events (events.py): one Normal per action, one Warning per cause. kopf's would
+    # add one per retry and per handler run.
+    settings.posting.enabled = False
+    # Children are watched for drift: ask the API server for the operator's own only (a label selector on the
+    # watch), not for every Deployment of the cluster.
+    for child in children:
+        settings.watching.label_selectors[child] = managed
+
+
+class QuietHandlers(logging.Filter):
+    """Drops kopf's "Handler '<id>' succeeded." lines of the given handlers: the watchers of stages and children
+    run on every watch event, so their successes would drown the log."""
+
+    def __init__(self, handler_ids: Iterable[str]) -> None:
+        super().__init__()
+        ids = "|".join(re.escape(handler_id) for handler_id in handler_ids)
+        self._pattern = re.compile(rf"^Handler '({ids})' succeeded\.$")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not self._pattern.match(record.getMessage())
+
+
+def quiet_handlers(handler_ids: Iterable[str]) -> None:
+    logging.getLogger("kopf.objects").addFilter(QuietHandlers(handler_ids))

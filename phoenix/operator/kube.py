@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import socket
 import time
 from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client, config
@@ -30,6 +32,8 @@ KEDA_PLURALS = {"ScaledObject": "scaledobjects", "TriggerAuthentication": "trigg
 MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
 # Discovery is cheap but 200 stages reconciling at once would still ask 200 times.
 KEDA_CHECK_TTL_SECONDS = 10.0
+# The API server refuses longer Event messages.
+EVENT_MESSAGE_LIMIT = 1024
 
 Json = dict[str, Any]
 
@@ -137,28 +141,56 @@ class KubeApi:
         self._keda_checked_at = time.monotonic()
         return self._keda_installed
 
-    async def apply_keda_object(self, body: Json, patch: Json | None = None) -> Json:
-        """Create the object, or merge-patch it into shape (with `patch`, else `body`) when it exists."""
-        meta, plural = body["metadata"], KEDA_PLURALS[body["kind"]]
-        args = (KEDA_GROUP, KEDA_VERSION, meta["namespace"], plural)
-        try:
-            return await _json(self._custom.create_namespaced_custom_object, *args, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-        return await _json(
-            self._custom.patch_namespaced_custom_object, *args, meta["name"], patch or body, _content_type=MERGE_PATCH
-        )
+    def _keda_args(self, kind: str, namespace: str) -> tuple[str, str, str, str]:
+        return (KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURALS[kind])
 
-    async def delete_keda_object(self, kind: str, namespace: str, name: str) -> None:
+    async def get_keda_object(self, kind: str, namespace: str, name: str) -> Json | None:
+        return await _json_or_none(self._custom.get_namespaced_custom_object, *self._keda_args(kind, namespace), name)
+
+    async def create_keda_object(self, body: Json) -> Json:
+        args = self._keda_args(body["kind"], body["metadata"]["namespace"])
+        return await _json(self._custom.create_namespaced_custom_object, *args, body)
+
+    async def patch_keda_object(self, patch: Json) -> Json:
+        """Merge-patch the object `patch` names (kind, metadata.namespace and metadata.name)."""
+        meta = patch["metadata"]
+        return await _json(
+            self._custom.patch_namespaced_custom_object, *self._keda_args(patch["kind"], meta["namespace"]),
+            meta["name"], patch, _content_type=MERGE_PATCH,
+        )  # fmt: skip
+
+    async def delete_keda_object(self, kind: str, namespace: str, name: str) -> bool:
+        """True when it existed and was deleted."""
         try:
             await asyncio.to_thread(
-                self._custom.delete_namespaced_custom_object, KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURALS[kind],
-                name,
-            )  # fmt: skip
+                self._custom.delete_namespaced_custom_object, *self._keda_args(kind, namespace), name
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
+            return False
+        return True
+
+    # -- Events ----------------------------------------------------------------------------------------------
+
+    async def post_event(self, involved: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        """A core/v1 Event about `involved` (an object reference: apiVersion, kind, namespace, name, uid)."""
+        now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        namespace = involved["namespace"]
+        body = {
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": type_,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_LIMIT],
+            "source": {"component": MANAGED_BY},
+            "reportingComponent": MANAGED_BY,
+            "reportingInstance": socket.gethostname()[:128],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self._status.create_event(namespace, body)
 
     # -- PhoenixStages ---------------------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from importlib.resources import files
 
 from redis.asyncio import Redis
@@ -25,15 +26,26 @@ def replay_ledger(stage: str, request_id: str) -> str:
     return f"phoenix:{stage}:replay:{request_id}"
 
 
-async def ensure_streams(client: Redis, streams: StreamsStatus) -> None:
+@dataclass(frozen=True)
+class Created:
+    """What ensure_streams had to create."""
+
+    group: bool
+    dlq: bool
+
+
+async def ensure_streams(client: Redis, streams: StreamsStatus) -> Created:
     """The input stream with the consumer group (an existing group is adopted), and an empty DLQ stream."""
     try:
         # From 0: entries enqueued before the stage existed are processed too.
         await client.xgroup_create(streams.input, streams.consumer_group, id="0", mkstream=True)
+        group = True
     except ResponseError as exc:
         if "BUSYGROUP" not in str(exc):
             raise
-    await client.register_script(_ENSURE_STREAM)(keys=[streams.dlq])
+        group = False
+    dlq = await client.register_script(_ENSURE_STREAM)(keys=[streams.dlq])
+    return Created(group=group, dlq=bool(dlq))
 
 
 async def destroy(client: Redis, stage: str, streams: StreamsStatus) -> None:

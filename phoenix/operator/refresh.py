@@ -1,8 +1,9 @@
 """The periodic status refresh of every stage: queue figures from Redis, replicas from the Deployments; the
 same figures feed the per-stage gauges of the operator's /metrics.
 
-One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it),
-one Deployment list call, and a status patch only for stages whose figures changed.
+One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it; a
+second one when some stage has a backlog, for the age of its first undelivered entry), one Deployment list call,
+and a status patch only for stages whose figures changed.
 """
 
 from __future__ import annotations
@@ -78,6 +79,19 @@ def _by_stage(deployments: Iterable[Mapping[str, Any]]) -> dict[StageKey, Mappin
     return found
 
 
+def note_missing_groups(
+    ctx: OperatorContext, records: Iterable[StageRecord], queues: Mapping[StageKey, QueueStats]
+) -> None:
+    """A reconciled stage whose consumer group is gone (Redis flushed, or restarted without persistence) is
+    drift: the converger recreates the group and the DLQ."""
+    for record in records:
+        stats = queues.get(record.key)
+        if stats is not None and not stats.group_exists and record.error is None and record.children:
+            group = record.streams.consumer_group if record.streams else "?"
+            record.drift.add(f"consumer group {group} is missing from Redis")
+            ctx.wake.set()
+
+
 async def refresh_once(ctx: OperatorContext) -> CycleReport:
     started = time.perf_counter()
     records = ctx.registry.records()
@@ -90,6 +104,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
     queues: dict[StageKey, QueueStats] = {}
     for sample in samples:
         queues.update(sample or {})
+    note_missing_groups(ctx, records, queues)
     by_stage = _by_stage(deployments)
     limit = asyncio.Semaphore(PATCH_CONCURRENCY)
 

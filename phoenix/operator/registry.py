@@ -27,6 +27,24 @@ class StageRecord:
     # Serializes read-modify-write of status, and of the Deployment (reconcile against restart).
     status_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
     deployment_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # Serializes whole reconciles: a spec change (kopf handler) against a drift repair (converger).
+    reconcile_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # The object as last seen on the watch; background work (restart, replay, drift repair) acts on it.
+    body: Mapping[str, Any] | None = field(default=None, repr=False)
+    # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
+    # with it (drift.differences).
+    children: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    # spec.paused as last reconciled by this process (None: not yet), for the Paused and Resumed Events.
+    paused: bool | None = None
+    # Why the stage's world departs from its spec, noticed since its last repair; the converger repairs it.
+    drift: set[str] = field(default_factory=set)
+    # The cause of the Warning last posted per source (reconcile, restart, replay, delete): reason, generation.
+    warnings: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+    # Background work of the converger: the task running now, failed attempts in a row, when to try again.
+    task: asyncio.Task[None] | None = field(default=None, repr=False)
+    attempts: int = 0
+    retry_at: float = 0.0
+    keda_checked_at: float = 0.0
 
     @property
     def key(self) -> StageKey:
@@ -46,6 +64,7 @@ class StageRegistry:
             record = StageRecord(meta["namespace"], meta["name"], status=dict(body.get("status") or {}))
             self._records[key] = record
         record.generation = meta.get("generation")
+        record.body = body
         return record
 
     def get(self, key: StageKey) -> StageRecord | None:

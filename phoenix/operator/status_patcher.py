@@ -1,8 +1,9 @@
-"""PhoenixStage status patches over one aiohttp session: the hot path of the status refresh.
+"""PhoenixStage status patches and Events over one aiohttp session: the operator's most frequent writes.
 
 The official client costs about 4 ms of CPU per request (in a thread, under the GIL); a refresh cycle over
-hundreds of stages is hundreds of patches, so these go out as coroutines on a pooled HTTP/1.1 session instead
-(about 0.5 ms each), with the credentials of the same client configuration.
+hundreds of stages is hundreds of patches, and hundreds of new stages are a few Events each, so these go out as
+coroutines on a pooled HTTP/1.1 session instead (about 0.5 ms each), with the credentials of the same client
+configuration.
 """
 
 from __future__ import annotations
@@ -43,21 +44,34 @@ class StatusPatcher:
                 headers[auth["key"]] = auth["value"]
         return headers
 
-    async def patch(self, namespace: str, name: str, body: Mapping[str, Any] | list[Any], content_type: str) -> bool:
-        """Patch a PhoenixStage's status; False when it no longer exists, ApiException for other refusals."""
+    def _client(self) -> aiohttp.ClientSession:
         if self._session is None:  # created on first use, inside the operator's event loop
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(ssl=self._ssl(), limit=_CONNECTIONS),
                 timeout=aiohttp.ClientTimeout(total=30),
             )
-        url = f"{self._configuration.host}/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
-        async with self._session.patch(url, data=json.dumps(body), headers=self._headers(content_type)) as response:
+        return self._session
+
+    async def _send(self, method: str, path: str, body: Any, content_type: str) -> bool:
+        """False when the object is not found (404), ApiException for other refusals."""
+        url = f"{self._configuration.host}{path}"
+        headers = self._headers(content_type)
+        async with self._client().request(method, url, data=json.dumps(body), headers=headers) as response:
             if response.status == 404:
                 return False
             if response.status >= 300:
                 raise ApiException(status=response.status, reason=await response.text())
             await response.read()
             return True
+
+    async def patch(self, namespace: str, name: str, body: Mapping[str, Any] | list[Any], content_type: str) -> bool:
+        """Patch a PhoenixStage's status; False when it no longer exists, ApiException for other refusals."""
+        path = f"/apis/{GROUP}/{VERSION}/namespaces/{namespace}/{PLURAL}/{name}/status"
+        return await self._send("PATCH", path, body, content_type)
+
+    async def create_event(self, namespace: str, body: Mapping[str, Any]) -> None:
+        """Create a core/v1 Event."""
+        await self._send("POST", f"/api/v1/namespaces/{namespace}/events", body, "application/json")
 
     async def aclose(self) -> None:
         if self._session is not None:

@@ -1,10 +1,13 @@
-"""The queue dashboard of the original design: length, pending, lag, oldest pending, DLQ, consumers per stage.
+"""The queue dashboard of the original design: length, pending, lag, oldest pending, DLQ, consumers per stage,
+plus the age of the oldest unfinished entry (the first undelivered one or the oldest pending one).
 
-Used by `phoenix status`, the demo and the operator's status refresh; all stages go out in one pipeline.
+Used by `phoenix status`, the demo and the operator's status refresh; all stages go out in one pipeline, and a
+second one asks for the first undelivered entry of the stages that have a backlog.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -30,6 +33,14 @@ class QueueStats:
     dlq_length: int
     consumers: int
     group_exists: bool
+    # Age of the first entry not yet delivered to any worker (None: nothing waits).
+    oldest_undelivered_seconds: float | None = None
+
+    @property
+    def oldest_unfinished_seconds(self) -> float | None:
+        """Age of the oldest entry not yet finished, delivered or not: what a person waiting for it feels."""
+        ages = [age for age in (self.oldest_pending_seconds, self.oldest_undelivered_seconds) if age is not None]
+        return max(ages, default=None)
 
     def as_status(self) -> dict[str, int | float | None]:
         """camelCase, as in the PhoenixStage status."""
@@ -38,6 +49,8 @@ class QueueStats:
             "pending": self.pending,
             "lag": self.lag,
             "oldestPendingSeconds": self.oldest_pending_seconds,
+            "oldestUndeliveredSeconds": self.oldest_undelivered_seconds,
+            "oldestUnfinishedSeconds": self.oldest_unfinished_seconds,
             "dlqLength": self.dlq_length,
             "consumers": self.consumers,
         }
@@ -47,7 +60,7 @@ _COMMANDS_PER_STAGE = 4
 
 
 async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueStats]:
-    """One round trip for any number of stages; a missing stream or group reads as empty."""
+    """At most two round trips for any number of stages; a missing stream or group reads as empty."""
     pipe = client.pipeline(transaction=False)
     for st in stages:
         pipe.xlen(st.input)
@@ -57,17 +70,22 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
     replies = await pipe.execute(raise_on_error=False)
     now_ms = time.time() * 1000
     out = []
+    # Stages with a backlog, and the id their group delivered last: the next entry is the first undelivered.
+    backlog: dict[int, str] = {}
     for i, st in enumerate(stages):
         length, groups, pending, dlq_length = replies[i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE]
         group = _find_group(groups, st.group)
         if group is None or isinstance(pending, ResponseError):
             out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False))
+            if _int(length):
+                backlog[i] = "0-0"  # no group: every entry is undelivered
             continue
         oldest = None
         if pending["pending"]:
-            first_id = pending["min"].decode() if isinstance(pending["min"], bytes) else pending["min"]
-            oldest = round(max(0.0, now_ms - int(first_id.partition("-")[0])) / 1000, 1)
+            oldest = _age_seconds(_text(pending["min"]), now_ms)
         lag = group.get("lag")
+        if lag is None or lag > 0:
+            backlog[i] = _text(group["last-delivered-id"])
         out.append(QueueStats(
             length=_int(length),
             pending=int(pending["pending"]),
@@ -77,15 +95,31 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
             consumers=int(group["consumers"]),
             group_exists=True,
         ))
+    if backlog:
+        pipe = client.pipeline(transaction=False)
+        for i, last_delivered in backlog.items():
+            pipe.xrange(stages[i].input, min=f"({last_delivered}", count=1)
+        for i, first in zip(backlog, await pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(first, list) and first:
+                age = _age_seconds(_text(first[0][0]), now_ms)
+                out[i] = dataclasses.replace(out[i], oldest_undelivered_seconds=age)
     return out
+
+
+def _age_seconds(entry_id: str, now_ms: float) -> float:
+    """Seconds since an entry was added, from the millisecond time in its id."""
+    return round(max(0.0, now_ms - int(entry_id.partition("-")[0])) / 1000, 1)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 def _find_group(groups: object, name: str) -> dict | None:
     if not isinstance(groups, list):
         return None  # ResponseError: no such stream
     for g in groups:
-        gname = g["name"].decode() if isinstance(g["name"], bytes) else g["name"]
-        if gname == name:
+        if _text(g["name"]) == name:
             return g
     return None
 

@@ -1,0 +1,127 @@
+"""The converger: one background loop that does each stage's pending work outside kopf's handlers.
+
+Work comes from the stage's own object (a restart or replay asked for by annotation), from drift noticed in its
+children's watch events or in Redis by the status refresh, and from a stage waiting for KEDA to be installed.
+kopf timers would do the same but add a finalizer to every stage they apply to, so a stage could not be deleted
+while the operator is down; this loop needs none. At most one piece of work runs per stage at a time; a failure
+waits with backoff (flows.backoff) before that stage's next attempt, and its Warning is posted once per cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from phoenix.operator import flows
+from phoenix.operator.context import OperatorContext
+from phoenix.operator.errors import StageError
+from phoenix.operator.readiness import waits_for_keda
+from phoenix.operator.registry import StageRecord
+from phoenix.operator.requests import has_replay_work, has_restart_request
+
+logger = logging.getLogger(__name__)
+# How often the loop looks for due work when nothing wakes it (a pending request, a backoff that ended).
+TICK_SECONDS = 1.0
+# How often a stage running without KEDA looks again whether KEDA has been installed meanwhile.
+KEDA_RECHECK_SECONDS = 30.0
+
+Work = Callable[[OperatorContext, StageRecord, Mapping[str, Any]], Awaitable[None]]
+
+
+def current_view(record: StageRecord) -> Mapping[str, Any] | None:
+    """The object as last watched, with the status as this operator last wrote it (the watch may lag)."""
+    if record.body is None or record.body.get("metadata", {}).get("deletionTimestamp"):
+        return None  # being deleted: garbage collection takes the children, nothing is to be restored
+    return {**record.body, "status": record.status}
+
+
+def due_work(record: StageRecord, view: Mapping[str, Any], now: float) -> str | None:
+    """The stage's next piece of work, most urgent first: repairs make restarts and replays possible again."""
+    if record.drift:
+        return "repair"
+    if has_restart_request(view):
+        return "restart"
+    if has_replay_work(view):
+        return "replay"
+    if waits_for_keda(view) and now - record.keda_checked_at >= KEDA_RECHECK_SECONDS:
+        return "keda"
+    return None
+
+
+async def _repair(ctx: OperatorContext, record: StageRecord, view: Mapping[str, Any]) -> None:
+    causes = sorted(record.drift)
+    record.drift.clear()
+    try:
+        await flows.converge_stage(ctx, record, view)
+    except StageError:
+        record.drift.update(causes)  # still to be repaired, after the backoff
+        raise
+    # One line per repair, for whoever counts them (a metric, an alert on frequent drift).
+    logger.info("drift_repaired %s/%s: %s", record.namespace, record.name, "; ".join(causes))
+
+
+async def _recheck_keda(ctx: OperatorContext, record: StageRecord, view: Mapping[str, Any]) -> None:
+    record.keda_checked_at = time.monotonic()
+    await flows.converge_stage(ctx, record, view)
+
+
+WORK: dict[str, Work] = {
+    "repair": _repair,
+    "restart": flows.restart_workers,
+    "replay": flows.replay_dlq,
+    "keda": _recheck_keda,
+}
+
+
+async def _run(ctx: OperatorContext, record: StageRecord, work: str, view: Mapping[str, Any]) -> None:
+    try:
+        await WORK[work](ctx, record, view)
+    except StageError as error:
+        record.retry_at = time.monotonic() + flows.backoff(record.attempts)
+        record.attempts += 1
+        logger.warning("%s of %s/%s failed (attempt %d): %s", work, record.namespace, record.name,
+                       record.attempts, error)  # fmt: skip
+    except Exception:
+        record.retry_at = time.monotonic() + flows.backoff(record.attempts)
+        record.attempts += 1
+        logger.exception("%s of %s/%s failed", work, record.namespace, record.name)
+    else:
+        record.attempts, record.retry_at = 0, 0.0
+    finally:
+        record.task = None
+        ctx.wake.set()  # the stage may have more work (a replay after a restart)
+
+
+def start_due_work(ctx: OperatorContext) -> int:
+    """Start the due work of every idle stage; returns how many were started."""
+    now = time.monotonic()
+    started = 0
+    for record in ctx.registry.records():
+        if record.task is not None or now < record.retry_at:
+            continue
+        view = current_view(record)
+        work = None if view is None else due_work(record, view, now)
+        if work is not None and view is not None:
+            record.task = asyncio.create_task(_run(ctx, record, work, view), name=f"{work} {record.key}")
+            started += 1
+    return started
+
+
+async def converge_forever(ctx: OperatorContext) -> None:
+    """Until cancelled; then the work it started is cancelled with it (what was not finished is due again at the
+    next start: requests and drift are read from the objects, not remembered)."""
+    try:
+        while True:
+            ctx.wake.clear()
+            start_due_work(ctx)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(ctx.wake.wait(), TICK_SECONDS)
+    finally:
+        running = [record.task for record in ctx.registry.records() if record.task is not None]
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)

