@@ -20,7 +20,7 @@ _COLUMNS = {"LENGTH": "length", "PENDING": "pending", "LAG": "lag", "OLDEST(s)":
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    st = add_redis_argument(sub.add_parser("status", help="queue length, pending, lag, oldest unfinished, DLQ per stage"))
+    st = add_redis_argument(sub.add_parser("status", help="length, pending, lag, oldest unfinished, DLQ per stage"))
     st.add_argument("--service", action="append", help="stage name (repeatable); default: every phoenix:*:input")
     st.add_argument("--json", action="store_true", help="one JSON array of stages (one per snapshot with --watch)")
     st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C (redrawn on a terminal)")

@@ -115,7 +115,7 @@ def stage_figures(record: StageRecord, stats: QueueStats | None, deployment: Map
     if stats is not None:
         queue = {
             "backlog": stats.lag, "pending": stats.pending, "dlq_length": stats.dlq_length,
-            "oldest_unfinished_seconds": stats.oldest_pending_seconds,
+            "oldest_unfinished_seconds": stats.oldest_unfinished_seconds,
         }  # fmt: skip
     return StageFigures(
         record.namespace, record.name, ready=ready is not None and ready.get("status") == "True",
