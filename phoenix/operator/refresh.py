@@ -88,7 +88,7 @@ def note_missing_groups(
         stats = queues.get(record.key)
         if stats is not None and not stats.group_exists and record.error is None and record.children:
             group = record.streams.consumer_group if record.streams else "?"
-            record.drift.add(f"consumer group {group} is missing from Redis")
+            record.drift[f"consumer group {group} is missing from Redis"] = "ConsumerGroup"
             ctx.wake.set()
 
 

@@ -36,8 +36,9 @@ class StageRecord:
     children: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
     # spec.paused as last reconciled by this process (None: not yet), for the Paused and Resumed Events.
     paused: bool | None = None
-    # Why the stage's world departs from its spec, noticed since its last repair; the converger repairs it.
-    drift: set[str] = field(default_factory=set)
+    # Why the stage's world departs from its spec (cause -> kind of what is repaired), noticed since its last
+    # repair; the converger repairs it and counts each kind in phoenix_operator_drift_repairs_total.
+    drift: dict[str, str] = field(default_factory=dict)
     # The cause of the Warning last posted per source (reconcile, restart, replay, delete): reason, generation.
     warnings: dict[str, tuple[str, int | None]] = field(default_factory=dict)
     # Background work of the converger: the task running now, failed attempts in a row, when to try again.
