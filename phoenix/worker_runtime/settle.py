@@ -54,9 +54,11 @@ class Settler:
         self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
         self._head: list[FieldValue] = [
             s.consumer_group, token, math.ceil(s.idempotency_ttl), s.lock_prefix, s.marker_prefix,
-            s.stream_maxlen, s.dlq_maxlen, "1" if s.output_queue else "0",
+            "1" if s.output_queue else "0",
         ]
         self._on_settled = on_settled
+        self._client = client
+        self._replicas, self._replicas_timeout_ms = s.min_replicas_ack, s.min_replicas_timeout_ms
         self._queue: list[Outcome] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -80,8 +82,22 @@ class Settler:
                 batch, self._queue = self._queue[: self._MAX_BATCH], self._queue[self._MAX_BATCH :]
                 for outcome, duplicate in zip(batch, await self._write(batch), strict=True):
                     outcome.duplicate = bool(duplicate)
+                if self._replicas:
+                    await self._wait_for_replicas(len(batch))
                 self._on_settled(batch)
             self._idle.set()
+
+    async def _wait_for_replicas(self, batch: int) -> None:
+        """MIN_REPLICAS_ACK: hold the batch until replicas have it. The commit stands either way (Redis cannot
+        undo it); a short count is logged, since a failover now could lose this batch."""
+        try:
+            acked = await self._client.wait(self._replicas, self._replicas_timeout_ms)
+        except RedisError as exc:
+            log.warning("replica_wait_failed", error=str(exc), batch=batch)
+            return
+        if acked < self._replicas:
+            log.warning("replicas_behind", acknowledged_by=acked, wanted=self._replicas, batch=batch,
+                        timeout_ms=self._replicas_timeout_ms)
 
     async def _write(self, outcomes: list[Outcome]) -> list[int]:
         args = list(self._head)
