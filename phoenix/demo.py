@@ -161,14 +161,14 @@ class StageRow:
 
 
 def acknowledged(stats: QueueStats) -> int | None:
-    """Entries of the input stream the group has read and acknowledged: LENGTH - LAG - PENDING.
+    """Entries of the input stream the group has read and acknowledged: ENTRIES-READ - PENDING.
 
-    XACK does not delete entries, so this holds while the stream is not trimmed (the demo stays far below
-    STREAM_MAXLEN). An entry sent back for a retry counts once per attempt. None when Redis cannot tell the lag.
+    The group's read counter, unlike the stream's length, is not cut when workers trim finished entries.
+    An entry sent back for a retry counts once per attempt. None when Redis cannot tell.
     """
-    if stats.lag is None:
+    if stats.read is None:
         return None
-    return stats.length - stats.lag - stats.pending
+    return stats.read - stats.pending
 
 
 @dataclass

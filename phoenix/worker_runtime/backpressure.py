@@ -17,17 +17,13 @@ from redis.asyncio import Redis
 
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.side_keys import backpressure_key
 
 log = structlog.get_logger("phoenix.backpressure")
 
 # A report outlives a few missed measurements, not a dead worker.
 _REPORT_TTL_INTERVALS = 5
 _MIN_REPORT_TTL_SECONDS = 5
-
-
-def backpressure_key(stage: str) -> str:
-    """While set: the stage is paused; the value is its output's unfinished entries when last measured."""
-    return f"phoenix:{stage}:backpressure"
 
 
 async def unfinished_entries(client: Redis, stream: str) -> int:

@@ -11,13 +11,9 @@ from redis.asyncio import Redis
 
 from phoenix.worker_runtime import lua, metrics
 from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.side_keys import dlq_trimmed_key
 
 log = structlog.get_logger("phoenix.trim")
-
-
-def dlq_trimmed_key(dlq: str) -> str:
-    """Counter of the entries DLQ_MAXLEN has removed from the dead-letter stream `dlq`, ever."""
-    return f"{dlq}:trimmed"
 
 
 class Trimmer:
