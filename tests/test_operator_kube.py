@@ -3,6 +3,7 @@ workers played from the generated Deployments, records flowing through router ->
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
@@ -11,9 +12,12 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
+import redis.asyncio as aioredis
 from kubernetes import client
 
+from phoenix.operator.durability import redis_risk_condition
 from phoenix.stages.samples import ensure_samples
+from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 from tests.fixtures.cluster_objects import install_keda_crds
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
@@ -83,6 +87,11 @@ def _worker_report(players: dict[str, KubeletPlayer]) -> str:
     return "\n".join(lines)
 
 
+async def _assess(url: str) -> RedisRisk:
+    async with aioredis.Redis.from_url(url, decode_responses=True) as client:
+        return await assess_redis(client)
+
+
 def _replica_sets(api: client.ApiClient, namespace: str, stage: str) -> set[str]:
     found = client.AppsV1Api(api).list_namespaced_replica_set(namespace, label_selector=f"phoenix.io/stage={stage}")
     return {rs.metadata.name for rs in found.items}
@@ -134,6 +143,12 @@ def test_sample_pipeline_end_to_end(
         return all(rows.get(s, {}).get("BACKLOG") == "0" and rows.get(s, {}).get("PENDING") == "0" for s in STAGES)
 
     eventually(drained, "backlog and pending back to 0 in kubectl get", timeout=30)
+    assert _columns(kube_cluster, ns)["parser"]["THROTTLED"] == "False"  # the Backpressure condition's column
+    # The server's durability, as the workers' start line and the operator read it (the tests' Valkey keeps
+    # nothing on disk, a REDIS_URL given by the user may).
+    risk = asyncio.run(_assess(url))
+    found = condition(get_stage(kube_cluster, ns, "router"), "RedisRisk")
+    assert (found["status"], found["message"]) == (redis_risk_condition(risk).status, risk.describe())
     # The operator left KEDA's replica count alone.
     assert apps.read_namespaced_deployment("parser", ns).spec.replicas == 1
     eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["status"] == "True", "router Ready")
