@@ -141,3 +141,39 @@ async def _all_exist(redis: aioredis.Redis, keys: list[str]) -> bool:
 async def _settled(redis: aioredis.Redis, stream: str, group: str) -> bool:
     [info] = [g for g in await redis.xinfo_groups(stream) if g["name"] == group]
     return info["lag"] == 0 and info["pending"] == 0
+
+
+async def test_min_replicas_ack_waits_for_a_replica_and_says_when_it_falls_short(tmp_path: Path) -> None:
+    primary = start_valkey(appendonly="yes")
+    replica = start_valkey(appendonly="yes", replicaof=f"{primary.host} {primary.port}")
+    url = f"redis://{primary.host}:{primary.port}/0"
+    pool = WorkerPool(url, tmp_path)
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    copy = aioredis.Redis.from_url(f"redis://{replica.host}:{replica.port}/0", decode_responses=True)
+    try:
+        await wait_until(lambda: _replicas(client, 1), "the replica connected")
+        ids = [f"r{i}" for i in range(20)]
+        await enqueue(client, A_IN, ids)
+        one = pool.start("a", OUTPUT_QUEUE=B_IN, MIN_REPLICAS_ACK="1", CONCURRENCY="5")
+        await wait_until(lambda: _length_at_least(client, B_IN, len(ids)), "every record forwarded")
+        assert await arrived(copy, B_IN) == Counter(ids)  # on the replica too
+        assert "replicas_behind" not in one.event_names()
+        assert (await assess_redis(copy)).problems == ("role is slave: writes go to a replica",)
+
+        await enqueue(client, A_IN, ["late"])
+        pool.stop_all()
+        two = pool.start("a", OUTPUT_QUEUE=B_IN, MIN_REPLICAS_ACK="2", MIN_REPLICAS_TIMEOUT_MS="100")
+        behind = await wait_until(lambda: _event(two, "replicas_behind"), "the short count logged")
+        assert (behind["acknowledged_by"], behind["wanted"]) == (1, 2)
+        assert await arrived(client, B_IN) == Counter([*ids, "late"])  # committed all the same, once
+    finally:
+        pool.stop_all()
+        await client.aclose()
+        await copy.aclose()
+        replica.stop()
+        primary.stop()
+
+
+async def _replicas(client: aioredis.Redis, n: int) -> bool:
+    info = await client.info("replication")
+    return info["connected_slaves"] >= n and info.get("slave0", {}).get("state") == "online"
