@@ -163,12 +163,15 @@ class StageRow:
 def acknowledged(stats: QueueStats) -> int | None:
     """Entries of the input stream the group has read and acknowledged: ENTRIES-READ - PENDING.
 
-    The group's read counter, unlike the stream's length, is not cut when workers trim finished entries.
-    An entry sent back for a retry counts once per attempt. None when Redis cannot tell.
+    The group's read counter, unlike the stream's length, is not cut when workers trim finished entries. Redis
+    leaves it unset until the group's first read; nothing can have been trimmed before that, so LENGTH - LAG -
+    PENDING is exact then. An entry sent back for a retry counts once per attempt. None when Redis cannot tell.
     """
-    if stats.read is None:
+    if stats.read is not None:
+        return stats.read - stats.pending
+    if stats.lag is None:
         return None
-    return stats.read - stats.pending
+    return stats.length - stats.lag - stats.pending
 
 
 @dataclass
