@@ -313,3 +313,42 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     kube_cluster.kubectl(*pause, '{"spec": {"paused": false}}')
     eventually(lambda: replicas() == 2, "unpaused: back to replicas.min")
     eventually(lambda: keda_paused() == {}, "KEDA no longer paused")
+
+
+@pytest.mark.parametrize("redis_db", [5], indirect=True)
+def test_a_stage_held_back_by_its_output_shows_backpressure(
+    operator: str, kube_cluster: ControlPlane, kube_namespace: str, kubelet_player: PlayKubelet,
+    redis_db: tuple[str, sync_redis.Redis], tmp_path: Path,
+) -> None:  # fmt: skip
+    """The parser does not run (replicas.min 0, no KEDA here): the router stops at its output's high-water mark,
+    and `kubectl get` says which stage is held back. Once the parser runs, the router reads again."""
+    url, connection = redis_db
+    ns = kube_namespace
+    secret, router, parser = sample_documents(url, ns)[:3]
+    router["spec"]["env"] = [{"name": "OUTPUT_HIGH_WATER", "value": "2"}]
+    kubectl_apply(kube_cluster, [secret, router, parser])
+    eventually(lambda: _status(kube_cluster, ns, "parser").get("streams"), "parser reconciled")
+    documents = ensure_samples(tmp_path / "docs")
+    for i in range(2):
+        for j, document in enumerate(documents):
+            _enqueue(connection, f"rec-{i}-{j}", document)
+    players = {"router": kubelet_player(ns, "router")}
+    players["router"].start()
+    try:
+        eventually(lambda: _columns(kube_cluster, ns).get("router", {}).get("THROTTLED") == "True",
+                   "the router throttled in kubectl get", timeout=60)  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
+    found = condition(get_stage(kube_cluster, ns, "router"), "Backpressure")
+    assert found["reason"] == "OutputOverHighWater" and "unfinished entries" in found["message"]
+    assert connection.xinfo_groups("phoenix:router:input")[0]["lag"] > 0  # the rest waits, unread, untrimmed
+
+    kube_cluster.kubectl("scale", "deployment", "parser", "-n", ns, "--replicas=1")
+    players["parser"] = kubelet_player(ns, "parser")
+    players["parser"].start()
+    try:
+        eventually(lambda: connection.xinfo_groups("phoenix:parser:input")[0]["entries-read"] == 2 * len(documents),
+                   "every record routed and parsed once", timeout=120)  # fmt: skip
+        eventually(lambda: _columns(kube_cluster, ns)["router"]["THROTTLED"] == "False", "the router reads again")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
