@@ -160,8 +160,8 @@ async def test_min_replicas_ack_waits_for_a_replica_and_says_when_it_falls_short
         assert "replicas_behind" not in one.event_names()
         assert (await assess_redis(copy)).problems == ("role is slave: writes go to a replica",)
 
-        await enqueue(client, A_IN, ["late"])
         pool.stop_all()
+        await enqueue(client, A_IN, ["late"])
         two = pool.start("a", OUTPUT_QUEUE=B_IN, MIN_REPLICAS_ACK="2", MIN_REPLICAS_TIMEOUT_MS="100")
         behind = await wait_until(lambda: _event(two, "replicas_behind"), "the short count logged")
         assert (behind["acknowledged_by"], behind["wanted"]) == (1, 2)
