@@ -125,3 +125,21 @@ async def test_retired_stream_maxlen_stops_the_worker_with_one_line(redis_url: s
     assert w.process.popen.returncode == 2
     [line] = w.process.log_path.read_text().splitlines()
     assert "STREAM_MAXLEN is no longer supported" in line and "OUTPUT_HIGH_WATER" in line
+
+
+async def test_a_chain_throttles_back_to_its_first_stage(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    """a -> b -> c with c stopped: b pauses at its high-water mark, then a does; a's producers see a backlog."""
+    high, c_in, c_out = 50, "phoenix:c:input", "phoenix:c:output"
+    ids = [f"r{i}" for i in range(6 * high)]
+    await redis.xgroup_create(c_in, "c-group", id="0", mkstream=True)
+    await enqueue(redis, A_IN, ids)
+    env = {"OUTPUT_HIGH_WATER": str(high), "CONCURRENCY": "5", "TRIM_INTERVAL": "0.2"}
+    a = workers.start("a", OUTPUT_QUEUE=B_IN, **env)
+    b = workers.start("b", OUTPUT_QUEUE=c_in, **env)
+    await wait_until(lambda: b.logged("backpressure_paused"), "b paused by c's backlog")
+    await wait_until(lambda: a.logged("backpressure_paused"), "a paused by b's backlog")
+    [a_group] = await redis.xinfo_groups(A_IN)
+    assert a_group["lag"] > 0  # the first stage's input holds the rest, unread
+    workers.start("c", OUTPUT_QUEUE=c_out, CONCURRENCY="20")
+    await wait_until(lambda: _count(redis, c_out, len(ids)), "every record through a, b and c", timeout=120)
+    assert await arrived(redis, c_out) == Counter(ids)
