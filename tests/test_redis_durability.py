@@ -154,7 +154,9 @@ async def test_min_replicas_ack_waits_for_a_replica_and_says_when_it_falls_short
         await wait_until(lambda: _replicas(client, 1), "the replica connected")
         ids = [f"r{i}" for i in range(20)]
         await enqueue(client, A_IN, ids)
-        one = pool.start("a", OUTPUT_QUEUE=B_IN, MIN_REPLICAS_ACK="1", CONCURRENCY="5")
+        # A generous timeout: on a loaded machine the replica may take a while, and a short count is logged.
+        one = pool.start("a", OUTPUT_QUEUE=B_IN, MIN_REPLICAS_ACK="1", MIN_REPLICAS_TIMEOUT_MS="20000",
+                         CONCURRENCY="5")
         await wait_until(lambda: _length_at_least(client, B_IN, len(ids)), "every record forwarded")
         assert await arrived(copy, B_IN) == Counter(ids)  # on the replica too
         assert "replicas_behind" not in one.event_names()

@@ -72,8 +72,11 @@ class Backpressure:
 
     async def measure(self) -> None:
         """The background job: measure, pause or resume, and refresh the report while paused."""
+        # Forwards noted before the measurement are committed, hence in it; those noted meanwhile may not be.
+        counted = self._forwarded_since
         unfinished = await unfinished_entries(self._client, self._output)
-        self._measured, self._forwarded_since = unfinished, 0
+        self._measured = unfinished
+        self._forwarded_since -= counted
         self._m_unfinished.set(unfinished)
         if self.paused and unfinished < self._low:
             self.paused = False
