@@ -4,10 +4,10 @@
 --              Marker, forward and acknowledgement happen together or not at all, so a crash can neither
 --              lose the record for the next stage nor forward it twice.
 --   D dead-letter: XADD the fields to the DLQ, XACK.
--- No XADD trims (MAXLEN): that cut unread entries. Streams shrink through trim.lua, bounded by backpressure.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
 -- Every action then releases the record's lock if this worker still owns it (compare-and-delete).
+-- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
 -- Returns per item 1 when a commit found the marker already set (a duplicate), else 0.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
 -- ARGV: group, token, marker_ttl, lock_prefix, marker_prefix, has_output,

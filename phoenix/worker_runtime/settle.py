@@ -82,22 +82,23 @@ class Settler:
                 batch, self._queue = self._queue[: self._MAX_BATCH], self._queue[self._MAX_BATCH :]
                 for outcome, duplicate in zip(batch, await self._write(batch), strict=True):
                     outcome.duplicate = bool(duplicate)
-                if self._replicas:
-                    await self._wait_for_replicas(len(batch))
                 self._on_settled(batch)
             self._idle.set()
 
-    async def _wait_for_replicas(self, batch: int) -> None:
-        """MIN_REPLICAS_ACK: hold the batch until replicas have it. The commit stands either way (Redis cannot
-        undo it); a short count is logged, since a failover now could lose this batch."""
-        try:
-            acked = await self._client.wait(self._replicas, self._replicas_timeout_ms)
-        except RedisError as exc:
-            log.warning("replica_wait_failed", error=str(exc), batch=batch)
-            return
+    async def _commit(self, args: list[FieldValue], batch: int) -> list[int]:
+        if not self._replicas:
+            return await self._script(keys=self._keys, args=args)
+        # MIN_REPLICAS_ACK: WAIT counts the writes of the connection it runs on, so it follows the script on the
+        # same connection, in one pipeline. The commit stands either way (Redis cannot undo it); a short count
+        # is logged, since a failover now could lose this batch.
+        pipe = self._client.pipeline(transaction=False)
+        await self._script(keys=self._keys, args=args, client=pipe)
+        pipe.wait(self._replicas, self._replicas_timeout_ms)
+        result, acked = await pipe.execute()
         if acked < self._replicas:
             log.warning("replicas_behind", acknowledged_by=acked, wanted=self._replicas, batch=batch,
                         timeout_ms=self._replicas_timeout_ms)
+        return result
 
     async def _write(self, outcomes: list[Outcome]) -> list[int]:
         args = list(self._head)
@@ -107,7 +108,7 @@ class Settler:
         delay = 0.1
         while True:
             try:
-                return await self._script(keys=self._keys, args=args)
+                return await self._commit(args, len(outcomes))
             except RedisError as exc:
                 # Nothing was acknowledged: the entries stay pending, so waiting for Redis loses nothing.
                 log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=delay)
