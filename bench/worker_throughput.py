@@ -2,8 +2,11 @@
 
 (a) floor: XREADGROUP COUNT 100 and one XACK per batch, no guarantees;
 (b) the original design, one message at a time: XREADGROUP COUNT 1, SET NX, GETEX, SET marker, XADD, XACK, DEL;
-(c) `phoenix worker` (a real subprocess) with every guarantee on and a no-op processor.
-(a) and (c) run several rounds and report the median; (b) is slow enough to be steady in one.
+(c) `phoenix worker` (a real subprocess) with every guarantee on and a no-op processor;
+(c0) the same worker with input trimming and output backpressure off (TRIM_INTERVAL one day,
+     OUTPUT_HIGH_WATER=0): what those cost is 1 - c/c0. Rounds of (c0) and (c) alternate, so load on the
+     machine hits both alike.
+(a), (c0) and (c) run several rounds and report the median; (b) is slow enough to be steady in one.
 """
 
 from __future__ import annotations
@@ -81,9 +84,17 @@ class WorkerRun:
     peak_rss_mb: float
     cpu_us_per_msg: float
     script_us_per_msg: float
+    redis_us_per_msg: float  # every command Redis ran for the worker, scripts included
+    trim_us_per_msg: float  # of which the commands of trimming and backpressure (inside trim.lua too)
 
 
-async def phoenix_worker(client: aioredis.Redis, url: str, n: int, concurrency: int, log_level: str) -> WorkerRun:
+# (c0): no background trimming within the run, no backpressure measurement.
+WITHOUT_TRIMMING = {"TRIM_INTERVAL": "86400", "OUTPUT_HIGH_WATER": "0"}
+
+
+async def phoenix_worker(
+    client: aioredis.Redis, url: str, n: int, concurrency: int, log_level: str, extra_env: dict[str, str]
+) -> WorkerRun:
     stream, out = "phoenix:bench:input", "phoenix:bench:output"
     await client.delete(out)
     await client.flushdb()
@@ -92,7 +103,7 @@ async def phoenix_worker(client: aioredis.Redis, url: str, n: int, concurrency: 
     env = dict(
         os.environ, SERVICE_NAME="bench", PROCESSOR="bench.noop:NoopProcessor", REDIS_URL=url,
         INPUT_QUEUE=stream, OUTPUT_QUEUE=out, CONSUMER_GROUP=GROUP, CONCURRENCY=str(concurrency),
-        HEALTH_PORT="0", LOG_LEVEL=log_level, PYTHONPATH=str(ROOT),
+        HEALTH_PORT="0", LOG_LEVEL=log_level, PYTHONPATH=str(ROOT), **extra_env,
     )
     # Logs go to /dev/null: a terminal's speed is not the worker's.
     proc = await asyncio.create_subprocess_exec(
@@ -113,8 +124,14 @@ async def phoenix_worker(client: aioredis.Redis, url: str, n: int, concurrency: 
     # Output ids carry the server's clock at each commit: first to last commit is the processing time.
     first, last = await client.xrange(out, count=1), await client.xrevrange(out, count=1)
     seconds = max(_id_ms(last[0][0]) - _id_ms(first[0][0]), 1) / 1000
-    scripts = (await client.info("commandstats"))["cmdstat_evalsha"]["usec"]
-    return WorkerRun(n / seconds, rss, (cpu_end - cpu_start) / n * 1e6, scripts / n)
+    stats = await client.info("commandstats")
+    # XLEN and XRANGE are mostly this loop's own polling; commands run by scripts are counted as well as the script.
+    inner = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "cmdstat_type"}
+    redis_us = sum(c["usec"] for name, c in stats.items()
+                   if name not in inner and name not in ("cmdstat_xrange", "cmdstat_xlen"))
+    trim_us = sum(c["usec"] for name, c in stats.items() if name in inner)
+    return WorkerRun(n / seconds, rss, (cpu_end - cpu_start) / n * 1e6, stats["cmdstat_evalsha"]["usec"] / n,
+                     redis_us / n, trim_us / n)
 
 
 def _id_ms(entry_id: bytes) -> int:
@@ -126,18 +143,29 @@ async def run(n: int, concurrency: int, rounds: int, log_level: str) -> int:
         client = aioredis.Redis.from_url(url)
         a = statistics.median([await floor(client, n) for _ in range(rounds)])
         b = await original(client, n)
-        runs = [await phoenix_worker(client, url, n, concurrency, log_level) for _ in range(rounds)]
+        runs, untrimmed = [], []
+        for _ in range(rounds):
+            untrimmed.append(await phoenix_worker(client, url, n, concurrency, log_level, WITHOUT_TRIMMING))
+            runs.append(await phoenix_worker(client, url, n, concurrency, log_level, {}))
         await client.aclose()
     c = statistics.median_high([r.rate for r in runs])
+    c0 = statistics.median_high([r.rate for r in untrimmed])
+
     median_run = next(r for r in runs if r.rate == c)
     print(f"messages: {n}, one embedded Valkey, no-op processor, median of {rounds} rounds for (a) and (c)")
     print(f"(a) floor, XREADGROUP COUNT 100 + XACK/batch : {a:10,.0f} msg/s")
     print(f"(b) original design, one message at a time   : {b:10,.0f} msg/s")
     print(f"(c) phoenix worker, CONCURRENCY={concurrency:<5}        : {c:10,.0f} msg/s  "
           f"(rounds: {', '.join(f'{r.rate:,.0f}' for r in runs)})")
+    print(f"(c0) the same without trimming/backpressure  : {c0:10,.0f} msg/s  "
+          f"(rounds: {', '.join(f'{r.rate:,.0f}' for r in untrimmed)})")
     print(f"    worker peak RSS {median_run.peak_rss_mb:.0f} MiB, worker CPU {median_run.cpu_us_per_msg:.0f} us/msg, "
           f"Redis Lua time {median_run.script_us_per_msg:.0f} us/msg, LOG_LEVEL={log_level}")
     print(f"ratios: c/a = {c / a:.2f} (target >= 0.25)   c/b = {c / b:.1f}x (target >= 20x)")
+    trim_share = statistics.median(r.trim_us_per_msg / r.redis_us_per_msg for r in runs)
+    print(f"trimming + backpressure cost (target <= 10% of c): throughput 1 - c/c0 = {1 - c / c0:.1%}; "
+          f"their own Redis commands {statistics.median(r.trim_us_per_msg for r in runs):.2f} us/msg = "
+          f"{trim_share:.1%} of the worker's Redis time (the throughput ratio is noisy on a loaded machine)")
     return 0
 
 

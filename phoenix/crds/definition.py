@@ -18,6 +18,12 @@ _PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Pending", "type": "integer", "jsonPath": ".status.queue.pending", "description": "Unacknowledged"},
     {"name": "DLQ", "type": "integer", "jsonPath": ".status.queue.dlqLength"},
     {
+        "name": "Throttled",
+        "type": "string",
+        "jsonPath": '.status.conditions[?(@.type=="Backpressure")].status',
+        "description": "True while the stage waits for the next stage to drain its output (backpressure)",
+    },
+    {
         "name": "Oldest",
         "type": "integer",
         "jsonPath": ".status.queue.oldestUnfinishedSeconds",

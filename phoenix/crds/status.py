@@ -16,6 +16,8 @@ class ConditionType(StrEnum):
     STREAM_READY = "StreamReady"
     DEPLOYMENT_READY = "DeploymentReady"
     AUTOSCALING_READY = "AutoscalingReady"
+    BACKPRESSURE = "Backpressure"
+    REDIS_RISK = "RedisRisk"
 
 
 class StatusModel(CamelModel):
@@ -29,7 +31,7 @@ class Condition(StatusModel):
     type: str = Field(
         max_length=316,
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-        description="Ready, StreamReady, DeploymentReady or AutoscalingReady.",
+        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure or RedisRisk.",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
@@ -67,6 +69,9 @@ class QueueStatus(StatusModel):
     )
     dlq_length: int | None = Field(default=None, ge=0, description="Entries in the dead-letter stream.")
     consumers: int | None = Field(default=None, ge=0, description="Consumers registered in the consumer group.")
+    dlq_trimmed: int | None = Field(
+        default=None, ge=0, description="Dead letters removed because the DLQ held more than DLQ_MAXLEN, ever."
+    )
 
 
 class ReplicaStatus(StatusModel):
@@ -114,7 +119,9 @@ class PhoenixStageStatus(StatusModel):
     conditions: list[Condition] = Field(
         default_factory=list,
         max_length=16,
-        description="Ready, StreamReady, DeploymentReady and AutoscalingReady.",
+        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure (True while the stage has "
+        "stopped reading because its output is over OUTPUT_HIGH_WATER) and RedisRisk (True when Redis may lose "
+        "acknowledged data).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     streams: StreamsStatus | None = Field(default=None, description="Resolved Redis names.")

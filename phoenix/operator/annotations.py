@@ -26,9 +26,6 @@ from phoenix.operator.requests import (
 )
 from phoenix.operator.status import StatusWriter
 
-# The input stream's MAXLEN for replayed entries: the worker runtime's default STREAM_MAXLEN.
-REPLAY_MAXLEN = 100_000
-
 
 def _now() -> str:
     return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
@@ -96,7 +93,7 @@ async def replay(
     limit = parse_replay_count(pending["count"])
     moved = await replay_once(
         pool.client(record.redis_url), replay_ledger(record.name, pending["id"]), record.streams.dlq,
-        record.streams.input, limit, REPLAY_MAXLEN,
+        record.streams.input, limit,
     )  # fmt: skip
     if requested == pending["count"]:
         await kube.remove_stage_annotation(record.namespace, record.name, REPLAY_ANNOTATION, requested)

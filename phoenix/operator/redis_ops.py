@@ -58,7 +58,7 @@ async def destroy(client: Redis, stage: str, streams: StreamsStatus) -> None:
 
 
 async def replay_once(
-    client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None, maxlen: int
+    client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None
 ) -> int:
     """Move up to `limit` (None: all) DLQ entries back to the input, at most once for the request `ledger` names.
 
@@ -79,7 +79,7 @@ async def replay_once(
         pipe = client.pipeline(transaction=True)
         pipe.hincrby(ledger, "claimed", 1)
         pipe.expire(ledger, REPLAY_LEDGER_TTL_SECONDS)
-        await move(keys=[dlq, input_stream], args=[want, maxlen], client=pipe)
+        await move(keys=[dlq, input_stream], args=[want], client=pipe)
         _, _, count = await pipe.execute()
         record = client.pipeline(transaction=True)
         record.hincrby(ledger, "moved", count)

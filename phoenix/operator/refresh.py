@@ -20,16 +20,20 @@ from redis.exceptions import RedisError
 
 from phoenix.operator.builders.meta import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
+from phoenix.operator.durability import backpressure_condition, redis_risk_condition
 from phoenix.operator.errors import scrub
 from phoenix.operator.metrics import STAGES, stage_figures
 from phoenix.operator.readiness import deployment_condition, replica_status
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.registry import StageKey, StageRecord
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 from phoenix.worker_runtime.settings import redact_url
 
 logger = logging.getLogger(__name__)
 PATCH_CONCURRENCY = 32
+# Server settings rarely change: each Redis is checked at the first cycle that sees it, then this often.
+REDIS_RISK_CHECK_SECONDS = 300.0
 
 
 @dataclass(frozen=True)
@@ -69,6 +73,22 @@ async def _sample(pool: RedisPool, url: str, records: list[StageRecord]) -> dict
     return {record.key: stat for record, stat in zip(records, stats, strict=True)}
 
 
+async def _redis_risk(ctx: OperatorContext, url: str) -> RedisRisk | None:
+    """The cached check of the Redis at `url`, renewed every REDIS_RISK_CHECK_SECONDS; None while unreachable."""
+    cached = ctx.redis_risks.get(url)
+    if cached is not None and time.monotonic() - cached[0] < REDIS_RISK_CHECK_SECONDS:
+        return cached[1]
+    try:
+        await ctx.pool.client(url).ping()
+    except (RedisError, OSError):
+        return None  # unreachable is not "could not be checked"; the queue sample reports the outage
+    risk = await assess_redis(ctx.pool.client(url))
+    ctx.redis_risks[url] = (time.monotonic(), risk)
+    if risk.at_risk:
+        logger.warning("Redis at %s may lose acknowledged data: %s", redact_url(url), risk.describe())
+    return risk
+
+
 def _by_stage(deployments: Iterable[Mapping[str, Any]]) -> dict[StageKey, Mapping[str, Any]]:
     found: dict[StageKey, Mapping[str, Any]] = {}
     for deployment in deployments:
@@ -96,10 +116,12 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
     started = time.perf_counter()
     records = ctx.registry.records()
     groups = group_by_redis(records)
-    samples, deployments = await asyncio.gather(
+    samples, risks, deployments = await asyncio.gather(
         asyncio.gather(*(_sample(ctx.pool, url, members) for url, members in groups.items())),
+        asyncio.gather(*(_redis_risk(ctx, url) for url in groups)),
         ctx.kube.managed_deployments(ctx.namespaces),
     )
+    risk_by_url = dict(zip(groups, risks, strict=True))
     read_seconds = time.perf_counter() - started
     queues: dict[StageKey, QueueStats] = {}
     for sample in samples:
@@ -111,10 +133,15 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
     async def refresh(record: StageRecord) -> bool:
         deployment = by_stage.get(record.key)
         changes: dict[str, Any] = {"replicas": replica_status(deployment).to_k8s()}
+        conditions = [deployment_condition(deployment, record.generation)]
         if record.key in queues:
-            changes["queue"] = queue_status(queues[record.key])
+            stats = queues[record.key]
+            changes["queue"] = queue_status(stats)
+            conditions.append(backpressure_condition(stats.backpressure, record.generation))
+        if (risk := risk_by_url.get(record.redis_url)) is not None:
+            conditions.append(redis_risk_condition(risk, record.generation))
         async with limit:
-            return await ctx.writer.update(record, changes, [deployment_condition(deployment, record.generation)])
+            return await ctx.writer.update(record, changes, conditions)
 
     # Stages whose reconcile failed have no Deployment to report on yet: their status says why already.
     patched = await asyncio.gather(*(refresh(r) for r in records if r.error is None and r.streams is not None))

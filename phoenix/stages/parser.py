@@ -25,10 +25,9 @@ UNPARSED_ROWS = Counter(
 
 
 class ParserSettings(BaseSettings):
-    """PARSED_TTL: how long findings stay in Redis. PARSER_LLM_URL (unset = rules), PARSER_LLM_MODEL and
-    PARSER_LLM_TIMEOUT configure the model."""
+    """PARSER_LLM_URL (unset = rules), PARSER_LLM_MODEL and PARSER_LLM_TIMEOUT configure the model. Findings have
+    no TTL until the grouper has used them (keys.py)."""
 
-    parsed_ttl: int = Field(86400, gt=0)
     parser_llm_url: str | None = None
     parser_llm_model: str = "gpt-4o-mini"
     parser_llm_timeout: float = Field(120, gt=0)
@@ -72,7 +71,7 @@ class ParserProcessor(BaseProcessor):
         findings = await self.extract(PageList.validate_json(raw_pages))
         # One transaction: the pages disappear only together with the findings that replace them.
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(target, findings.model_dump_json(), ex=self.config.parsed_ttl).delete(source)
+            pipe.set(target, findings.model_dump_json()).delete(source)
             await pipe.execute()
         result = summary(findings)
         UNPARSED_ROWS.inc(len(findings.unparsed))

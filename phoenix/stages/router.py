@@ -19,10 +19,9 @@ from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
 
 class RouterSettings(BaseSettings):
     """RECORDS_API_URL (e.g. `http://records/records/{record_id}/document`) serves records without a
-    document_url; PAGES_TTL bounds how long unparsed pages stay in Redis; DOCUMENT_TIMEOUT bounds a download."""
+    document_url; DOCUMENT_TIMEOUT bounds a download. Pages have no TTL: they wait for the parser (keys.py)."""
 
     records_api_url: str | None = None
-    pages_ttl: int = Field(3600, gt=0)
     document_timeout: float = Field(60, gt=0)
 
 
@@ -60,6 +59,6 @@ class RouterProcessor(BaseProcessor):
             raise UnreadableDocumentError(f"{document.name}: {exc}") from exc
         pages = tag_pages(texts)
         key = pages_key(record_id)
-        await self.redis.set(key, PageList.dump_json(pages), ex=self.config.pages_ttl)
+        await self.redis.set(key, PageList.dump_json(pages))
         self.logger.info("document_routed", record_id=record_id, document=document.name, pages=len(pages))
         return {"pages_key": key, "document_name": document.name, "page_count": len(pages)}

@@ -34,13 +34,13 @@ def dead_letter_fields(
     return [item for pair in fields.items() for item in pair]
 
 
-async def replay(client: Redis, dlq: str, input_stream: str, limit: int | None, maxlen: int) -> int:
+async def replay(client: Redis, dlq: str, input_stream: str, limit: int | None) -> int:
     """Move up to `limit` (None: all) DLQ entries, oldest first, back into the input stream."""
     script = lua.register(client, "dlq_replay.lua")
     moved = 0
     while limit is None or moved < limit:
         batch = _REPLAY_BATCH if limit is None else min(_REPLAY_BATCH, limit - moved)
-        n = await script(keys=[dlq, input_stream], args=[batch, maxlen])
+        n = await script(keys=[dlq, input_stream], args=[batch])
         moved += n
         if n < batch:
             break

@@ -34,3 +34,15 @@ BILLING_KEY_LOOKUPS = Counter(
     "phoenix_billing_key_lookups", "Per-user API key lookups by result: hit (cached) or miss (fetched).",
     ["stage", "result"],
 )
+DLQ_TRIMMED = Counter(
+    "phoenix_dlq_trimmed_messages", "Dead letters removed from the DLQ because it held more than DLQ_MAXLEN.",
+    ["stage"],
+)
+BACKPRESSURE = Gauge(
+    "phoenix_backpressure", "1 while the stage has stopped reading because its output is over OUTPUT_HIGH_WATER.",
+    ["stage"],
+)
+OUTPUT_UNFINISHED = Gauge(
+    "phoenix_output_unfinished_messages", "Entries of the output stream the next stage has not acknowledged yet.",
+    ["stage"],
+)

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.worker_runtime.side_keys import backpressure_key, dlq_trimmed_key
+
 
 @dataclass(frozen=True, slots=True)
 class StageQueues:
@@ -35,6 +37,9 @@ class QueueStats:
     group_exists: bool
     # Age of the first entry not yet delivered to any worker (None: nothing waits).
     oldest_undelivered_seconds: float | None = None
+    read: int | None = None  # entries the group has read ever (entries-read): unlike LENGTH, not cut by trimming
+    dlq_trimmed: int = 0  # dead letters DLQ_MAXLEN has removed, ever
+    backpressure: int | None = None  # while the stage is paused: its output's unfinished entries, as reported
 
     @property
     def oldest_unfinished_seconds(self) -> float | None:
@@ -53,10 +58,11 @@ class QueueStats:
             "oldestUnfinishedSeconds": self.oldest_unfinished_seconds,
             "dlqLength": self.dlq_length,
             "consumers": self.consumers,
+            "dlqTrimmed": self.dlq_trimmed,
         }
 
 
-_COMMANDS_PER_STAGE = 4
+_COMMANDS_PER_STAGE = 6
 
 
 async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueStats]:
@@ -67,23 +73,28 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
         pipe.xinfo_groups(st.input)
         pipe.xpending(st.input, st.group)
         pipe.xlen(st.dlq)
+        pipe.get(dlq_trimmed_key(st.dlq))
+        pipe.get(backpressure_key(st.name))
     replies = await pipe.execute(raise_on_error=False)
     now_ms = time.time() * 1000
     out = []
     # Stages with a backlog, and the id their group delivered last: the next entry is the first undelivered.
     backlog: dict[int, str] = {}
     for i, st in enumerate(stages):
-        length, groups, pending, dlq_length = replies[i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE]
+        length, groups, pending, dlq_length, dlq_trimmed, paused = (
+            replies[i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE]
+        )
+        extra = {"dlq_trimmed": _int(dlq_trimmed), "backpressure": None if paused is None else _int(paused)}
         group = _find_group(groups, st.group)
         if group is None or isinstance(pending, ResponseError):
-            out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False))
+            out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False, **extra))
             if _int(length):
                 backlog[i] = "0-0"  # no group: every entry is undelivered
             continue
         oldest = None
         if pending["pending"]:
             oldest = _age_seconds(_text(pending["min"]), now_ms)
-        lag = group.get("lag")
+        lag, read = group.get("lag"), group.get("entries-read")
         if lag is None or lag > 0:
             backlog[i] = _text(group["last-delivered-id"])
         out.append(QueueStats(
@@ -94,6 +105,8 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
             dlq_length=_int(dlq_length),
             consumers=int(group["consumers"]),
             group_exists=True,
+            read=None if read is None else int(read),
+            **extra,
         ))
     if backlog:
         pipe = client.pipeline(transaction=False)
@@ -125,4 +138,7 @@ def _find_group(groups: object, name: str) -> dict | None:
 
 
 def _int(value: object) -> int:
-    return value if isinstance(value, int) else 0
+    """Replies as numbers; counters read with GET come as text. An error or a missing key reads as 0."""
+    if isinstance(value, int):
+        return value
+    return int(value) if isinstance(value, (str, bytes)) and value.isdigit() else 0

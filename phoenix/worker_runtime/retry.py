@@ -43,7 +43,7 @@ class RetryScheduler:
         s = self._settings
         moved = 0
         while True:
-            n = await self._promote(keys=[s.retry_queue, s.input_queue], args=[self._BATCH, s.stream_maxlen])
+            n = await self._promote(keys=[s.retry_queue, s.input_queue], args=[self._BATCH])
             moved += n
             if n < self._BATCH:
                 return moved

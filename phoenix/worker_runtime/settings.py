@@ -35,8 +35,18 @@ class WorkerSettings(BaseSettings):
     claim_interval: PositiveSeconds = 60
     concurrency: int = Field(1, ge=1, le=10_000)
     max_deliveries: int = Field(10, ge=1)
-    stream_maxlen: int = Field(100_000, ge=1)
-    dlq_maxlen: int = Field(10_000, ge=1)
+    # Backpressure instead of trimming: above the high-water mark of unfinished entries in the output stream the
+    # stage stops reading, below the low-water mark (default 80% of it) it reads again; 0 turns it off.
+    output_high_water: int = Field(100_000, ge=0)
+    output_low_water: int | None = Field(None, ge=0)
+    backpressure_interval: PositiveSeconds = 1
+    trim_interval: PositiveSeconds = 1
+    dlq_maxlen: int = Field(0, ge=0)  # 0: unbounded; else trimmed to this length, counted and logged
+    # WAIT after each settle commit for this many replicas (0: do not wait); see docs/durability.md.
+    min_replicas_ack: int = Field(0, ge=0)
+    min_replicas_timeout_ms: int = Field(1000, ge=1)
+    # Removed: trimming by length lost unread records. Set, it stops the worker with a pointer to its successor.
+    stream_maxlen: str | None = None
     max_message_bytes: int = Field(1_048_576, ge=1024)
     block_ms: int = Field(5000, ge=1)
 
@@ -72,6 +82,13 @@ class WorkerSettings(BaseSettings):
         self.__dict__.update(derived)
         if self.output_queue and self.output_queue == self.input_queue:
             raise ValueError("OUTPUT_QUEUE must differ from INPUT_QUEUE (a stage would feed itself)")
+        if self.stream_maxlen is not None:
+            raise ValueError("STREAM_MAXLEN is no longer supported: streams are no longer trimmed by length; "
+                             "OUTPUT_HIGH_WATER bounds the output stream by pausing the stage instead")
+        if self.output_low_water is None:
+            self.__dict__["output_low_water"] = self.output_high_water * 4 // 5
+        elif self.output_low_water >= self.output_high_water > 0:
+            raise ValueError("OUTPUT_LOW_WATER must be below OUTPUT_HIGH_WATER")
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("RETRY_MAX_SECONDS must be at least RETRY_BASE_SECONDS")
         return self

@@ -7,14 +7,15 @@
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
 -- Every action then releases the record's lock if this worker still owns it (compare-and-delete).
+-- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
 -- Returns per item 1 when a commit found the marker already set (a duplicate), else 0.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
--- ARGV: group, token, marker_ttl, lock_prefix, marker_prefix, output_maxlen, dlq_maxlen, has_output,
+-- ARGV: group, token, marker_ttl, lock_prefix, marker_prefix, has_output,
 --       then items: action, entry_id, record_id, holds_lock (0/1), field_count, fields...
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, token, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
 local lock_prefix, marker_prefix = ARGV[4], ARGV[5]
-local output_maxlen, dlq_maxlen, has_output = ARGV[6], ARGV[7], ARGV[8] == '1'
+local has_output = ARGV[6] == '1'
 
 local now_ms
 local function server_now_ms()
@@ -26,7 +27,7 @@ local function server_now_ms()
 end
 
 local result, acked = {}, {}
-local i = 9
+local i = 7
 while i <= #ARGV do
   local action, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local holds_lock, n = ARGV[i + 3] == '1', tonumber(ARGV[i + 4])
@@ -36,14 +37,14 @@ while i <= #ARGV do
     -- The marker stores the entry id that committed the record: GET processed:... answers "by which message".
     if redis.call('SET', marker_prefix .. record_id, entry_id, 'NX', 'EX', marker_ttl) then
       if has_output and n > 0 then
-        redis.call('XADD', output, 'MAXLEN', '~', output_maxlen, '*', unpack(ARGV, first, last))
+        redis.call('XADD', output, '*', unpack(ARGV, first, last))
       end
     else
       duplicate = 1
     end
     acked[#acked + 1] = entry_id
   elseif action == 'D' then
-    redis.call('XADD', dlq, 'MAXLEN', '~', dlq_maxlen, '*', unpack(ARGV, first, last))
+    redis.call('XADD', dlq, '*', unpack(ARGV, first, last))
     acked[#acked + 1] = entry_id
   elseif action == 'R' then
     redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[first]), ARGV[first + 1])

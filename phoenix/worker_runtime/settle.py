@@ -54,9 +54,11 @@ class Settler:
         self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
         self._head: list[FieldValue] = [
             s.consumer_group, token, math.ceil(s.idempotency_ttl), s.lock_prefix, s.marker_prefix,
-            s.stream_maxlen, s.dlq_maxlen, "1" if s.output_queue else "0",
+            "1" if s.output_queue else "0",
         ]
         self._on_settled = on_settled
+        self._client = client
+        self._replicas, self._replicas_timeout_ms = s.min_replicas_ack, s.min_replicas_timeout_ms
         self._queue: list[Outcome] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -83,6 +85,21 @@ class Settler:
                 self._on_settled(batch)
             self._idle.set()
 
+    async def _commit(self, args: list[FieldValue], batch: int) -> list[int]:
+        if not self._replicas:
+            return await self._script(keys=self._keys, args=args)
+        # MIN_REPLICAS_ACK: WAIT counts the writes of the connection it runs on, so it follows the script on the
+        # same connection, in one pipeline. The commit stands either way (Redis cannot undo it); a short count
+        # is logged, since a failover now could lose this batch.
+        pipe = self._client.pipeline(transaction=False)
+        await self._script(keys=self._keys, args=args, client=pipe)
+        pipe.wait(self._replicas, self._replicas_timeout_ms)
+        result, acked = await pipe.execute()
+        if acked < self._replicas:
+            log.warning("replicas_behind", acknowledged_by=acked, wanted=self._replicas, batch=batch,
+                        timeout_ms=self._replicas_timeout_ms)
+        return result
+
     async def _write(self, outcomes: list[Outcome]) -> list[int]:
         args = list(self._head)
         for o in outcomes:
@@ -91,7 +108,7 @@ class Settler:
         delay = 0.1
         while True:
             try:
-                return await self._script(keys=self._keys, args=args)
+                return await self._commit(args, len(outcomes))
             except RedisError as exc:
                 # Nothing was acknowledged: the entries stay pending, so waiting for Redis loses nothing.
                 log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=delay)

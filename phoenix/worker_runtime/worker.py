@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.dlq import dead_letter_fields
@@ -25,10 +26,12 @@ from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.messages import MalformedEntry, Message, output_fields, parse_entry
 from phoenix.worker_runtime.processor import BaseProcessor, RecordNotFoundError
 from phoenix.worker_runtime.reclaim import Entry, Reclaimer
+from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
 from phoenix.worker_runtime.tracing import MessageTracing
+from phoenix.worker_runtime.trim import Trimmer
 
 log = structlog.get_logger("phoenix.worker")
 
@@ -78,6 +81,8 @@ class Worker:
         self.settler = Settler(client, settings, self.locks.token, self._on_settled)
         self.retries = RetryScheduler(client, settings)
         self.reclaimer = Reclaimer(client, settings)
+        self.backpressure = Backpressure(client, settings)
+        self.trimmer = Trimmer(client, settings)
         # Built after the processor's initialize(), which is where a team configures an OpenTelemetry SDK.
         self._tracing = MessageTracing(settings.service_name)
         stage = settings.service_name
@@ -161,13 +166,18 @@ class Worker:
         s = self.settings
         log.info("worker_started", input=s.input_queue, output=s.output_queue or None, group=s.consumer_group,
                  consumer=s.consumer_name, concurrency=s.concurrency, redis=s.redis_url_redacted)
+        await self._report_redis_risk()
         # Lock renewal, the timeout watchdog and the committer keep running while in-flight work drains.
         background = [
             asyncio.create_task(self.settler.run(), name="settler"),
             asyncio.create_task(self._every(self._renew_interval(), self._renew_locks), name="renewer"),
             asyncio.create_task(self._every(min(1.0, s.processing_timeout / 10), self._enforce_timeouts),
                                 name="watchdog"),
+            asyncio.create_task(self._every(s.trim_interval, self.trimmer.trim), name="trimmer"),
         ]
+        if self.backpressure.enabled:
+            background.append(asyncio.create_task(self._every(s.backpressure_interval, self.backpressure.measure),
+                                                  name="backpressure"))
         intake = [
             asyncio.create_task(self._intake_loop(), name="intake"),
             asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
@@ -180,6 +190,14 @@ class Worker:
             await asyncio.wait_for(self.settler.flush(), 30)
         await _cancel(background)
         log.info("worker_stopped")
+
+    async def _report_redis_risk(self) -> None:
+        """One line at start: a Redis that may lose acknowledged data undoes every guarantee above it."""
+        risk = await assess_redis(self.redis)
+        if risk.at_risk:
+            log.warning("redis_may_lose_data", reason=risk.describe())
+        else:
+            log.info("redis_settings_checked", settings=risk.settings)
 
     async def _drain(self) -> None:
         """Let in-flight messages finish; past the grace period, cancel them: they stay pending, locks released."""
@@ -245,6 +263,10 @@ class Worker:
             if trial_slots == 0:
                 # Open, or all half-open trials running: pull no new work until the breaker lets calls through.
                 await asyncio.sleep(min(1.0, self.breaker.seconds_until_half_open() or 0.2))
+                continue
+            if self.backpressure.paused:
+                # The output is over OUTPUT_HIGH_WATER: read nothing new until the next stage catches up.
+                await self.backpressure.wait_resumed(1.0)
                 continue
             n = await self._reserve(_READ_BATCH if trial_slots is None else min(_READ_BATCH, trial_slots))
             if n == 0:
@@ -398,6 +420,7 @@ class Worker:
                          user_id=flight.message.user_id if flight else "",
                          duration_seconds=round(done - outcome.started_at, 6))
         self._m_outcome["processed"].inc(processed)
+        self.backpressure.note_forwarded(processed)
         self._m_outcome["skipped_duplicate"].inc(duplicates)
         self._release(len(batch))
 

@@ -1,0 +1,96 @@
+"""Backpressure: a stage whose output holds too many unfinished entries stops reading until it drains.
+
+A background job measures the output stream every BACKPRESSURE_INTERVAL (one round trip); between two
+measurements the worker adds what it forwarded itself, so it stops close to OUTPUT_HIGH_WATER even at tens of
+thousands of messages a second. The intake loop only looks at a flag. In-flight work still commits.
+While paused, the worker publishes the figure at `backpressure_key(stage)` (with a TTL, so a dead worker's
+report vanishes), which the operator shows as the Backpressure condition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import structlog
+from redis.asyncio import Redis
+
+from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.side_keys import backpressure_key
+
+log = structlog.get_logger("phoenix.backpressure")
+
+# A report outlives a few missed measurements, not a dead worker.
+_REPORT_TTL_INTERVALS = 5
+_MIN_REPORT_TTL_SECONDS = 5
+
+
+async def unfinished_entries(client: Redis, stream: str) -> int:
+    """Entries of `stream` its slowest consumer group has not acknowledged (all of them while it has no group)."""
+    pipe = client.pipeline(transaction=False)
+    pipe.xlen(stream)
+    pipe.xinfo_groups(stream)
+    length, groups = await pipe.execute(raise_on_error=False)
+    if not isinstance(length, int) or not length:
+        return 0
+    if not isinstance(groups, list) or not groups:
+        return length
+    # Lag is unknown after XDEL in the unread range; the length is then the bound (trimming keeps only the rest).
+    return max(length if g.get("lag") is None else int(g["lag"]) + int(g["pending"]) for g in groups)
+
+
+class Backpressure:
+    def __init__(self, client: Redis, settings: WorkerSettings) -> None:
+        s = settings
+        self._client = client
+        self._output = s.output_queue
+        self._high = s.output_high_water
+        self._low = s.output_low_water or 0
+        self._key = backpressure_key(s.service_name)
+        self._report_ttl = max(_MIN_REPORT_TTL_SECONDS, round(_REPORT_TTL_INTERVALS * s.backpressure_interval))
+        self.enabled = bool(s.output_queue and s.output_high_water)
+        self._measured = 0
+        self._forwarded_since = 0
+        self.paused = False
+        self._resumed = asyncio.Event()
+        self._m_paused = metrics.BACKPRESSURE.labels(s.service_name)
+        self._m_unfinished = metrics.OUTPUT_UNFINISHED.labels(s.service_name)
+        self._m_paused.set(0)
+
+    def note_forwarded(self, count: int) -> None:
+        """Entries this worker just added to the output: counted until the next measurement sees them."""
+        self._forwarded_since += count
+        if self.enabled and not self.paused and self._measured + self._forwarded_since >= self._high:
+            self._pause(self._measured + self._forwarded_since)
+
+    async def wait_resumed(self, timeout: float) -> None:
+        if self.paused:
+            self._resumed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._resumed.wait(), timeout)
+
+    async def measure(self) -> None:
+        """The background job: measure, pause or resume, and refresh the report while paused."""
+        # Forwards noted before the measurement are committed, hence in it; those noted meanwhile may not be.
+        counted = self._forwarded_since
+        unfinished = await unfinished_entries(self._client, self._output)
+        self._measured = unfinished
+        self._forwarded_since -= counted
+        self._m_unfinished.set(unfinished)
+        if self.paused and unfinished < self._low:
+            self.paused = False
+            self._m_paused.set(0)
+            self._resumed.set()
+            await self._client.delete(self._key)
+            log.info("backpressure_resumed", output=self._output, unfinished=unfinished, low_water=self._low)
+        elif not self.paused and unfinished >= self._high:
+            self._pause(unfinished)
+        if self.paused:
+            await self._client.set(self._key, unfinished, ex=self._report_ttl)
+
+    def _pause(self, unfinished: int) -> None:
+        self.paused = True
+        self._m_paused.set(1)
+        log.warning("backpressure_paused", output=self._output, unfinished=unfinished, high_water=self._high,
+                    low_water=self._low)

@@ -1,0 +1,44 @@
+-- Trim what is finished, never what is not: the input stream loses only entries every consumer group on it has
+-- acknowledged, and the DLQ, only when DLQ_MAXLEN bounds it, loses its oldest entries with a count kept.
+-- For each group the oldest entry it still needs is its oldest pending entry, or, with nothing pending, its
+-- last delivered id (kept itself: XTRIM MINID removes only smaller ids). Entries after that are unread.
+-- A stream without any group is left alone: nobody has read anything of it.
+-- KEYS: input stream, dlq stream, dlq trimmed counter. ARGV: dlq maxlen (0: unbounded).
+-- Returns {entries trimmed from the input, entries trimmed from the dlq}.
+local input, dlq, dlq_counter = KEYS[1], KEYS[2], KEYS[3]
+local dlq_maxlen = tonumber(ARGV[1])
+
+local function id_before(a, b)
+  local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
+  local b_ms, b_seq = string.match(b, '^(%d+)-(%d+)$')
+  a_ms, b_ms = tonumber(a_ms), tonumber(b_ms)
+  return a_ms < b_ms or (a_ms == b_ms and tonumber(a_seq) < tonumber(b_seq))
+end
+
+local input_trimmed = 0
+if redis.call('TYPE', input)['ok'] == 'stream' then
+  local keep_from
+  for _, group in ipairs(redis.call('XINFO', 'GROUPS', input)) do
+    local info = {}
+    for j = 1, #group, 2 do
+      info[group[j]] = group[j + 1]
+    end
+    local needed = info['last-delivered-id']
+    if tonumber(info['pending']) > 0 then
+      needed = redis.call('XPENDING', input, info['name'])[2]
+    end
+    if keep_from == nil or id_before(needed, keep_from) then
+      keep_from = needed
+    end
+  end
+  if keep_from ~= nil then
+    input_trimmed = redis.call('XTRIM', input, 'MINID', keep_from)
+  end
+end
+
+local dlq_trimmed = 0
+if dlq_maxlen > 0 and redis.call('TYPE', dlq)['ok'] == 'stream' and redis.call('XLEN', dlq) > dlq_maxlen then
+  dlq_trimmed = redis.call('XTRIM', dlq, 'MAXLEN', dlq_maxlen)
+  redis.call('INCRBY', dlq_counter, dlq_trimmed)
+end
+return {input_trimmed, dlq_trimmed}

@@ -1,0 +1,145 @@
+"""Never lose a record: streams shrink only by what is finished, backpressure bounds them, the DLQ keeps count.
+
+Real worker processes against a real Valkey: a stage `a` feeds a stage `b`, which writes to END.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+
+import redis.asyncio as aioredis
+
+from phoenix.worker_runtime.queue_stats import StageQueues, collect
+from tests.fixtures.workers import WorkerPool, wait_until
+
+A_IN, B_IN, END = "phoenix:a:input", "phoenix:b:input", "phoenix:b:output"
+
+
+async def enqueue(redis: aioredis.Redis, stream: str, ids: list[str], **data: str) -> None:
+    pipe = redis.pipeline(transaction=False)
+    for record_id in ids:
+        pipe.xadd(stream, {"record_id": record_id, "data": json.dumps(data)})
+    await pipe.execute()
+
+
+async def arrived(redis: aioredis.Redis, stream: str = END) -> Counter[str]:
+    return Counter(fields["record_id"] for _, fields in await redis.xrange(stream))
+
+
+async def test_backpressure_pauses_at_high_water_and_loses_nothing(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    high, concurrency = 100, 10
+    ids = [f"r{i}" for i in range(3 * high)]
+    await redis.xgroup_create(B_IN, "b-group", id="0", mkstream=True)  # stage b exists, but is stopped
+    await enqueue(redis, A_IN, ids)
+    a = workers.start("a", OUTPUT_QUEUE=B_IN, OUTPUT_HIGH_WATER=str(high), CONCURRENCY=str(concurrency),
+                      TRIM_INTERVAL="0.2")
+    await wait_until(lambda: a.logged("backpressure_paused"), "stage a paused")
+    await wait_until(lambda: redis.exists("phoenix:a:backpressure"), "the pause reported for the operator")
+    await asyncio.sleep(2)  # several measurement and trim intervals: a stays paused, nothing disappears
+    forwarded = await redis.xlen(B_IN)
+    assert high <= forwarded <= high + 2 * concurrency
+    [a_group] = await redis.xinfo_groups(A_IN)
+    assert a_group["lag"] + a_group["pending"] + forwarded == len(ids)  # the rest waits in a's input, unread
+    assert await redis.xlen(A_IN) >= len(ids) - forwarded  # a trimmed only entries it had acknowledged
+    [stats] = await collect(redis, [StageQueues("a", A_IN, "a-group", "phoenix:a:dlq")])
+    assert stats.backpressure is not None and stats.backpressure >= high
+
+    b = workers.start("b", OUTPUT_QUEUE=END, CONCURRENCY="20", TRIM_INTERVAL="0.2")
+    await wait_until(lambda: _all_arrived(redis, len(ids)), "every record through a and b", timeout=90)
+    assert await arrived(redis) == Counter(ids)  # each exactly once
+    await wait_until(lambda: _shrunk(redis), "both inputs trimmed down to what was acknowledged")
+    assert not await redis.exists("phoenix:a:backpressure")
+    assert a.event_names().count("backpressure_resumed") >= 1
+    # Logged once per pause, not once per message or per measurement.
+    assert a.event_names().count("backpressure_paused") == a.event_names().count("backpressure_resumed")
+    assert a.alive and b.alive
+
+
+async def _all_arrived(redis: aioredis.Redis, n: int) -> bool:
+    return await redis.xlen(END) >= n
+
+
+async def _shrunk(redis: aioredis.Redis) -> bool:
+    # XTRIM MINID keeps the last delivered entry itself.
+    return await redis.xlen(A_IN) <= 1 and await redis.xlen(B_IN) <= 1
+
+
+async def test_trimming_waits_for_the_slowest_consumer_group(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    ids = [f"r{i}" for i in range(10)]
+    await redis.xgroup_create(A_IN, "audit", id="0", mkstream=True)  # a second reader of a's input, slower
+    await enqueue(redis, A_IN, ids)
+    workers.start("a", OUTPUT_QUEUE=B_IN, TRIM_INTERVAL="0.1")
+    await wait_until(lambda: _count(redis, B_IN, 10), "a processed everything")
+    await asyncio.sleep(1)  # ten trim intervals
+    assert await redis.xlen(A_IN) == 10  # audit has read nothing: nothing may go
+
+    read = await redis.xreadgroup("audit", "auditor", {A_IN: ">"}, count=5)
+    entry_ids = [entry_id for entry_id, _ in read[0][1]]
+    await redis.xack(A_IN, "audit", *entry_ids[:3])
+    await wait_until(lambda: _length(redis, A_IN, 7), "trimmed up to audit's oldest pending entry")
+    await redis.xack(A_IN, "audit", *entry_ids[3:])
+    await wait_until(lambda: _length(redis, A_IN, 6), "trimmed up to audit's last delivered entry")
+    await asyncio.sleep(0.5)
+    assert await redis.xlen(A_IN) == 6  # entries audit has not read yet stay
+    assert [f["record_id"] for _, f in await redis.xrange(A_IN)] == ids[4:]
+
+
+async def _count(redis: aioredis.Redis, stream: str, n: int) -> bool:
+    return await redis.xlen(stream) >= n
+
+
+async def _length(redis: aioredis.Redis, stream: str, n: int) -> bool:
+    return await redis.xlen(stream) == n
+
+
+async def test_dlq_over_its_limit_is_trimmed_counted_and_visible(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    await enqueue(redis, A_IN, [f"gone{i}" for i in range(5)], action="missing")
+    w = workers.start("a", DLQ_MAXLEN="3", TRIM_INTERVAL="0.1")
+    await wait_until(lambda: redis.get("phoenix:a:dlq:trimmed"), "the DLQ trimmed to DLQ_MAXLEN")
+    await wait_until(lambda: _length(redis, "phoenix:a:dlq", 3), "three dead letters kept")
+    assert [f["record_id"] for _, f in await redis.xrange("phoenix:a:dlq")] == ["gone2", "gone3", "gone4"]
+    assert await redis.get("phoenix:a:dlq:trimmed") == "2"
+    assert sum(e["count"] for e in w.events() if e["event"] == "dlq_trimmed") == 2
+    [stats] = await collect(redis, [StageQueues("a", A_IN, "a-group", "phoenix:a:dlq")])
+    assert (stats.dlq_length, stats.dlq_trimmed) == (3, 2)
+    assert stats.as_status()["dlqTrimmed"] == 2  # what the operator writes to status.queue
+
+
+async def test_dlq_is_unbounded_by_default(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    await enqueue(redis, A_IN, [f"gone{i}" for i in range(5)], action="missing")
+    w = workers.start("a", TRIM_INTERVAL="0.1")
+    await wait_until(lambda: _length(redis, "phoenix:a:dlq", 5), "five dead letters")
+    await asyncio.sleep(0.5)
+    assert await redis.xlen("phoenix:a:dlq") == 5
+    assert not await redis.exists("phoenix:a:dlq:trimmed")
+    assert "dlq_trimmed" not in w.event_names()
+
+
+async def test_retired_stream_maxlen_stops_the_worker_with_one_line(redis_url: str, tmp_path: Path) -> None:
+    pool = WorkerPool(redis_url, tmp_path)
+    w = pool.start("a", STREAM_MAXLEN="5000")
+    await wait_until(w.exited, "the worker refused to start")
+    assert w.process.popen.returncode == 2
+    [line] = w.process.log_path.read_text().splitlines()
+    assert "STREAM_MAXLEN is no longer supported" in line and "OUTPUT_HIGH_WATER" in line
+
+
+async def test_a_chain_throttles_back_to_its_first_stage(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    """a -> b -> c with c stopped: b pauses at its high-water mark, then a does; a's producers see a backlog."""
+    high, c_in, c_out = 50, "phoenix:c:input", "phoenix:c:output"
+    ids = [f"r{i}" for i in range(6 * high)]
+    await redis.xgroup_create(c_in, "c-group", id="0", mkstream=True)
+    await enqueue(redis, A_IN, ids)
+    env = {"OUTPUT_HIGH_WATER": str(high), "CONCURRENCY": "5", "TRIM_INTERVAL": "0.2"}
+    a = workers.start("a", OUTPUT_QUEUE=B_IN, **env)
+    b = workers.start("b", OUTPUT_QUEUE=c_in, **env)
+    await wait_until(lambda: b.logged("backpressure_paused"), "b paused by c's backlog")
+    await wait_until(lambda: a.logged("backpressure_paused"), "a paused by b's backlog")
+    [a_group] = await redis.xinfo_groups(A_IN)
+    assert a_group["lag"] > 0  # the first stage's input holds the rest, unread
+    workers.start("c", OUTPUT_QUEUE=c_out, CONCURRENCY="20")
+    await wait_until(lambda: _count(redis, c_out, len(ids)), "every record through a, b and c", timeout=120)
+    assert await arrived(redis, c_out) == Counter(ids)
