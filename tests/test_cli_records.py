@@ -199,7 +199,7 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
     undelivered_age = row.pop("oldestUndeliveredSeconds")
     assert undelivered_age >= 0 and row.pop("oldestUnfinishedSeconds") == undelivered_age
     assert row == {"stage": "s", "length": 1, "pending": 0, "lag": 1, "oldestPendingSeconds": None, "dlqLength": 0,
-                   "consumers": 0}
+                   "consumers": 0, "dlqTrimmed": 0}
     watch = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "phoenix", "status", "--watch", "--interval", "0.2", "--redis-url", redis_url,
         stdout=subprocess.PIPE,
