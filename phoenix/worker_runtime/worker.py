@@ -64,7 +64,8 @@ class InFlight:
 
 _RECLAIM_BATCH = 100
 # Reads stay small enough that the next batch is read and claimed while earlier ones are processed and
-# settled: Redis and Python then work at the same time instead of taking turns.
+# settled: Redis and Python then work at the same time instead of taking turns. Hence also at most half of
+# CONCURRENCY per read: with one read filling every slot, the next read would wait for its whole settle.
 _READ_BATCH = 200
 _ALIVE_WITHIN_SECONDS = 60.0
 
@@ -100,12 +101,12 @@ class Worker:
         )
         # A processor that overrides process_batch gets each read's records in one call.
         self._batches = type(processor).process_batch is not BaseProcessor.process_batch
+        self._read_batch = min(_READ_BATCH, max(1, (settings.concurrency + 1) // 2))
         self.in_flight: dict[str, InFlight] = {}
         self._dead_letters_unsettled: set[str] = set()  # so a history read cannot dead-letter them twice
         self._slots_used = 0
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
         # Per-message success lines are info; skipping their arguments matters at tens of thousands a second.
         self._log_each_message = settings.log_level in ("debug", "info")
         self._reread_own_pending = True  # at start: own pending entries first (id 0), then new ones (>)
@@ -196,9 +197,12 @@ class Worker:
 
     async def _drain(self) -> None:
         """Let in-flight messages finish; past the grace period, cancel them: they stay pending, locks released."""
-        if self._tasks:
-            log.info("draining", in_flight=len(self._tasks), grace_seconds=self.settings.shutdown_grace)
-            _, unfinished = await asyncio.wait(self._tasks, timeout=self.settings.shutdown_grace)
+        # The flights hold their tasks (asyncio keeps only weak references): a task is done before its
+        # outcome settles and the flight goes, so no per-task bookkeeping is needed besides.
+        tasks = {f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()}
+        if tasks:
+            log.info("draining", in_flight=len(tasks), grace_seconds=self.settings.shutdown_grace)
+            _, unfinished = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
             for task in unfinished:
                 task.cancel()
             if unfinished:
@@ -259,7 +263,7 @@ class Worker:
                 # Open, or all half-open trials running: pull no new work until the breaker lets calls through.
                 await asyncio.sleep(min(1.0, self.breaker.seconds_until_half_open() or 0.2))
                 continue
-            n = await self._reserve(_READ_BATCH if trial_slots is None else min(_READ_BATCH, trial_slots))
+            n = await self._reserve(self._read_batch if trial_slots is None else min(self._read_batch, trial_slots))
             if n == 0:
                 continue
             started = 0
@@ -398,8 +402,6 @@ class Worker:
         task = _start_task(coro)
         for flight in flights:
             flight.task = task  # what the timeout watchdog and the shutdown cancel
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     def _on_settled(self, batch: list[Outcome]) -> None:
         """Called by the settler once a batch is durable: count, log, free the slots."""
