@@ -3,8 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
-from phoenix.worker_runtime import BaseProcessor
-from phoenix.worker_runtime.processor import BatchResult, Record
+from phoenix.worker_runtime import BaseProcessor, BatchResult, Record
 
 
 class NoopProcessor(BaseProcessor):

@@ -13,8 +13,7 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
-from phoenix.worker_runtime.processor import BatchResult, Record
+from phoenix.worker_runtime import BaseProcessor, BatchResult, Record, RecordNotFoundError
 
 
 class ScriptedProcessor(BaseProcessor):

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from tests.fixtures.workers import WorkerPool, wait_until
+from tests.fixtures.workers import ROOT, WorkerPool, wait_until
 from tests.test_worker_errors import DLQ, OUT, add, idle, outputs
 
 BATCH = "tests.processors:ScriptedBatchProcessor"
@@ -52,3 +54,22 @@ async def test_a_failing_batch_call_retries_each_of_its_records(redis: aioredis.
     failed = {e["record_id"] for e in w.events() if e["event"] == "processing_failed_will_retry"}
     assert failed == {"c1", "c2", "c3"}
     assert await redis.hgetall("effects:s") == {"c1": "1", "c2": "1", "c3": "1"}
+
+
+async def test_the_documented_example(redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path) -> None:
+    text = (ROOT / "docs" / "batch-processors.md").read_text()
+    match = re.search(r"<!-- docs-test: batch-example file=(?P<file>\S+) -->\n```python\n(?P<code>.*?)```", text,
+                      re.DOTALL)
+    assert match, "docs/batch-processors.md has no example block"
+    (tmp_path / match["file"]).write_text(match["code"])
+    await add(redis, "d1", text="one two three")
+    await add(redis, "d2")
+    await add(redis, "d3", text="four five")
+    workers.start("s", processor="bulk_wordcount:BulkWordCountProcessor", OUTPUT_QUEUE=OUT, CONCURRENCY="8",
+                  PYTHONPATH=f"{ROOT}:{tmp_path}")
+    await wait_until(lambda: idle(redis), "queue drained")
+    assert (await redis.get("words:d1"), await redis.get("words:d3")) == ("3", "2")
+    assert {o["record_id"]: json.loads(o["data"]) for o in await outputs(redis)} == {
+        "d1": {"words": 3}, "d3": {"words": 2}}
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert (dead["record_id"], dead["error"]) == ("d2", "record d2 has no text")
