@@ -104,6 +104,9 @@ class Worker:
         self._read_batch = min(_READ_BATCH, max(1, (settings.concurrency + 1) // 2))
         self.in_flight: dict[str, InFlight] = {}
         self._dead_letters_unsettled: set[str] = set()  # so a history read cannot dead-letter them twice
+        # Entries acknowledged while a history read was on its way: Redis may have answered the read before
+        # the settle, and once settled they are no longer in flight, so nothing else tells they are done.
+        self._settled_during_history_read: set[str] | None = None
         self._slots_used = 0
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -291,18 +294,22 @@ class Worker:
     async def _read(self, cursor: str, n: int) -> tuple[int, str]:
         """XREADGROUP from `cursor` ("0": own pending history, ">": new). Returns (started, next cursor)."""
         s = self.settings
-        history = cursor != ">"
-        reply = await self.redis.xreadgroup(
-            s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n,
-            block=None if history else s.block_ms,
-        )
-        entries: list[Entry] = reply[0][1] if reply else []
-        if not history:
-            return await self._dispatch(entries, None), ">"
-        if not entries:
-            return 0, ">"  # own history replayed: from now on only new entries
-        counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
-        return await self._dispatch(entries, counts), entries[-1][0].decode()
+        if cursor == ">":
+            reply = await self.redis.xreadgroup(
+                s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n, block=s.block_ms
+            )
+            return await self._dispatch(reply[0][1] if reply else [], None), ">"
+        self._settled_during_history_read = settled = set()
+        try:
+            reply = await self.redis.xreadgroup(s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n)
+            entries: list[Entry] = reply[0][1] if reply else []
+            if not entries:
+                return 0, ">"  # own history replayed: from now on only new entries
+            counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
+        finally:
+            self._settled_during_history_read = None
+        unsettled = [e for e in entries if e[0].decode() not in settled]
+        return await self._dispatch(unsettled, counts), entries[-1][0].decode()
 
     async def _claim_idle(self, n: int) -> tuple[int, bool]:
         """XAUTOCLAIM a slice of the group's idle entries. Returns (started, whole pending list walked)."""
@@ -410,6 +417,8 @@ class Worker:
         for outcome in batch:
             flight = self.in_flight.pop(outcome.entry_id, None)
             self._dead_letters_unsettled.discard(outcome.entry_id)
+            if self._settled_during_history_read is not None and outcome.action is not Action.LEAVE:
+                self._settled_during_history_read.add(outcome.entry_id)
             if outcome.action is not Action.COMMIT:
                 continue  # dead letters, retries and deferrals were counted and logged when decided
             if outcome.duplicate:
