@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from contextvars import ContextVar
@@ -31,9 +32,17 @@ def add_message_context(_logger: object, _method: str, event_dict: dict[str, Any
     return event_dict
 
 
+# Built once: json.dumps with any option (JSONRenderer passes `default`) builds a new encoder for every line.
+_LINE_ENCODER = json.JSONEncoder(default=repr)
+
+
+def _encode_line(event_dict: dict[str, Any], **_options: Any) -> str:
+    return _LINE_ENCODER.encode(event_dict)
+
+
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
     renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer() if fmt == "json" else structlog.dev.ConsoleRenderer()
+        structlog.processors.JSONRenderer(serializer=_encode_line) if fmt == "json" else structlog.dev.ConsoleRenderer()
     )
     structlog.configure(
         processors=[

@@ -537,7 +537,7 @@ class Worker:
         """What the processor gave back for one record: a dict or None commits, an exception fails."""
         if result is not None and not isinstance(result, dict):
             if not isinstance(result, BaseException):
-                result = TypeError(f"process() must return a dict or None, not {type(result).__name__}")
+                result = TypeError(f"a processor's result must be a dict or None, not {type(result).__name__}")
             return self._failure_outcome(m, result, started)
         self._m_duration.observe(time.time() - started)
         self.breaker.record_success()
