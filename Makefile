@@ -4,7 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test eval ocr bench bench-operator manifests kube lint clean
+PEERS_VENV := .cache/bench-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed
+
+.PHONY: demo test eval ocr bench bench-peers bench-operator manifests kube lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +40,16 @@ kube:
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.worker_throughput
+
+# taskiq-redis, dramatiq and arq in a virtualenv of their own, so they never meet Phoenix's dependencies.
+$(PEERS_STAMP): bench/peers/peers-requirements.txt
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --upgrade pip
+	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers/peers-requirements.txt
+	touch $(PEERS_STAMP)
+
+bench-peers: $(STAMP) $(PEERS_STAMP)
+	$(BIN)/python -m bench.worker_throughput --peers-python $(PEERS_VENV)/bin/python
 
 bench-operator: $(STAMP) kube
 	$(BIN)/python -m bench.operator_scale

@@ -2,11 +2,16 @@
 
 (a) floor: XREADGROUP COUNT 100 and one XACK per batch, no guarantees;
 (b) the original design, one message at a time: XREADGROUP COUNT 1, SET NX, GETEX, SET marker, XADD, XACK, DEL;
-(c) `phoenix worker` (a real subprocess) with every guarantee on and a no-op processor;
+(c) `phoenix worker` (a real subprocess) with every guarantee on and a no-op processor, and the same with a
+    no-op batch processor (process_batch);
+with --peers-python, also the no-op workers of taskiq-redis, dramatiq and arq (bench/peers/, in their own
+virtualenv) on the same Valkey.
 (c0) the same worker with input trimming and output backpressure off (TRIM_INTERVAL one day,
-     OUTPUT_HIGH_WATER=0): what those cost is 1 - c/c0. Rounds of (c0) and (c) alternate, so load on the
-     machine hits both alike.
-(a), (c0) and (c) run several rounds and report the median; (b) is slow enough to be steady in one.
+     OUTPUT_HIGH_WATER=0): what those cost is 1 - c/c0.
+(a), (c0) and (c) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and the
+peers are slow enough to be steady in one.
+Redis time per message is Valkey's own count (INFO commandstats: scripts plus reads) and its process CPU
+(INFO cpu), both taken over the worker's run only.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ import asyncio
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -27,6 +34,15 @@ from phoenix.embedded import embedded_valkey
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "bench-group"
+# Each round runs these workers: (processor, extra environment).
+VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
+    "process": ("bench.noop:NoopProcessor", {}),
+    "batch": ("bench.noop:BatchNoopProcessor", {}),
+    # (c0): no background trimming within the run, no backpressure measurement.
+    "untrimmed": ("bench.noop:NoopProcessor", {"TRIM_INTERVAL": "86400", "OUTPUT_HIGH_WATER": "0"}),
+}
+# Commands of trimming and backpressure (run by trim.lua and the measuring job), counted apart.
+TRIM_COMMANDS = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "cmdstat_type"}
 
 
 async def fill(client: aioredis.Redis, stream: str, n: int) -> None:
@@ -84,16 +100,19 @@ class WorkerRun:
     peak_rss_mb: float
     cpu_us_per_msg: float
     script_us_per_msg: float
-    redis_us_per_msg: float  # every command Redis ran for the worker, scripts included
-    trim_us_per_msg: float  # of which the commands of trimming and backpressure (inside trim.lua too)
+    read_us_per_msg: float
+    redis_cpu_us_per_msg: float
+    trim_us_per_msg: float  # of the scripts' and reads' time: trimming and backpressure commands (trim.lua too)
 
 
-# (c0): no background trimming within the run, no backpressure measurement.
-WITHOUT_TRIMMING = {"TRIM_INTERVAL": "86400", "OUTPUT_HIGH_WATER": "0"}
+async def _redis_cpu(client: aioredis.Redis) -> float:
+    info = await client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
 async def phoenix_worker(
-    client: aioredis.Redis, url: str, n: int, concurrency: int, log_level: str, extra_env: dict[str, str]
+    client: aioredis.Redis, url: str, n: int, concurrency: int, log_level: str, processor: str,
+    extra_env: dict[str, str],
 ) -> WorkerRun:
     stream, out = "phoenix:bench:input", "phoenix:bench:output"
     await client.delete(out)
@@ -101,7 +120,7 @@ async def phoenix_worker(
     await fill(client, stream, n)
     await client.config_resetstat()
     env = dict(
-        os.environ, SERVICE_NAME="bench", PROCESSOR="bench.noop:NoopProcessor", REDIS_URL=url,
+        os.environ, SERVICE_NAME="bench", PROCESSOR=processor, REDIS_URL=url,
         INPUT_QUEUE=stream, OUTPUT_QUEUE=out, CONSUMER_GROUP=GROUP, CONCURRENCY=str(concurrency),
         HEALTH_PORT="0", LOG_LEVEL=log_level, PYTHONPATH=str(ROOT), **extra_env,
     )
@@ -113,11 +132,13 @@ async def phoenix_worker(
         while not await client.xlen(out):
             await asyncio.sleep(0.001)
         cpu_start, _ = _proc_stat(proc.pid)
+        redis_cpu_start = await _redis_cpu(client)
         while await client.xlen(out) < n:
             if proc.returncode is not None:
                 raise RuntimeError(f"phoenix worker exited with {proc.returncode}")
             await asyncio.sleep(0.02)
         cpu_end, rss = _proc_stat(proc.pid)
+        redis_cpu = await _redis_cpu(client) - redis_cpu_start
     finally:
         proc.terminate()
         await proc.wait()
@@ -125,47 +146,79 @@ async def phoenix_worker(
     first, last = await client.xrange(out, count=1), await client.xrevrange(out, count=1)
     seconds = max(_id_ms(last[0][0]) - _id_ms(first[0][0]), 1) / 1000
     stats = await client.info("commandstats")
-    # XLEN and XRANGE are mostly this loop's own polling; commands run by scripts are counted as well as the script.
-    inner = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "cmdstat_type"}
-    redis_us = sum(c["usec"] for name, c in stats.items()
-                   if name not in inner and name not in ("cmdstat_xrange", "cmdstat_xlen"))
-    trim_us = sum(c["usec"] for name, c in stats.items() if name in inner)
-    return WorkerRun(n / seconds, rss, (cpu_end - cpu_start) / n * 1e6, stats["cmdstat_evalsha"]["usec"] / n,
-                     redis_us / n, trim_us / n)
+    scripts, reads = stats["cmdstat_evalsha"]["usec"], stats["cmdstat_xreadgroup"]["usec"]
+    trim = sum(c["usec"] for name, c in stats.items() if name in TRIM_COMMANDS)
+    return WorkerRun(n / seconds, rss, (cpu_end - cpu_start) / n * 1e6, scripts / n, reads / n, redis_cpu / n * 1e6,
+                     trim / n)
 
 
 def _id_ms(entry_id: bytes) -> int:
     return int(entry_id.decode().partition("-")[0])
 
 
-async def run(n: int, concurrency: int, rounds: int, log_level: str) -> int:
+def peer_rates(peers_python: str, url: str, n: int) -> list[dict[str, Any]]:
+    """Each peer's no-op worker on the same Valkey, through bench/peers/driver.py in the peers' virtualenv."""
+    rates = []
+    for peer in ("taskiq", "dramatiq", "arq"):
+        done = subprocess.run([peers_python, str(ROOT / "bench" / "peers" / "driver.py"), peer, url, str(n)],
+                              capture_output=True, text=True, check=True, timeout=1800)
+        rates.append(json.loads(done.stdout.splitlines()[-1]))
+    return rates
+
+
+def median_run(runs: list[WorkerRun]) -> WorkerRun:
+    rate = statistics.median_high([r.rate for r in runs])
+    return next(r for r in runs if r.rate == rate)
+
+
+def describe(runs: list[WorkerRun]) -> str:
+    run = median_run(runs)
+    return (f"{run.rate:10,.0f} msg/s  (rounds: {', '.join(f'{r.rate:,.0f}' for r in runs)})\n"
+            f"    worker: peak RSS {run.peak_rss_mb:.0f} MiB, CPU {run.cpu_us_per_msg:.0f} us/msg;  Redis per message: "
+            f"{run.script_us_per_msg + run.read_us_per_msg:.1f} us (scripts {run.script_us_per_msg:.1f} + reads "
+            f"{run.read_us_per_msg:.1f}), Valkey process CPU {run.redis_cpu_us_per_msg:.1f} us")
+
+
+async def run(n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None) -> int:
+    floors: list[float] = []
+    runs: dict[str, list[WorkerRun]] = {name: [] for name in VARIANTS}
     with embedded_valkey() as url:
         client = aioredis.Redis.from_url(url)
-        a = statistics.median([await floor(client, n) for _ in range(rounds)])
         b = await original(client, n)
-        runs, untrimmed = [], []
+        # Each round runs the floor right before the workers, and ratios are taken per round: on a shared
+        # machine the load drifts over minutes, and a floor measured in a quiet minute skews every ratio.
         for _ in range(rounds):
-            untrimmed.append(await phoenix_worker(client, url, n, concurrency, log_level, WITHOUT_TRIMMING))
-            runs.append(await phoenix_worker(client, url, n, concurrency, log_level, {}))
+            floors.append(await floor(client, n))
+            for name, (processor, env) in VARIANTS.items():
+                runs[name].append(await phoenix_worker(client, url, n, concurrency, log_level, processor, env))
         await client.aclose()
-    c = statistics.median_high([r.rate for r in runs])
-    c0 = statistics.median_high([r.rate for r in untrimmed])
-
-    median_run = next(r for r in runs if r.rate == c)
-    print(f"messages: {n}, one embedded Valkey, no-op processor, median of {rounds} rounds for (a) and (c)")
-    print(f"(a) floor, XREADGROUP COUNT 100 + XACK/batch : {a:10,.0f} msg/s")
+        peers = peer_rates(peers_python, url, n) if peers_python else []
+    a = statistics.median(floors)
+    c = median_run(runs["process"]).rate
+    ratio, batch_ratio = (statistics.median(r.rate / f for r, f in zip(runs[k], floors, strict=True))
+                          for k in ("process", "batch"))
+    print(f"messages: {n}, one embedded Valkey, no-op processors, {rounds} rounds of (a) then (c), medians, "
+          f"CONCURRENCY={concurrency}, LOG_LEVEL={log_level}")
+    print(f"(a) floor, XREADGROUP COUNT 100 + XACK/batch : {a:10,.0f} msg/s  "
+          f"(rounds: {', '.join(f'{f:,.0f}' for f in floors)})")
     print(f"(b) original design, one message at a time   : {b:10,.0f} msg/s")
-    print(f"(c) phoenix worker, CONCURRENCY={concurrency:<5}        : {c:10,.0f} msg/s  "
-          f"(rounds: {', '.join(f'{r.rate:,.0f}' for r in runs)})")
-    print(f"(c0) the same without trimming/backpressure  : {c0:10,.0f} msg/s  "
-          f"(rounds: {', '.join(f'{r.rate:,.0f}' for r in untrimmed)})")
-    print(f"    worker peak RSS {median_run.peak_rss_mb:.0f} MiB, worker CPU {median_run.cpu_us_per_msg:.0f} us/msg, "
-          f"Redis Lua time {median_run.script_us_per_msg:.0f} us/msg, LOG_LEVEL={log_level}")
-    print(f"ratios: c/a = {c / a:.2f} (target >= 0.25)   c/b = {c / b:.1f}x (target >= 20x)")
-    trim_share = statistics.median(r.trim_us_per_msg / r.redis_us_per_msg for r in runs)
-    print(f"trimming + backpressure cost (target <= 10% of c): throughput 1 - c/c0 = {1 - c / c0:.1%}; "
-          f"their own Redis commands {statistics.median(r.trim_us_per_msg for r in runs):.2f} us/msg = "
-          f"{trim_share:.1%} of the worker's Redis time (the throughput ratio is noisy on a loaded machine)")
+    print(f"(c) phoenix worker, process()                : {describe(runs['process'])}")
+    print(f"(c) phoenix worker, process_batch()          : {describe(runs['batch'])}")
+    c0 = median_run(runs["untrimmed"]).rate
+    print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
+    for peer in peers:
+        print(f"    peer {peer['setup']:<64}: {peer['rate']:10,.0f} msg/s")
+    # Issue 9's targets: 0.30 at CONCURRENCY=1000 and LOG_LEVEL=warning, 0.20 with a log line per message.
+    target = 0.30 if log_level in ("warning", "error") else 0.20
+    print(f"ratios (median of the rounds' own): c/a = {ratio:.2f} (target >= {target:.2f}), "
+          f"batch c/a = {batch_ratio:.2f}, c/b = {c / b:.1f}x (target >= 20x)")
+    trim_us = statistics.median(r.trim_us_per_msg for r in runs["process"])
+    print(f"trimming + backpressure (target <= 10% of c): 1 - c/c0 = {1 - c / c0:.1%} (noisy on a loaded machine); "
+          f"their own Redis commands {trim_us:.2f} us/msg")
+    if peers:
+        best = max(peers, key=lambda p: p["rate"])
+        print(f"        c / best peer ({best['peer']}) = {c / best['rate']:.1f}x, "
+              f"batch c / best peer = {median_run(runs['batch']).rate / best['rate']:.1f}x")
     return 0
 
 
@@ -175,8 +228,9 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--peers-python", help="python of a virtualenv with bench/peers/peers-requirements.txt")
     args = p.parse_args()
-    return asyncio.run(run(args.messages, args.concurrency, args.rounds, args.log_level))
+    return asyncio.run(run(args.messages, args.concurrency, args.rounds, args.log_level, args.peers_python))
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+from collections.abc import Sequence
 from typing import Any
 
-from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, BatchResult, Record, RecordNotFoundError
 
 
 class ScriptedProcessor(BaseProcessor):
@@ -66,3 +67,30 @@ class KeyReportingProcessor(BaseProcessor):
             "context": current_api_key() or "", "environ": os.environ.get("OPENAI_API_KEY", ""),
         })
         return {"ok": True}
+
+
+class ScriptedBatchProcessor(BaseProcessor):
+    """A batch processor: data["action"] per record is missing | fail-once | (default) forward.
+
+    Each call appends its size to the list `batches:{stage}` and writes the effects of the whole batch in one
+    transaction, as a bulk database write would. The Redis key `batch-down:{stage}` makes the whole call raise.
+    """
+
+    async def process_batch(self, records: Sequence[Record]) -> list[BatchResult]:
+        stage = self.settings.service_name
+        await self.redis.rpush(f"batches:{stage}", len(records))
+        if await self.redis.exists(f"batch-down:{stage}"):
+            raise ConnectionError("batch service is down")
+        results: list[BatchResult] = []
+        async with self.redis.pipeline(transaction=True) as pipe:
+            for r in records:
+                action = r.data.get("action")
+                if action == "missing":
+                    results.append(RecordNotFoundError(f"record {r.record_id} does not exist"))
+                elif action == "fail-once" and await self.redis.set(f"failed:{stage}:{r.record_id}", 1, nx=True):
+                    results.append(RuntimeError(f"transient failure of {r.record_id}"))
+                else:
+                    pipe.hincrby(f"effects:{stage}", r.record_id, 1)
+                    results.append({**r.data, "seen_by": stage})
+            await pipe.execute()
+        return results

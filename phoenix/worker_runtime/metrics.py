@@ -2,24 +2,73 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import math
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 # Queue waits span milliseconds (hot stream) to hours (backlog after an outage).
 _WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
 _DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+
+
+
+class _StageHistogramChild:
+    __slots__ = ("_bounds", "counts", "sum")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self._bounds = bounds
+        self.counts = [0] * len(bounds)  # per bucket, not cumulative
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(self._bounds, value)] += 1  # the first bucket with value <= le
+        self.sum += value
+
+
+class StageHistogram(Collector):
+    """A histogram labelled by stage, exported like prometheus_client's Histogram (same series and `le` labels).
+
+    Observed twice per message from the event loop: a list bump here, where the library's Histogram takes two
+    locks and walks its buckets in Python. Scrapes read a copy of the counts, so a scrape in another thread
+    sees every bucket at most one observation behind.
+    """
+
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+        self._name, self._documentation = name, documentation
+        self._bounds = (*buckets, math.inf)
+        self._children: dict[str, _StageHistogramChild] = {}
+        REGISTRY.register(self)
+
+    def labels(self, stage: str) -> _StageHistogramChild:
+        return self._children.setdefault(stage, _StageHistogramChild(self._bounds))
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(self._name, self._documentation, labels=["stage"])
+        for stage, child in list(self._children.items()):
+            cumulative, buckets = 0, []
+            for bound, count in zip(self._bounds, list(child.counts), strict=True):
+                cumulative += count
+                buckets.append((floatToGoString(bound), cumulative))
+            family.add_metric([stage], buckets, child.sum)
+        yield family
+
 
 MESSAGES = Counter(
     "phoenix_messages",
     "Messages finished by outcome: processed, skipped_duplicate, retried, dead_lettered, deferred.",
     ["stage", "outcome"],
 )
-PROCESSING_SECONDS = Histogram(
-    "phoenix_processing_duration_seconds", "Time spent in the processor per message.", ["stage"],
-    buckets=_DURATION_BUCKETS,
+PROCESSING_SECONDS = StageHistogram(
+    "phoenix_processing_duration_seconds", "Time spent in the processor per message.", _DURATION_BUCKETS
 )
-QUEUE_WAIT_SECONDS = Histogram(
+QUEUE_WAIT_SECONDS = StageHistogram(
     "phoenix_queue_wait_seconds", "Time from XADD (the stream id's timestamp) to the start of processing.",
-    ["stage"], buckets=_WAIT_BUCKETS,
+    _WAIT_BUCKETS,
 )
 IN_FLIGHT = Gauge("phoenix_in_flight_messages", "Messages read and not yet settled.", ["stage"])
 CIRCUIT_STATE = Gauge("phoenix_circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", ["stage"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 if TYPE_CHECKING:
     import structlog
@@ -21,6 +21,21 @@ ENTRY_POINT_GROUP = "phoenix.processors"
 
 class RecordNotFoundError(Exception):
     """The record does not exist (the original design's 404): dead-lettered at once, never retried."""
+
+
+class Record(Protocol):
+    """One record of a batch handed to `process_batch`: the same three values `process` receives."""
+
+    @property
+    def record_id(self) -> str: ...
+    @property
+    def user_id(self) -> str: ...
+    @property
+    def data(self) -> dict[str, Any]: ...
+
+
+#: Per record of a batch: the dict to forward, None to forward nothing, or the exception it failed with.
+BatchResult = dict[str, Any] | None | BaseException
 
 
 class BaseProcessor:
@@ -43,6 +58,24 @@ class BaseProcessor:
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
         """Process one record. Return a dict to forward it to the next stage, or None to forward nothing."""
         raise NotImplementedError
+
+    async def process_batch(self, records: Sequence[Record]) -> list[BatchResult]:
+        """Process several records in one call, for work that is cheaper in bulk (embeddings, batch LLM calls,
+        bulk writes). Return one entry per record, in order: a dict, None, or the exception that record failed
+        with (RecordNotFoundError: dead-lettered; anything else: retried). Each record keeps its own outcome,
+        lock and idempotency marker; an exception raised by the call itself fails every record of the batch.
+
+        Override it, and the runtime hands over the records of each read (up to CONCURRENCY) in one call.
+        Without an override the runtime calls `process` concurrently per record, and this default, which
+        calls `process` for each record in turn, is only there for overrides that delegate some records.
+        """
+        results: list[BatchResult] = []
+        for record in records:
+            try:
+                results.append(await self.process(record.record_id, record.user_id, record.data))
+            except Exception as exc:
+                results.append(exc)
+        return results
 
     async def cleanup(self) -> None:
         """Release what `initialize` opened. Called once at shutdown."""

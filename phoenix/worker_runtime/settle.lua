@@ -6,7 +6,9 @@
 --   D dead-letter: XADD the fields to the DLQ, XACK.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
--- Every action then releases the record's lock if this worker still owns it (compare-and-delete).
+-- Every action then releases the record's lock if this worker still owns it (compare-and-delete); a commit
+-- that set the marker deletes the lock without the compare: whoever else might hold it (after our lock expired)
+-- can no longer commit the record, and every later claim finds the marker first. One call less per message.
 -- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
 -- Returns per item 1 when a commit found the marker already set (a duplicate), else 0.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
@@ -32,10 +34,14 @@ while i <= #ARGV do
   local action, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local holds_lock, n = ARGV[i + 3] == '1', tonumber(ARGV[i + 4])
   local first, last = i + 5, i + 4 + n
-  local duplicate = 0
+  local duplicate, release = 0, holds_lock
   if action == 'C' then
     -- The marker stores the entry id that committed the record: GET processed:... answers "by which message".
     if redis.call('SET', marker_prefix .. record_id, entry_id, 'NX', 'EX', marker_ttl) then
+      if holds_lock then
+        redis.call('DEL', lock_prefix .. record_id)
+        release = false
+      end
       if has_output and n > 0 then
         redis.call('XADD', output, '*', unpack(ARGV, first, last))
       end
@@ -50,7 +56,7 @@ while i <= #ARGV do
     redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[first]), ARGV[first + 1])
     acked[#acked + 1] = entry_id
   end
-  if holds_lock then
+  if release then
     local lock = lock_prefix .. record_id
     if redis.call('GET', lock) == token then
       redis.call('DEL', lock)

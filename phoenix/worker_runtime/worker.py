@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,8 +24,9 @@ from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.dlq import dead_letter_fields
 from phoenix.worker_runtime.locks import Claim, RecordLocks
+from phoenix.worker_runtime.log import CURRENT_MESSAGE
 from phoenix.worker_runtime.messages import MalformedEntry, Message, output_fields, parse_entry
-from phoenix.worker_runtime.processor import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, RecordNotFoundError
 from phoenix.worker_runtime.reclaim import Entry, Reclaimer
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
@@ -34,6 +36,15 @@ from phoenix.worker_runtime.tracing import MessageTracing
 from phoenix.worker_runtime.trim import Trimmer
 
 log = structlog.get_logger("phoenix.worker")
+
+if sys.version_info >= (3, 12):
+    def _start_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        """Run the coroutine at once, up to its first real wait: a processor call that never waits (a cache
+        hit, a no-op) then finishes without a trip through the event loop's queue."""
+        return asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)
+else:  # Python 3.11 has no eager tasks: an ordinary task
+    def _start_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(coro)
 
 
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
@@ -56,7 +67,8 @@ class InFlight:
 
 _RECLAIM_BATCH = 100
 # Reads stay small enough that the next batch is read and claimed while earlier ones are processed and
-# settled: Redis and Python then work at the same time instead of taking turns.
+# settled: Redis and Python then work at the same time instead of taking turns. Hence also at most half of
+# CONCURRENCY per read: with one read filling every slot, the next read would wait for its whole settle.
 _READ_BATCH = 200
 _ALIVE_WITHIN_SECONDS = 60.0
 
@@ -92,12 +104,17 @@ class Worker:
             settings.circuit_half_open_calls,
             on_change=self._on_circuit_change,
         )
+        # A processor that overrides process_batch gets each read's records in one call.
+        self._batches = type(processor).process_batch is not BaseProcessor.process_batch
+        self._read_batch = min(_READ_BATCH, max(1, (settings.concurrency + 1) // 2))
         self.in_flight: dict[str, InFlight] = {}
         self._dead_letters_unsettled: set[str] = set()  # so a history read cannot dead-letter them twice
+        # Entries acknowledged while a history read was on its way: Redis may have answered the read before
+        # the settle, and once settled they are no longer in flight, so nothing else tells they are done.
+        self._settled_during_history_read: set[str] | None = None
         self._slots_used = 0
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
-        self._tasks: set[asyncio.Task[None]] = set()
         # Per-message success lines are info; skipping their arguments matters at tens of thousands a second.
         self._log_each_message = settings.log_level in ("debug", "info")
         self._reread_own_pending = True  # at start: own pending entries first (id 0), then new ones (>)
@@ -201,9 +218,12 @@ class Worker:
 
     async def _drain(self) -> None:
         """Let in-flight messages finish; past the grace period, cancel them: they stay pending, locks released."""
-        if self._tasks:
-            log.info("draining", in_flight=len(self._tasks), grace_seconds=self.settings.shutdown_grace)
-            _, unfinished = await asyncio.wait(self._tasks, timeout=self.settings.shutdown_grace)
+        # The flights hold their tasks (asyncio keeps only weak references): a task is done before its
+        # outcome settles and the flight goes, so no per-task bookkeeping is needed besides.
+        tasks = {f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()}
+        if tasks:
+            log.info("draining", in_flight=len(tasks), grace_seconds=self.settings.shutdown_grace)
+            _, unfinished = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
             for task in unfinished:
                 task.cancel()
             if unfinished:
@@ -268,7 +288,7 @@ class Worker:
                 # The output is over OUTPUT_HIGH_WATER: read nothing new until the next stage catches up.
                 await self.backpressure.wait_resumed(1.0)
                 continue
-            n = await self._reserve(_READ_BATCH if trial_slots is None else min(_READ_BATCH, trial_slots))
+            n = await self._reserve(self._read_batch if trial_slots is None else min(self._read_batch, trial_slots))
             if n == 0:
                 continue
             started = 0
@@ -296,18 +316,22 @@ class Worker:
     async def _read(self, cursor: str, n: int) -> tuple[int, str]:
         """XREADGROUP from `cursor` ("0": own pending history, ">": new). Returns (started, next cursor)."""
         s = self.settings
-        history = cursor != ">"
-        reply = await self.redis.xreadgroup(
-            s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n,
-            block=None if history else s.block_ms,
-        )
-        entries: list[Entry] = reply[0][1] if reply else []
-        if not history:
-            return await self._dispatch(entries, None), ">"
-        if not entries:
-            return 0, ">"  # own history replayed: from now on only new entries
-        counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
-        return await self._dispatch(entries, counts), entries[-1][0].decode()
+        if cursor == ">":
+            reply = await self.redis.xreadgroup(
+                s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n, block=s.block_ms
+            )
+            return await self._dispatch(reply[0][1] if reply else [], None), ">"
+        self._settled_during_history_read = settled = set()
+        try:
+            reply = await self.redis.xreadgroup(s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n)
+            entries: list[Entry] = reply[0][1] if reply else []
+            if not entries:
+                return 0, ">"  # own history replayed: from now on only new entries
+            counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
+        finally:
+            self._settled_during_history_read = None
+        unsettled = [e for e in entries if e[0].decode() not in settled]
+        return await self._dispatch(unsettled, counts), entries[-1][0].decode()
 
     async def _claim_idle(self, n: int) -> tuple[int, bool]:
         """XAUTOCLAIM a slice of the group's idle entries. Returns (started, whole pending list walked)."""
@@ -383,23 +407,30 @@ class Worker:
         claims = await self.locks.acquire(candidates) if candidates else []
         for args in dead:
             self._dead_letter(*args)
-        started = len(dead)
         deadline = time.monotonic() + s.processing_timeout
+        flights: list[InFlight] = []
         for message, claim in zip(candidates, claims, strict=True):
             if claim == Claim.ACQUIRED:
                 flight = InFlight(message, deadline)
                 self.in_flight[message.entry_id] = flight
-                flight.task = task = asyncio.create_task(self._handle(flight))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-                started += 1
+                flights.append(flight)
             elif claim == Claim.DUPLICATE:
                 self._m_outcome["skipped_duplicate"].inc()
                 log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
             else:
                 self._m_contention.inc()
                 log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
-        return started
+        if self._batches and flights:
+            self._start(self._handle_batch(flights), flights)
+        else:
+            for flight in flights:
+                self._start(self._handle(flight), (flight,))
+        return len(dead) + len(flights)
+
+    def _start(self, coro: Coroutine[Any, Any, None], flights: Sequence[InFlight]) -> None:
+        task = _start_task(coro)
+        for flight in flights:
+            flight.task = task  # what the timeout watchdog and the shutdown cancel
 
     def _on_settled(self, batch: list[Outcome]) -> None:
         """Called by the settler once a batch is durable: count, log, free the slots."""
@@ -408,6 +439,8 @@ class Worker:
         for outcome in batch:
             flight = self.in_flight.pop(outcome.entry_id, None)
             self._dead_letters_unsettled.discard(outcome.entry_id)
+            if self._settled_during_history_read is not None and outcome.action is not Action.LEAVE:
+                self._settled_during_history_read.add(outcome.entry_id)
             if outcome.action is not Action.COMMIT:
                 continue  # dead letters, retries and deferrals were counted and logged when decided
             if outcome.duplicate:
@@ -429,50 +462,112 @@ class Worker:
     async def _handle(self, flight: InFlight) -> None:
         """One message from claim to settle: the processor call under the breaker, the timeout watchdog, the
         user's API key and the trace context. One coroutine, since it runs for every message."""
-        m, s = flight.message, self.settings
-        structlog.contextvars.bind_contextvars(record_id=m.record_id, user_id=m.user_id, message_id=m.entry_id)
+        m = flight.message
+        CURRENT_MESSAGE.set(m)  # this task's log lines carry the message's ids
         started = time.time()
         self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
         if not self.breaker.try_acquire():
-            self._m_outcome["deferred"].inc()
-            log.warning("circuit_open_fast_fail")
-            outcome = Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+            outcome = self._fast_fail(m)
         else:
             try:
                 with self._tracing.span(m.record_id, m.traceparent) as traceparent:
                     if self.billing.enabled:
-                        result = await self._process_with_user_key(m)
+                        with await self._user_key_scope(m.user_id):
+                            result = await self.processor.process(m.record_id, m.user_id, m.data)
                     else:
                         result = await self.processor.process(m.record_id, m.user_id, m.data)
-                if result is not None and not isinstance(result, dict):
-                    raise TypeError(f"process() must return a dict or None, not {type(result).__name__}")
             except asyncio.CancelledError:
-                if flight.timed_out:
-                    error = TimeoutError(f"processing exceeded PROCESSING_TIMEOUT={s.processing_timeout:g}s")
-                    outcome = self._failure_outcome(m, error, started)
-                else:
-                    # Shutdown past the grace period: leave the entry pending for the next worker, free the lock.
-                    self._m_outcome["deferred"].inc()
-                    outcome = Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+                outcome = self._cancelled_outcome(flight, started)
             except Exception as exc:
                 outcome = self._failure_outcome(m, exc, started)
             else:
-                self._m_duration.observe(time.time() - started)
-                self.breaker.record_success()
-                fields = output_fields(m, result, traceparent) if result is not None and s.output_queue else ()
-                outcome = Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
+                outcome = self._result_outcome(m, result, started, traceparent)
         outcome.started_at = started
         self.settler.submit(outcome)
 
-    async def _process_with_user_key(self, m: Message) -> dict[str, Any] | None:
-        # A billing outage raises BillingUnavailableError here: transient, retried like any other failure.
-        key = await self.billing.key_for(m.user_id)
-        if key is None:
-            return await self.processor.process(m.record_id, m.user_id, m.data)
-        with api_key_scope(key, swap_env=self._swap_env_key):
-            return await self.processor.process(m.record_id, m.user_id, m.data)
+    async def _handle_batch(self, flights: list[InFlight]) -> None:
+        """The records of one read in one process_batch call; each still gets its own outcome, as in _handle.
+        Trace context is passed through unchanged: one call cannot be the current span of every record."""
+        started = time.time()
+        admitted: list[InFlight] = []
+        outcomes: list[Outcome] = []
+        for flight in flights:
+            m = flight.message
+            self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
+            if self.breaker.try_acquire():
+                admitted.append(flight)
+            else:
+                CURRENT_MESSAGE.set(m)
+                outcomes.append(self._fast_fail(m))
+        CURRENT_MESSAGE.set(None)  # the processor's lines during a batch belong to no single record
+        try:
+            results = await self._process_batch([f.message for f in admitted]) if admitted else []
+        except asyncio.CancelledError:
+            outcomes += [self._cancelled_outcome(f, started) for f in admitted]
+        except Exception as exc:  # the call itself failed: so did every record in it
+            for f in admitted:
+                CURRENT_MESSAGE.set(f.message)
+                outcomes.append(self._failure_outcome(f.message, exc, started))
+        else:
+            for f, result in zip(admitted, results, strict=True):
+                CURRENT_MESSAGE.set(f.message)
+                outcomes.append(self._result_outcome(f.message, result, started, f.message.traceparent))
+        CURRENT_MESSAGE.set(None)
+        for outcome in outcomes:
+            outcome.started_at = started
+            self.settler.submit(outcome)
 
-    def _failure_outcome(self, m: Message, exc: Exception, started: float) -> Outcome:
+    async def _process_batch(self, messages: list[Message]) -> list[BatchResult]:
+        """process_batch over the messages, one call per user when each user's API key must be in scope."""
+        if not self.billing.enabled:
+            results = await self.processor.process_batch(messages)
+            _check_batch_results(results, len(messages))
+            return results
+        by_user: dict[str, list[Message]] = {}
+        for m in messages:
+            by_user.setdefault(m.user_id, []).append(m)
+        by_entry: dict[str, BatchResult] = {}
+        for user_id, group in by_user.items():
+            with await self._user_key_scope(user_id):
+                results = await self.processor.process_batch(group)
+            _check_batch_results(results, len(group))
+            by_entry.update(zip((m.entry_id for m in group), results, strict=True))
+        return [by_entry[m.entry_id] for m in messages]
+
+    async def _user_key_scope(self, user_id: str) -> contextlib.AbstractContextManager[object]:
+        # A billing outage raises BillingUnavailableError here: transient, retried like any other failure.
+        key = await self.billing.key_for(user_id)
+        if key is None:
+            return contextlib.nullcontext()
+        return api_key_scope(key, swap_env=self._swap_env_key)
+
+    def _fast_fail(self, m: Message) -> Outcome:
+        """Circuit open: the message stays pending for a later attempt."""
+        self._m_outcome["deferred"].inc()
+        log.warning("circuit_open_fast_fail")
+        return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+
+    def _cancelled_outcome(self, flight: InFlight, started: float) -> Outcome:
+        m = flight.message
+        if flight.timed_out:
+            error = TimeoutError(f"processing exceeded PROCESSING_TIMEOUT={self.settings.processing_timeout:g}s")
+            return self._failure_outcome(m, error, started)
+        # Shutdown past the grace period: leave the entry pending for the next worker, free the lock.
+        self._m_outcome["deferred"].inc()
+        return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+
+    def _result_outcome(self, m: Message, result: BatchResult, started: float, traceparent: str | None) -> Outcome:
+        """What the processor gave back for one record: a dict or None commits, an exception fails."""
+        if result is not None and not isinstance(result, dict):
+            if not isinstance(result, BaseException):
+                result = TypeError(f"a processor's result must be a dict or None, not {type(result).__name__}")
+            return self._failure_outcome(m, result, started)
+        self._m_duration.observe(time.time() - started)
+        self.breaker.record_success()
+        fields = output_fields(m, result, traceparent) if result is not None and self.settings.output_queue else ()
+        return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
+
+    def _failure_outcome(self, m: Message, exc: BaseException, started: float) -> Outcome:
         """RecordNotFoundError: DLQ at once. Anything else: transient, retried with backoff."""
         self._m_duration.observe(time.time() - started)
         if not isinstance(exc, RecordNotFoundError):
@@ -514,3 +609,9 @@ class Worker:
         if state is CircuitState.HALF_OPEN:
             # Messages left pending while open are ours: offer them to the trial calls first.
             self._reread_own_pending = True
+
+
+def _check_batch_results(results: object, expected: int) -> None:
+    if not isinstance(results, list) or len(results) != expected:
+        got = f"{len(results)} results" if isinstance(results, list) else type(results).__name__
+        raise TypeError(f"process_batch() must return a list of one result per record ({expected}), not {got}")
