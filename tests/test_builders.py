@@ -15,12 +15,11 @@ from phoenix.operator.builders import (
     build_deployment,
     build_scaled_object,
     build_trigger_authentication,
-    new_condition,
     redis_connection,
     resolve_streams,
     scaled_object_patch,
-    set_condition,
 )
+from phoenix.operator.status.conditions import new_condition, set_condition
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}

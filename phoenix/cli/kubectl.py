@@ -26,15 +26,11 @@ from phoenix.cli.records import format_report
 from phoenix.cli.stage import StageSettings, redis_client, settings_from
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
+from phoenix.operator.actions import ReplayRequestError, parse_replay_count
 from phoenix.operator.builders import resolve_streams, worker_env
+from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import MERGE_PATCH, KubeApi
-from phoenix.operator.requests import (
-    REPLAY_ANNOTATION,
-    RESTART_ANNOTATION,
-    ReplayRequestError,
-    parse_replay_count,
-)
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, inspect_record
 
 Json = dict[str, Any]

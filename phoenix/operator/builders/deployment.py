@@ -8,11 +8,11 @@ from phoenix.crds import PhoenixStageSpec, StreamsStatus
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
+from phoenix.operator.constants import RESTARTED_AT_ANNOTATION
 
 HEALTH_PORT = 8080
 PORT_NAME = "http"
 CONTAINER_NAME = "worker"
-RESTARTED_AT_ANNOTATION = "phoenix.io/restartedAt"
 TERMINATION_GRACE_SECONDS = 30
 # The worker drains in-flight records for SHUTDOWN_GRACE, leaving 5 s before the kubelet's SIGKILL.
 SHUTDOWN_GRACE_SECONDS = TERMINATION_GRACE_SECONDS - 5

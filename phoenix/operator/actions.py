@@ -1,4 +1,10 @@
-"""One-off actions asked for by annotation: a rolling restart and a DLQ replay, each carried out once."""
+"""One-off actions people ask of a stage by annotation, each carried out once: a rolling restart and a DLQ replay.
+
+`phoenix.io/restart: <any new value>` rolls the workers; `phoenix.io/replay-dlq: <N|all>` moves DLQ entries
+back to the input. Bookkeeping lives in status fields beside the schema's own (status keeps unknown fields):
+`handledRestart` is the restart value already acted on; `replayRequest` is a replay being carried out.
+The converger (converge.py) runs them: restart_workers and replay_dlq at the end of this module.
+"""
 
 from __future__ import annotations
 
@@ -7,24 +13,78 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from phoenix.operator.builders import RESTARTED_AT_ANNOTATION
-from phoenix.operator.errors import StageError
+from kubernetes.client.exceptions import ApiException
+from redis.exceptions import RedisError
+
+from phoenix.operator.constants import (
+    HANDLED_RESTART_ANNOTATION,
+    REPLAY_ANNOTATION,
+    RESTART_ANNOTATION,
+    RESTARTED_AT_ANNOTATION,
+)
+from phoenix.operator.context import OperatorContext
+from phoenix.operator.errors import StageError, api_error, scrub
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import replay_ledger, replay_once
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.registry import StageRecord
-from phoenix.operator.requests import (
-    HANDLED_RESTART_ANNOTATION,
-    HANDLED_RESTART_FIELD,
-    REPLAY_ANNOTATION,
-    REPLAY_REQUEST_FIELD,
-    ReplayRequestError,
-    parse_replay_count,
-    pending_replay,
-    replay_annotation,
-    restart_request,
-)
-from phoenix.operator.status import StatusWriter
+from phoenix.operator.status.registry import StageRecord
+from phoenix.operator.status.writer import StatusWriter
+
+# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
+RESTART, REPLAY = "restart", "replay"
+HANDLED_RESTART_FIELD = "handledRestart"
+REPLAY_REQUEST_FIELD = "replayRequest"
+MAX_REPLAY_COUNT = 10_000_000
+
+
+class ReplayRequestError(ValueError):
+    """The replay annotation's value is neither `all` nor a positive whole number."""
+
+
+def parse_replay_count(value: str) -> int | None:
+    """`all` -> None (no limit); `N` -> N."""
+    text = value.strip().lower()
+    if text == "all":
+        return None
+    if not text.isdigit() or not 0 < int(text) <= MAX_REPLAY_COUNT:
+        raise ReplayRequestError(
+            f"{REPLAY_ANNOTATION} must be `all` or a whole number from 1 to {MAX_REPLAY_COUNT}, got {value!r}"
+        )
+    return int(text)
+
+
+def _annotations(body: Mapping[str, Any]) -> Mapping[str, str]:
+    return body.get("metadata", {}).get("annotations") or {}
+
+
+def _status(body: Mapping[str, Any]) -> Mapping[str, Any]:
+    return body.get("status") or {}
+
+
+def restart_request(body: Mapping[str, Any]) -> str | None:
+    """The restart value still to be acted on, if any."""
+    value = _annotations(body).get(RESTART_ANNOTATION)
+    if value is None or value == _status(body).get(HANDLED_RESTART_FIELD):
+        return None
+    return value
+
+
+def replay_annotation(body: Mapping[str, Any]) -> str | None:
+    return _annotations(body).get(REPLAY_ANNOTATION)
+
+
+def pending_replay(body: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """A replay recorded in status as begun and not yet finished."""
+    return _status(body).get(REPLAY_REQUEST_FIELD) or None
+
+
+def has_restart_request(body: Mapping[str, Any], **_: Any) -> bool:
+    return restart_request(body) is not None
+
+
+def has_replay_work(body: Mapping[str, Any], **_: Any) -> bool:
+    return replay_annotation(body) is not None or pending_replay(body) is not None
+
 
 # The input stream's MAXLEN for replayed entries: the worker runtime's default STREAM_MAXLEN.
 REPLAY_MAXLEN = 100_000
@@ -103,3 +163,36 @@ async def replay(
     last = {"requested": moved if limit is None else limit, "moved": moved, "at": _now()}
     await writer.update(record, {"lastReplay": last, REPLAY_REQUEST_FIELD: None})
     return last
+
+
+async def restart_workers(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
+    try:
+        try:
+            restarted_at = await restart(ctx.kube, ctx.writer, record, body)
+        except ApiException as exc:
+            raise api_error(exc) from None
+    except StageError as error:
+        await ctx.events.warning(record, RESTART, error)
+        raise
+    ctx.events.resolved(record, RESTART)
+    if restarted_at is not None:
+        await ctx.events.normal(record, "Restarted", f"rolling restart of the workers at {restarted_at}")
+
+
+async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
+    try:
+        try:
+            last = await replay(ctx.kube, ctx.pool, ctx.writer, record, body)
+        except ApiException as exc:
+            raise api_error(exc) from None
+        except (RedisError, OSError) as exc:
+            raise StageError("RedisUnavailable", f"DLQ replay: {scrub(str(exc), record.redis_url)}") from None
+    except StageError as error:
+        await ctx.events.warning(record, REPLAY, error)
+        raise
+    ctx.events.resolved(record, REPLAY)
+    if last is not None:
+        await ctx.events.normal(
+            record, "DlqReplayed",
+            f"moved {last['moved']} DLQ entries back to the input (requested {last['requested']})",
+        )  # fmt: skip
