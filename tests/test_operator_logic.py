@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from phoenix.crds import ConditionType, PhoenixStageSpec, StreamsStatus
+from phoenix.crds import ConditionType, PhoenixStageSpec
+from phoenix.keys import StageKeys
 from phoenix.operator.actions import (
     ReplayRequestError,
     has_replay_work,
@@ -131,7 +132,7 @@ def test_request_filters() -> None:
 
 def test_refresh_groups_stages_by_redis_url() -> None:
     def record(name: str, url: str | None) -> StageRecord:
-        streams = StreamsStatus(input=f"{name}:in", consumer_group="g", dlq=f"{name}:dlq")
+        streams = StageKeys.for_stage(name, input=f"{name}:in", group="g", dlq=f"{name}:dlq")
         return StageRecord("ns", name, streams=streams, redis_url=url)
 
     groups = group_by_redis([record("a", "redis://r1"), record("b", "redis://r2"), record("c", "redis://r1"),

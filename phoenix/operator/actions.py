@@ -25,7 +25,7 @@ from phoenix.operator.constants import (
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, api_error, scrub
 from phoenix.operator.kube import KubeApi
-from phoenix.operator.redis_ops import replay_ledger, replay_once
+from phoenix.operator.redis_ops import replay_once
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.status.registry import StageRecord
 from phoenix.operator.status.writer import StatusWriter
@@ -155,7 +155,7 @@ async def replay(
         raise StageError("NotReconciled", "the stage has not been reconciled yet; the replay waits for it")
     limit = parse_replay_count(pending["count"])
     moved = await replay_once(
-        pool.client(record.redis_url), replay_ledger(record.name, pending["id"]), record.streams.dlq,
+        pool.client(record.redis_url), record.streams.replay_ledger(pending["id"]), record.streams.dlq,
         record.streams.input, limit, REPLAY_MAXLEN,
     )  # fmt: skip
     if requested == pending["count"]:

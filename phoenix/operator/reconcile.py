@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
+from phoenix.keys import StageKeys
 from phoenix.operator.builders import Owner, RedisUrlError, redis_connection, resolve_streams
 from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
 from phoenix.operator.constants import STAGE_LABEL
@@ -34,7 +35,7 @@ from phoenix.worker_runtime.settings import redact_url
 class Reconciled:
     """What a successful reconcile found and did, for status and events."""
 
-    streams: StreamsStatus
+    streams: StageKeys
     deployment: dict[str, Any]
     autoscaling: Condition
     actions: list[Action] = field(default_factory=list)
@@ -56,9 +57,9 @@ def parse_stage(body: Mapping[str, Any]) -> PhoenixStage:
     return stage
 
 
-def check_stream_names(streams: StreamsStatus) -> None:
+def check_stream_names(streams: StageKeys) -> None:
     """Input, output and DLQ must be three different streams. Checked here rather than by a CEL rule because the
-    defaults derive from the stage's name (builders.streams spells those key formats once)."""
+    defaults derive from the stage's name (phoenix.keys spells those key formats once)."""
     if streams.output == streams.input:
         raise StageError(
             "InvalidSpec", f"output stream {streams.output!r} is the stage's own input stream: the stage would "
@@ -81,7 +82,7 @@ async def redis_url_of(kube: KubeApi, stage: PhoenixStage) -> str:
     return url
 
 
-async def prepare_streams(pool: RedisPool, url: str, streams: StreamsStatus, existed_before: bool) -> list[Action]:
+async def prepare_streams(pool: RedisPool, url: str, streams: StageKeys, existed_before: bool) -> list[Action]:
     """The stream, group and DLQ; an Action for each that had to be created (after a Redis flush: again)."""
     try:
         created = await ensure_streams(pool.client(url), streams)
@@ -143,7 +144,7 @@ def reconciled_status(result: Reconciled, generation: int | None) -> tuple[dict[
     )  # fmt: skip
     fields = {
         "observedGeneration": generation,
-        "streams": result.streams.to_k8s(),
+        "streams": StreamsStatus.of(result.streams).to_k8s(),
         "replicas": replica_status(result.deployment).to_k8s(),
     }
     return fields, [streams, result.autoscaling, deployment_condition(result.deployment, generation)]
@@ -251,13 +252,13 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
     await ctx.pool.retain({r.redis_url for r in ctx.registry.records() if r.redis_url is not None})
 
 
-async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> StreamsStatus:
+async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> StageKeys:
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
     url = record.redis_url or await redis_url_of(ctx.kube, stage)
     streams = resolve_streams(stage.metadata.name, stage.spec)
     try:
-        await destroy(ctx.pool.client(url), stage.metadata.name, streams)
+        await destroy(ctx.pool.client(url), streams)
     except (RedisError, OSError) as exc:
         raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), url)}") from None
     return streams

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.keys import StageKeys
+
 
 @dataclass(frozen=True, slots=True)
 class StageQueues:
@@ -22,6 +24,10 @@ class StageQueues:
     input: str
     group: str
     dlq: str
+
+    @classmethod
+    def of(cls, keys: StageKeys) -> StageQueues:
+        return cls(keys.name, keys.input, keys.consumer_group, keys.dlq)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from phoenix.operator.builders.keda import (
 )
 from phoenix.operator.builders.meta import Owner, owner_reference, stage_labels
 from phoenix.operator.builders.redis_address import RedisConnection, RedisUrlError, redis_connection
-from phoenix.operator.builders.streams import default_input_stream, resolve_streams
+from phoenix.operator.builders.streams import resolve_streams
 
 __all__ = [
     "DEFAULT_RESOURCES",
@@ -28,7 +28,6 @@ __all__ = [
     "build_deployment",
     "build_scaled_object",
     "build_trigger_authentication",
-    "default_input_stream",
     "desired_replicas",
     "owner_reference",
     "redis_connection",

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from phoenix.crds import PhoenixStageSpec, StreamsStatus
+from phoenix.crds import PhoenixStageSpec
+from phoenix.keys import StageKeys
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
@@ -27,7 +28,7 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def worker_env(name: str, spec: PhoenixStageSpec, streams: StreamsStatus) -> list[dict[str, Any]]:
+def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[dict[str, Any]]:
     """The container env: runtime variables derived from the spec, then the spec's own extra variables."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
