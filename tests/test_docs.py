@@ -12,7 +12,6 @@ import re
 import shlex
 import subprocess
 import sys
-import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -20,22 +19,12 @@ from typing import Any
 import pytest
 import redis
 
+from tests.fixtures.docs import README, marked_block
 from tests.fixtures.eventually import eventually
 from tests.fixtures.processes import LoggedProcess, free_loopback_port
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 BIN = Path(sys.executable).parent  # the phoenix console script lives next to the interpreter
 PLACEHOLDER = "..."
-
-
-def marked_block(marker: str, document: Path = README) -> tuple[str, str]:
-    """(marker arguments, code) of the fenced block right after `<!-- docs-test: {marker} ... -->`; a block indented
-    under a list item comes back dedented."""
-    pattern = (rf"<!-- docs-test: {re.escape(marker)}(?P<args>[^>]*)-->\n"
-               r"(?P<indent> *)```\w*\n(?P<code>.*?)(?P=indent)```")
-    match = re.search(pattern, document.read_text(), re.DOTALL)
-    assert match, f"{document.name} has no block marked docs-test: {marker}"
-    return match["args"].strip(), textwrap.dedent(match["code"])
 
 
 def shell_commands(code: str) -> list[list[str]]:
