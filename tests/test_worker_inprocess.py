@@ -122,6 +122,16 @@ async def test_record_not_found_is_dead_lettered_at_once(redis: aioredis.Redis, 
     assert await redis.zcard(RETRY) == 0 and await outputs(redis) == []
 
 
+async def test_a_permanent_error_is_dead_lettered_under_its_own_name(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    await add(redis, "bad", action="invalid")
+    await run_burst(redis_url, output_queue=OUT)
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert (dead["error_type"], dead["error"]) == ("InvalidInputError", "record bad has no usable input")
+    assert await redis.zcard(RETRY) == 0
+
+
 async def test_a_duplicate_is_acknowledged_without_processing(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.set(KEYS.marker_prefix + "r1", "1-0")
     await add(redis, "r1")
