@@ -30,6 +30,12 @@ from phoenix.operator.status.readiness import deployment_condition, replica_stat
 from phoenix.operator.status.registry import StageRecord
 from phoenix.worker_runtime.settings import redact_url
 
+logger = logging.getLogger(__name__)
+MAX_BACKOFF_SECONDS = 120.0
+# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
+RECONCILE, DELETE = "reconcile", "delete"
+_KEEP_DATA_HINT = "set spec.deletionPolicy to Retain to keep the data and let the stage go"
+
 
 @dataclass(frozen=True)
 class Reconciled:
@@ -160,11 +166,6 @@ def failed_status(error: StageError, generation: int | None) -> tuple[dict[str, 
 # What the kopf handlers (handlers.py) and the converger (converge.py) call: run the operation, write status,
 # post Events; a failure is a StageError, which the kopf handlers turn into retries with backoff and the
 # converger into its own backoff.
-logger = logging.getLogger(__name__)
-MAX_BACKOFF_SECONDS = 120.0
-# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
-RECONCILE, DELETE = "reconcile", "delete"
-_KEEP_DATA_HINT = "set spec.deletionPolicy to Retain to keep the data and let the stage go"
 
 
 def backoff(retry: int) -> float:
