@@ -20,6 +20,7 @@ import redis
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from phoenix.embedded import embedded_valkey
+from phoenix.keys import input_stream
 from tests.fixtures.cluster_objects import (
     KEDA_CRDS,
     ensure_namespace,
@@ -99,7 +100,7 @@ def main() -> int:
                     seen = health(liveness).get("statusRefresh", {}).get("lastWithChanges")
                     pipe = connection.pipeline(transaction=False)
                     for i in range(args.stages):
-                        pipe.xadd(f"phoenix:stage-{i:03d}:input", {"record_id": "r"})
+                        pipe.xadd(input_stream(f"stage-{i:03d}"), {"record_id": "r"})
                     pipe.execute()
                     busy_cycles.append(wait_for_cycle(
                         liveness, lambda r, seen=seen: r["patched"] == args.stages and r != seen

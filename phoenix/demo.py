@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
+from phoenix.keys import StageKeys, input_stream
 from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
@@ -51,12 +52,12 @@ class DemoStage:
 
     @property
     def queues(self) -> StageQueues:
-        return StageQueues(self.name, f"phoenix:{self.name}:input", f"{self.name}-group", f"phoenix:{self.name}:dlq")
+        return StageQueues.of(StageKeys.for_stage(self.name))
 
 
 PIPELINE = (
-    DemoStage("router", "phoenix:parser:input"),
-    DemoStage("parser", "phoenix:grouper:input"),
+    DemoStage("router", input_stream("parser")),
+    DemoStage("parser", input_stream("grouper")),
     DemoStage("grouper", ""),
 )
 

@@ -13,11 +13,15 @@ import signal
 from collections.abc import Sequence
 from typing import Any
 
-from phoenix.worker_runtime import BaseProcessor, BatchResult, Record, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, BatchResult, PermanentError, Record, RecordNotFoundError
+
+
+class InvalidInputError(PermanentError):
+    """A processor's own permanent failure: the DLQ entry must name it, not a runtime class."""
 
 
 class ScriptedProcessor(BaseProcessor):
-    """data["action"]: missing | fail | sleep:<s> | crash-before | crash-after | none; default: forward.
+    """data["action"]: missing | invalid | fail | sleep:<s> | crash-before | crash-after | none; default: forward.
 
     crash-* kill the whole worker with SIGKILL the first time a record is seen (`crashed:{stage}:{record}`),
     before or after the side effect. The Redis key `dependency-down:{stage}` makes every call fail.
@@ -33,6 +37,8 @@ class ScriptedProcessor(BaseProcessor):
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "missing":
             raise RecordNotFoundError(f"record {record_id} does not exist")
+        if action == "invalid":
+            raise InvalidInputError(f"record {record_id} has no usable input")
         if action == "fail":
             raise RuntimeError("transient failure")
         if action.startswith("sleep:"):

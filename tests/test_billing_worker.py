@@ -8,9 +8,10 @@ from collections.abc import AsyncIterator
 import pytest
 import redis.asyncio as aioredis
 
+from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import KeyService, running_key_service
-from tests.fixtures.workers import WorkerPool, wait_until
-from tests.test_worker_errors import DLQ, IN, OUT
+from tests.fixtures.stage_s import DLQ, IN, OUT
+from tests.fixtures.workers import WorkerPool
 
 PROCESS_KEY = "sk-process-own-key"
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from phoenix.crds import RUNTIME_ENV_NAMES, ConditionType, PhoenixStageSpec
+from phoenix.crds import RUNTIME_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -15,12 +15,11 @@ from phoenix.operator.builders import (
     build_deployment,
     build_scaled_object,
     build_trigger_authentication,
-    new_condition,
     redis_connection,
     resolve_streams,
     scaled_object_patch,
-    set_condition,
 )
+from phoenix.operator.status.conditions import new_condition, set_condition
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
@@ -55,7 +54,7 @@ def test_output_stage_resolves_to_its_input_stream() -> None:
 
 def test_explicit_names_win() -> None:
     spec = make_spec(input="in", output={"stream": "out"}, consumerGroup="g", dlq="dead")
-    assert resolve_streams("parser", spec).to_k8s() == {
+    assert StreamsStatus.of(resolve_streams("parser", spec)).to_k8s() == {
         "input": "in",
         "output": "out",
         "consumerGroup": "g",

@@ -7,8 +7,9 @@ import asyncio
 import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
-from tests.fixtures.workers import WorkerPool, wait_until
-from tests.test_worker_errors import DLQ, OUT, RETRY, add, idle, outputs
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.stage_s import DLQ, OUT, RETRY, add, idle, outputs
+from tests.fixtures.workers import WorkerPool
 
 
 class Clock:

@@ -8,8 +8,9 @@ import sys
 
 import redis.asyncio as aioredis
 
-from tests.fixtures.workers import WorkerPool, wait_until
-from tests.test_worker_errors import DLQ, IN, OUT, add, idle
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.stage_s import DLQ, IN, OUT, add, idle
+from tests.fixtures.workers import WorkerPool
 
 
 def phoenix(redis_url: str, *args: str) -> str:

@@ -15,8 +15,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.inspection import duration
-from tests.fixtures.workers import FAST, WorkerPool, wait_until
-from tests.test_worker_errors import DLQ, IN, OUT, RETRY, add, idle
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle
+from tests.fixtures.workers import FAST, WorkerPool
 
 
 def run(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:

@@ -12,30 +12,24 @@ import re
 import shlex
 import subprocess
 import sys
-import textwrap
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from prometheus_client.metrics import MetricWrapperBase
 
+from phoenix.crds.definition import custom_resource_definition
+from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime.billing import BillingSettings
+from phoenix.worker_runtime.settings import WorkerSettings
+from tests.fixtures.docs import DOCS, README, marked_block, table
 from tests.fixtures.eventually import eventually
 from tests.fixtures.processes import LoggedProcess, free_loopback_port
 
-README = Path(__file__).resolve().parents[1] / "README.md"
 BIN = Path(sys.executable).parent  # the phoenix console script lives next to the interpreter
 PLACEHOLDER = "..."
-
-
-def marked_block(marker: str, document: Path = README) -> tuple[str, str]:
-    """(marker arguments, code) of the fenced block right after `<!-- docs-test: {marker} ... -->`; a block indented
-    under a list item comes back dedented."""
-    pattern = (rf"<!-- docs-test: {re.escape(marker)}(?P<args>[^>]*)-->\n"
-               r"(?P<indent> *)```\w*\n(?P<code>.*?)(?P=indent)```")
-    match = re.search(pattern, document.read_text(), re.DOTALL)
-    assert match, f"{document.name} has no block marked docs-test: {marker}"
-    return match["args"].strip(), textwrap.dedent(match["code"])
 
 
 def shell_commands(code: str) -> list[list[str]]:
@@ -138,3 +132,40 @@ def test_documented_make_targets_exist(command: str) -> None:
     makefile = (README.parent / "Makefile").read_text()
     assert command in README.read_text()
     assert re.search(rf"^{command.split()[1]}:", makefile, re.MULTILINE)
+
+
+def _code(cell: str) -> str:
+    return cell.strip("`")
+
+
+def test_every_worker_variable_is_documented_once() -> None:
+    documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "## Configuring the worker")]
+    variables = [*WorkerSettings.model_fields, *BillingSettings.model_fields]
+    assert sorted(documented) == sorted(name.upper() for name in variables)
+
+
+def _spec_fields(node: dict[str, Any], path: str = "") -> list[str]:
+    found = []
+    for name, prop in (node.get("properties") or {}).items():
+        found.append(f"{path}{name}")
+        if name != "resources":  # Kubernetes' own ResourceRequirements, explained in its row
+            found += _spec_fields(prop, f"{path}{name}.")
+    return found
+
+
+def test_every_stage_field_is_documented_once() -> None:
+    documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "## PhoenixStage fields")]
+    schema = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    assert documented == _spec_fields(schema["properties"]["spec"])
+
+
+def test_every_worker_metric_is_documented_with_its_type() -> None:
+    rows = table(DOCS / "observability.md", "- `/metrics`: Prometheus, all labelled by `stage`:")
+    documented = {_code(row[0]): row[1] for row in rows}
+    defined = {}
+    for metric in vars(metrics).values():
+        if isinstance(metric, MetricWrapperBase):
+            labels = [label for label in metric._labelnames if label != "stage"]
+            name = metric._name + ("_total" if metric._type == "counter" else "")
+            defined[name + (f"{{{','.join(labels)}}}" if labels else "")] = metric._type
+    assert documented == defined

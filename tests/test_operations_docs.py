@@ -19,9 +19,10 @@ from pathlib import Path
 import pytest
 import redis.asyncio as aioredis
 
+from tests.fixtures.docs import marked_block
+from tests.fixtures.eventually import wait_until
 from tests.fixtures.processes import free_loopback_port
-from tests.fixtures.workers import WorkerPool, wait_until
-from tests.test_docs import marked_block
+from tests.fixtures.workers import WorkerPool
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 BIN = Path(sys.executable).parent

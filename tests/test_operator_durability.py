@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import redis.asyncio as aioredis
-
-from phoenix.operator.durability import backpressure_condition, redis_risk_condition
 from phoenix.operator.readiness import ready_condition
+
+from phoenix.keys import backpressure_key
+from phoenix.operator.durability import backpressure_condition, redis_risk_condition
 from phoenix.operator.status import merged_status
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
-from phoenix.worker_runtime.side_keys import backpressure_key
 
 
 def test_backpressure_condition_names_the_figure_and_leaves_ready_alone() -> None:

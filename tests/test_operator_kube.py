@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +17,12 @@ import redis as sync_redis
 import redis.asyncio as aioredis
 from kubernetes import client
 
+from phoenix.keys import StageKeys
+from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION, STAGE_LABEL
 from phoenix.operator.durability import redis_risk_condition
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
-from tests.fixtures.cluster_objects import install_keda_crds
+from tests.fixtures.cluster_objects import ensure_namespace, install_keda_crds
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube import PlayKubelet
@@ -28,6 +32,7 @@ from tests.fixtures.operator_process import (
     get_stage,
     health,
     kubectl_apply,
+    redis_db_url,
     running_operator,
     sample_documents,
     stage_events,
@@ -60,7 +65,7 @@ def _columns(plane: ControlPlane, namespace: str) -> dict[str, dict[str, str]]:
 
 def _enqueue(connection: sync_redis.Redis, record_id: str, document: Path) -> None:
     data = json.dumps({"document_url": document.resolve().as_uri()})
-    connection.xadd("phoenix:router:input", {"record_id": record_id, "user_id": "u1", "data": data})
+    connection.xadd(StageKeys.for_stage("router").input, {"record_id": record_id, "user_id": "u1", "data": data})
 
 
 def _worker_report(players: dict[str, KubeletPlayer]) -> str:
@@ -78,26 +83,75 @@ async def _assess(url: str) -> RedisRisk:
 
 
 def _replica_sets(api: client.ApiClient, namespace: str, stage: str) -> set[str]:
-    found = client.AppsV1Api(api).list_namespaced_replica_set(namespace, label_selector=f"phoenix.io/stage={stage}")
+    found = client.AppsV1Api(api).list_namespaced_replica_set(namespace, label_selector=f"{STAGE_LABEL}={stage}")
     return {rs.metadata.name for rs in found.items}
 
 
-@pytest.mark.parametrize("redis_db", [1], indirect=True)
-def test_sample_pipeline_end_to_end(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
-    kubelet_player: PlayKubelet, redis_db: tuple[str, sync_redis.Redis], tmp_path: Path,
-) -> None:  # fmt: skip
-    url, connection = redis_db
-    ns = kube_namespace
-    kubectl_apply(kube_cluster, sample_documents(url, ns))
-    apps = client.AppsV1Api(kube_api)
+@dataclass
+class Pipeline:
+    """The sample pipeline of this module: its namespace, Redis database, documents and played workers."""
 
-    # Streams, groups, DLQs and children exist before any worker runs.
-    eventually(lambda: all((stage_status(kube_cluster, ns, s).get("streams")) for s in STAGES), "streams in status")
+    namespace: str
+    url: str
+    connection: sync_redis.Redis
+    documents: list[Path]
+    workdir: Path
+    players: dict[str, KubeletPlayer] = field(default_factory=dict)
+
+
+@pytest.fixture(scope="module")
+def pipeline(
+    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, redis_url: str,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Pipeline]:  # fmt: skip
+    """router -> parser -> grouper applied once for the module (Redis database 1, a namespace of its own), reconciled,
+    with the sample documents enqueued while no worker runs yet (the `processed` fixture starts them)."""
+    ns = f"t-pipeline-{uuid.uuid4().hex[:6]}"
+    ensure_namespace(kube_cluster, ns)
+    url = redis_db_url(redis_url, 1)
+    workdir = tmp_path_factory.mktemp("pipeline")
+    with sync_redis.Redis.from_url(url, decode_responses=True) as connection:
+        connection.flushdb()
+        kubectl_apply(kube_cluster, sample_documents(url, ns))
+        eventually(lambda: all(stage_status(kube_cluster, ns, s).get("streams") for s in STAGES), "streams in status")
+        documents = ensure_samples(workdir / "docs")
+        for i, document in enumerate(documents):
+            _enqueue(connection, f"rec-{i}", document)
+        built = Pipeline(ns, url, connection, documents, workdir)
+        try:
+            yield built
+        finally:
+            for player in built.players.values():
+                player.stop()
+            client.CoreV1Api(kube_api).delete_namespace(ns)
+
+
+@pytest.fixture(scope="module")
+def processed(pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient) -> Pipeline:
+    """The pipeline with its workers played and every sample record grouped. KEDA is not running here, so the
+    parser (replicas.min 0) is scaled as KEDA would."""
+    ns = pipeline.namespace
     for stage in STAGES:
-        assert connection.xinfo_groups(f"phoenix:{stage}:input")[0]["name"] == f"{stage}-group"
-        assert connection.xlen(f"phoenix:{stage}:dlq") == 0
-        deployment = apps.read_namespaced_deployment(stage, ns)
+        pipeline.players[stage] = KubeletPlayer(kube_cluster, ns, stage)
+        pipeline.players[stage].start()
+    client.AppsV1Api(kube_api).patch_namespaced_deployment_scale("parser", ns, {"spec": {"replicas": 1}})
+    try:
+        eventually(lambda: all(pipeline.connection.exists(f"grouped:rec-{i}") for i in range(len(pipeline.documents))),
+                   "every record grouped", timeout=120)  # fmt: skip
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_worker_report(pipeline.players)}") from None
+    return pipeline
+
+
+def test_streams_groups_and_children_exist_before_any_worker(
+    pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient
+) -> None:
+    ns, connection = pipeline.namespace, pipeline.connection
+    for stage in STAGES:
+        keys = StageKeys.for_stage(stage)
+        assert connection.xinfo_groups(keys.input)[0]["name"] == keys.consumer_group
+        assert connection.xlen(keys.dlq) == 0
+        deployment = client.AppsV1Api(kube_api).read_namespaced_deployment(stage, ns)
         assert deployment.metadata.owner_references[0].kind == "PhoenixStage"
     scaled = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
         "keda.sh", "v1alpha1", ns, "scaledobjects", "parser"
@@ -105,23 +159,16 @@ def test_sample_pipeline_end_to_end(
     assert scaled["spec"]["maxReplicaCount"] == 20
     assert condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady")["status"] == "True"
 
-    # Backlog builds up while no worker runs.
-    documents = ensure_samples(tmp_path / "docs")
-    for i, document in enumerate(documents):
-        _enqueue(connection, f"rec-{i}", document)
-    eventually(lambda: _columns(kube_cluster, ns).get("router", {}).get("BACKLOG") == str(len(documents)),
-               "the router's backlog in kubectl get", timeout=30)  # fmt: skip
 
-    # Workers start; KEDA is not running here, so the test scales the parser as KEDA would (min is 0).
-    players = {stage: kubelet_player(ns, stage) for stage in STAGES}
-    for player in players.values():
-        player.start()
-    apps.patch_namespaced_deployment_scale("parser", ns, {"spec": {"replicas": 1}})
-    try:
-        eventually(lambda: all(connection.exists(f"grouped:rec-{i}") for i in range(len(documents))),
-                   "every record grouped", timeout=120)  # fmt: skip
-    except AssertionError as exc:
-        raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
+def test_the_backlog_shows_in_kubectl_get(pipeline: Pipeline, kube_cluster: ControlPlane) -> None:
+    eventually(lambda: _columns(kube_cluster, pipeline.namespace).get("router", {}).get("BACKLOG")
+               == str(len(pipeline.documents)), "the router's backlog in kubectl get", timeout=30)  # fmt: skip
+
+
+def test_the_queues_drain_and_the_stages_are_ready(
+    processed: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient
+) -> None:
+    ns = processed.namespace
 
     def drained() -> bool:
         rows = _columns(kube_cluster, ns)
@@ -131,29 +178,38 @@ def test_sample_pipeline_end_to_end(
     assert _columns(kube_cluster, ns)["parser"]["THROTTLED"] == "False"  # the Backpressure condition's column
     # The server's durability, as the workers' start line and the operator read it (the tests' Valkey keeps
     # nothing on disk, a REDIS_URL given by the user may).
-    risk = asyncio.run(_assess(url))
+    risk = asyncio.run(_assess(processed.url))
     found = condition(get_stage(kube_cluster, ns, "router"), "RedisRisk")
     assert (found["status"], found["message"]) == (redis_risk_condition(risk).status, risk.describe())
     # The operator left KEDA's replica count alone.
-    assert apps.read_namespaced_deployment("parser", ns).spec.replicas == 1
+    assert client.AppsV1Api(kube_api).read_namespaced_deployment("parser", ns).spec.replicas == 1
     eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["status"] == "True", "router Ready")
 
-    # Restart: a new ReplicaSet, once per annotation value.
+
+def test_a_restart_rolls_the_workers_once_per_value(
+    processed: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient
+) -> None:
+    ns = processed.namespace
     before = _replica_sets(kube_api, ns, "router")
-    kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
+    kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, f"{RESTART_ANNOTATION}=r1")
     eventually(lambda: len(_replica_sets(kube_api, ns, "router")) == len(before) + 1, "a new ReplicaSet")
     eventually(lambda: stage_status(kube_cluster, ns, "router").get("handledRestart") == "r1", "restart recorded")
     assert stage_status(kube_cluster, ns, "router")["lastRestart"]
-    kube_cluster.kubectl("annotate", "--overwrite", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
+    kube_cluster.kubectl("annotate", "--overwrite", "phoenixstage", "router", "-n", ns, f"{RESTART_ANNOTATION}=r1")
     kube_cluster.kubectl("label", "phoenixstage", "router", "-n", ns, "touched=yes")
     assert len(_replica_sets(kube_api, ns, "router")) == len(before) + 1
 
-    # A record whose document is missing is dead-lettered; once the document exists, a replay processes it.
-    missing = tmp_path / "late.pdf"
+
+def test_a_replay_brings_a_dead_letter_back(
+    processed: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient
+) -> None:
+    """A record whose document is missing is dead-lettered; once the document exists, a replay processes it."""
+    ns, connection = processed.namespace, processed.connection
+    missing = processed.workdir / "late.pdf"
     _enqueue(connection, "late", missing)
     eventually(lambda: _columns(kube_cluster, ns)["router"]["DLQ"] == "1", "the DLQ column at 1", timeout=60)
-    missing.write_bytes(documents[0].read_bytes())
-    kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/replay-dlq=all")
+    missing.write_bytes(processed.documents[0].read_bytes())
+    kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, f"{REPLAY_ANNOTATION}=all")
     eventually(lambda: connection.exists("grouped:late"), "the replayed record processed", timeout=60)
     last = eventually(lambda: stage_status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
     assert (last["requested"], last["moved"]) == (1, 1)
@@ -161,30 +217,40 @@ def test_sample_pipeline_end_to_end(
                                    if e.reason == "DlqReplayed"], "a DlqReplayed Event")  # fmt: skip
     assert replayed == ["moved 1 DLQ entries back to the input (requested 1)"]
     stage = get_stage(kube_cluster, ns, "router")
-    assert "phoenix.io/replay-dlq" not in stage["metadata"].get("annotations", {})
+    assert REPLAY_ANNOTATION not in stage["metadata"].get("annotations", {})
     assert "replayRequest" not in stage["status"]
 
-    # Deleting with Delete removes the Redis data; the children are garbage-collected.
+
+def test_the_refresh_asks_each_redis_once_per_cycle(processed: Pipeline, operator: str) -> None:
+    # One Redis round trip per refresh cycle for all stages of this Redis (other tests' Redis databases add theirs).
+    refresh = health(operator)["statusRefresh"]["last"]
+    assert 1 <= refresh["redis_round_trips"] < refresh["stages"]
+
+
+def test_deletion_policy_delete_removes_the_redis_data(
+    processed: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient
+) -> None:
+    """Last of the pipeline's tests: it deletes the router."""
+    ns, connection = processed.namespace, processed.connection
     kube_cluster.kubectl("patch", "phoenixstage", "router", "-n", ns, "--type=merge",
                          "-p", '{"spec": {"deletionPolicy": "Delete"}}')  # fmt: skip
-    eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["observedGeneration"] == 2,
+    generation = get_stage(kube_cluster, ns, "router")["metadata"]["generation"]
+    eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["observedGeneration"] == generation,
                "the policy change reconciled")  # fmt: skip
-    players["router"].stop()
+    processed.players.pop("router").stop()
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
-    assert not connection.exists("phoenix:router:input", "phoenix:router:dlq")
-    assert connection.exists("phoenix:parser:input")  # Retain keeps the others' data
+    router = StageKeys.for_stage("router")
+    assert not connection.exists(router.input, router.dlq)
+    assert connection.exists(StageKeys.for_stage("parser").input)  # Retain keeps the others' data
 
     def router_children_gone() -> bool:
         try:
-            apps.read_namespaced_deployment("router", ns)
+            client.AppsV1Api(kube_api).read_namespaced_deployment("router", ns)
         except client.ApiException as exc:
             return exc.status == 404
         return False
 
     eventually(router_children_gone, "the router Deployment garbage-collected")
-    # One Redis round trip per refresh cycle for all stages of this Redis (other tests' Redis databases add theirs).
-    refresh = health(operator)["statusRefresh"]["last"]
-    assert 1 <= refresh["redis_round_trips"] < refresh["stages"]
 
 
 @pytest.mark.parametrize("redis_db", [2], indirect=True)
@@ -261,7 +327,8 @@ def test_bad_redis_settings_become_conditions_andstage_events(
     fixed = {**secret, "metadata": {**secret["metadata"], "name": "not-yet"}}
     kubectl_apply(kube_cluster, [fixed])
     eventually(lambda: stage_status(kube_cluster, ns, "router").get("streams"), "router reconciled", timeout=60)
-    assert connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group"
+    router_keys = StageKeys.for_stage("router")
+    assert connection.xinfo_groups(router_keys.input)[0]["name"] == router_keys.consumer_group
 
 
 @pytest.mark.parametrize("redis_db", [4], indirect=True)

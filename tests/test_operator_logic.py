@@ -7,23 +7,24 @@ from typing import Any
 
 import pytest
 
-from phoenix.crds import ConditionType, PhoenixStageSpec, StreamsStatus
-from phoenix.operator.builders import new_condition
-from phoenix.operator.converge import current_view, due_work
-from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import scrub
-from phoenix.operator.kopf_settings import QuietHandlers
-from phoenix.operator.readiness import deployment_condition, ready_condition, replica_status, waits_for_keda
-from phoenix.operator.refresh import group_by_redis
-from phoenix.operator.registry import StageRecord
-from phoenix.operator.requests import (
+from phoenix.crds import ConditionType, PhoenixStageSpec
+from phoenix.keys import StageKeys
+from phoenix.operator.actions import (
     ReplayRequestError,
     has_replay_work,
     has_restart_request,
     parse_replay_count,
 )
-from phoenix.operator.scaling import deployment_replicas
-from phoenix.operator.status import merged_status, status_patch
+from phoenix.operator.children import deployment_replicas
+from phoenix.operator.converge import current_view, due_work
+from phoenix.operator.drift import describe, differences
+from phoenix.operator.errors import scrub
+from phoenix.operator.kopf_settings import QuietHandlers
+from phoenix.operator.status.conditions import new_condition
+from phoenix.operator.status.readiness import deployment_condition, ready_condition, replica_status, waits_for_keda
+from phoenix.operator.status.refresh import group_by_redis
+from phoenix.operator.status.registry import StageRecord
+from phoenix.operator.status.writer import merged_status, status_patch
 
 
 def _spec(**overrides: Any) -> PhoenixStageSpec:
@@ -131,7 +132,7 @@ def test_request_filters() -> None:
 
 def test_refresh_groups_stages_by_redis_url() -> None:
     def record(name: str, url: str | None) -> StageRecord:
-        streams = StreamsStatus(input=f"{name}:in", consumer_group="g", dlq=f"{name}:dlq")
+        streams = StageKeys.for_stage(name, input=f"{name}:in", group="g", dlq=f"{name}:dlq")
         return StageRecord("ns", name, streams=streams, redis_url=url)
 
     groups = group_by_redis([record("a", "redis://r1"), record("b", "redis://r2"), record("c", "redis://r1"),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from phoenix.crds import StreamsStatus
-from phoenix.operator.redis_ops import Created, destroy, ensure_streams, replay_ledger, replay_once
+from phoenix.keys import StageKeys
+from phoenix.operator.redis_ops import Created, destroy, ensure_streams, replay_once
 
-STREAMS = StreamsStatus(input="phoenix:s:input", consumer_group="s-group", dlq="phoenix:s:dlq")
+STREAMS = StageKeys.for_stage("s")
 
 
 async def test_ensure_streams_is_idempotent_and_adopts_the_group(redis: aioredis.Redis) -> None:
@@ -27,21 +27,21 @@ async def test_ensure_streams_is_idempotent_and_adopts_the_group(redis: aioredis
 async def test_replay_runs_once_per_request(redis: aioredis.Redis) -> None:
     for i in range(5):
         await redis.xadd(STREAMS.dlq, {"record_id": f"r{i}", "error": "boom", "retry_count": "3"})
-    ledger = replay_ledger("s", "req-1")
+    ledger = STREAMS.replay_ledger("req-1")
     assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3) == 3
     # The same request again (an operator restarted before recording it): nothing more moves.
     assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3) == 3
     assert (await redis.xlen(STREAMS.dlq), await redis.xlen(STREAMS.input)) == (2, 3)
     moved = await redis.xrange(STREAMS.input)
     assert moved[0][1] == {"record_id": "r0", "retry_count": "0"}
-    assert await replay_once(redis, replay_ledger("s", "req-2"), STREAMS.dlq, STREAMS.input, None) == 2
+    assert await replay_once(redis, STREAMS.replay_ledger("req-2"), STREAMS.dlq, STREAMS.input, None) == 2
     assert await redis.xlen(STREAMS.dlq) == 0
 
 
 async def test_replay_interrupted_after_a_move_never_moves_again(redis: aioredis.Redis) -> None:
     for i in range(4):
         await redis.xadd(STREAMS.dlq, {"record_id": f"r{i}"})
-    ledger = replay_ledger("s", "req-3")
+    ledger = STREAMS.replay_ledger("req-3")
     # What a crash between the batch's EXEC and recording its count leaves behind.
     await redis.hset(ledger, mapping={"claimed": 1, "recorded": 0, "moved": 0})
     assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, None) == 0
@@ -52,7 +52,7 @@ async def test_destroy_removes_group_streams_and_retry_set(redis: aioredis.Redis
     await ensure_streams(redis, STREAMS)
     await redis.zadd("phoenix:s:retry", {"x": 1})
     await redis.xadd("phoenix:other:input", {"record_id": "keep"})
-    await destroy(redis, "s", STREAMS)
+    await destroy(redis, STREAMS)
     assert await redis.exists(STREAMS.input, STREAMS.dlq, "phoenix:s:retry") == 0
     assert await redis.exists("phoenix:other:input") == 1
-    await destroy(redis, "s", STREAMS)  # nothing left: still fine
+    await destroy(redis, STREAMS)  # nothing left: still fine

@@ -20,8 +20,9 @@ from phoenix.embedded import embedded_valkey, start_valkey
 from phoenix.operator.durability import redis_risk_condition
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import assess_redis
-from tests.fixtures.workers import WorkerPool, WorkerProcess, wait_until
-from tests.test_worker_durability import A_IN, B_IN, END, arrived, enqueue
+from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 
 async def test_evicting_redis_is_named_by_worker_and_operator(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.parser import ParserProcessor
 from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
-from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
 from phoenix.worker_runtime.billing import api_key_scope
 
 P = TypeVar("P", bound=BaseProcessor)
@@ -161,7 +161,7 @@ async def test_router_corrupt_pdf_is_dead_lettered_not_retried(
     corrupt.write_bytes(b"%PDF-1.7\n1 0 obj <</Type /Catalog")
     with pytest.raises(UnreadableDocumentError, match=r"corrupt\.pdf: not a readable PDF") as caught:
         await router.process("rec-3", "user-1", {"document_url": corrupt.as_uri()})
-    assert isinstance(caught.value, RecordNotFoundError)  # the runtime's signal for "dead-letter at once"
+    assert isinstance(caught.value, PermanentError)  # the runtime's signal for "dead-letter at once"
     assert await redis.exists("pages:rec-3") == 0
 
 

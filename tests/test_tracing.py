@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from tests.fixtures.workers import WorkerPool, wait_until
-from tests.test_worker_errors import IN, OUT, outputs
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.stage_s import IN, OUT, outputs
+from tests.fixtures.workers import WorkerPool
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from tests.fixtures.workers import ROOT, WorkerPool, wait_until
-from tests.test_worker_errors import DLQ, OUT, add, idle, outputs
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.stage_s import DLQ, OUT, add, idle, outputs
+from tests.fixtures.workers import ROOT, WorkerPool
 
 BATCH = "tests.processors:ScriptedBatchProcessor"
 

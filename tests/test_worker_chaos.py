@@ -8,7 +8,8 @@ import random
 
 import redis.asyncio as aioredis
 
-from tests.fixtures.workers import WorkerPool, WorkerProcess, wait_until
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 RECORDS = 2000
 STAGES = ("c1", "c2")

@@ -6,27 +6,15 @@ Real worker processes against a real Valkey: a stage `a` feeds a stage `b`, whic
 from __future__ import annotations
 
 import asyncio
-import json
 from collections import Counter
 from pathlib import Path
 
 import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
-from tests.fixtures.workers import WorkerPool, wait_until
-
-A_IN, B_IN, END = "phoenix:a:input", "phoenix:b:input", "phoenix:b:output"
-
-
-async def enqueue(redis: aioredis.Redis, stream: str, ids: list[str], **data: str) -> None:
-    pipe = redis.pipeline(transaction=False)
-    for record_id in ids:
-        pipe.xadd(stream, {"record_id": record_id, "data": json.dumps(data)})
-    await pipe.execute()
-
-
-async def arrived(redis: aioredis.Redis, stream: str = END) -> Counter[str]:
-    return Counter(fields["record_id"] for _, fields in await redis.xrange(stream))
+from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.workers import WorkerPool
 
 
 async def test_backpressure_pauses_at_high_water_and_loses_nothing(redis: aioredis.Redis, workers: WorkerPool) -> None:

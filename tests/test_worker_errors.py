@@ -3,30 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import redis.asyncio as aioredis
 
-from tests.fixtures.workers import WorkerPool, WorkerProcess, wait_until
-
-IN, OUT, DLQ, RETRY = "phoenix:s:input", "phoenix:s:output", "phoenix:s:dlq", "phoenix:s:retry"
-
-
-async def add(redis: aioredis.Redis, record_id: str, user_id: str = "u1", **data: Any) -> str:
-    return await redis.xadd(IN, {"record_id": record_id, "user_id": user_id, "data": json.dumps(data)})
-
-
-async def outputs(redis: aioredis.Redis) -> list[dict[str, str]]:
-    return [fields for _, fields in await redis.xrange(OUT)]
-
-
-async def idle(redis: aioredis.Redis, stream: str = IN, group: str = "s-group") -> bool:
-    """Every entry delivered (lag 0), none pending, nothing waiting for a retry."""
-    groups = await redis.xinfo_groups(stream) if await redis.exists(stream) else []
-    mine = [g for g in groups if g["name"] == group]
-    if not mine or mine[0]["lag"] != 0 or mine[0]["pending"] != 0:
-        return False
-    return await redis.zcard(RETRY) == 0
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle, outputs
+from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 
 async def test_success_forwards_result_with_ids_and_sets_marker(redis: aioredis.Redis, workers: WorkerPool) -> None:

@@ -8,9 +8,10 @@ import signal
 
 import redis.asyncio as aioredis
 
+from tests.fixtures.eventually import wait_until
 from tests.fixtures.processes import free_loopback_port
-from tests.fixtures.workers import WorkerPool, wait_until
-from tests.test_worker_errors import DLQ, IN, OUT, add, idle, outputs
+from tests.fixtures.stage_s import DLQ, IN, OUT, add, idle, outputs
+from tests.fixtures.workers import WorkerPool
 
 
 async def test_sigkill_after_taking_the_lock(redis: aioredis.Redis, workers: WorkerPool) -> None:

@@ -26,15 +26,12 @@ from phoenix.cli.records import format_report
 from phoenix.cli.stage import StageSettings, redis_client, settings_from
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
+from phoenix.keys import StageKeys
+from phoenix.operator.actions import ReplayRequestError, parse_replay_count
 from phoenix.operator.builders import resolve_streams, worker_env
+from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import MERGE_PATCH, KubeApi
-from phoenix.operator.requests import (
-    REPLAY_ANNOTATION,
-    RESTART_ANNOTATION,
-    ReplayRequestError,
-    parse_replay_count,
-)
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, inspect_record
 
 Json = dict[str, Any]
@@ -165,7 +162,9 @@ def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
     ns = _namespace(args)
     stage = PhoenixStage.from_body(stages.get(ns, args.stage))
     name, spec = stage.metadata.name, stage.spec
-    streams = stage.status.streams if stage.status and stage.status.streams else resolve_streams(name, spec)
+    streams = resolve_streams(name, spec)
+    if stage.status and (known := stage.status.streams):  # the names the operator resolved, if it has
+        streams = StageKeys.for_stage(name, known.input, known.consumer_group, known.dlq, known.output)
     # The names and timings the operator gives the stage's pods, minus anything that comes from a Secret.
     plain = {var["name"]: var["value"] for var in worker_env(name, spec, streams) if "value" in var}
     settings = settings_from(plain)

@@ -11,8 +11,9 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
-from phoenix.cli.stage import StageSettings, add_redis_argument, client
+from phoenix.cli.stage import add_redis_argument, client
 from phoenix.console import TableDisplay, format_columns
+from phoenix.keys import ALL_INPUT_STREAMS, StageKeys, stage_of_input
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
 
 _COLUMNS = {"LENGTH": "length", "PENDING": "pending", "LAG": "lag", "OLDEST(s)": "oldestUnfinishedSeconds",
@@ -29,12 +30,11 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def stage_queues(service: str) -> StageQueues:
-    s = StageSettings(service_name=service)
-    return StageQueues(service, s.input_queue, s.consumer_group, s.dlq_name)
+    return StageQueues.of(StageKeys.for_stage(service))
 
 
 async def _discover_services(redis: aioredis.Redis) -> list[str]:
-    names = {key.split(":")[1] async for key in redis.scan_iter(match="phoenix:*:input", _type="stream")}
+    names = {stage_of_input(key) async for key in redis.scan_iter(match=ALL_INPUT_STREAMS, _type="stream")}
     return sorted(names)
 
 

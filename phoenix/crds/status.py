@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from phoenix.crds.common import CamelModel
+from phoenix.keys import StageKeys
 
 
 class ConditionType(StrEnum):
@@ -93,6 +94,10 @@ class StreamsStatus(StatusModel):
     output: str | None = Field(default=None, description="Stream results go to; absent for a final stage.")
     consumer_group: str = Field(description="Consumer group of the stage's workers.")
     dlq: str = Field(description="Dead-letter stream.")
+
+    @classmethod
+    def of(cls, keys: StageKeys) -> StreamsStatus:
+        return cls(input=keys.input, output=keys.output, consumer_group=keys.consumer_group, dlq=keys.dlq)
 
 
 class ReplayStatus(StatusModel):

@@ -9,8 +9,8 @@ from typing import Any
 from phoenix.operator.events import EventRecorder
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.registry import StageRegistry
-from phoenix.operator.status import StatusWriter
+from phoenix.operator.status.registry import StageRegistry
+from phoenix.operator.status.writer import StatusWriter
 from phoenix.worker_runtime.redis_risk import RedisRisk
 
 

@@ -4,7 +4,7 @@ Work comes from the stage's own object (a restart or replay asked for by annotat
 children's watch events or in Redis by the status refresh, and from a stage waiting for KEDA to be installed.
 kopf timers would do the same but add a finalizer to every stage they apply to, so a stage could not be deleted
 while the operator is down; this loop needs none. At most one piece of work runs per stage at a time; a failure
-waits with backoff (flows.backoff) before that stage's next attempt, and its Warning is posted once per cause.
+waits with backoff (reconcile.backoff) before that stage's next attempt, and its Warning is posted once per cause.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from phoenix.operator import flows
+from phoenix.operator import actions, reconcile
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError
 from phoenix.operator.metrics import record_drift_repair
-from phoenix.operator.readiness import waits_for_keda
-from phoenix.operator.registry import StageRecord
-from phoenix.operator.requests import has_replay_work, has_restart_request
+from phoenix.operator.status.readiness import waits_for_keda
+from phoenix.operator.status.registry import StageRecord
 
 logger = logging.getLogger(__name__)
 # How often the loop looks for due work when nothing wakes it (a pending request, a backoff that ended).
@@ -44,9 +43,9 @@ def due_work(record: StageRecord, view: Mapping[str, Any], now: float) -> str | 
     """The stage's next piece of work, most urgent first: repairs make restarts and replays possible again."""
     if record.drift:
         return "repair"
-    if has_restart_request(view):
+    if actions.has_restart_request(view):
         return "restart"
-    if has_replay_work(view):
+    if actions.has_replay_work(view):
         return "replay"
     if waits_for_keda(view) and now - record.keda_checked_at >= KEDA_RECHECK_SECONDS:
         return "keda"
@@ -57,7 +56,7 @@ async def _repair(ctx: OperatorContext, record: StageRecord, view: Mapping[str, 
     causes = dict(record.drift)
     record.drift.clear()
     try:
-        await flows.converge_stage(ctx, record, view)
+        await reconcile.converge_stage(ctx, record, view)
     except StageError:
         record.drift.update(causes)  # still to be repaired, after the backoff
         raise
@@ -68,13 +67,13 @@ async def _repair(ctx: OperatorContext, record: StageRecord, view: Mapping[str, 
 
 async def _recheck_keda(ctx: OperatorContext, record: StageRecord, view: Mapping[str, Any]) -> None:
     record.keda_checked_at = time.monotonic()
-    await flows.converge_stage(ctx, record, view)
+    await reconcile.converge_stage(ctx, record, view)
 
 
 WORK: dict[str, Work] = {
     "repair": _repair,
-    "restart": flows.restart_workers,
-    "replay": flows.replay_dlq,
+    "restart": actions.restart_workers,
+    "replay": actions.replay_dlq,
     "keda": _recheck_keda,
 }
 
@@ -83,12 +82,12 @@ async def _run(ctx: OperatorContext, record: StageRecord, work: str, view: Mappi
     try:
         await WORK[work](ctx, record, view)
     except StageError as error:
-        record.retry_at = time.monotonic() + flows.backoff(record.attempts)
+        record.retry_at = time.monotonic() + reconcile.backoff(record.attempts)
         record.attempts += 1
         logger.warning("%s of %s/%s failed (attempt %d): %s", work, record.namespace, record.name,
                        record.attempts, error)  # fmt: skip
     except Exception:
-        record.retry_at = time.monotonic() + flows.backoff(record.attempts)
+        record.retry_at = time.monotonic() + reconcile.backoff(record.attempts)
         record.attempts += 1
         logger.exception("%s of %s/%s failed", work, record.namespace, record.name)
     else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubernetes.client.exceptions import ApiException
+
 
 @dataclass(frozen=True)
 class StageError(Exception):
@@ -20,3 +22,8 @@ class StageError(Exception):
 def scrub(text: str, secret: str | None) -> str:
     """`text` with every occurrence of `secret` masked: driver errors may echo parts of a URL."""
     return text.replace(secret, "***") if secret else text
+
+
+def api_error(exc: ApiException) -> StageError:
+    """A refusal of the Kubernetes API as a (retried) StageError."""
+    return StageError("KubernetesApiError", f"{exc.status} {exc.reason}: {exc.body!s:.500}")

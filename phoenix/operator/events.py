@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi
-from phoenix.operator.registry import StageRecord
+from phoenix.operator.status.registry import StageRecord
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""kopf wiring: which event calls which flow. The operator's logic lives in the modules imported here."""
+"""kopf wiring: which event calls which function. A stage's reconcile, deletion and drift live in reconcile.py,
+its restart and replay in actions.py (run by converge.py), its status refresh in status/refresh.py."""
 
 from __future__ import annotations
 
@@ -9,18 +10,18 @@ from typing import Any
 import kopf
 
 from phoenix.crds import GROUP, PLURAL, VERSION, DeletionPolicy
-from phoenix.operator import flows
-from phoenix.operator.builders.meta import MANAGED_BY
+from phoenix.operator import reconcile as stage
+from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.converge import converge_forever
 from phoenix.operator.kopf_settings import configure, quiet_handlers
 from phoenix.operator.kube import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.metrics import observed_reconcile
-from phoenix.operator.refresh import refresh_forever
+from phoenix.operator.status.refresh import refresh_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
 # The children the operator creates carry this label; only their events can be drift.
-MANAGED = {"app.kubernetes.io/managed-by": MANAGED_BY}
+MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 DEPLOYMENTS = ("apps", "v1", "deployments")
 SCALED_OBJECTS = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
 TRIGGER_AUTHENTICATIONS = (KEDA_GROUP, KEDA_VERSION, "triggerauthentications")
@@ -63,7 +64,7 @@ def status_refresh(memo: kopf.Memo, **_: Any) -> dict[str, dict[str, Any]]:
 @kopf.on.update(*STAGES, field="spec")
 async def reconcile(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
     with observed_reconcile():
-        await flows.reconcile_stage(_context(memo), body, retry)
+        await stage.reconcile_stage(_context(memo), body, retry)
 
 
 # Only a Delete stage has work to do before it goes, so only such a stage gets kopf's finalizer (a filtered
@@ -71,7 +72,7 @@ async def reconcile(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> N
 # retries=None: tried with backoff until the data is deleted.
 @kopf.on.delete(*STAGES, field="spec.deletionPolicy", value=DeletionPolicy.DELETE.value, retries=None)
 async def delete(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
-    await flows.delete_stage(_context(memo), body, retry)
+    await stage.delete_stage(_context(memo), body, retry)
 
 
 # The event handlers are async (kopf would run sync ones in threads): the registry and the converger's state are
@@ -90,4 +91,4 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
 @kopf.on.event(*SCALED_OBJECTS, labels=MANAGED)
 @kopf.on.event(*TRIGGER_AUTHENTICATIONS, labels=MANAGED)
 async def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    flows.child_changed(_context(memo), type, body)
+    stage.child_changed(_context(memo), type, body)

@@ -8,8 +8,7 @@ from collections.abc import Iterable
 
 import kopf
 
-PREFIX = "phoenix.io"
-FINALIZER = f"{PREFIX}/finalizer"
+from phoenix.operator.constants import FINALIZER, PREFIX
 
 
 def configure(settings: kopf.OperatorSettings, children: Iterable[tuple[str, str]], managed: str) -> None:

@@ -21,15 +21,15 @@ from kubernetes.client.exceptions import ApiException
 
 from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
 from phoenix.operator.builders.keda import KEDA_API_VERSION
-from phoenix.operator.builders.meta import MANAGED_BY
+from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.errors import StageError
-from phoenix.operator.status_patcher import StatusPatcher
+from phoenix.operator.status.patcher import StatusPatcher
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 KEDA_GROUP, KEDA_VERSION = KEDA_API_VERSION.split("/")
 KEDA_PLURALS = {"ScaledObject": "scaledobjects", "TriggerAuthentication": "triggerauthentications"}
-MANAGED_SELECTOR = f"app.kubernetes.io/managed-by={MANAGED_BY}"
+MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 # Discovery is cheap but 200 stages reconciling at once would still ask 200 times.
 KEDA_CHECK_TTL_SECONDS = 10.0
 # The API server refuses longer Event messages.

@@ -1,53 +1,47 @@
-"""Bring one PhoenixStage's world in line with its spec: Redis streams and group, Deployment, KEDA objects."""
+"""Bring one PhoenixStage's world in line with its spec: Redis streams and group, Deployment, KEDA objects
+(children.py), then write its status and Events; and delete its Redis data when it goes with deletionPolicy
+Delete. handlers.py (kopf) and converge.py (drift repair) call into this module."""
 
 from __future__ import annotations
 
-import copy
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import kopf
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
-from phoenix.operator.builders import (
-    AutoscalingConfigError,
-    Owner,
-    RedisUrlError,
-    build_deployment,
-    build_scaled_object,
-    build_trigger_authentication,
-    new_condition,
-    redis_connection,
-    resolve_streams,
-    scaled_object_patch,
-    trigger_authentication_name,
-)
+from phoenix.keys import StageKeys
+from phoenix.operator.builders import Owner, RedisUrlError, redis_connection, resolve_streams
+from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
+from phoenix.operator.constants import STAGE_LABEL
+from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import StageError, scrub
+from phoenix.operator.errors import StageError, api_error, scrub
 from phoenix.operator.kube import KubeApi
-from phoenix.operator.readiness import KEDA_NOT_INSTALLED, deployment_condition, replica_status, waits_for_keda
-from phoenix.operator.redis_ops import ensure_streams
+from phoenix.operator.redis_ops import destroy, ensure_streams
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.registry import StageRecord
-from phoenix.operator.scaling import deployment_replicas
+from phoenix.operator.status.conditions import new_condition
+from phoenix.operator.status.readiness import deployment_condition, replica_status, waits_for_keda
+from phoenix.operator.status.registry import StageRecord
 from phoenix.worker_runtime.settings import redact_url
 
-
-@dataclass(frozen=True)
-class Action:
-    """Something the operator changed, told as a Normal Event on the stage."""
-
-    reason: str
-    message: str
+logger = logging.getLogger(__name__)
+MAX_BACKOFF_SECONDS = 120.0
+# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
+RECONCILE, DELETE = "reconcile", "delete"
+_KEEP_DATA_HINT = "set spec.deletionPolicy to Retain to keep the data and let the stage go"
 
 
 @dataclass(frozen=True)
 class Reconciled:
     """What a successful reconcile found and did, for status and events."""
 
-    streams: StreamsStatus
+    streams: StageKeys
     deployment: dict[str, Any]
     autoscaling: Condition
     actions: list[Action] = field(default_factory=list)
@@ -69,9 +63,9 @@ def parse_stage(body: Mapping[str, Any]) -> PhoenixStage:
     return stage
 
 
-def check_stream_names(streams: StreamsStatus) -> None:
+def check_stream_names(streams: StageKeys) -> None:
     """Input, output and DLQ must be three different streams. Checked here rather than by a CEL rule because the
-    defaults derive from the stage's name (builders.streams spells those key formats once)."""
+    defaults derive from the stage's name (phoenix.keys spells those key formats once)."""
     if streams.output == streams.input:
         raise StageError(
             "InvalidSpec", f"output stream {streams.output!r} is the stage's own input stream: the stage would "
@@ -94,7 +88,7 @@ async def redis_url_of(kube: KubeApi, stage: PhoenixStage) -> str:
     return url
 
 
-async def prepare_streams(pool: RedisPool, url: str, streams: StreamsStatus, existed_before: bool) -> list[Action]:
+async def prepare_streams(pool: RedisPool, url: str, streams: StageKeys, existed_before: bool) -> list[Action]:
     """The stream, group and DLQ; an Action for each that had to be created (after a Redis flush: again)."""
     try:
         created = await ensure_streams(pool.client(url), streams)
@@ -113,115 +107,6 @@ async def prepare_streams(pool: RedisPool, url: str, streams: StreamsStatus, exi
     if created.dlq:
         actions.append(Action("DlqCreated", f"created the dead-letter stream {streams.dlq}{again}"))
     return actions
-
-
-def _changed(kind: str, name: str, existing: Mapping[str, Any] | None, paths: list[str]) -> Action:
-    if existing is None:
-        return Action(f"{kind}Created", f"created {kind} {name}")
-    return Action(f"{kind}Updated", f"updated {describe(kind, name, paths)}")
-
-
-async def apply_deployment(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool
-) -> tuple[dict[str, Any], list[Action], dict[str, Any]]:
-    """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
-    KEDA's replica count; nothing is written when nothing differs.
-
-    Returns the Deployment, the actions taken and the form later watch events are compared with (KEDA's
-    replica count left out of it)."""
-    existing = await kube.get_deployment(owner.namespace, owner.name)
-    desired = build_deployment(owner, stage.spec)
-    current = None if existing is None else existing.get("spec", {}).get("replicas")
-    desired["spec"]["replicas"] = deployment_replicas(stage.spec, current, keda_scales)
-    watched = copy.deepcopy(desired)
-    if keda_scales and not stage.spec.paused:
-        del watched["spec"]["replicas"]
-    if existing is None:
-        return await kube.create_deployment(desired), [_changed("Deployment", owner.name, None, [])], watched
-    paths = differences(desired, existing)
-    if not paths:
-        return existing, [], watched
-    # A merge patch keeps what it does not name, such as the restart stamp in the pod template's annotations.
-    patched = await kube.patch_deployment(owner.namespace, owner.name, desired)
-    return patched, [_changed("Deployment", owner.name, existing, paths)], watched
-
-
-async def apply_keda_object(kube: KubeApi, wanted: dict[str, Any]) -> list[Action]:
-    """Create the KEDA object or merge-patch it where it differs from `wanted`."""
-    kind, meta = wanted["kind"], wanted["metadata"]
-    existing = await kube.get_keda_object(kind, meta["namespace"], meta["name"])
-    if existing is None:
-        await kube.create_keda_object({**wanted, "metadata": _present(meta)})
-        return [_changed(kind, meta["name"], None, [])]
-    paths = differences(wanted, existing)
-    if not paths:
-        return []
-    await kube.patch_keda_object(wanted)
-    return [_changed(kind, meta["name"], existing, paths)]
-
-
-def _present(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """metadata without the null annotations that only a patch needs (a create must not carry them)."""
-    present = {k: v for k, v in meta.items() if k != "annotations"}
-    if annotations := {k: v for k, v in (meta.get("annotations") or {}).items() if v is not None}:
-        present["annotations"] = annotations
-    return present
-
-
-async def apply_autoscaling(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, url: str
-) -> tuple[Condition, list[Action], dict[str, dict[str, Any]]]:
-    """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
-    the actions taken and the wanted form of each KEDA object by kind."""
-    spec, generation = stage.spec, stage.metadata.generation
-    if not await kube.keda_installed():
-        return new_condition(
-            ConditionType.AUTOSCALING_READY, False, KEDA_NOT_INSTALLED,
-            "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale; the stage "
-            f"runs at replicas.min ({spec.replicas.min})", observed_generation=generation,
-        ), [], {}  # fmt: skip
-    if not spec.autoscaling.enabled:
-        return new_condition(
-            ConditionType.AUTOSCALING_READY, False, "AutoscalingDisabled",
-            f"autoscaling.enabled is false: the stage runs at replicas.min ({spec.replicas.min})",
-            observed_generation=generation,
-        ), await _remove_autoscaling(kube, owner), {}  # fmt: skip
-    try:
-        scaled_object = build_scaled_object(owner, spec, redis_connection(url))
-    except AutoscalingConfigError as exc:
-        condition = new_condition(
-            ConditionType.AUTOSCALING_READY, False, "InvalidAutoscaling", str(exc), observed_generation=generation
-        )
-        return condition, await _remove_autoscaling(kube, owner), {}
-    wanted = {"ScaledObject": scaled_object_patch(scaled_object)}
-    actions: list[Action] = []
-    authentication = build_trigger_authentication(owner, spec)
-    if authentication is None:
-        name = trigger_authentication_name(owner.name)
-        actions += await _delete_keda_object(kube, "TriggerAuthentication", owner, name)
-    else:
-        wanted["TriggerAuthentication"] = authentication
-        actions += await apply_keda_object(kube, authentication)
-    actions += await apply_keda_object(kube, wanted["ScaledObject"])
-    state = "paused at 0 replicas" if spec.paused else f"{spec.replicas.min}..{spec.replicas.max} replicas"
-    condition = new_condition(
-        ConditionType.AUTOSCALING_READY, True, "ScaledObjectReady", f"KEDA scales the stage on lag ({state})",
-        observed_generation=generation,
-    )  # fmt: skip
-    return condition, actions, wanted
-
-
-async def _delete_keda_object(kube: KubeApi, kind: str, owner: Owner, name: str) -> list[Action]:
-    if await kube.delete_keda_object(kind, owner.namespace, name):
-        return [Action(f"{kind}Deleted", f"deleted {kind} {name}")]
-    return []
-
-
-async def _remove_autoscaling(kube: KubeApi, owner: Owner) -> list[Action]:
-    return [
-        *await _delete_keda_object(kube, "ScaledObject", owner, owner.name),
-        *await _delete_keda_object(kube, "TriggerAuthentication", owner, trigger_authentication_name(owner.name)),
-    ]
 
 
 def _transitions(record: StageRecord, stage: PhoenixStage, autoscaling: Condition) -> list[Action]:
@@ -265,7 +150,7 @@ def reconciled_status(result: Reconciled, generation: int | None) -> tuple[dict[
     )  # fmt: skip
     fields = {
         "observedGeneration": generation,
-        "streams": result.streams.to_k8s(),
+        "streams": StreamsStatus.of(result.streams).to_k8s(),
         "replicas": replica_status(result.deployment).to_k8s(),
     }
     return fields, [streams, result.autoscaling, deployment_condition(result.deployment, generation)]
@@ -276,3 +161,105 @@ def failed_status(error: StageError, generation: int | None) -> tuple[dict[str, 
         ConditionType.STREAM_READY, False, error.reason, error.message, observed_generation=generation
     )
     return {"observedGeneration": generation}, [condition]
+
+
+# What the kopf handlers (handlers.py) and the converger (converge.py) call: run the operation, write status,
+# post Events; a failure is a StageError, which the kopf handlers turn into retries with backoff and the
+# converger into its own backoff.
+
+
+def backoff(retry: int) -> float:
+    """5 s, 10 s, 20 s, ... up to two minutes."""
+    return min(5.0 * 2 ** min(retry, 10), MAX_BACKOFF_SECONDS)
+
+
+def kopf_retry(error: StageError, retry: int) -> kopf.TemporaryError | kopf.PermanentError:
+    if error.permanent:
+        return kopf.PermanentError(str(error))
+    return kopf.TemporaryError(str(error), delay=backoff(retry))
+
+
+async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
+    """Reconcile the stage with `body`; writes status and Events; raises StageError when it cannot run."""
+    async with record.reconcile_lock:
+        generation = record.generation
+        try:
+            try:
+                result = await reconcile(ctx.kube, ctx.pool, record, body)
+            except ApiException as exc:
+                raise api_error(exc) from None
+        except StageError as error:
+            record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
+            await ctx.writer.update(record, *failed_status(error, generation))
+            await ctx.events.warning(record, RECONCILE, error)
+            raise
+        record.error = None
+        ctx.events.resolved(record, RECONCILE)
+        await ctx.writer.update(record, *reconciled_status(result, generation))
+        for action in result.actions:
+            await ctx.events.normal(record, action.reason, action.message)
+
+
+async def reconcile_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:
+    record = ctx.registry.observe(body)
+    try:
+        await converge_stage(ctx, record, body)
+    except StageError as error:
+        raise kopf_retry(error, retry) from None
+
+
+def child_changed(ctx: OperatorContext, event_type: str | None, body: Mapping[str, Any]) -> None:
+    """A watch event of a Deployment, ScaledObject or TriggerAuthentication the operator manages: when it was
+    deleted or departs from what its stage wants, the stage is marked for repair (the converger does it)."""
+    meta = body["metadata"]
+    record = ctx.registry.get((meta["namespace"], (meta.get("labels") or {}).get(STAGE_LABEL, "")))
+    kind, name = body.get("kind", ""), meta["name"]
+    wanted = None if record is None else record.children.get(kind)
+    if record is None or wanted is None or wanted["metadata"]["name"] != name:
+        return
+    if event_type == "DELETED":
+        cause = f"{kind} {name} was deleted"
+    elif paths := differences(wanted, body):
+        cause = describe(kind, name, paths)
+    else:
+        return
+    record.drift[cause] = kind
+    ctx.wake.set()
+
+
+async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:
+    """deletionPolicy Delete: remove the Redis data before the object goes; children go by garbage collection.
+
+    Tried until it succeeds (a stage left with its data silently behind is worse than one that waits): status
+    and one Warning per cause say why it waits and how to let it go without its data."""
+    record = ctx.registry.observe(body)
+    try:
+        streams = await _delete_redis_data(ctx, record, body)
+    except StageError as error:
+        delay = backoff(retry)
+        told = StageError(error.reason, f"deletionPolicy is Delete and the Redis data cannot be deleted yet: "
+                                        f"{error.message} ({_KEEP_DATA_HINT})")  # fmt: skip
+        record.error = new_condition(
+            ConditionType.READY, False, error.reason, f"{told.message}; attempt {retry + 1}, next in {delay:g} s"
+        )
+        await ctx.writer.update(record)
+        await ctx.events.warning(record, DELETE, told)
+        raise kopf.TemporaryError(str(error), delay=delay) from None
+    await ctx.events.normal(
+        record, "RedisDataDeleted",
+        f"deleted consumer group {streams.consumer_group}, streams {streams.input} and {streams.dlq}",
+    )  # fmt: skip
+    ctx.registry.forget(record.key)
+    await ctx.pool.retain({r.redis_url for r in ctx.registry.records() if r.redis_url is not None})
+
+
+async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> StageKeys:
+    stage = stage_model(body)
+    # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
+    url = record.redis_url or await redis_url_of(ctx.kube, stage)
+    streams = resolve_streams(stage.metadata.name, stage.spec)
+    try:
+        await destroy(ctx.pool.client(url), streams)
+    except (RedisError, OSError) as exc:
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), url)}") from None
+    return streams

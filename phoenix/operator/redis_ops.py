@@ -8,22 +8,13 @@ from importlib.resources import files
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from phoenix.crds import StreamsStatus
+from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lua as runtime_lua
 
 _ENSURE_STREAM = files(__package__).joinpath("ensure_stream.lua").read_text()
 REPLAY_BATCH = 1000
 # Long enough to outlive any operator outage; short enough not to accumulate.
 REPLAY_LEDGER_TTL_SECONDS = 7 * 86400
-
-
-def retry_set(stage: str) -> str:
-    """The worker runtime's sorted set of records waiting for their next attempt."""
-    return f"phoenix:{stage}:retry"
-
-
-def replay_ledger(stage: str, request_id: str) -> str:
-    return f"phoenix:{stage}:replay:{request_id}"
 
 
 @dataclass(frozen=True)
@@ -34,7 +25,7 @@ class Created:
     dlq: bool
 
 
-async def ensure_streams(client: Redis, streams: StreamsStatus) -> Created:
+async def ensure_streams(client: Redis, streams: StageKeys) -> Created:
     """The input stream with the consumer group (an existing group is adopted), and an empty DLQ stream."""
     try:
         # From 0: entries enqueued before the stage existed are processed too.
@@ -48,11 +39,11 @@ async def ensure_streams(client: Redis, streams: StreamsStatus) -> Created:
     return Created(group=group, dlq=bool(dlq))
 
 
-async def destroy(client: Redis, stage: str, streams: StreamsStatus) -> None:
+async def destroy(client: Redis, streams: StageKeys) -> None:
     """Remove the consumer group, the input and DLQ streams and the retry set (deletionPolicy: Delete)."""
     pipe = client.pipeline(transaction=True)
     pipe.xgroup_destroy(streams.input, streams.consumer_group)
-    pipe.delete(streams.input, streams.dlq, retry_set(stage))
+    pipe.delete(streams.input, streams.dlq, streams.retry)
     # XGROUP DESTROY on a missing stream fails; the DEL still runs and that is all that matters.
     await pipe.execute(raise_on_error=False)
 

@@ -14,7 +14,7 @@ from phoenix.stages.keys import pages_key
 from phoenix.stages.models import PageList
 from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.pdf_text import UnreadablePdfError, extract_page_texts
-from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
 
 
 class RouterSettings(BaseSettings):
@@ -25,12 +25,9 @@ class RouterSettings(BaseSettings):
     document_timeout: float = Field(60, gt=0)
 
 
-class UnreadableDocumentError(RecordNotFoundError):
-    """The document is not a readable PDF.
-
-    A RecordNotFoundError because the runtime dead-letters only those at once: the same bytes fail on every
-    retry, and retrying forever would hide the bad document instead of putting it in front of an operator.
-    """
+class UnreadableDocumentError(PermanentError):
+    """The document is not a readable PDF: the same bytes fail on every retry, and retrying forever would hide the
+    bad document instead of putting it in front of an operator, so it is dead-lettered at once."""
 
 
 class RouterProcessor(BaseProcessor):

@@ -15,9 +15,9 @@ import contextlib
 import structlog
 from redis.asyncio import Redis
 
+from phoenix.keys import backpressure_key
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.settings import WorkerSettings
-from phoenix.worker_runtime.side_keys import backpressure_key
 
 log = structlog.get_logger("phoenix.backpressure")
 

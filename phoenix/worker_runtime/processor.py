@@ -19,8 +19,13 @@ T = TypeVar("T")
 ENTRY_POINT_GROUP = "phoenix.processors"
 
 
-class RecordNotFoundError(Exception):
-    """The record does not exist (the original design's 404): dead-lettered at once, never retried."""
+class PermanentError(Exception):
+    """Retrying cannot help (the input is bad, the record does not exist): the message goes to the DLQ at once, its
+    entry naming this exception's type and message. Any other exception is transient and retried with backoff."""
+
+
+class RecordNotFoundError(PermanentError):
+    """The record does not exist (the original design's 404)."""
 
 
 class Record(Protocol):

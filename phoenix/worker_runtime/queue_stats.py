@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from phoenix.worker_runtime.side_keys import backpressure_key, dlq_trimmed_key
+from phoenix.keys import StageKeys, backpressure_key, dlq_trimmed_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +24,10 @@ class StageQueues:
     input: str
     group: str
     dlq: str
+
+    @classmethod
+    def of(cls, keys: StageKeys) -> StageQueues:
+        return cls(keys.name, keys.input, keys.consumer_group, keys.dlq)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ from urllib.parse import urlsplit, urlunsplit
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from phoenix.keys import StageKeys
+
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
@@ -71,11 +73,12 @@ class WorkerSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> WorkerSettings:
-        # Names derived from SERVICE_NAME, as in the original design; frozen, so set through __dict__ once.
+        # Names derived from SERVICE_NAME (phoenix.keys); frozen, so set through __dict__ once.
+        keys = StageKeys.for_stage(self.service_name, self.input_queue, self.consumer_group, self.dlq_name)
         derived = {
-            "input_queue": self.input_queue or f"phoenix:{self.service_name}:input",
-            "consumer_group": self.consumer_group or f"{self.service_name}-group",
-            "dlq_name": self.dlq_name or f"phoenix:{self.service_name}:dlq",
+            "input_queue": keys.input,
+            "consumer_group": keys.consumer_group,
+            "dlq_name": keys.dlq,
             # In a pod the hostname is the pod name; the pid separates processes sharing a host.
             "consumer_name": self.consumer_name or f"{socket.gethostname()}-{os.getpid()}",
         }
@@ -94,17 +97,22 @@ class WorkerSettings(BaseSettings):
         return self
 
     @property
+    def keys(self) -> StageKeys:
+        return StageKeys.for_stage(
+            self.service_name, self.input_queue, self.consumer_group, self.dlq_name, self.output_queue
+        )
+
+    @property
     def retry_queue(self) -> str:
-        """Sorted set holding messages that wait for their next attempt (score = due time in ms)."""
-        return f"phoenix:{self.service_name}:retry"
+        return self.keys.retry
 
     @property
     def lock_prefix(self) -> str:
-        return f"lock:{self.service_name}:"
+        return self.keys.lock_prefix
 
     @property
     def marker_prefix(self) -> str:
-        return f"processed:{self.service_name}:"
+        return self.keys.marker_prefix
 
     @property
     def redis_url_redacted(self) -> str:

@@ -9,9 +9,9 @@ from __future__ import annotations
 import structlog
 from redis.asyncio import Redis
 
+from phoenix.keys import dlq_trimmed_key
 from phoenix.worker_runtime import lua, metrics
 from phoenix.worker_runtime.settings import WorkerSettings
-from phoenix.worker_runtime.side_keys import dlq_trimmed_key
 
 log = structlog.get_logger("phoenix.trim")
 

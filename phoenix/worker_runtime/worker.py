@@ -26,7 +26,7 @@ from phoenix.worker_runtime.dlq import dead_letter_fields
 from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE
 from phoenix.worker_runtime.messages import MalformedEntry, Message, output_fields, parse_entry
-from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, RecordNotFoundError
+from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError
 from phoenix.worker_runtime.reclaim import Entry, Reclaimer
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
@@ -568,16 +568,16 @@ class Worker:
         return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
 
     def _failure_outcome(self, m: Message, exc: BaseException, started: float) -> Outcome:
-        """RecordNotFoundError: DLQ at once. Anything else: transient, retried with backoff."""
+        """PermanentError: DLQ at once, named by its type. Anything else: transient, retried with backoff."""
         self._m_duration.observe(time.time() - started)
-        if not isinstance(exc, RecordNotFoundError):
+        if not isinstance(exc, PermanentError):
             self.breaker.record_failure()
             return self._retry_outcome(m, exc)
         s = self.settings
         self._m_outcome["dead_lettered"].inc()
-        log.warning("message_dead_lettered", error=str(exc), error_type="RecordNotFoundError")
-        fields = dead_letter_fields(m.raw, m.entry_id, error=str(exc) or "record not found",
-                                    error_type="RecordNotFoundError", stage=s.service_name,
+        log.warning("message_dead_lettered", error=str(exc), error_type=type(exc).__name__)
+        fields = dead_letter_fields(m.raw, m.entry_id, error=str(exc) or type(exc).__name__,
+                                    error_type=type(exc).__name__, stage=s.service_name,
                                     attempts=m.retry_count + 1)
         return Outcome(Action.DEAD_LETTER, m.entry_id, m.record_id, True, fields)
 

@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from phoenix.crds import PhoenixStageSpec, StreamsStatus
+from phoenix.crds import PhoenixStageSpec
+from phoenix.keys import StageKeys
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
+from phoenix.operator.constants import RESTARTED_AT_ANNOTATION
 
 HEALTH_PORT = 8080
 PORT_NAME = "http"
 CONTAINER_NAME = "worker"
-RESTARTED_AT_ANNOTATION = "phoenix.io/restartedAt"
 TERMINATION_GRACE_SECONDS = 30
 # The worker drains in-flight records for SHUTDOWN_GRACE, leaving 5 s before the kubelet's SIGKILL.
 SHUTDOWN_GRACE_SECONDS = TERMINATION_GRACE_SECONDS - 5
@@ -27,7 +28,7 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def worker_env(name: str, spec: PhoenixStageSpec, streams: StreamsStatus) -> list[dict[str, Any]]:
+def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[dict[str, Any]]:
     """The container env: runtime variables derived from the spec, then the spec's own extra variables."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,

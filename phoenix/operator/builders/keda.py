@@ -10,10 +10,9 @@ from phoenix.operator.builders.deployment import desired_replicas
 from phoenix.operator.builders.meta import Owner, child_metadata
 from phoenix.operator.builders.redis_address import RedisConnection
 from phoenix.operator.builders.streams import resolve_streams
+from phoenix.operator.constants import PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION
 
 KEDA_API_VERSION = "keda.sh/v1alpha1"
-PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
-PAUSED_REPLICAS_ANNOTATION = "autoscaling.keda.sh/paused-replicas"
 
 
 class AutoscalingConfigError(ValueError):

@@ -7,9 +7,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-WORKER_APP_NAME = "phoenix-worker"
-MANAGED_BY = "phoenix-operator"
-STAGE_LABEL = "phoenix.io/stage"
+from phoenix.operator.constants import (
+    INSTANCE_LABEL,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    STAGE_LABEL,
+    WORKER_APP_NAME,
+)
 
 
 @dataclass(frozen=True)
@@ -43,11 +48,11 @@ def owner_reference(owner: Owner) -> dict[str, Any]:
 
 def selector_labels(stage: str) -> dict[str, str]:
     """The immutable subset used in the Deployment's selector."""
-    return {"app.kubernetes.io/name": WORKER_APP_NAME, "app.kubernetes.io/instance": stage}
+    return {NAME_LABEL: WORKER_APP_NAME, INSTANCE_LABEL: stage}
 
 
 def stage_labels(stage: str) -> dict[str, str]:
-    return {**selector_labels(stage), "app.kubernetes.io/managed-by": MANAGED_BY, STAGE_LABEL: stage}
+    return {**selector_labels(stage), MANAGED_BY_LABEL: MANAGED_BY, STAGE_LABEL: stage}
 
 
 def child_metadata(owner: Owner, name: str, annotations: Mapping[str, str] | None = None) -> dict[str, Any]:

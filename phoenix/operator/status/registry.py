@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from phoenix.crds import Condition, StreamsStatus
+from phoenix.crds import Condition
+from phoenix.keys import StageKeys
 
 StageKey = tuple[str, str]  # (namespace, name)
 
@@ -17,7 +18,7 @@ class StageRecord:
     namespace: str
     name: str
     generation: int | None = None
-    streams: StreamsStatus | None = None
+    streams: StageKeys | None = None
     # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
     redis_url: str | None = field(default=None, repr=False)
     # The reconcile failure that keeps the stage not Ready, if any.

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phoenix.crds import Condition, ConditionType, ReplicaStatus
-from phoenix.operator.builders import find_condition, new_condition
+from phoenix.operator.status.conditions import find_condition, new_condition
 
 # The AutoscalingReady reason while KEDA is absent; such stages are reconciled again until it appears.
 KEDA_NOT_INSTALLED = "KedaNotInstalled"

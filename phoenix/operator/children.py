@@ -1,0 +1,157 @@
+"""The Kubernetes children of a stage: its worker Deployment and KEDA objects, created or patched where they
+differ from the spec (the objects themselves come from the pure builders)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from phoenix.crds import Condition, ConditionType, PhoenixStage, PhoenixStageSpec
+from phoenix.operator.builders import (
+    AutoscalingConfigError,
+    Owner,
+    build_deployment,
+    build_scaled_object,
+    build_trigger_authentication,
+    desired_replicas,
+    redis_connection,
+    scaled_object_patch,
+    trigger_authentication_name,
+)
+from phoenix.operator.drift import describe, differences
+from phoenix.operator.kube import KubeApi
+from phoenix.operator.status.conditions import new_condition
+from phoenix.operator.status.readiness import KEDA_NOT_INSTALLED
+
+
+@dataclass(frozen=True)
+class Action:
+    """Something the operator changed, told as a Normal Event on the stage."""
+
+    reason: str
+    message: str
+
+
+
+
+def deployment_replicas(spec: PhoenixStageSpec, current: int | None, keda_scales: bool) -> int:
+    """The operator's replica count for the Deployment.
+
+    Without KEDA the stage runs exactly replicas.min (0 while paused). When KEDA scales it, the operator only
+    creates the Deployment at replicas.min and afterwards keeps KEDA's number, clamped into [min, max]: KEDA
+    never goes outside that range either, so the two never fight, and unpausing brings a stage back to min.
+    """
+    if spec.paused or not keda_scales or current is None:
+        return desired_replicas(spec)
+    return max(spec.replicas.min, min(spec.replicas.max, current))
+
+
+def _changed(kind: str, name: str, existing: Mapping[str, Any] | None, paths: list[str]) -> Action:
+    if existing is None:
+        return Action(f"{kind}Created", f"created {kind} {name}")
+    return Action(f"{kind}Updated", f"updated {describe(kind, name, paths)}")
+
+
+async def apply_deployment(
+    kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool
+) -> tuple[dict[str, Any], list[Action], dict[str, Any]]:
+    """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
+    KEDA's replica count; nothing is written when nothing differs.
+
+    Returns the Deployment, the actions taken and the form later watch events are compared with (KEDA's
+    replica count left out of it)."""
+    existing = await kube.get_deployment(owner.namespace, owner.name)
+    desired = build_deployment(owner, stage.spec)
+    current = None if existing is None else existing.get("spec", {}).get("replicas")
+    desired["spec"]["replicas"] = deployment_replicas(stage.spec, current, keda_scales)
+    watched = copy.deepcopy(desired)
+    if keda_scales and not stage.spec.paused:
+        del watched["spec"]["replicas"]
+    if existing is None:
+        return await kube.create_deployment(desired), [_changed("Deployment", owner.name, None, [])], watched
+    paths = differences(desired, existing)
+    if not paths:
+        return existing, [], watched
+    # A merge patch keeps what it does not name, such as the restart stamp in the pod template's annotations.
+    patched = await kube.patch_deployment(owner.namespace, owner.name, desired)
+    return patched, [_changed("Deployment", owner.name, existing, paths)], watched
+
+
+async def apply_keda_object(kube: KubeApi, wanted: dict[str, Any]) -> list[Action]:
+    """Create the KEDA object or merge-patch it where it differs from `wanted`."""
+    kind, meta = wanted["kind"], wanted["metadata"]
+    existing = await kube.get_keda_object(kind, meta["namespace"], meta["name"])
+    if existing is None:
+        await kube.create_keda_object({**wanted, "metadata": _present(meta)})
+        return [_changed(kind, meta["name"], None, [])]
+    paths = differences(wanted, existing)
+    if not paths:
+        return []
+    await kube.patch_keda_object(wanted)
+    return [_changed(kind, meta["name"], existing, paths)]
+
+
+def _present(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """metadata without the null annotations that only a patch needs (a create must not carry them)."""
+    present = {k: v for k, v in meta.items() if k != "annotations"}
+    if annotations := {k: v for k, v in (meta.get("annotations") or {}).items() if v is not None}:
+        present["annotations"] = annotations
+    return present
+
+
+async def apply_autoscaling(
+    kube: KubeApi, owner: Owner, stage: PhoenixStage, url: str
+) -> tuple[Condition, list[Action], dict[str, dict[str, Any]]]:
+    """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
+    the actions taken and the wanted form of each KEDA object by kind."""
+    spec, generation = stage.spec, stage.metadata.generation
+    if not await kube.keda_installed():
+        return new_condition(
+            ConditionType.AUTOSCALING_READY, False, KEDA_NOT_INSTALLED,
+            "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale; the stage "
+            f"runs at replicas.min ({spec.replicas.min})", observed_generation=generation,
+        ), [], {}  # fmt: skip
+    if not spec.autoscaling.enabled:
+        return new_condition(
+            ConditionType.AUTOSCALING_READY, False, "AutoscalingDisabled",
+            f"autoscaling.enabled is false: the stage runs at replicas.min ({spec.replicas.min})",
+            observed_generation=generation,
+        ), await _remove_autoscaling(kube, owner), {}  # fmt: skip
+    try:
+        scaled_object = build_scaled_object(owner, spec, redis_connection(url))
+    except AutoscalingConfigError as exc:
+        condition = new_condition(
+            ConditionType.AUTOSCALING_READY, False, "InvalidAutoscaling", str(exc), observed_generation=generation
+        )
+        return condition, await _remove_autoscaling(kube, owner), {}
+    wanted = {"ScaledObject": scaled_object_patch(scaled_object)}
+    actions: list[Action] = []
+    authentication = build_trigger_authentication(owner, spec)
+    if authentication is None:
+        name = trigger_authentication_name(owner.name)
+        actions += await _delete_keda_object(kube, "TriggerAuthentication", owner, name)
+    else:
+        wanted["TriggerAuthentication"] = authentication
+        actions += await apply_keda_object(kube, authentication)
+    actions += await apply_keda_object(kube, wanted["ScaledObject"])
+    state = "paused at 0 replicas" if spec.paused else f"{spec.replicas.min}..{spec.replicas.max} replicas"
+    condition = new_condition(
+        ConditionType.AUTOSCALING_READY, True, "ScaledObjectReady", f"KEDA scales the stage on lag ({state})",
+        observed_generation=generation,
+    )  # fmt: skip
+    return condition, actions, wanted
+
+
+async def _delete_keda_object(kube: KubeApi, kind: str, owner: Owner, name: str) -> list[Action]:
+    if await kube.delete_keda_object(kind, owner.namespace, name):
+        return [Action(f"{kind}Deleted", f"deleted {kind} {name}")]
+    return []
+
+
+async def _remove_autoscaling(kube: KubeApi, owner: Owner) -> list[Action]:
+    return [
+        *await _delete_keda_object(kube, "ScaledObject", owner, owner.name),
+        *await _delete_keda_object(kube, "TriggerAuthentication", owner, trigger_authentication_name(owner.name)),
+    ]

@@ -1,0 +1,29 @@
+"""The operator's labels, annotations and finalizer: every key it reads or writes on Kubernetes objects.
+
+Keys are spelled here once; each constant is named <WHAT>_LABEL or <WHAT>_ANNOTATION after its role.
+"""
+
+from __future__ import annotations
+
+PREFIX = "phoenix.io"
+# kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.delete).
+FINALIZER = f"{PREFIX}/finalizer"
+
+# Labels of every child object (Deployment, ScaledObject, TriggerAuthentication) of a stage.
+NAME_LABEL = "app.kubernetes.io/name"
+INSTANCE_LABEL = "app.kubernetes.io/instance"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+STAGE_LABEL = f"{PREFIX}/stage"
+WORKER_APP_NAME = "phoenix-worker"
+MANAGED_BY = "phoenix-operator"
+
+# On a PhoenixStage: one-off actions asked for by people (actions.py).
+RESTART_ANNOTATION = f"{PREFIX}/restart"
+REPLAY_ANNOTATION = f"{PREFIX}/replay-dlq"
+# On the Deployment: the restart value whose rollout it carries, written in the same patch as the rollout.
+HANDLED_RESTART_ANNOTATION = f"{PREFIX}/restart-handled"
+# On the pod template: changing it rolls the workers.
+RESTARTED_AT_ANNOTATION = f"{PREFIX}/restartedAt"
+# KEDA's own, on the ScaledObject of a paused stage.
+PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
+PAUSED_REPLICAS_ANNOTATION = "autoscaling.keda.sh/paused-replicas"

@@ -1,0 +1,148 @@
+"""The worker's parts in-process, against the real Valkey: parsing, dead-letter fields, the settler, and each
+branch of the dispatch (commit, retry, dead letter, duplicate, malformed) through the real Worker class run in the
+test's event loop (tests/fixtures/inprocess.py). Process-level behaviour is in test_worker_errors and others."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from phoenix.worker_runtime.dlq import dead_letter_fields
+from phoenix.worker_runtime.messages import MalformedEntry, Message, parse_entry
+from phoenix.worker_runtime.retry import retry_member_fields
+from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from tests.fixtures.inprocess import run_burst
+from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, outputs
+
+# --- parse_entry ---------------------------------------------------------------------------------------------
+
+
+def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
+    raw = {b"record_id": b"r1", b"user_id": b"u", b"data": b'{"n": 1}', b"extra": b"x", b"retry_count": b"2",
+           b"first_failed_at": b"1.5", b"original_id": b"1-0", b"traceparent": b"00-ab-cd-01"}
+    message = parse_entry("5-0", raw, 1_000_000)
+    assert isinstance(message, Message)
+    assert (message.record_id, message.user_id, message.data) == ("r1", "u", {"extra": "x", "n": 1})
+    assert (message.retry_count, message.first_failed_at, message.original_id) == (2, 1.5, "1-0")
+    assert message.traceparent == "00-ab-cd-01" and message.enqueued_at_ms == 5 and message.raw is raw
+
+
+@pytest.mark.parametrize(("raw", "max_bytes", "reason"), [
+    ({b"user_id": b"u"}, 1000, "missing record_id"),
+    ({b"record_id": b"r", b"data": b"{"}, 1000, "data is not valid JSON: "),
+    ({b"record_id": b"r", b"data": b"[1]"}, 1000, "data must be a JSON object, got list"),
+    ({b"record_id": b"\xff"}, 1000, "entry is not valid UTF-8: invalid start byte at byte 0"),
+    ({b"record_id": b"r", b"data": b'"' + b"x" * 100 + b'"'}, 50, "entry is 116 bytes, over MAX_MESSAGE_BYTES=50"),
+    ({b"record_id": b"r", b"retry_count": b"two"}, 1000, "bad runtime field: "),
+])
+def test_parse_entry_names_what_is_wrong(raw: dict[bytes, bytes], max_bytes: int, reason: str) -> None:
+    parsed = parse_entry("1-0", raw, max_bytes)
+    assert isinstance(parsed, MalformedEntry) and parsed.raw is raw
+    assert parsed.reason.startswith(reason)
+
+
+# --- dead_letter_fields --------------------------------------------------------------------------------------
+
+
+def test_dead_letter_fields_keep_the_original_and_replace_an_earlier_failure() -> None:
+    raw = {b"record_id": b"r", b"data": b"\xff\xfe", b"error": b"old", b"attempts": b"9"}
+    fields = dead_letter_fields(raw, "7-0", error="x" * 3000, error_type="ValueError", stage="s", attempts=2)
+    as_dict = {k if isinstance(k, bytes) else k.encode(): v for k, v in zip(fields[::2], fields[1::2], strict=True)}
+    assert as_dict[b"record_id"] == b"r" and as_dict[b"data"] == b"\xff\xfe"  # bytes kept as they came
+    assert as_dict[b"error"] == "x" * 2000 and as_dict[b"error_type"] == "ValueError"
+    assert (as_dict[b"stage"], as_dict[b"attempts"], as_dict[b"original_id"]) == ("s", "2", b"7-0")
+    again = dead_letter_fields({**raw, b"original_id": b"1-0"}, "8-0", error="e", error_type="T", stage="s",
+                               attempts=1)
+    assert again[again.index(b"original_id") + 1] == b"1-0"  # a replayed entry keeps its first id
+
+
+# --- the settler ---------------------------------------------------------------------------------------------
+
+
+async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, raw_redis: aioredis.Redis) -> None:
+    settings = WorkerSettings(service_name="s", processor="tests.processors:ScriptedProcessor", output_queue=OUT)
+    await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)
+    ids = [await redis.xadd(IN, {"record_id": name}) for name in ("c", "c", "d", "r", "l")]
+    await redis.xreadgroup(KEYS.consumer_group, "me", {IN: ">"})
+    settled: list[list[Outcome]] = []
+    settler = Settler(raw_redis, settings, "me:token", settled.append)
+    task = asyncio.create_task(settler.run())
+    try:
+        settler.submit(Outcome(Action.COMMIT, ids[0], "c", False, ("record_id", "c", "data", "{}")))
+        settler.submit(Outcome(Action.COMMIT, ids[1], "c", False, ("record_id", "c", "data", "{}")))
+        settler.submit(Outcome(Action.DEAD_LETTER, ids[2], "d", False, ("record_id", "d", "error", "why")))
+        settler.submit(Outcome(Action.RETRY, ids[3], "r", False, (60_000, json.dumps(["record_id", "r"]))))
+        settler.submit(Outcome(Action.LEAVE, ids[4], "l", False))
+        await asyncio.wait_for(settler.flush(), 10)
+    finally:
+        task.cancel()
+    assert [[o.duplicate for o in batch] for batch in settled] == [[False, True, False, False, False]]
+    assert await outputs(redis) == [{"record_id": "c", "data": "{}"}]  # the second commit was a duplicate
+    assert await redis.get(KEYS.marker_prefix + "c") == ids[0]
+    assert [fields for _, fields in await redis.xrange(DLQ)] == [{"record_id": "d", "error": "why"}]
+    [(member, due_ms)] = await redis.zrange(RETRY, 0, -1, withscores=True)
+    assert retry_member_fields(member) == {"record_id": "r"} and due_ms > time.time() * 1000 + 50_000
+    pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
+    assert [p["message_id"] for p in pending] == [ids[4]]  # only the left entry is still pending
+
+
+# --- the worker's dispatch, one branch at a time -----------------------------------------------------------
+
+
+async def test_commit_forwards_the_result_and_sets_the_marker(redis: aioredis.Redis, redis_url: str) -> None:
+    entry = await add(redis, "r1", "alice", n=1)
+    await run_burst(redis_url, output_queue=OUT)
+    result = json.dumps({"n": 1, "seen_by": "s"})
+    assert await outputs(redis) == [{"record_id": "r1", "user_id": "alice", "data": result}]
+    assert await redis.get(KEYS.marker_prefix + "r1") == entry
+    assert await redis.keys(KEYS.lock_prefix + "*") == []
+
+
+async def test_a_failure_is_scheduled_for_retry_with_its_error(redis: aioredis.Redis, redis_url: str) -> None:
+    entry = await add(redis, "r1", action="fail")
+    await run_burst(redis_url, output_queue=OUT, retry_base_seconds=60, retry_max_seconds=60)
+    [member] = await redis.zrange(RETRY, 0, -1)
+    fields = retry_member_fields(member)
+    assert fields["record_id"] == "r1" and fields["retry_count"] == "1" and fields["original_id"] == entry
+    assert fields["last_error"] == "RuntimeError: transient failure"
+    assert await outputs(redis) == [] and await redis.xlen(DLQ) == 0
+
+
+async def test_record_not_found_is_dead_lettered_at_once(redis: aioredis.Redis, redis_url: str) -> None:
+    entry = await add(redis, "gone", "bob", action="missing")
+    await run_burst(redis_url, output_queue=OUT)
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert (dead["record_id"], dead["original_id"], dead["attempts"]) == ("gone", entry, "1")
+    assert (dead["error_type"], dead["error"]) == ("RecordNotFoundError", "record gone does not exist")
+    assert await redis.zcard(RETRY) == 0 and await outputs(redis) == []
+
+
+async def test_a_permanent_error_is_dead_lettered_under_its_own_name(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    await add(redis, "bad", action="invalid")
+    await run_burst(redis_url, output_queue=OUT)
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert (dead["error_type"], dead["error"]) == ("InvalidInputError", "record bad has no usable input")
+    assert await redis.zcard(RETRY) == 0
+
+
+async def test_a_duplicate_is_acknowledged_without_processing(redis: aioredis.Redis, redis_url: str) -> None:
+    await redis.set(KEYS.marker_prefix + "r1", "1-0")
+    await add(redis, "r1")
+    await run_burst(redis_url, output_queue=OUT)
+    assert await redis.get("calls:s") is None  # the processor never saw it
+    assert await outputs(redis) == [] and await redis.xlen(DLQ) == 0
+
+
+async def test_a_malformed_entry_is_dead_lettered_with_the_reason(redis: aioredis.Redis, redis_url: str) -> None:
+    await redis.xadd(IN, {"user_id": "u", "data": "{}"})
+    await run_burst(redis_url, output_queue=OUT)
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert (dead["error_type"], dead["error"], dead["user_id"]) == ("MalformedMessage", "missing record_id", "u")
+    assert await redis.get("calls:s") is None
