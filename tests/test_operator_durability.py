@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import redis.asyncio as aioredis
-from phoenix.operator.readiness import ready_condition
 
 from phoenix.keys import backpressure_key
-from phoenix.operator.durability import backpressure_condition, redis_risk_condition
-from phoenix.operator.status import merged_status
+from phoenix.operator.status.durability import backpressure_condition, redis_risk_condition
+from phoenix.operator.status.readiness import ready_condition
+from phoenix.operator.status.writer import merged_status
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 

@@ -19,7 +19,7 @@ from kubernetes import client
 
 from phoenix.keys import StageKeys
 from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION, STAGE_LABEL
-from phoenix.operator.durability import redis_risk_condition
+from phoenix.operator.status.durability import redis_risk_condition
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 from tests.fixtures.cluster_objects import ensure_namespace, install_keda_crds

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from phoenix.embedded import embedded_valkey, start_valkey
-from phoenix.operator.durability import redis_risk_condition
+from phoenix.operator.status.durability import redis_risk_condition
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import assess_redis
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue

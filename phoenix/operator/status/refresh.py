@@ -20,10 +20,10 @@ from redis.exceptions import RedisError
 
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.durability import backpressure_condition, redis_risk_condition
 from phoenix.operator.errors import scrub
 from phoenix.operator.metrics import STAGES, stage_figures
 from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.status.durability import backpressure_condition, redis_risk_condition
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.operator.status.registry import StageKey, StageRecord
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from phoenix.crds import Condition, ConditionType
-from phoenix.operator.builders import new_condition
+from phoenix.operator.status.conditions import new_condition
 from phoenix.worker_runtime.redis_risk import RedisRisk
 
 
