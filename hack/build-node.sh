@@ -56,11 +56,11 @@ tools_go "$src" github.com/containerd/containerd/v2/cmd/containerd
   done
 )
 
-# CoreDNS: its own main with the plugins of the cluster's Corefile (hack/e2e/coredns.yaml), in CoreDNS's order.
+# CoreDNS: its own main with the plugins of the cluster's Corefile (tests/fixtures/node/components.py), in CoreDNS's order.
 src="$cache/node/src-coredns"
 mkdir -p "$src"
 printf 'module phoenix.local/corednsbuild\n\ngo 1.24\n' > "$src/go.mod"
-plugins=(reload ready health errors log loadbalance cache kubernetes loop forward)
+plugins=(reload bind ready health errors log loadbalance cache kubernetes loop forward)
 {
   printf 'package main\n\nimport (\n'
   printf '\t"github.com/coredns/coredns/core/dnsserver"\n\t"github.com/coredns/coredns/coremain"\n'
