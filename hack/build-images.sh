@@ -49,18 +49,24 @@ from_scratch() {
 python_ref=phoenix.local/python:3.11-bookworm
 python_key=$(echo "bookworm minbase python3 python3-pip $debian_mirror" | sha256sum | cut -c1-16)
 if ! fresh python "$python_key" || ! buildah inspect --type image "$python_ref" >/dev/null 2>&1; then
-  rootfs=$(mktemp -d "$out/rootfs.XXXXXX")
-  trap 'rm -rf "$rootfs"' EXIT
-  debootstrap --variant=minbase --include=python3,python3-pip bookworm "$rootfs" "$debian_mirror" > "$out/debootstrap.log"
-  # Like python:3.11-slim, pip may install into the image's Python (PEP 668's marker is for hosts' apt).
-  rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
-  rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
+  rootfs_tar="$out/python-rootfs-$python_key.tar"
+  if [[ ! -f $rootfs_tar ]]; then
+    rootfs=$(mktemp -d "$out/rootfs.XXXXXX")
+    trap 'rm -rf "$rootfs"' EXIT
+    debootstrap --variant=minbase --include=python3,python3-pip bookworm "$rootfs" "$debian_mirror" > "$out/debootstrap.log"
+    # Like python:3.11-slim, pip may install into the image's Python (PEP 668's marker is for hosts' apt).
+    rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
+    rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
+    tar -C "$rootfs" -cf "$rootfs_tar.tmp" . && mv "$rootfs_tar.tmp" "$rootfs_tar"
+    rm -rf "$rootfs"
+    trap - EXIT
+  fi
   c=$(buildah from scratch)
-  tar -C "$rootfs" -c . | buildah add --quiet "$c" - / >/dev/null
+  mnt=$(buildah mount "$c")
+  tar -C "$mnt" -xf "$rootfs_tar"
+  buildah umount "$c" >/dev/null
   buildah config --env LANG=C.UTF-8 --cmd '["python3"]' "$c"
   buildah commit --quiet --rm "$c" "$python_ref" >/dev/null
-  rm -rf "$rootfs"
-  trap - EXIT
   save python "$python_ref" "$python_key"
 fi
 
