@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench bench-operator manifests kube lint clean
+.PHONY: demo test e2e bench bench-operator manifests kube lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ test: $(STAMP) kube
 
 kube:
 	bash hack/build-kube.sh
+
+# The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
+e2e: $(STAMP)
+	bash hack/e2e.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.worker_throughput

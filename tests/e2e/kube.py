@@ -105,3 +105,11 @@ def wait_rollout(namespace: str, deployment: str, timeout: int = 300) -> None:
 
 def since(start: float) -> str:
     return f"{time.monotonic() - start:6.1f}s"
+
+
+def printed_columns(*args: str) -> dict[str, str]:
+    """One object as `kubectl get` prints it, by column header (cells may be empty, so split by header offsets)."""
+    header, row = kubectl("get", *args).splitlines()[:2]
+    starts = [match.start() for match in re.finditer(r"\S+", header)]
+    bounds = zip(starts, [*starts[1:], None], strict=True)
+    return {header[start:end].strip(): row[start:end].strip() for start, end in bounds}
