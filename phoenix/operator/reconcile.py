@@ -18,6 +18,7 @@ from phoenix.operator.builders import (
     build_deployment,
     build_scaled_object,
     build_trigger_authentication,
+    in_namespace,
     new_condition,
     redis_connection,
     resolve_streams,
@@ -53,13 +54,15 @@ def parse_stage(body: Mapping[str, Any]) -> PhoenixStage:
 
 
 async def redis_url_of(kube: KubeApi, stage: PhoenixStage) -> str:
-    url = await kube.secret_value(stage.metadata.namespace or "default", stage.spec.redis.url_secret_ref)
+    """The stage's Redis URL as the operator and KEDA reach it from their own namespaces."""
+    namespace = stage.metadata.namespace or "default"
+    url = await kube.secret_value(namespace, stage.spec.redis.url_secret_ref)
     try:
         redis_connection(url)
     except RedisUrlError as exc:
         ref = stage.spec.redis.url_secret_ref
         raise StageError("InvalidRedisUrl", f"Secret {ref.name!r} key {ref.key!r}: {exc}") from None
-    return url
+    return in_namespace(url, namespace)
 
 
 async def prepare_streams(pool: RedisPool, url: str, streams: StreamsStatus) -> None:

@@ -19,7 +19,7 @@ from phoenix.operator.builders.keda import (
     trigger_authentication_name,
 )
 from phoenix.operator.builders.meta import Owner, owner_reference, stage_labels
-from phoenix.operator.builders.redis_address import RedisConnection, RedisUrlError, redis_connection
+from phoenix.operator.builders.redis_address import RedisConnection, RedisUrlError, in_namespace, redis_connection
 from phoenix.operator.builders.streams import default_input_stream, resolve_streams
 
 __all__ = [
@@ -38,6 +38,7 @@ __all__ = [
     "default_input_stream",
     "desired_replicas",
     "find_condition",
+    "in_namespace",
     "new_condition",
     "owner_reference",
     "redis_connection",
