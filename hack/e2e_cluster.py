@@ -51,10 +51,14 @@ def _check_clean(network: NodeNetwork) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("action", choices=("run", "up", "clean"))
-    parser.add_argument("command", nargs="*", help="for run: the command (after --)")
     parser.add_argument("--no-keda", action="store_true", help="do not install KEDA")
     parser.add_argument("--logs", type=Path, help="keep the components' logs in this directory")
-    args = parser.parse_args()
+    argv = sys.argv[1:]
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    args.command = argv[split + 1 :]
+    if args.action == "run" and not args.command:
+        parser.error("run needs a command after --")
     if problem := requirements_problem():
         print(f"hack/e2e_cluster.py: {problem}", file=sys.stderr)
         return 2
