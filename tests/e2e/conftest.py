@@ -72,6 +72,8 @@ def pipeline(
     operator_installed: None, phoenix_image: str, valkey_image: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Pipeline]:
     image = phoenix_image
+    # A fresh namespace, also where an earlier run's is still there.
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300)
     kubectl("create", "namespace", NAMESPACE)
     samples = ensure_samples(tmp_path_factory.mktemp("samples"))
     apply_documents(

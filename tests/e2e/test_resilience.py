@@ -19,7 +19,6 @@ from tests.e2e.pipeline import (
     Pipeline,
     assert_exactly_once,
     enqueue_documents,
-    grouped_count,
     record_counts,
     stage,
     streams,
@@ -39,11 +38,13 @@ def ready_pods(name: str) -> list[str]:
 def test_force_deleted_worker_and_deleted_operator_lose_and_duplicate_nothing(
     pipeline: Pipeline, redis: redis_client.Redis
 ) -> None:
-    ids = enqueue_documents(redis, streams("router")["input"], pipeline.documents, copies=8)
-    parser = eventually(lambda: ready_pods("parser"), "a parser pod at work", timeout=180, interval=0.5)
-    eventually(lambda: grouped_count(redis, ids) >= 1, "the first grouped record", timeout=180, interval=0.5)
-    # Mid-run: the pod's unacknowledged entries must be claimed by another worker.
-    kubectl("delete", "pod", "-n", NAMESPACE, parser[0], "--grace-period=0", "--force")
+    ids = enqueue_documents(redis, streams("router")["input"], pipeline.documents, copies=20)
+    # Mid-run: a parser pod holding unacknowledged entries, which another worker must claim once it is gone.
+    parser = streams("parser")
+    consumer = eventually(lambda: _busy_consumer(redis, parser), "a parser pod with entries in flight",
+                          timeout=180, interval=0.05)  # fmt: skip
+    # Consumers are named {hostname}-{pid}, and a pod's hostname is its name.
+    kubectl("delete", "pod", "-n", NAMESPACE, consumer.rsplit("-", 1)[0], "--grace-period=0", "--force")
     (operator,) = kubectl_json("get", "pods", *OPERATOR)["items"]
     kubectl("delete", "pod", "-n", "phoenix-system", operator["metadata"]["name"], "--wait=false")
 
@@ -56,6 +57,12 @@ def test_force_deleted_worker_and_deleted_operator_lose_and_duplicate_nothing(
     kubectl("patch", "phoenixstage", "-n", NAMESPACE, "grouper", "--type=merge", "-p",
             '{"spec": {"worker": {"concurrency": 3}}}')  # fmt: skip
     eventually(lambda: _concurrency_env("grouper") == "3", "the new operator to roll out the change", timeout=120)
+
+
+def _busy_consumer(redis: redis_client.Redis, names: dict[str, str]) -> str | None:
+    """A consumer of the stage's group with entries delivered and not yet acknowledged."""
+    consumers = redis.xpending(names["input"], names["consumerGroup"])["consumers"]
+    return next((c["name"] for c in consumers if int(c["pending"]) > 0), None)
 
 
 def _concurrency_env(name: str) -> str | None:

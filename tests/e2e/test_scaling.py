@@ -98,7 +98,7 @@ def test_keda_scales_up_on_backlog_and_down_after_cooldown(
 ) -> None:
     timeline = Timeline()
     timeline.until(lambda s: s.desired == 0 and s.printed["BACKLOG"] == "0", "the idle stage at zero pods", 120)
-    enqueue_documents(redis, input_stream(), pipeline.documents, copies=100)  # 500 records
+    enqueue_documents(redis, input_stream(), pipeline.documents, copies=300)  # 1500 records
     top = timeline.until(lambda s: s.desired >= 2, "KEDA's HPA to scale beyond one pod", 180)
     peak = timeline.until(lambda s: s.ready == s.desired == MAX_REPLICAS or s.printed["BACKLOG"] == "0",
                           "all pods ready", 180)  # fmt: skip
