@@ -1,12 +1,14 @@
 # The one image for the operator and the workers: `phoenix operator`, `phoenix worker`.
 # A team's processors go in an image built FROM this one with their package installed on top.
-FROM python:3.11-slim AS build
+# BASE_IMAGE only matters where python:3.11-slim cannot be pulled (the e2e builds a Debian equivalent locally).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY phoenix ./phoenix
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
-FROM python:3.11-slim
+FROM ${BASE_IMAGE}
 # The router reads scanned pages with Tesseract OCR.
 RUN apt-get update && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng \
     && rm -rf /var/lib/apt/lists/*

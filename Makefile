@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo test eval ocr bench bench-peers bench-operator manifests kube lint clean
+.PHONY: demo test eval ocr e2e bench bench-peers bench-operator manifests kube lint clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,10 @@ test: $(STAMP) kube ocr
 
 kube:
 	bash hack/build-kube.sh
+
+# The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
+e2e: $(STAMP)
+	bash hack/e2e.sh
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.worker_throughput

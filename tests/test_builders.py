@@ -15,6 +15,7 @@ from phoenix.operator.builders import (
     build_deployment,
     build_scaled_object,
     build_trigger_authentication,
+    in_namespace,
     redis_connection,
     resolve_streams,
     scaled_object_patch,
@@ -299,6 +300,21 @@ def test_bad_redis_urls_are_explained_without_echoing_them(url: str, message: st
         redis_connection(url)
     assert message in str(caught.value)
     assert "topsecret" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "seen_from_elsewhere"),
+    [
+        ("redis://:p%40ss@redis:6379/0", "redis://:p%40ss@redis.docs.svc:6379/0"),
+        ("rediss://app:pw@cache/2?x=1", "rediss://app:pw@cache.docs.svc/2?x=1"),
+        ("redis://redis.other.svc:6379", "redis://redis.other.svc:6379"),
+        ("redis://localhost:6379", "redis://localhost:6379"),
+        ("redis://10.0.0.7:6379", "redis://10.0.0.7:6379"),
+        ("redis://[::1]:6379", "redis://[::1]:6379"),
+    ],
+)
+def test_one_label_redis_hosts_are_services_of_the_stage_namespace(url: str, seen_from_elsewhere: str) -> None:
+    assert in_namespace(url, "docs") == seen_from_elsewhere
 
 
 # --- conditions ----------------------------------------------------------------------------------------

@@ -127,7 +127,9 @@ def test_entry_point_snippet_names_the_documented_class() -> None:
         assert re.search(rf"^class {class_name}\(BaseProcessor\):", module, re.MULTILINE)
 
 
-@pytest.mark.parametrize("command", ["make demo", "make test", "make bench", "make bench-operator", "make manifests"])
+@pytest.mark.parametrize(
+    "command", ["make demo", "make test", "make e2e", "make bench", "make bench-operator", "make manifests"]
+)
 def test_documented_make_targets_exist(command: str) -> None:
     makefile = (README.parent / "Makefile").read_text()
     assert command in README.read_text()

@@ -84,6 +84,21 @@ def test_samples_reference_the_sample_secret_keys(sample_stages: dict[str, Phoen
     assert f":{password}@" in url  # the two keys describe the same credentials
 
 
+def test_dev_overlay_adds_the_redis_the_samples_point_at() -> None:
+    dev = MANIFESTS / "dev"
+    assert yaml.safe_load((dev / "kustomization.yaml").read_text())["resources"] == ["../samples", "valkey.yaml"]
+    (secret,) = by_kind(kustomization_documents(MANIFESTS / "samples"), "Secret")
+    documents = list(yaml.safe_load_all((dev / "valkey.yaml").read_text()))
+    (service,) = by_kind(documents, "Service")
+    (deployment,) = by_kind(documents, "Deployment")
+    assert f"@{service['metadata']['name']}:{service['spec']['ports'][0]['port']}/" in secret["stringData"]["url"]
+    (valkey,) = deployment["spec"]["template"]["spec"]["containers"]
+    (password,) = valkey["env"]
+    assert password["valueFrom"]["secretKeyRef"] == {"name": secret["metadata"]["name"], "key": "password"}
+    assert valkey["args"][:2] == ["--requirepass", f"$({password['name']})"]
+    assert valkey["securityContext"]["readOnlyRootFilesystem"] is True
+
+
 def test_operator_deployment_runs_two_hardened_replicas_with_leader_election() -> None:
     deployment = load("operator/deployment.yaml")
     pod = deployment["spec"]["template"]["spec"]

@@ -16,7 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.keys import StageKeys
-from phoenix.operator.builders import Owner, RedisUrlError, redis_connection, resolve_streams
+from phoenix.operator.builders import Owner, RedisUrlError, in_namespace, redis_connection, resolve_streams
 from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
@@ -79,13 +79,15 @@ def check_stream_names(streams: StageKeys) -> None:
 
 
 async def redis_url_of(kube: KubeApi, stage: PhoenixStage) -> str:
-    url = await kube.secret_value(stage.metadata.namespace or "default", stage.spec.redis.url_secret_ref)
+    """The stage's Redis URL as the operator and KEDA reach it from their own namespaces."""
+    namespace = stage.metadata.namespace or "default"
+    url = await kube.secret_value(namespace, stage.spec.redis.url_secret_ref)
     try:
         redis_connection(url)
     except RedisUrlError as exc:
         ref = stage.spec.redis.url_secret_ref
         raise StageError("InvalidRedisUrl", f"Secret {ref.name!r} key {ref.key!r}: {exc}") from None
-    return url
+    return in_namespace(url, namespace)
 
 
 async def prepare_streams(pool: RedisPool, url: str, streams: StageKeys, existed_before: bool) -> list[Action]:

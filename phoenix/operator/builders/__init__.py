@@ -15,7 +15,7 @@ from phoenix.operator.builders.keda import (
     trigger_authentication_name,
 )
 from phoenix.operator.builders.meta import Owner, owner_reference, stage_labels
-from phoenix.operator.builders.redis_address import RedisConnection, RedisUrlError, redis_connection
+from phoenix.operator.builders.redis_address import RedisConnection, RedisUrlError, in_namespace, redis_connection
 from phoenix.operator.builders.streams import resolve_streams
 
 __all__ = [
@@ -29,6 +29,7 @@ __all__ = [
     "build_scaled_object",
     "build_trigger_authentication",
     "desired_replicas",
+    "in_namespace",
     "owner_reference",
     "redis_connection",
     "resolve_streams",

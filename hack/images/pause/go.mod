@@ -1,0 +1,3 @@
+module phoenix.local/pause
+
+go 1.24

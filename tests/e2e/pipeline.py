@@ -1,0 +1,147 @@
+"""The e2e suite's pipeline: objects it adds to the samples, and reading the pipeline's Redis and stages."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import redis as redis_client
+
+from phoenix.stages.keys import grouped_key
+from tests.e2e.kube import kubectl_json
+
+NAMESPACE = "phoenix-e2e"
+DOCUMENTS_URL = "http://documents:8000"  # the Service below, resolved by cluster DNS from the router's pods
+RESTRICTED = {
+    "runAsNonRoot": True,
+    "readOnlyRootFilesystem": True,
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+}
+
+# What the test's overlay changes in the samples: KEDA reacts within seconds and scales down after 20 s instead of
+# 15 s polling and 3 min cooldown, and a killed pod's entries are claimed by another after 10 s, not 5 min.
+STAGE_TIMINGS = {
+    "autoscaling": {"pollingInterval": 2, "cooldownPeriod": 20},
+    "worker": {"claimIdleMs": 10000, "lockTimeout": 20},
+}
+# The parser held to a quarter of a core, so that its pods always have entries in flight while a backlog lasts
+# (a pod is force-deleted mid-run) instead of finishing each in a few milliseconds.
+PARSER_LIMITS = {"resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "250m"}}}
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    documents: list[str]  # sample PDF file names served at DOCUMENTS_URL
+
+
+def stage_patch(name: str) -> dict[str, Any]:
+    """A kustomize patch of one sample PhoenixStage with STAGE_TIMINGS."""
+    spec = {**STAGE_TIMINGS, **(PARSER_LIMITS if name == "parser" else {})}
+    patch = {"apiVersion": "phoenix.io/v1alpha1", "kind": "PhoenixStage", "metadata": {"name": name}, "spec": spec}
+    return {"patch": json.dumps(patch)}
+
+
+def documents_server(image: str, files_b64: dict[str, str]) -> list[dict[str, Any]]:
+    """A web server (Python's http.server in the Phoenix image) for the sample PDFs, from a ConfigMap copied into a
+    writable directory so that a test can add a document later (kubectl exec)."""
+    labels = {"app.kubernetes.io/name": "documents"}
+    container = {
+        "name": "http",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sh", "-c", "cp /samples/* /docs/ && exec python3 -m http.server 8000 --directory /docs"],
+        "ports": [{"name": "http", "containerPort": 8000}],
+        "readinessProbe": {"httpGet": {"path": "/", "port": "http"}, "periodSeconds": 2},
+        "securityContext": {**RESTRICTED, "runAsUser": 65532},
+        "volumeMounts": [{"name": "samples", "mountPath": "/samples"}, {"name": "docs", "mountPath": "/docs"}],
+    }
+    return [
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "sample-documents"}, "binaryData": files_b64},
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "documents", "labels": labels},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "containers": [container],
+                        "volumes": [
+                            {"name": "samples", "configMap": {"name": "sample-documents"}},
+                            {"name": "docs", "emptyDir": {}},
+                        ],
+                    },
+                },
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": "documents"},
+            "spec": {"selector": labels, "ports": [{"name": "http", "port": 8000, "targetPort": "http"}]},
+        },
+    ]
+
+
+def stage(name: str) -> dict[str, Any]:
+    return kubectl_json("get", "phoenixstage", "-n", NAMESPACE, name)
+
+
+def streams(name: str) -> dict[str, str]:
+    return stage(name)["status"]["streams"]
+
+
+def enqueue_documents(redis: redis_client.Redis, stream: str, documents: list[str], copies: int) -> list[str]:
+    """One router record per document and copy, with a fresh record id each; returns the ids."""
+    batch = uuid.uuid4().hex[:8]
+    ids = []
+    pipe = redis.pipeline(transaction=False)
+    for copy in range(copies):
+        for number, document in enumerate(documents):
+            record_id = f"{batch}-{copy}-{number}"
+            pipe.xadd(stream, {"record_id": record_id, "document_url": f"{DOCUMENTS_URL}/{document}"})
+            ids.append(record_id)
+    pipe.execute()
+    return ids
+
+
+def record_counts(redis: redis_client.Redis, stream: str, ids: list[str]) -> Counter[str]:
+    """How many entries of `stream` carry each of `ids`."""
+    wanted = set(ids)
+    return Counter(
+        fields["record_id"] for _, fields in redis.xrange(stream) if fields.get("record_id") in wanted
+    )
+
+
+def grouped_count(redis: redis_client.Redis, ids: list[str]) -> int:
+    pipe = redis.pipeline(transaction=False)
+    for record_id in ids:
+        pipe.exists(grouped_key(record_id))
+    return sum(pipe.execute())
+
+
+def wait_all_grouped(redis: redis_client.Redis, ids: list[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while (done := grouped_count(redis, ids)) < len(ids):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"only {done} of {len(ids)} records reached the grouper within {timeout:.0f} s")
+        time.sleep(1)
+
+
+def assert_exactly_once(redis: redis_client.Redis, ids: list[str]) -> None:
+    """Every record was forwarded once by the router and once by the parser, grouped, and nothing dead-lettered."""
+    for sender, receiver in (("router", "parser"), ("parser", "grouper")):
+        counts = record_counts(redis, streams(receiver)["input"], ids)
+        assert set(counts) == set(ids), f"{sender} lost {sorted(set(ids) - set(counts))[:5]}"
+        duplicated = {record_id: n for record_id, n in counts.items() if n != 1}
+        assert not duplicated, f"{sender} forwarded records more than once: {duplicated}"
+    for name in ("router", "parser", "grouper"):
+        assert record_counts(redis, streams(name)["dlq"], ids) == Counter(), f"{name} dead-lettered records"
+    assert grouped_count(redis, ids) == len(ids)

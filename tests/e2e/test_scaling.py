@@ -1,0 +1,150 @@
+"""KEDA scales a stage on its backlog, from zero up and back down after the cooldown; `kubectl get phx` shows the
+backlog rising and falling and READY/REPLICAS as the pods are; `paused: true` holds the stage at zero pods."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_client
+
+from tests.e2e.kube import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
+from tests.e2e.pipeline import NAMESPACE, Pipeline, enqueue_documents
+
+pytestmark = pytest.mark.e2e
+
+STAGE = "scaler"
+MAX_REPLICAS = 4
+
+
+def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
+    """The router's processor as a final stage, CPU-limited so that a backlog builds up and lasts, with KEDA's
+    polling and cooldown shortened so that the test sees a whole cycle in a few minutes."""
+    return {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": STAGE},
+        "spec": {
+            "processor": "router",
+            "image": image,
+            "redis": {
+                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
+                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
+            },
+            "replicas": {"min": 0, "max": MAX_REPLICAS},
+            "autoscaling": {"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
+            "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "150m", "memory": "256Mi"}},
+            "paused": paused,
+        },
+    }
+
+
+@dataclass
+class Sample:
+    at: float
+    desired: int
+    ready: int
+    printed: dict[str, str]
+
+    def line(self) -> str:
+        p = self.printed
+        return (f"{self.at:6.1f}s  deployment {self.ready}/{self.desired}  kubectl get phx: READY={p['READY']} "
+                f"REPLICAS={p['REPLICAS']} BACKLOG={p['BACKLOG']} PENDING={p['PENDING']}")  # fmt: skip
+
+
+class Timeline:
+    def __init__(self) -> None:
+        self.start = time.monotonic()
+        self.samples: list[Sample] = []
+
+    def sample(self) -> Sample:
+        deployment = kubectl_json("get", "deployment", "-n", NAMESPACE, STAGE)
+        ready = sum(is_ready(pod) for pod in pods(NAMESPACE, f"phoenix.io/stage={STAGE}"))
+        printed = printed_columns("phoenixstage", "-n", NAMESPACE, STAGE)
+        sample = Sample(time.monotonic() - self.start, deployment["spec"].get("replicas", 0), ready, printed)
+        self.samples.append(sample)
+        return sample
+
+    def until(self, condition: Any, what: str, timeout: float) -> Sample:
+        deadline = time.monotonic() + timeout
+        while not condition(sample := self.sample()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {what}:\n" + "\n".join(s.line() for s in self.samples))
+            time.sleep(1)
+        return sample
+
+    def backlogs(self) -> list[int]:
+        return [int(s.printed["BACKLOG"]) for s in self.samples if s.printed["BACKLOG"].isdigit()]
+
+
+@pytest.fixture(scope="module")
+def scaler(pipeline: Pipeline, phoenix_image: str) -> Iterator[None]:
+    apply_documents([scaler_stage(phoenix_image)], NAMESPACE)
+    kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=120s", f"phoenixstage/{STAGE}")
+    yield
+    kubectl("delete", "-n", NAMESPACE, "phoenixstage", STAGE, "--wait=false")
+
+
+def input_stream() -> str:
+    return kubectl_json("get", "phoenixstage", "-n", NAMESPACE, STAGE)["status"]["streams"]["input"]
+
+
+def test_keda_scales_up_on_backlog_and_down_after_cooldown(
+    scaler: None, pipeline: Pipeline, redis: redis_client.Redis, report_dir: Path
+) -> None:
+    timeline = Timeline()
+    timeline.until(lambda s: s.desired == 0 and s.printed["BACKLOG"] == "0", "the idle stage at zero pods", 120)
+    enqueue_documents(redis, input_stream(), pipeline.documents, copies=300)  # 1500 records
+    top = timeline.until(lambda s: s.desired >= 2, "KEDA's HPA to scale beyond one pod", 180)
+    peak = timeline.until(lambda s: s.ready == s.desired == MAX_REPLICAS or s.printed["BACKLOG"] == "0",
+                          "all pods ready", 180)  # fmt: skip
+    # The operator's status refresh (every 10 s) catches up with the pods it reports.
+    if peak.ready == MAX_REPLICAS:
+        timeline.until(lambda s: s.printed["REPLICAS"] == f"{s.ready}/{s.desired}" == f"{MAX_REPLICAS}/{MAX_REPLICAS}",
+                       "kubectl get phx to show every pod ready", 60)  # fmt: skip
+    timeline.until(lambda s: s.printed["BACKLOG"] == "0", "the backlog to drain", 400)
+    timeline.until(lambda s: s.desired == 0 and s.ready == 0 and s.printed["REPLICAS"] == "0/0",
+                   "KEDA to scale back to zero after the cooldown", 180)  # fmt: skip
+    (report_dir / "scaling-timeline.txt").write_text("\n".join(s.line() for s in timeline.samples) + "\n")
+
+    backlogs = timeline.backlogs()
+    assert backlogs[0] == 0 and max(backlogs) > 0 and backlogs[-1] == 0
+    rise = backlogs.index(max(backlogs))
+    assert any(b < max(backlogs) for b in backlogs[rise:]), "the backlog never fell"
+    assert top.desired >= 2
+    assert max(s.desired for s in timeline.samples) <= MAX_REPLICAS
+
+
+def test_paused_stage_holds_zero_pods_and_resumes(
+    scaler: None, pipeline: Pipeline, redis: redis_client.Redis
+) -> None:
+    timeline = Timeline()
+    timeline.until(lambda s: s.desired == 0, "the stage at zero pods", 240)
+    kubectl("patch", "phoenixstage", "-n", NAMESPACE, STAGE, "--type=merge", "-p", '{"spec": {"paused": true}}')
+    scaled_object = timeline_wait_paused()
+    assert scaled_object["metadata"]["annotations"]["autoscaling.keda.sh/paused"] == "true"
+    enqueue_documents(redis, input_stream(), pipeline.documents, copies=4)
+    held = time.monotonic() + 15
+    while time.monotonic() < held:
+        sample = timeline.sample()
+        assert sample.desired == 0 and sample.ready == 0, sample.line()
+        time.sleep(1)
+    timeline.until(lambda s: s.printed["BACKLOG"] == "20", "kubectl get phx to show the held backlog", 60)
+    kubectl("patch", "phoenixstage", "-n", NAMESPACE, STAGE, "--type=merge", "-p", '{"spec": {"paused": false}}')
+    timeline.until(lambda s: s.ready >= 1, "pods back after unpausing", 180)
+    timeline.until(lambda s: s.printed["BACKLOG"] == "0", "the held backlog to drain", 240)
+
+
+def timeline_wait_paused() -> dict[str, Any]:
+    deadline = time.monotonic() + 60
+    while True:
+        scaled_object = kubectl_json("get", "scaledobject", "-n", NAMESPACE, STAGE)
+        if (scaled_object["metadata"].get("annotations") or {}).get("autoscaling.keda.sh/paused") == "true":
+            return scaled_object
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the ScaledObject was not paused: {scaled_object['metadata']}")
+        time.sleep(1)
