@@ -17,6 +17,7 @@ from phoenix.cli.status import stage_queues as _stage_queues
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.worker_runtime import dlq
+from phoenix.worker_runtime.redis_client import text_range
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
@@ -35,7 +36,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 async def _dlq_list(args: argparse.Namespace) -> int:
     async with _client(args) as client:
-        entries = await client.xrange(args.dlq or _stage_queues(args.service).dlq, count=args.count)
+        entries = await text_range(client, args.dlq or _stage_queues(args.service).dlq, count=args.count)
     for entry_id, fields in entries:
         print(json.dumps({"id": entry_id, **fields}))
     return 0

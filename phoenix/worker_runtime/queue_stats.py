@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.worker_runtime.redis_client import text
 from phoenix.worker_runtime.side_keys import backpressure_key, dlq_trimmed_key
 
 
@@ -93,10 +94,10 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
             continue
         oldest = None
         if pending["pending"]:
-            oldest = _age_seconds(_text(pending["min"]), now_ms)
+            oldest = _age_seconds(text(pending["min"]), now_ms)
         lag, read = group.get("lag"), group.get("entries-read")
         if lag is None or lag > 0:
-            backlog[i] = _text(group["last-delivered-id"])
+            backlog[i] = text(group["last-delivered-id"])
         out.append(QueueStats(
             length=_int(length),
             pending=int(pending["pending"]),
@@ -114,7 +115,7 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
             pipe.xrange(stages[i].input, min=f"({last_delivered}", count=1)
         for i, first in zip(backlog, await pipe.execute(raise_on_error=False), strict=True):
             if isinstance(first, list) and first:
-                age = _age_seconds(_text(first[0][0]), now_ms)
+                age = _age_seconds(text(first[0][0]), now_ms)
                 out[i] = dataclasses.replace(out[i], oldest_undelivered_seconds=age)
     return out
 
@@ -124,15 +125,11 @@ def _age_seconds(entry_id: str, now_ms: float) -> float:
     return round(max(0.0, now_ms - int(entry_id.partition("-")[0])) / 1000, 1)
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _find_group(groups: object, name: str) -> dict | None:
     if not isinstance(groups, list):
         return None  # ResponseError: no such stream
     for g in groups:
-        if _text(g["name"]) == name:
+        if text(g["name"]) == name:
             return g
     return None
 
