@@ -211,7 +211,7 @@ def render_table(rows: Sequence[StageRow]) -> list[str]:
 
 def plan_records(samples: Sequence[Path], copies: int, run_id: str) -> list[Record]:
     """Each sample `copies` times under fresh record ids (a rerun is new work, not a duplicate) and varied users."""
-    records = []
+    records: list[Record] = []
     for copy in range(copies):
         for path in samples:
             n = len(records) + 1

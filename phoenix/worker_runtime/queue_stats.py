@@ -11,6 +11,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
@@ -66,6 +67,13 @@ class QueueStats:
 _COMMANDS_PER_STAGE = 6
 
 
+class _Extra(TypedDict):
+    """What is read beside the stream and its group, so known whether the group exists or not."""
+
+    dlq_trimmed: int
+    backpressure: int | None
+
+
 async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueStats]:
     """At most two round trips for any number of stages; a missing stream or group reads as empty."""
     pipe = client.pipeline(transaction=False)
@@ -85,7 +93,7 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
         length, groups, pending, dlq_length, dlq_trimmed, paused = (
             replies[i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE]
         )
-        extra = {"dlq_trimmed": _int(dlq_trimmed), "backpressure": None if paused is None else _int(paused)}
+        extra: _Extra = {"dlq_trimmed": _int(dlq_trimmed), "backpressure": None if paused is None else _int(paused)}
         group = _find_group(groups, st.group)
         if group is None or isinstance(pending, ResponseError):
             out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False, **extra))
