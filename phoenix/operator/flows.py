@@ -15,7 +15,7 @@ from kubernetes.client.exceptions import ApiException
 from redis.exceptions import RedisError
 
 from phoenix.crds import ConditionType, StreamsStatus
-from phoenix.operator import annotations
+from phoenix.operator import annotations as annotation_actions  # "annotations" is taken by __future__
 from phoenix.operator.builders import new_condition, resolve_streams
 from phoenix.operator.builders.meta import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
@@ -136,7 +136,7 @@ async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Ma
 async def restart_workers(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
     try:
         try:
-            restarted_at = await annotations.restart(ctx.kube, ctx.writer, record, body)
+            restarted_at = await annotation_actions.restart(ctx.kube, ctx.writer, record, body)
         except ApiException as exc:
             raise _api_error(exc) from None
     except StageError as error:
@@ -150,7 +150,7 @@ async def restart_workers(ctx: OperatorContext, record: StageRecord, body: Mappi
 async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
     try:
         try:
-            last = await annotations.replay(ctx.kube, ctx.pool, ctx.writer, record, body)
+            last = await annotation_actions.replay(ctx.kube, ctx.pool, ctx.writer, record, body)
         except ApiException as exc:
             raise _api_error(exc) from None
         except (RedisError, OSError) as exc:
