@@ -30,9 +30,8 @@ ocr:
 	  && apt-get update -qq && apt-get install -y -qq tesseract-ocr tesseract-ocr-eng >/dev/null; } \
 	  || echo "tesseract not installed (needs root and apt-get): scanned pages will not be read"
 
-# Builds the local Kubernetes control plane (cached in .cache/kube) before the suite that needs it.
-test: $(STAMP) kube ocr
-	$(BIN)/ruff check .
+# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) for the suite.
+test: $(STAMP) lint kube ocr
 	$(BIN)/python -m pytest -q
 
 kube:
@@ -63,6 +62,7 @@ manifests: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy phoenix
 
 clean:
-	rm -rf $(VENV) .cache .pytest_cache .ruff_cache
+	rm -rf $(VENV) .cache .pytest_cache .ruff_cache .mypy_cache

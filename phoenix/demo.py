@@ -33,6 +33,7 @@ from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.redis_client import text_range
 from phoenix.worker_runtime.settings import WorkerSettings, redact_url
 
 SHOWCASE_SAMPLE = "02-diabetes-follow-up.pdf"  # the report whose biomarkers come in several names and units
@@ -211,7 +212,7 @@ def render_table(rows: Sequence[StageRow]) -> list[str]:
 
 def plan_records(samples: Sequence[Path], copies: int, run_id: str) -> list[Record]:
     """Each sample `copies` times under fresh record ids (a rerun is new work, not a duplicate) and varied users."""
-    records = []
+    records: list[Record] = []
     for copy in range(copies):
         for path in samples:
             n = len(records) + 1
@@ -233,7 +234,7 @@ async def finished_records(client: aioredis.Redis, records: Sequence[Record], si
     ours = {r.record_id for r in records}
     dead = 0
     for stage in PIPELINE:
-        entries = await client.xrange(stage.queues.dlq, min=since_id)
+        entries = await text_range(client, stage.queues.dlq, first=since_id)
         dead += sum(1 for _, fields in entries if fields.get("record_id") in ours)
     return grouped, dead
 

@@ -49,7 +49,7 @@ def start_valkey(*, data_dir: Path | None = None, save: str = "", appendonly: st
 @contextmanager
 def embedded_valkey(**config: str) -> Iterator[str]:
     """Start `valkey-server` (see start_valkey) and yield its URL; stop and delete it afterwards."""
-    server = start_valkey(**config)
+    server = start_valkey(data_dir=None, **config)
     try:
         yield f"redis://{server.host}:{server.port}/0"
     finally:

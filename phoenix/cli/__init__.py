@@ -9,6 +9,7 @@ import sys
 from collections.abc import Sequence
 
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from phoenix.cli import records, status
 from phoenix.cli.stage import add_redis_argument, confirm, fail
@@ -17,11 +18,12 @@ from phoenix.cli.status import stage_queues as _stage_queues
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.worker_runtime import dlq
+from phoenix.worker_runtime.redis_client import text_range
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
     stream = args.stream or _stage_queues(args.service).input
-    fields = {"record_id": args.record_id, "user_id": args.user_id}
+    fields: dict[FieldT, EncodableT] = {"record_id": args.record_id, "user_id": args.user_id}
     data = json.loads(args.data) if args.data else {}
     for item in args.field:
         key, _, value = item.partition("=")
@@ -35,7 +37,7 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 async def _dlq_list(args: argparse.Namespace) -> int:
     async with _client(args) as client:
-        entries = await client.xrange(args.dlq or _stage_queues(args.service).dlq, count=args.count)
+        entries = await text_range(client, args.dlq or _stage_queues(args.service).dlq, count=args.count)
     for entry_id, fields in entries:
         print(json.dumps({"id": entry_id, **fields}))
     return 0
@@ -75,7 +77,10 @@ async def _dlq_purge(args: argparse.Namespace) -> int:
             deleted = await dlq.purge_through(client, dlq_stream, args.through)
         else:
             # One transaction: the count is exactly what was deleted.
-            deleted, _ = await client.pipeline(transaction=True).xlen(dlq_stream).delete(dlq_stream).execute()
+            pipe = client.pipeline(transaction=True)
+            pipe.xlen(dlq_stream)
+            pipe.delete(dlq_stream)
+            deleted, _ = await pipe.execute()
     print(f"deleted {deleted} entries from {dlq_stream}")
     return 0
 

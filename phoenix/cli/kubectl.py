@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit, urlunsplit
 
 from kubernetes import client, config
@@ -38,6 +38,11 @@ Json = dict[str, Any]
 _WAIT_POLL_SECONDS = 0.5
 
 
+def _json(reply: object) -> Json:
+    # The custom objects API is typed `object`; it returns the JSON object of the resource (or of the list).
+    return cast(Json, reply)
+
+
 class PluginError(Exception):
     """One readable line for the caller; never holds a secret."""
 
@@ -54,11 +59,11 @@ class Stages:
             found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
         else:
             found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
-        return sorted(found["items"], key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"]))
+        return sorted(_json(found)["items"], key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"]))
 
     def get(self, namespace: str, name: str) -> Json:
         try:
-            return self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name)
+            return _json(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
         except ApiException as exc:
             if exc.status == 404:
                 raise PluginError(f"PhoenixStage {namespace}/{name} not found") from None
@@ -66,9 +71,9 @@ class Stages:
 
     def patch(self, namespace: str, name: str, patch: Json) -> Json:
         self.get(namespace, name)  # a clear "not found" instead of the API's
-        return self.custom.patch_namespaced_custom_object(
+        return _json(self.custom.patch_namespaced_custom_object(
             GROUP, VERSION, namespace, PLURAL, name, patch, _content_type=MERGE_PATCH
-        )
+        ))
 
     def wait_for(self, namespace: str, name: str, done: Callable[[Json], Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -104,7 +109,7 @@ def status_rows(stages: Sequence[Json]) -> list[Json]:
 
 def format_status(rows: Sequence[Json]) -> list[str]:
     header = ("NAMESPACE", "STAGE", "READY", "REPLICAS", "PAUSED", "LAG", "PENDING", "OLDEST(s)", "DLQ")
-    lines = [header]
+    lines: list[tuple[str, ...]] = [header]
     for r in rows:
         cells = (r["namespace"], r["stage"], r["ready"], r["replicas"], "yes" if r["paused"] else "no", r["lag"],
                  r["pending"], r["oldestPendingSeconds"], r["dlqLength"])

@@ -155,7 +155,7 @@ async def replay(
         pool.client(record.redis_url), record.streams.replay_ledger(pending["id"]), record.streams.dlq,
         record.streams.input, limit,
     )  # fmt: skip
-    if requested == pending["count"]:
+    if requested is not None and requested == pending["count"]:
         await kube.remove_stage_annotation(record.namespace, record.name, REPLAY_ANNOTATION, requested)
     last = {"requested": moved if limit is None else limit, "moved": moved, "at": _now()}
     await writer.update(record, {"lastReplay": last, REPLAY_REQUEST_FIELD: None})

@@ -36,7 +36,8 @@ def _context(memo: kopf.Memo) -> OperatorContext:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
     children = [(group, plural) for group, _, plural in (DEPLOYMENTS, SCALED_OBJECTS, TRIGGER_AUTHENTICATIONS)]
     configure(settings, children, ",".join(f"{key}={value}" for key, value in MANAGED.items()))
-    quiet_handlers((stage_seen.__name__, child_seen.__name__))
+    # kopf's decorators return the function itself but type it as the WatchingFn protocol, which has no __name__.
+    quiet_handlers((stage_seen.__name__, child_seen.__name__))  # type: ignore[attr-defined]
     context = _context(memo)
     memo["refresh_task"] = asyncio.create_task(refresh_forever(context), name="phoenix-status-refresh")
     memo["converge_task"] = asyncio.create_task(converge_forever(context), name="phoenix-converger")

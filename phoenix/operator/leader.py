@@ -21,7 +21,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -211,7 +211,7 @@ class LeaseElector:
                 logger.info("released the leader Lease %s/%s", self.config.namespace, self.config.name)
 
 
-async def lead(elector: LeaseElector, operate: Callable[[], Awaitable[None]], stop: asyncio.Event) -> None:
+async def lead(elector: LeaseElector, operate: Callable[[], Coroutine[Any, Any, None]], stop: asyncio.Event) -> None:
     """Stand by until the Lease is held, then run `operate` while holding it; return once `stop` is set and
     `operate` has ended, the Lease released.
 

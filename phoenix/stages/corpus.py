@@ -21,7 +21,7 @@ from PIL import Image, ImageFilter
 from reportlab.lib import colors
 from reportlab.lib.pagesizes import letter
 from reportlab.lib.styles import getSampleStyleSheet
-from reportlab.platypus import PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
+from reportlab.platypus import Flowable, PageBreak, Paragraph, SimpleDocTemplate, Spacer, Table, TableStyle
 
 from phoenix.stages.models import Comparator, Flag
 
@@ -161,10 +161,10 @@ _GRID = TableStyle(
 )
 
 
-def _reportlab(title: str, issuer: str, pages: Sequence[Sequence[object]]) -> bytes:
+def _reportlab(title: str, issuer: str, pages: Sequence[Sequence[Flowable]]) -> bytes:
     buffer = io.BytesIO()
     document = SimpleDocTemplate(buffer, pagesize=letter, title=title, invariant=1)
-    story: list[object] = []
+    story: list[Flowable] = []
     for number, flowables in enumerate(pages):
         if number:
             story.append(PageBreak())

@@ -18,13 +18,14 @@ from pypdf import PdfReader
 from phoenix.stages.categories import tag_pages
 from phoenix.stages.corpus import CORPUS, CorpusReport
 from phoenix.stages.extraction import extract_findings
+from phoenix.stages.models import Flag
 from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.pdf_text import extract_page_texts
 
 MIN_PRECISION = 0.99
 MIN_RECALL = 0.98
 
-Key = tuple[str, float, str, str]
+Key = tuple[str, float, str, Flag]
 
 
 @dataclass(frozen=True)

@@ -71,7 +71,8 @@ class ParserProcessor(BaseProcessor):
         findings = await self.extract(PageList.validate_json(raw_pages))
         # One transaction: the pages disappear only together with the findings that replace them.
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(target, findings.model_dump_json()).delete(source)
+            pipe.set(target, findings.model_dump_json())
+            pipe.delete(source)
             await pipe.execute()
         result = summary(findings)
         UNPARSED_ROWS.inc(len(findings.unparsed))

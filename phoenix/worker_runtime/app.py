@@ -13,7 +13,7 @@ import structlog
 from phoenix.worker_runtime.billing import ApiKeyProvider, BillingSettings, load_billing_settings
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
-from phoenix.worker_runtime.processor import ProcessorLoadError, load_processor_class
+from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
 from phoenix.worker_runtime.redis_client import connect
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.worker import Worker
@@ -51,7 +51,7 @@ def main() -> int:
     return asyncio.run(_serve(settings, billing, processor_class))
 
 
-async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_class: type) -> int:
+async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_class: type[BaseProcessor]) -> int:
     log = structlog.get_logger("phoenix.worker")
     url = settings.redis_url.get_secret_value()
     # Two pools: the runtime decodes entries itself (bytes), processors get the friendlier str client.

@@ -28,6 +28,7 @@ from yarl import URL
 
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.metrics import BILLING_KEY_LOOKUPS
+from phoenix.worker_runtime.redis_client import text
 from phoenix.worker_runtime.settings import ConfigurationError, describe_validation_error
 
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -182,7 +183,7 @@ class ApiKeyProvider:
         if value is None:
             return None
         BILLING_KEY_LOOKUPS.labels(stage=self._stage, result="hit").inc()
-        return SecretStr(value)
+        return SecretStr(text(value))
 
     async def _fetch_and_cache(self, user_id: str, cache_key: str) -> SecretStr:
         fetched = await self._fetch(user_id)
@@ -193,7 +194,7 @@ class ApiKeyProvider:
         log.info(
             "billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=earlier is not None
         )
-        return SecretStr(earlier) if earlier is not None else fetched
+        return SecretStr(text(earlier)) if earlier is not None else fetched
 
     async def _fetch(self, user_id: str) -> SecretStr:
         assert self._endpoint is not None and self._master_key is not None

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.messages import RawFields
+from phoenix.worker_runtime.redis_client import text_range
 
 _REPLAY_BATCH = 1000
 # Fields the runtime adds to a DLQ entry; the original fields are kept beside them.
@@ -51,7 +52,7 @@ async def entries(client: Redis, dlq: str, page: int = _REPLAY_BATCH) -> AsyncIt
     """Every DLQ entry, oldest first, read a page at a time."""
     lower = "-"
     while True:
-        batch = await client.xrange(dlq, min=lower, count=page)
+        batch = await text_range(client, dlq, first=lower, count=page)
         for entry in batch:
             yield entry
         if len(batch) < page:

@@ -20,6 +20,7 @@ from redis.exceptions import ResponseError
 from phoenix.worker_runtime.locks import lock_holder
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
+from phoenix.worker_runtime.redis_client import text, text_range
 from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -133,7 +134,10 @@ async def inspect_record(
 
     lock_key, marker_key = s.lock_prefix + record_id, s.marker_prefix + record_id
     pipe = client.pipeline(transaction=False)
-    pipe.get(lock_key).pttl(lock_key).get(marker_key).pttl(marker_key)
+    # One by one, not chained: redis-py types a pipeline's commands as returning awaitables, not the pipeline.
+    for key in (lock_key, marker_key):
+        pipe.get(key)
+        pipe.pttl(key)
     token, lock_ttl, committed_by, marker_ttl = await pipe.execute()
     if token is not None:
         report.lock = Lock(lock_key, lock_holder(token), max(lock_ttl, 0) / 1000)
@@ -180,7 +184,7 @@ async def entries_of(
     """Entries of `stream` for `record_id`, newest first, among its newest `scan_limit` entries."""
     scanned, upper = 0, "+"
     while scanned < scan_limit:
-        page = await client.xrevrange(stream, max=upper, count=min(_PAGE, scan_limit - scanned))
+        page = await text_range(client, stream, last=upper, count=min(_PAGE, scan_limit - scanned), newest_first=True)
         for entry_id, fields in page:
             if fields.get("record_id") == record_id:
                 yield entry_id, fields
@@ -201,7 +205,7 @@ async def _input_entry(
     if not rows:
         return InputEntry(entry_id, age, "acknowledged", retry_count)
     row = rows[0]
-    return InputEntry(entry_id, age, "pending", retry_count, row["consumer"], int(row["times_delivered"]),
+    return InputEntry(entry_id, age, "pending", retry_count, text(row["consumer"]), int(row["times_delivered"]),
                       int(row["time_since_delivered"]) / 1000)
 
 

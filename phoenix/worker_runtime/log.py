@@ -9,6 +9,7 @@ from contextvars import ContextVar
 from typing import Any, Protocol
 
 import structlog
+from structlog.typing import EventDict
 
 
 class _LoggedMessage(Protocol):
@@ -22,7 +23,7 @@ class _LoggedMessage(Protocol):
 CURRENT_MESSAGE: ContextVar[_LoggedMessage | None] = ContextVar("phoenix_current_message", default=None)
 
 
-def add_message_context(_logger: object, _method: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def add_message_context(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
     """structlog processor: the ids of the message being processed, on every line logged while it is."""
     message = CURRENT_MESSAGE.get()
     if message is not None:

@@ -11,11 +11,13 @@ import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from phoenix.keys import StageKeys, backpressure_key, dlq_trimmed_key
+from phoenix.worker_runtime.redis_client import text
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +71,13 @@ class QueueStats:
 _COMMANDS_PER_STAGE = 6
 
 
+class _Extra(TypedDict):
+    """What is read beside the stream and its group, so known whether the group exists or not."""
+
+    dlq_trimmed: int
+    backpressure: int | None
+
+
 async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueStats]:
     """At most two round trips for any number of stages; a missing stream or group reads as empty."""
     pipe = client.pipeline(transaction=False)
@@ -88,7 +97,7 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
         length, groups, pending, dlq_length, dlq_trimmed, paused = (
             replies[i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE]
         )
-        extra = {"dlq_trimmed": _int(dlq_trimmed), "backpressure": None if paused is None else _int(paused)}
+        extra: _Extra = {"dlq_trimmed": _int(dlq_trimmed), "backpressure": None if paused is None else _int(paused)}
         group = _find_group(groups, st.group)
         if group is None or isinstance(pending, ResponseError):
             out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False, **extra))
@@ -97,10 +106,10 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
             continue
         oldest = None
         if pending["pending"]:
-            oldest = _age_seconds(_text(pending["min"]), now_ms)
+            oldest = _age_seconds(text(pending["min"]), now_ms)
         lag, read = group.get("lag"), group.get("entries-read")
         if lag is None or lag > 0:
-            backlog[i] = _text(group["last-delivered-id"])
+            backlog[i] = text(group["last-delivered-id"])
         out.append(QueueStats(
             length=_int(length),
             pending=int(pending["pending"]),
@@ -118,7 +127,7 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
             pipe.xrange(stages[i].input, min=f"({last_delivered}", count=1)
         for i, first in zip(backlog, await pipe.execute(raise_on_error=False), strict=True):
             if isinstance(first, list) and first:
-                age = _age_seconds(_text(first[0][0]), now_ms)
+                age = _age_seconds(text(first[0][0]), now_ms)
                 out[i] = dataclasses.replace(out[i], oldest_undelivered_seconds=age)
     return out
 
@@ -128,15 +137,11 @@ def _age_seconds(entry_id: str, now_ms: float) -> float:
     return round(max(0.0, now_ms - int(entry_id.partition("-")[0])) / 1000, 1)
 
 
-def _text(value: str | bytes) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _find_group(groups: object, name: str) -> dict | None:
     if not isinstance(groups, list):
         return None  # ResponseError: no such stream
     for g in groups:
-        if _text(g["name"]) == name:
+        if text(g["name"]) == name:
             return g
     return None
 

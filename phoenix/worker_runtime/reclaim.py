@@ -6,9 +6,8 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
+from phoenix.worker_runtime.redis_client import Entry, text
 from phoenix.worker_runtime.settings import WorkerSettings
-
-Entry = tuple[bytes, dict[bytes, bytes] | None]
 
 # Consumers of dead pods pile up in XINFO CONSUMERS; a live worker polls every BLOCK_MS, so an hour of
 # idleness with nothing pending means the consumer is gone for good.
@@ -48,21 +47,17 @@ class Reclaimer:
             s.input_queue, s.consumer_group, min=min(entry_ids, key=id_order), max=max(entry_ids, key=id_order),
             count=len(entry_ids) * 4 + 100, consumername=s.consumer_name,
         )
-        return {_text(r["message_id"]): int(r["times_delivered"]) for r in rows}
+        return {text(r["message_id"]): int(r["times_delivered"]) for r in rows}
 
     async def forget_dead_consumers(self) -> list[str]:
         s = self._s
         gone = []
         for c in await self._client.xinfo_consumers(s.input_queue, s.consumer_group):
-            name = _text(c["name"])
+            name = text(c["name"])
             if name != s.consumer_name and int(c["pending"]) == 0 and int(c["idle"]) > _FORGET_CONSUMER_AFTER_MS:
                 await self._client.xgroup_delconsumer(s.input_queue, s.consumer_group, name)
                 gone.append(name)
         return gone
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 def id_order(entry_id: str) -> tuple[int, int]:

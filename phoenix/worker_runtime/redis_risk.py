@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from phoenix.worker_runtime.redis_client import text
+
 _SETTINGS = ("maxmemory-policy", "appendonly", "appendfsync", "save")
 
 
@@ -33,10 +35,6 @@ class RedisRisk:
         return self.settings
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 async def assess_redis(client: Redis) -> RedisRisk:
     """Read maxmemory-policy, persistence and role (CONFIG GET, INFO replication) and name what can lose data."""
     try:
@@ -46,9 +44,9 @@ async def assess_redis(client: Redis) -> RedisRisk:
         pipe.info("replication")
         *configs, replication = await pipe.execute()
     except RedisError as exc:
-        return RedisRisk(False, (), f"CONFIG GET or INFO refused: {_text(exc)[:200]}")
-    config = {_text(k): _text(v) for reply in configs for k, v in reply.items()}
-    role = _text(replication.get("role", "unknown"))
+        return RedisRisk(False, (), f"CONFIG GET or INFO refused: {text(exc)[:200]}")
+    config = {text(k): text(v) for reply in configs for k, v in reply.items()}
+    role = text(replication.get("role", "unknown"))
     replicas = int(replication.get("connected_slaves", 0) or 0)
     policy = config.get("maxmemory-policy", "unknown")
     aof = config.get("appendonly", "unknown")

@@ -14,6 +14,7 @@ from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, entries_of
 from phoenix.worker_runtime.locks import lock_holder
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
+from phoenix.worker_runtime.redis_client import text, text_range
 from phoenix.worker_runtime.settings import WorkerSettings
 
 _RECLAIM_BATCH = 100
@@ -43,13 +44,13 @@ async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, for
     token = await client.get(key)
     if token is None:
         return UnlockResult(UnlockStatus.NOT_LOCKED, key)
-    holder = lock_holder(token)
+    holder = lock_holder(text(token))
     script = lua.register(client, "repair_unlock.lua")
     status, idle_ms = await script(
         keys=[key, s.input_queue], args=[token, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"]
     )
     idle = None if int(idle_ms) < 0 else int(idle_ms) / 1000
-    return UnlockResult(UnlockStatus(_text(status)), key, holder, idle)
+    return UnlockResult(UnlockStatus(text(status)), key, holder, idle)
 
 
 @dataclass(frozen=True)
@@ -76,27 +77,27 @@ async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | No
                                            count=_RECLAIM_BATCH, idle=min_idle)
         if not rows:
             return done
-        start = "(" + rows[-1]["message_id"]
+        start = "(" + text(rows[-1]["message_id"])
         candidates = [await _candidate(client, s, row) for row in rows]
         args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.lock_prefix]
         for c, token in candidates:
             args += (c.entry_id, c.record_id, token)
         replies = await script(keys=[s.input_queue], args=args)
         for (c, _), (status, new_id, released) in zip(candidates, replies, strict=True):
-            done.append(Reclaimed(c.entry_id, c.record_id, c.consumer, c.idle_seconds, c.deliveries, _text(status),
-                                  _text(new_id), bool(released)))
+            done.append(Reclaimed(c.entry_id, c.record_id, c.consumer, c.idle_seconds, c.deliveries, text(status),
+                                  text(new_id), bool(released)))
 
 
 async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Reclaimed, str]:
     """A pending entry with its record, and the lock's token if its consumer holds the record's lock ('' if not)."""
-    entry_id, consumer = _text(row["message_id"]), _text(row["consumer"])
-    entries = await client.xrange(s.input_queue, min=entry_id, max=entry_id)
-    record_id = _text(entries[0][1].get("record_id", "")) if entries else ""
+    entry_id, consumer = text(row["message_id"]), text(row["consumer"])
+    entries = await text_range(client, s.input_queue, first=entry_id, last=entry_id)
+    record_id = entries[0][1].get("record_id", "") if entries else ""
     token = await client.get(s.lock_prefix + record_id) if record_id else None
-    owned = token is not None and lock_holder(_text(token)) == consumer
+    owned = token is not None and lock_holder(text(token)) == consumer
     found = Reclaimed(entry_id, record_id, consumer, int(row["time_since_delivered"]) / 1000,
                       int(row["times_delivered"]), "")
-    return found, _text(token) if owned else ""
+    return found, text(token) if owned else ""
 
 
 class ReprocessError(Exception):
@@ -133,7 +134,9 @@ async def plan_reprocess(
     kept = {k: v for k, v in fields.items() if k not in _DROPPED_ON_REPROCESS}
     kept.setdefault("original_id", fields.get("original_id", entry_id))
     marker_key = s.marker_prefix + record_id
-    return ReprocessPlan(record_id, name, entry_id, kept, marker_key, await client.get(marker_key))
+    committed_by = await client.get(marker_key)
+    return ReprocessPlan(record_id, name, entry_id, kept, marker_key,
+                         None if committed_by is None else text(committed_by))
 
 
 async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan) -> tuple[str, bool]:
@@ -145,11 +148,7 @@ async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan
         keys=[plan.marker_key, s.lock_prefix + plan.record_id, s.input_queue, s.dlq_name],
         args=[plan.source_entry_id if plan.source == "dlq" else "", *flat],
     )
-    if _text(reply[0]) == "locked":
+    if text(reply[0]) == "locked":
         raise ReprocessError(f"record {plan.record_id} is locked (being processed): wait, or release a stale lock "
                              "with `phoenix unlock`")
-    return _text(reply[1]), bool(reply[2])
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return text(reply[1]), bool(reply[2])

@@ -151,6 +151,6 @@ def describe_validation_error(exc: ValidationError) -> str:
 
 def load_settings() -> WorkerSettings:
     try:
-        return WorkerSettings()  # type: ignore[call-arg]  # values come from the environment
+        return WorkerSettings()
     except ValidationError as exc:
         raise ConfigurationError(describe_validation_error(exc)) from None

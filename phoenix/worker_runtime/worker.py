@@ -27,7 +27,8 @@ from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE
 from phoenix.worker_runtime.messages import MalformedEntry, Message, output_fields, parse_entry
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError
-from phoenix.worker_runtime.reclaim import Entry, Reclaimer
+from phoenix.worker_runtime.reclaim import Reclaimer
+from phoenix.worker_runtime.redis_client import Entry, read_group
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
 from phoenix.worker_runtime.settings import WorkerSettings
@@ -317,14 +318,11 @@ class Worker:
         """XREADGROUP from `cursor` ("0": own pending history, ">": new). Returns (started, next cursor)."""
         s = self.settings
         if cursor == ">":
-            reply = await self.redis.xreadgroup(
-                s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n, block=s.block_ms
-            )
-            return await self._dispatch(reply[0][1] if reply else [], None), ">"
-        self._settled_during_history_read = settled = set()
+            new = await read_group(self.redis, s.consumer_group, s.consumer_name, s.input_queue, cursor, n, s.block_ms)
+            return await self._dispatch(new, None), ">"
+        self._settled_during_history_read = settled = set[str]()
         try:
-            reply = await self.redis.xreadgroup(s.consumer_group, s.consumer_name, {s.input_queue: cursor}, count=n)
-            entries: list[Entry] = reply[0][1] if reply else []
+            entries = await read_group(self.redis, s.consumer_group, s.consumer_name, s.input_queue, cursor, n)
             if not entries:
                 return 0, ">"  # own history replayed: from now on only new entries
             counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])

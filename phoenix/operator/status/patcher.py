@@ -39,9 +39,10 @@ class StatusPatcher:
     def _headers(self, content_type: str) -> dict[str, str]:
         headers = {"Content-Type": content_type, "Accept": "application/json"}
         # Read per request: in a pod the ServiceAccount token is rotated and re-read by the client's refresh hook.
-        for auth in self._configuration.auth_settings().values():
-            if auth["value"]:
-                headers[auth["key"]] = auth["value"]
+        # A bearer token is the only auth setting of the Kubernetes client (certificates go in the SSL context).
+        auth = self._configuration.auth_settings().get("BearerToken")
+        if auth and auth["value"]:
+            headers[auth["key"]] = auth["value"]
         return headers
 
     def _client(self) -> aiohttp.ClientSession:

@@ -64,7 +64,8 @@ def queue_status(stats: QueueStats) -> dict[str, int]:
 
 
 async def _sample(pool: RedisPool, url: str, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
-    queues = [StageQueues(r.name, r.streams.input, r.streams.consumer_group, r.streams.dlq) for r in records]
+    # group_by_redis kept only reconciled stages (streams set); zip(strict=True) below checks none was dropped.
+    queues = [StageQueues(r.name, s.input, s.consumer_group, s.dlq) for r in records if (s := r.streams) is not None]
     try:
         stats = await collect(pool.client(url), queues)
     except (RedisError, OSError) as exc:
@@ -138,7 +139,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
             stats = queues[record.key]
             changes["queue"] = queue_status(stats)
             conditions.append(backpressure_condition(stats.backpressure, record.generation))
-        if (risk := risk_by_url.get(record.redis_url)) is not None:
+        if record.redis_url is not None and (risk := risk_by_url.get(record.redis_url)) is not None:
             conditions.append(redis_risk_condition(risk, record.generation))
         async with limit:
             return await ctx.writer.update(record, changes, conditions)
