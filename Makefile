@@ -62,6 +62,7 @@ manifests: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy phoenix
 
 clean:

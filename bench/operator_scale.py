@@ -80,8 +80,12 @@ def main() -> int:
         install_crds(plane, [*project_crd_files(), KEDA_CRDS])
         kubeconfig = operator_kubeconfig(plane, plane.workdir / "operator.kubeconfig")
         ensure_namespace(plane, NAMESPACE)
-        secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "phoenix-redis", "namespace": NAMESPACE},
-                  "stringData": {"url": redis_url}}  # fmt: skip
+        secret = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "phoenix-redis", "namespace": NAMESPACE},
+            "stringData": {"url": redis_url},
+        }
         kubectl_apply(plane, [secret])
         with running_operator(plane, kubeconfig, refresh_interval=2.0) as (_, liveness):
             started = time.monotonic()
@@ -102,17 +106,19 @@ def main() -> int:
                     for i in range(args.stages):
                         pipe.xadd(input_stream(f"stage-{i:03d}"), {"record_id": "r"})
                     pipe.execute()
-                    busy_cycles.append(wait_for_cycle(
-                        liveness, lambda r, seen=seen: r["patched"] == args.stages and r != seen
-                    ))
+                    busy_cycles.append(
+                        wait_for_cycle(liveness, lambda r, seen=seen: r["patched"] == args.stages and r != seen)
+                    )
             busy = sorted(busy_cycles, key=lambda r: r["seconds"])[ROUNDS // 2]
     print(f"{args.stages} PhoenixStages, one Redis, one operator (2 cores)")
     print(f"all Ready after           {all_ready:6.1f} s   (target < 60 s)")
     rounds = ", ".join(f"{r['seconds']:.3f} s (reading {r['read_seconds']:.3f} s)" for r in busy_cycles)
     print(f"all-changed cycles: {rounds} (median below)")
     for label, report in (("refresh, nothing changed", steady), ("refresh, all changed", busy)):
-        print(f"{label:<25} {report['seconds']:6.3f} s   Redis round trips {report['redis_round_trips']}, "
-              f"status patches {report['patched']}   (target < 1 s)")  # fmt: skip
+        print(
+            f"{label:<25} {report['seconds']:6.3f} s   Redis round trips {report['redis_round_trips']}, "
+            f"status patches {report['patched']}   (target < 1 s)"
+        )
     return 0
 
 

@@ -111,7 +111,12 @@ async def _redis_cpu(client: aioredis.Redis) -> float:
 
 
 async def phoenix_worker(
-    client: aioredis.Redis, url: str, n: int, concurrency: int, log_level: str, processor: str,
+    client: aioredis.Redis,
+    url: str,
+    n: int,
+    concurrency: int,
+    log_level: str,
+    processor: str,
     extra_env: dict[str, str],
 ) -> WorkerRun:
     stream, out = "phoenix:bench:input", "phoenix:bench:output"
@@ -120,9 +125,18 @@ async def phoenix_worker(
     await fill(client, stream, n)
     await client.config_resetstat()
     env = dict(
-        os.environ, SERVICE_NAME="bench", PROCESSOR=processor, REDIS_URL=url,
-        INPUT_QUEUE=stream, OUTPUT_QUEUE=out, CONSUMER_GROUP=GROUP, CONCURRENCY=str(concurrency),
-        HEALTH_PORT="0", LOG_LEVEL=log_level, PYTHONPATH=str(ROOT), **extra_env,
+        os.environ,
+        SERVICE_NAME="bench",
+        PROCESSOR=processor,
+        REDIS_URL=url,
+        INPUT_QUEUE=stream,
+        OUTPUT_QUEUE=out,
+        CONSUMER_GROUP=GROUP,
+        CONCURRENCY=str(concurrency),
+        HEALTH_PORT="0",
+        LOG_LEVEL=log_level,
+        PYTHONPATH=str(ROOT),
+        **extra_env,
     )
     # Logs go to /dev/null: a terminal's speed is not the worker's.
     proc = await asyncio.create_subprocess_exec(
@@ -148,8 +162,9 @@ async def phoenix_worker(
     stats = await client.info("commandstats")
     scripts, reads = stats["cmdstat_evalsha"]["usec"], stats["cmdstat_xreadgroup"]["usec"]
     trim = sum(c["usec"] for name, c in stats.items() if name in TRIM_COMMANDS)
-    return WorkerRun(n / seconds, rss, (cpu_end - cpu_start) / n * 1e6, scripts / n, reads / n, redis_cpu / n * 1e6,
-                     trim / n)
+    return WorkerRun(
+        n / seconds, rss, (cpu_end - cpu_start) / n * 1e6, scripts / n, reads / n, redis_cpu / n * 1e6, trim / n
+    )
 
 
 def _id_ms(entry_id: bytes) -> int:
@@ -160,8 +175,13 @@ def peer_rates(peers_python: str, url: str, n: int) -> list[dict[str, Any]]:
     """Each peer's no-op worker on the same Valkey, through bench/peers/driver.py in the peers' virtualenv."""
     rates = []
     for peer in ("taskiq", "dramatiq", "arq"):
-        done = subprocess.run([peers_python, str(ROOT / "bench" / "peers" / "driver.py"), peer, url, str(n)],
-                              capture_output=True, text=True, check=True, timeout=1800)
+        done = subprocess.run(
+            [peers_python, str(ROOT / "bench" / "peers" / "driver.py"), peer, url, str(n)],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=1800,
+        )
         rates.append(json.loads(done.stdout.splitlines()[-1]))
     return rates
 
@@ -173,10 +193,12 @@ def median_run(runs: list[WorkerRun]) -> WorkerRun:
 
 def describe(runs: list[WorkerRun]) -> str:
     run = median_run(runs)
-    return (f"{run.rate:10,.0f} msg/s  (rounds: {', '.join(f'{r.rate:,.0f}' for r in runs)})\n"
-            f"    worker: peak RSS {run.peak_rss_mb:.0f} MiB, CPU {run.cpu_us_per_msg:.0f} us/msg;  Redis per message: "
-            f"{run.script_us_per_msg + run.read_us_per_msg:.1f} us (scripts {run.script_us_per_msg:.1f} + reads "
-            f"{run.read_us_per_msg:.1f}), Valkey process CPU {run.redis_cpu_us_per_msg:.1f} us")
+    return (
+        f"{run.rate:10,.0f} msg/s  (rounds: {', '.join(f'{r.rate:,.0f}' for r in runs)})\n"
+        f"    worker: peak RSS {run.peak_rss_mb:.0f} MiB, CPU {run.cpu_us_per_msg:.0f} us/msg;  Redis per message: "
+        f"{run.script_us_per_msg + run.read_us_per_msg:.1f} us (scripts {run.script_us_per_msg:.1f} + reads "
+        f"{run.read_us_per_msg:.1f}), Valkey process CPU {run.redis_cpu_us_per_msg:.1f} us"
+    )
 
 
 async def run(n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None) -> int:
@@ -195,12 +217,17 @@ async def run(n: int, concurrency: int, rounds: int, log_level: str, peers_pytho
         peers = peer_rates(peers_python, url, n) if peers_python else []
     a = statistics.median(floors)
     c = median_run(runs["process"]).rate
-    ratio, batch_ratio = (statistics.median(r.rate / f for r, f in zip(runs[k], floors, strict=True))
-                          for k in ("process", "batch"))
-    print(f"messages: {n}, one embedded Valkey, no-op processors, {rounds} rounds of (a) then (c), medians, "
-          f"CONCURRENCY={concurrency}, LOG_LEVEL={log_level}")
-    print(f"(a) floor, XREADGROUP COUNT 100 + XACK/batch : {a:10,.0f} msg/s  "
-          f"(rounds: {', '.join(f'{f:,.0f}' for f in floors)})")
+    ratio, batch_ratio = (
+        statistics.median(r.rate / f for r, f in zip(runs[k], floors, strict=True)) for k in ("process", "batch")
+    )
+    print(
+        f"messages: {n}, one embedded Valkey, no-op processors, {rounds} rounds of (a) then (c), medians, "
+        f"CONCURRENCY={concurrency}, LOG_LEVEL={log_level}"
+    )
+    print(
+        f"(a) floor, XREADGROUP COUNT 100 + XACK/batch : {a:10,.0f} msg/s  "
+        f"(rounds: {', '.join(f'{f:,.0f}' for f in floors)})"
+    )
     print(f"(b) original design, one message at a time   : {b:10,.0f} msg/s")
     print(f"(c) phoenix worker, process()                : {describe(runs['process'])}")
     print(f"(c) phoenix worker, process_batch()          : {describe(runs['batch'])}")
@@ -210,15 +237,21 @@ async def run(n: int, concurrency: int, rounds: int, log_level: str, peers_pytho
         print(f"    peer {peer['setup']:<64}: {peer['rate']:10,.0f} msg/s")
     # Issue 9's targets: 0.30 at CONCURRENCY=1000 and LOG_LEVEL=warning, 0.20 with a log line per message.
     target = 0.30 if log_level in ("warning", "error") else 0.20
-    print(f"ratios (median of the rounds' own): c/a = {ratio:.2f} (target >= {target:.2f}), "
-          f"batch c/a = {batch_ratio:.2f}, c/b = {c / b:.1f}x (target >= 20x)")
+    print(
+        f"ratios (median of the rounds' own): c/a = {ratio:.2f} (target >= {target:.2f}), "
+        f"batch c/a = {batch_ratio:.2f}, c/b = {c / b:.1f}x (target >= 20x)"
+    )
     trim_us = statistics.median(r.trim_us_per_msg for r in runs["process"])
-    print(f"trimming + backpressure (target <= 10% of c): 1 - c/c0 = {1 - c / c0:.1%} (noisy on a loaded machine); "
-          f"their own Redis commands {trim_us:.2f} us/msg")
+    print(
+        f"trimming + backpressure (target <= 10% of c): 1 - c/c0 = {1 - c / c0:.1%} (noisy on a loaded machine); "
+        f"their own Redis commands {trim_us:.2f} us/msg"
+    )
     if peers:
         best = max(peers, key=lambda p: p["rate"])
-        print(f"        c / best peer ({best['peer']}) = {c / best['rate']:.1f}x, "
-              f"batch c / best peer = {median_run(runs['batch']).rate / best['rate']:.1f}x")
+        print(
+            f"        c / best peer ({best['peer']}) = {c / best['rate']:.1f}x, "
+            f"batch c / best peer = {median_run(runs['batch']).rate / best['rate']:.1f}x"
+        )
     return 0
 
 

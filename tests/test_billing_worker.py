@@ -23,8 +23,14 @@ async def key_service() -> AsyncIterator[KeyService]:
 
 
 def billing_env(service: KeyService, **extra: str) -> dict[str, str]:
-    return {"BILLING_URL": service.url, "BILLING_MASTER_KEY": service.master_key, "OPENAI_API_KEY": PROCESS_KEY,
-            "OUTPUT_QUEUE": OUT, "PROCESSOR": "tests.processors:KeyReportingProcessor", **extra}
+    return {
+        "BILLING_URL": service.url,
+        "BILLING_MASTER_KEY": service.master_key,
+        "OPENAI_API_KEY": PROCESS_KEY,
+        "OUTPUT_QUEUE": OUT,
+        "PROCESSOR": "tests.processors:KeyReportingProcessor",
+        **extra,
+    }
 
 
 async def test_processor_sees_the_users_key_and_logs_never_do(
@@ -71,5 +77,6 @@ async def test_environment_swap_needs_concurrency_one(workers: WorkerPool, key_s
 
 async def _retried(w: object) -> bool:
     events = w.events()  # type: ignore[attr-defined]
-    return any(e["event"] == "processing_failed_will_retry" and e["error_type"] == "BillingUnavailableError"
-               for e in events)
+    return any(
+        e["event"] == "processing_failed_will_retry" and e["error_type"] == "BillingUnavailableError" for e in events
+    )

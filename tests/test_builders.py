@@ -69,11 +69,17 @@ def test_explicit_names_win() -> None:
 def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
     spec = make_spec(
         output={"stage": "grouper"},
-        worker={"concurrency": 4, "lockTimeout": 120, "idempotencyTTL": 3600, "processingTimeout": 90,
-                "claimIdleMs": 60000, "maxDeliveries": 3},
+        worker={
+            "concurrency": 4,
+            "lockTimeout": 120,
+            "idempotencyTTL": 3600,
+            "processingTimeout": 90,
+            "claimIdleMs": 60000,
+            "maxDeliveries": 3,
+        },
         retry={"baseSeconds": 0.5, "maxSeconds": 30},
         circuitBreaker={"failureThreshold": 7, "resetTimeout": 12.5, "halfOpenCalls": 2},
-    )  # fmt: skip
+    )
     assert env_of(build_deployment(OWNER, spec)) == {
         "SERVICE_NAME": "parser",
         "INPUT_QUEUE": "phoenix:parser:input",
@@ -166,9 +172,15 @@ def test_labels_selector_and_owner_reference() -> None:
         "phoenix.io/stage": "parser",
     }
     assert meta["ownerReferences"] == [
-        {"apiVersion": "phoenix.io/v1alpha1", "kind": "PhoenixStage", "name": "parser", "uid": "uid-1",
-         "controller": True, "blockOwnerDeletion": True},
-    ]  # fmt: skip
+        {
+            "apiVersion": "phoenix.io/v1alpha1",
+            "kind": "PhoenixStage",
+            "name": "parser",
+            "uid": "uid-1",
+            "controller": True,
+            "blockOwnerDeletion": True,
+        },
+    ]
     selector = deployment["spec"]["selector"]["matchLabels"]
     assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
 
@@ -327,9 +339,15 @@ def test_condition_is_appended_with_its_transition_time() -> None:
     ready = new_condition(ConditionType.READY, True, "Reconciled", observed_generation=2, now=T0)
     conditions = set_condition([], ready)
     assert conditions == [
-        {"type": "Ready", "status": "True", "reason": "Reconciled", "message": "",
-         "lastTransitionTime": "2025-01-01T12:00:00Z", "observedGeneration": 2},
-    ]  # fmt: skip
+        {
+            "type": "Ready",
+            "status": "True",
+            "reason": "Reconciled",
+            "message": "",
+            "lastTransitionTime": "2025-01-01T12:00:00Z",
+            "observedGeneration": 2,
+        },
+    ]
 
 
 def test_unchanged_status_keeps_the_transition_time_but_takes_the_rest() -> None:
@@ -354,10 +372,12 @@ def test_unpausing_patch_removes_the_pause_annotations() -> None:
     unpaused = build_scaled_object(OWNER, make_spec(redis=REDIS_WITH_PASSWORD), connection)
     patch = scaled_object_patch(unpaused)
     assert patch["metadata"]["annotations"] == {
-        "autoscaling.keda.sh/paused": None, "autoscaling.keda.sh/paused-replicas": None,
+        "autoscaling.keda.sh/paused": None,
+        "autoscaling.keda.sh/paused-replicas": None,
     }
     assert patch["spec"] == unpaused["spec"]
     paused = build_scaled_object(OWNER, make_spec(paused=True, redis=REDIS_WITH_PASSWORD), connection)
     assert scaled_object_patch(paused)["metadata"]["annotations"] == {
-        "autoscaling.keda.sh/paused": "true", "autoscaling.keda.sh/paused-replicas": "0",
+        "autoscaling.keda.sh/paused": "true",
+        "autoscaling.keda.sh/paused-replicas": "0",
     }

@@ -71,9 +71,16 @@ async def test_worker_with_open_circuit_leaves_messages_queued_then_recovers(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:
     await redis.set("dependency-down:s", 1)
-    w = workers.start("s", OUTPUT_QUEUE=OUT, CONCURRENCY="4", CIRCUIT_FAILURE_THRESHOLD="2",
-                      CIRCUIT_RESET_TIMEOUT="1", CIRCUIT_HALF_OPEN_CALLS="3", RETRY_BASE_SECONDS="3",
-                      RETRY_MAX_SECONDS="3")
+    w = workers.start(
+        "s",
+        OUTPUT_QUEUE=OUT,
+        CONCURRENCY="4",
+        CIRCUIT_FAILURE_THRESHOLD="2",
+        CIRCUIT_RESET_TIMEOUT="1",
+        CIRCUIT_HALF_OPEN_CALLS="3",
+        RETRY_BASE_SECONDS="3",
+        RETRY_MAX_SECONDS="3",
+    )
     for i in range(10):
         await add(redis, f"r{i}")
     await wait_until(lambda: w.logged("circuit_open_fast_fail"), "fast failures while open")

@@ -14,18 +14,38 @@ from tests.fixtures.workers import WorkerPool
 
 
 def phoenix(redis_url: str, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "phoenix", *args, "--redis-url", redis_url],
-                          capture_output=True, text=True, timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "phoenix", *args, "--redis-url", redis_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
     return done.stdout
 
 
 async def test_enqueue_writes_the_message_format(redis: aioredis.Redis, redis_url: str) -> None:
-    entry = phoenix(redis_url, "enqueue", "--service", "s", "--record-id", "r1", "--user-id", "u1",
-                    "--data", '{"pages": 3}', "--field", "document_url=file:///tmp/a.pdf").strip()
+    entry = phoenix(
+        redis_url,
+        "enqueue",
+        "--service",
+        "s",
+        "--record-id",
+        "r1",
+        "--user-id",
+        "u1",
+        "--data",
+        '{"pages": 3}',
+        "--field",
+        "document_url=file:///tmp/a.pdf",
+    ).strip()
     [(entry_id, fields)] = await redis.xrange(IN)
     assert entry_id == entry
-    assert fields == {"record_id": "r1", "user_id": "u1",
-                      "data": json.dumps({"pages": 3, "document_url": "file:///tmp/a.pdf"})}
+    assert fields == {
+        "record_id": "r1",
+        "user_id": "u1",
+        "data": json.dumps({"pages": 3, "document_url": "file:///tmp/a.pdf"}),
+    }
 
 
 async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, workers: WorkerPool) -> None:

@@ -21,8 +21,13 @@ from tests.fixtures.workers import FAST, WorkerPool
 
 
 def run(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "phoenix", *args, "--redis-url", redis_url],
-                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [sys.executable, "-m", "phoenix", *args, "--redis-url", redis_url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def phoenix(redis_url: str, *args: str) -> str:
@@ -32,8 +37,9 @@ def phoenix(redis_url: str, *args: str) -> str:
 
 
 def inspect(redis_url: str, record_id: str, claim_idle_ms: str = FAST["CLAIM_IDLE_MS"]) -> dict[str, Any]:
-    out = phoenix(redis_url, "inspect", "--service", "s", record_id, "--output", OUT, "--claim-idle-ms",
-                  claim_idle_ms, "--json")
+    out = phoenix(
+        redis_url, "inspect", "--service", "s", record_id, "--output", OUT, "--claim-idle-ms", claim_idle_ms, "--json"
+    )
     return json.loads(out)
 
 
@@ -78,17 +84,20 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     assert report["diagnosis"].startswith("in flight: ")
     report = inspect(redis_url, "r1", "2000")
     assert report["diagnosis"].startswith("locked by a consumer that has been idle ")
-    assert ("(dead): its entry is due to be reclaimed by the next live worker's reclaim pass, and the lock expires "
-            "in ") in report["diagnosis"]
+    assert (
+        "(dead): its entry is due to be reclaimed by the next live worker's reclaim pass, and the lock expires in "
+    ) in report["diagnosis"]
 
     unlocked = phoenix(redis_url, "unlock", "--service", "s", "r1", "--claim-idle-ms", "2000")
     assert unlocked.startswith(f"released lock:s:r1 held by {report['lock']['holder']} (idle ")
     assert phoenix(redis_url, "unlock", "--service", "s", "r1").strip() == "lock:s:r1 is not locked: nothing to release"
     unlocked_report = inspect(redis_url, "r1", "2000")
-    assert unlocked_report["diagnosis"].startswith(f"delivered to {report['lock']['holder']}, a consumer that has "
-                                                   "been idle ")
+    assert unlocked_report["diagnosis"].startswith(
+        f"delivered to {report['lock']['holder']}, a consumer that has been idle "
+    )
     assert unlocked_report["diagnosis"].endswith(
-        "(dead): it is due to be reclaimed by the next live worker's reclaim pass; `phoenix reclaim` acts now")
+        "(dead): it is due to be reclaimed by the next live worker's reclaim pass; `phoenix reclaim` acts now"
+    )
     # The dead consumer's entry is still pending on it: reclaim puts it back to work now.
     reclaimed = phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "2000").splitlines()
     assert reclaimed[0].startswith(f"re-enqueued {report['entries'][0]['entry_id']} (record r1, ")
@@ -98,8 +107,9 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     workers.start("s", OUTPUT_QUEUE=OUT, **slow_recovery)
     await wait_until(lambda: redis.exists("processed:s:r1"), "r1 committed by the second worker")
     committed = inspect(redis_url, "r1", "2000")
-    assert committed["diagnosis"].startswith(f"committed by entry {committed['marker']['committed_by']}; "
-                                             "duplicates will be skipped for the next ")
+    assert committed["diagnosis"].startswith(
+        f"committed by entry {committed['marker']['committed_by']}; duplicates will be skipped for the next "
+    )
     assert [f["stream"] for f in committed["forwarded"]] == [OUT]
     assert await redis.hget("effects:s", "r1") == "1"
 
@@ -138,12 +148,16 @@ async def test_retrying_then_dead_lettered_then_reprocessed(
     flaky = inspect(redis_url, "flaky")
     [retry] = flaky["retries"]
     assert retry["attempt"] == 2 and retry["last_error"] == "RuntimeError: transient failure"
-    assert flaky["diagnosis"] == (f"retrying: attempt 1 failed (RuntimeError: transient failure); attempt 2 is due "
-                                  f"at {retry['due_at']} (in {duration(retry['due_in_seconds'])})")
+    assert flaky["diagnosis"] == (
+        f"retrying: attempt 1 failed (RuntimeError: transient failure); attempt 2 is due "
+        f"at {retry['due_at']} (in {duration(retry['due_in_seconds'])})"
+    )
     gone = inspect(redis_url, "gone")
     [dead] = gone["dead_letters"]
-    assert gone["diagnosis"] == (f"dead-lettered at {dead['failed_at']}: RecordNotFoundError: record gone does not "
-                                 "exist (fix the cause, then `phoenix reprocess` or `phoenix dlq replay`)")
+    assert gone["diagnosis"] == (
+        f"dead-lettered at {dead['failed_at']}: RecordNotFoundError: record gone does not "
+        "exist (fix the cause, then `phoenix reprocess` or `phoenix dlq replay`)"
+    )
 
     # Without a terminal and without --yes nothing happens.
     refused = run(redis_url, "reprocess", "--service", "s", "gone")
@@ -189,7 +203,8 @@ async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redi
     assert purged.strip() == "deleted 3 entries from phoenix:s:dlq"
     assert [entry_id for entry_id, _ in await redis.xrange(DLQ)] == [later]
     assert phoenix(redis_url, "dlq", "purge", "--service", "s", "--all", "--yes").strip() == (
-        "deleted 1 entries from phoenix:s:dlq")
+        "deleted 1 entries from phoenix:s:dlq"
+    )
     assert not await redis.exists(DLQ)
 
 
@@ -199,10 +214,26 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
     [row] = json.loads(phoenix(redis_url, "status", "--json"))
     undelivered_age = row.pop("oldestUndeliveredSeconds")
     assert undelivered_age >= 0 and row.pop("oldestUnfinishedSeconds") == undelivered_age
-    assert row == {"stage": "s", "length": 1, "pending": 0, "lag": 1, "oldestPendingSeconds": None, "dlqLength": 0,
-                   "consumers": 0, "dlqTrimmed": 0}
+    assert row == {
+        "stage": "s",
+        "length": 1,
+        "pending": 0,
+        "lag": 1,
+        "oldestPendingSeconds": None,
+        "dlqLength": 0,
+        "consumers": 0,
+        "dlqTrimmed": 0,
+    }
     watch = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "phoenix", "status", "--watch", "--interval", "0.2", "--redis-url", redis_url,
+        sys.executable,
+        "-m",
+        "phoenix",
+        "status",
+        "--watch",
+        "--interval",
+        "0.2",
+        "--redis-url",
+        redis_url,
         stdout=subprocess.PIPE,
     )
     assert watch.stdout is not None
@@ -242,6 +273,8 @@ async def test_pending_on_a_live_consumer_without_a_lock_and_acknowledged_withou
     report = inspect(redis_url, "left", "60000")
     assert report["entries"][0]["entry_id"] == left and report["consumers"]["pod-a"]["alive"]
     assert report["diagnosis"].startswith("delivered to pod-a (alive) ")
-    assert "left pending without a lock (its circuit is open, or it is shutting down): if it stays idle, it will " \
-           "be reclaimed in " in report["diagnosis"]
+    assert (
+        "left pending without a lock (its circuit is open, or it is shutting down): if it stays idle, it will "
+        "be reclaimed in " in report["diagnosis"]
+    )
     assert inspect(redis_url, "done")["diagnosis"].startswith("acknowledged, but no marker, retry or dead letter")

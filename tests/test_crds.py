@@ -21,13 +21,36 @@ MINIMAL_SPEC: dict[str, Any] = {
 
 # Keywords a structural schema may use (apiextensions.k8s.io/v1 JSONSchemaProps), minus $ref and friends.
 ALLOWED_KEYWORDS = {
-    "description", "type", "format", "default", "enum", "minimum", "maximum", "exclusiveMinimum",
-    "exclusiveMaximum", "minLength", "maxLength", "pattern", "minItems", "maxItems", "minProperties",
-    "maxProperties", "required", "items", "properties", "additionalProperties", "anyOf", "nullable",
-    "x-kubernetes-int-or-string", "x-kubernetes-preserve-unknown-fields", "x-kubernetes-list-type",
-    "x-kubernetes-list-map-keys", "x-kubernetes-map-type", "x-kubernetes-validations",
+    "description",
+    "type",
+    "format",
+    "default",
+    "enum",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "pattern",
+    "minItems",
+    "maxItems",
+    "minProperties",
+    "maxProperties",
+    "required",
+    "items",
+    "properties",
+    "additionalProperties",
+    "anyOf",
+    "nullable",
+    "x-kubernetes-int-or-string",
+    "x-kubernetes-preserve-unknown-fields",
+    "x-kubernetes-list-type",
+    "x-kubernetes-list-map-keys",
+    "x-kubernetes-map-type",
+    "x-kubernetes-validations",
     "x-kubernetes-embedded-resource",
-}  # fmt: skip
+}
 
 
 def spec_schema() -> dict[str, Any]:
@@ -229,8 +252,13 @@ def test_wire_names_are_camel_case() -> None:
             "only safe with worker.concurrency 1",
         ),
         (
-            {"env": [{"name": "BILLING_URL", "secretKeyRef": {"name": "b", "key": "url"}},
-                     {"name": "BILLING_SWAP_ENV", "value": "true"}], "worker": {"concurrency": 4}},
+            {
+                "env": [
+                    {"name": "BILLING_URL", "secretKeyRef": {"name": "b", "key": "url"}},
+                    {"name": "BILLING_SWAP_ENV", "value": "true"},
+                ],
+                "worker": {"concurrency": 4},
+            },
             "(got worker.concurrency 4)",
         ),
     ],
@@ -277,14 +305,20 @@ def test_status_reads_back_kopf_bookkeeping_and_timestamps() -> None:
         {
             "observedGeneration": 3,
             "conditions": [
-                {"type": "Ready", "status": "True", "reason": "Reconciled", "message": "",
-                 "lastTransitionTime": "2025-01-02T03:04:05Z", "observedGeneration": 3},
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "Reconciled",
+                    "message": "",
+                    "lastTransitionTime": "2025-01-02T03:04:05Z",
+                    "observedGeneration": 3,
+                },
             ],
             "queue": {"length": 5, "pending": 2, "lag": 3, "oldestPendingSeconds": 12, "dlqLength": 0, "consumers": 1},
             "kopf": {"progress": {}},
             "reconcile": {"result": "from a kopf handler"},
         }
-    )  # fmt: skip
+    )
     assert status.conditions[0].last_transition_time.year == 2025
     assert status.queue is not None and status.queue.lag == 3
     assert "kopf" not in status.to_k8s()

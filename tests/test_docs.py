@@ -82,15 +82,24 @@ def test_add_a_stage_as_documented(tmp_path: Path, redis_url: str) -> None:
     with log_path.open("wb") as log:
         # Run in the directory of the module, as documented: PYTHONPATH=. is relative to it.
         popen = subprocess.Popen(
-            [str(BIN / "phoenix"), *worker_argv[1:]], cwd=tmp_path, env=env, stdin=subprocess.DEVNULL,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [str(BIN / "phoenix"), *worker_argv[1:]],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     worker = LoggedProcess("wordcount worker", popen, log_path)
     try:
         ((*enqueue_argv,),) = shell_commands(marked_block("add-a-stage enqueue")[1])
         assert enqueue_argv[:2] == ["phoenix", "enqueue"]
         enqueued = subprocess.run(
-            [str(BIN / "phoenix"), *enqueue_argv[1:]], cwd=tmp_path, env=env, capture_output=True, text=True,
+            [str(BIN / "phoenix"), *enqueue_argv[1:]],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
             timeout=60,
         )
         assert enqueued.returncode == 0, enqueued.stderr

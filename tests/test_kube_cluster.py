@@ -95,15 +95,21 @@ def test_rbac_denies_a_service_account_without_a_role(
         assert denied.value.status == 403
 
         rbac = client.RbacAuthorizationV1Api(kube_api)
-        rbac.create_namespaced_role(kube_namespace, client.V1Role(
-            metadata=client.V1ObjectMeta(name="read-config-maps"),
-            rules=[client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["get", "list"])],
-        ))  # fmt: skip
-        rbac.create_namespaced_role_binding(kube_namespace, client.V1RoleBinding(
-            metadata=client.V1ObjectMeta(name="reader-reads-config-maps"),
-            role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="read-config-maps"),
-            subjects=[client.RbacV1Subject(kind="ServiceAccount", name="reader", namespace=kube_namespace)],
-        ))  # fmt: skip
+        rbac.create_namespaced_role(
+            kube_namespace,
+            client.V1Role(
+                metadata=client.V1ObjectMeta(name="read-config-maps"),
+                rules=[client.V1PolicyRule(api_groups=[""], resources=["configmaps"], verbs=["get", "list"])],
+            ),
+        )
+        rbac.create_namespaced_role_binding(
+            kube_namespace,
+            client.V1RoleBinding(
+                metadata=client.V1ObjectMeta(name="reader-reads-config-maps"),
+                role_ref=client.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="read-config-maps"),
+                subjects=[client.RbacV1Subject(kind="ServiceAccount", name="reader", namespace=kube_namespace)],
+            ),
+        )
 
         def can_list() -> bool:
             try:
@@ -123,8 +129,9 @@ def test_rbac_denies_a_service_account_without_a_role(
 def test_operator_kubeconfig_acts_as_the_operator_service_account(
     kube_cluster: ControlPlane, operator_kubeconfig: Path
 ) -> None:
-    whoami = kube_cluster.kubectl("auth", "whoami", "-o", "jsonpath={.status.userInfo.username}",
-                                  kubeconfig=operator_kubeconfig)  # fmt: skip
+    whoami = kube_cluster.kubectl(
+        "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}", kubeconfig=operator_kubeconfig
+    )
     assert whoami.stdout == f"system:serviceaccount:{OPERATOR_NAMESPACE}:{OPERATOR_SERVICE_ACCOUNT}"
     # Whatever manifests/rbac grants, it is not cluster-admin.
     assert kube_cluster.kubectl("auth", "can-i", "*", "*", kubeconfig=operator_kubeconfig).stdout.strip() == "no"

@@ -40,10 +40,19 @@ def redis_db(redis_url: str) -> Iterator[tuple[str, sync_redis.Redis]]:
 
 def kubectl_phoenix(plane: ControlPlane, *args: str, kubeconfig: Path | None = None) -> subprocess.CompletedProcess:
     """`kubectl phoenix ...` as a person types it: kubectl finds the kubectl-phoenix executable on the PATH."""
-    env = {**os.environ, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-           "KUBECONFIG": str(kubeconfig or plane.kubeconfig)}
-    return subprocess.run([str(plane.bin_dir / "kubectl"), "phoenix", *args], env=env, capture_output=True,
-                          text=True, timeout=180, check=False)
+    env = {
+        **os.environ,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "KUBECONFIG": str(kubeconfig or plane.kubeconfig),
+    }
+    return subprocess.run(
+        [str(plane.bin_dir / "kubectl"), "phoenix", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
 
 
 def ok(done: subprocess.CompletedProcess) -> str:
@@ -56,14 +65,21 @@ def _status(plane: ControlPlane, ns: str, name: str) -> dict[str, Any]:
 
 
 def test_plugin_against_the_operator(
-    operator: None, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
-    kubelet_player: PlayKubelet, redis_db: tuple[str, sync_redis.Redis], tmp_path: Path,
-) -> None:  # fmt: skip
+    operator: None,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    kubelet_player: PlayKubelet,
+    redis_db: tuple[str, sync_redis.Redis],
+    tmp_path: Path,
+) -> None:
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, sample_documents(url, ns))
-    eventually(lambda: all(_status(kube_cluster, ns, s).get("queue") for s in ("router", "parser", "grouper")),
-               "queues sampled into status")  # fmt: skip
+    eventually(
+        lambda: all(_status(kube_cluster, ns, s).get("queue") for s in ("router", "parser", "grouper")),
+        "queues sampled into status",
+    )
 
     # A real router worker dead-letters two records whose documents do not exist.
     router = kubelet_player(ns, "router")
@@ -73,13 +89,23 @@ def test_plugin_against_the_operator(
         connection.xadd("phoenix:router:input", {"record_id": record, "user_id": "u1", "data": data})
     eventually(lambda: connection.xlen("phoenix:router:dlq") == 2, "two dead letters", timeout=60)
 
-    rows = {r["stage"]: r for r in json.loads(ok(kubectl_phoenix(kube_cluster, "status", "--json")))
-            if r["namespace"] == ns}
+    rows = {
+        r["stage"]: r for r in json.loads(ok(kubectl_phoenix(kube_cluster, "status", "--json"))) if r["namespace"] == ns
+    }
     assert set(rows) == {"router", "parser", "grouper"}
     eventually(lambda: _plugin_row(kube_cluster, ns, "router").get("dlqLength") == 2, "DLQ 2 in the plugin's status")
     table = ok(kubectl_phoenix(kube_cluster, "status", "-n", ns)).splitlines()
-    assert table[0].split() == ["NAMESPACE", "STAGE", "READY", "REPLICAS", "PAUSED", "LAG", "PENDING", "OLDEST(s)",
-                                "DLQ"]
+    assert table[0].split() == [
+        "NAMESPACE",
+        "STAGE",
+        "READY",
+        "REPLICAS",
+        "PAUSED",
+        "LAG",
+        "PENDING",
+        "OLDEST(s)",
+        "DLQ",
+    ]
     assert [line.split()[1] for line in table[1:]] == ["grouper", "parser", "router"]
 
     # inspect: the stage's names from its status, its Redis URL from its Secret, read with the caller's rights.
@@ -91,20 +117,34 @@ def test_plugin_against_the_operator(
     core.create_namespaced_service_account(ns, {"metadata": {"name": "oncall"}})
     rules = [{"apiGroups": ["phoenix.io"], "resources": ["phoenixstages"], "verbs": ["get", "list", "patch"]}]
     rbac.create_namespaced_role(ns, {"metadata": {"name": "oncall"}, "rules": rules})
-    rbac.create_namespaced_role_binding(ns, {
-        "metadata": {"name": "oncall"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "oncall"},
-        "subjects": [{"kind": "ServiceAccount", "name": "oncall", "namespace": ns}],
-    })  # fmt: skip
+    rbac.create_namespaced_role_binding(
+        ns,
+        {
+            "metadata": {"name": "oncall"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "oncall"},
+            "subjects": [{"kind": "ServiceAccount", "name": "oncall", "namespace": ns}],
+        },
+    )
     oncall = service_account_kubeconfig(kube_cluster, ns, "oncall", tmp_path / "oncall.kubeconfig")
     denied = kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns, kubeconfig=oncall)
     assert denied.returncode == 1
     assert "may not read Secret 'phoenix-redis' in namespace" in denied.stderr and url not in denied.stderr
-    rbac.patch_namespaced_role("oncall", ns, {"rules": [*rules, {"apiGroups": [""], "resources": ["secrets"],
-                                                                 "resourceNames": ["phoenix-redis"],
-                                                                 "verbs": ["get"]}]})
-    eventually(lambda: kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns,
-                                       kubeconfig=oncall).returncode == 0, "inspect allowed once the Role grants it")
+    rbac.patch_namespaced_role(
+        "oncall",
+        ns,
+        {
+            "rules": [
+                *rules,
+                {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["phoenix-redis"], "verbs": ["get"]},
+            ]
+        },
+    )
+    eventually(
+        lambda: (
+            kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns, kubeconfig=oncall).returncode == 0
+        ),
+        "inspect allowed once the Role grants it",
+    )
 
     # replay-dlq N: the operator moves one entry back and reports it.
     out = ok(kubectl_phoenix(kube_cluster, "replay-dlq", "router", "1", "-n", ns, "--wait"))

@@ -53,10 +53,19 @@ def test_install_is_the_crd_the_operator_and_its_rbac() -> None:
 
 def test_install_creates_namespace_rbac_operator_and_crd() -> None:
     kinds = sorted(doc["kind"] for doc in kustomization_documents(MANIFESTS))
-    assert kinds == sorted([
-        "CustomResourceDefinition", "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
-        "RoleBinding", "Deployment", "PodDisruptionBudget",
-    ])  # fmt: skip
+    assert kinds == sorted(
+        [
+            "CustomResourceDefinition",
+            "Namespace",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "PodDisruptionBudget",
+        ]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -193,7 +202,8 @@ def test_namespaced_install_swaps_cluster_rights_for_roles_in_the_served_namespa
     assert kustomization["resources"] == ["../crds", "../operator", "../rbac", "role.yaml", "role-binding.yaml"]
     deletions = [yaml.safe_load(p["patch"]) for p in kustomization["patches"] if "target" not in p]
     assert {(d["$patch"], d["kind"]) for d in deletions} == {
-        ("delete", "ClusterRole"), ("delete", "ClusterRoleBinding")
+        ("delete", "ClusterRole"),
+        ("delete", "ClusterRoleBinding"),
     }
     (arg_patch,) = [p for p in kustomization["patches"] if "target" in p]
     (operation,) = yaml.safe_load(arg_patch["patch"])

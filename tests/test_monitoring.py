@@ -71,8 +71,9 @@ def test_the_kustomization_lists_every_monitoring_manifest() -> None:
 
 
 def test_every_alert_links_a_runbook_section_of_the_operations_doc() -> None:
-    headings = {github_anchor(line.lstrip("#").strip()) for line in OPERATIONS.read_text().splitlines()
-                if line.startswith("#")}  # fmt: skip
+    headings = {
+        github_anchor(line.lstrip("#").strip()) for line in OPERATIONS.read_text().splitlines() if line.startswith("#")
+    }
     for rule in alert_rules():
         url = rule["annotations"]["runbook_url"]
         path, _, anchor = url.partition("#")
@@ -84,9 +85,11 @@ def test_every_alert_links_a_runbook_section_of_the_operations_doc() -> None:
 def test_the_alerts_cover_dlq_age_readiness_and_circuit() -> None:
     used = {name for rule in alert_rules() for name in metric_names(promql_parser.parse(rule["expr"]))}
     assert {
-        "phoenix_operator_stage_dlq_length", "phoenix_operator_stage_oldest_unfinished_seconds",
-        "phoenix_operator_stage_ready", "phoenix_circuit_state",
-    } <= used  # fmt: skip
+        "phoenix_operator_stage_dlq_length",
+        "phoenix_operator_stage_oldest_unfinished_seconds",
+        "phoenix_operator_stage_ready",
+        "phoenix_circuit_state",
+    } <= used
 
 
 @pytest.mark.kube
@@ -98,13 +101,18 @@ def test_every_alert_names_only_exported_metrics(
     url = f"{redis_url.rsplit('/', 1)[0]}/11"
     secret, stage = sample_documents(url, kube_namespace)[:2]
     stage["metadata"]["name"] = "metered"
-    with sync_redis.Redis.from_url(url, decode_responses=True) as connection, serving_operator(
-        kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-metrics"
-    ) as operator:  # fmt: skip
+    with (
+        sync_redis.Redis.from_url(url, decode_responses=True) as connection,
+        serving_operator(
+            kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-metrics"
+        ) as operator,
+    ):
         connection.flushdb()
         kubectl_apply(kube_cluster, [secret, stage])
-        eventually(lambda: ((get_stage(kube_cluster, kube_namespace, "metered") or {}).get("status") or {})
-                   .get("streams"), "the stage reconciled")  # fmt: skip
+        eventually(
+            lambda: ((get_stage(kube_cluster, kube_namespace, "metered") or {}).get("status") or {}).get("streams"),
+            "the stage reconciled",
+        )
         for i in range(3):
             connection.xadd("phoenix:metered:input", {"record_id": f"r{i}"})
         connection.xreadgroup("metered-group", "worker-1", {"phoenix:metered:input": ">"}, count=1)

@@ -285,8 +285,21 @@ def test_the_redis_password_never_appears(observed: Observations) -> None:
 
 # -- the Grafana dashboard ------------------------------------------------------------------------------------------
 
-_PROMQL_KEYWORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless",
-                    "offset", "inf", "nan"}
+_PROMQL_KEYWORDS = {
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "bool",
+    "and",
+    "or",
+    "unless",
+    "offset",
+    "inf",
+    "nan",
+}
 
 
 def promql_metric_names(expr: str) -> set[str]:
@@ -313,8 +326,12 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
 
 def exported_series_names(metrics: str) -> set[str]:
     """Series names in a scrape, from each family's TYPE (a labelled family with no children yet has no samples)."""
-    suffixes = {"counter": ("_total", "_created"), "histogram": ("_bucket", "_count", "_sum", "_created"),
-                "gauge": ("",), "summary": ("", "_count", "_sum", "_created")}
+    suffixes = {
+        "counter": ("_total", "_created"),
+        "histogram": ("_bucket", "_count", "_sum", "_created"),
+        "gauge": ("",),
+        "summary": ("", "_count", "_sum", "_created"),
+    }
     names = set()
     for family in text_string_to_metric_families(metrics):
         names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
@@ -323,8 +340,10 @@ def exported_series_names(metrics: str) -> set[str]:
 
 
 def test_promql_metric_names_parser() -> None:
-    expr = ('histogram_quantile(0.95, sum by (le) (rate(phoenix_queue_wait_seconds_bucket{stage=~"$stage"}'
-            '[$__rate_interval]))) / on (stage) group_left max by (stage) (up{job="x"}) offset 5m')
+    expr = (
+        'histogram_quantile(0.95, sum by (le) (rate(phoenix_queue_wait_seconds_bucket{stage=~"$stage"}'
+        '[$__rate_interval]))) / on (stage) group_left max by (stage) (up{job="x"}) offset 5m'
+    )
     assert promql_metric_names(expr) == {"phoenix_queue_wait_seconds_bucket", "up"}
 
 
@@ -344,5 +363,14 @@ def test_dashboard_queries_name_only_exported_metrics(observed: Observations) ->
         re.sub(r"_(total|bucket|count|sum|created)$", "", n) for n in used
     }
     panels = {panel["title"] for panel in dashboard["panels"]}
-    assert {"Throughput by outcome", "Processing duration", "Queue wait", "In flight", "Circuit state", "Reclaimed",
-            "Lock contention", "Billing key cache hit ratio", "Trimmed pending"} <= panels
+    assert {
+        "Throughput by outcome",
+        "Processing duration",
+        "Queue wait",
+        "In flight",
+        "Circuit state",
+        "Reclaimed",
+        "Lock contention",
+        "Billing key cache hit ratio",
+        "Trimmed pending",
+    } <= panels

@@ -44,9 +44,16 @@ def run_documented(marker: str, redis_url: str, cwd: Path) -> str:
     """Run the block in bash as a reader would and check its output against the block `{marker} output`."""
     _, code = marked_block(marker, OPERATIONS)
     env = {**os.environ, "REDIS_URL": redis_url, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", _PRELUDE + code], cwd=cwd, env=env,
-                          stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", _PRELUDE + code],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, f"{marker} failed:\n{done.stdout}"
     _, expected = marked_block(f"{marker} output", OPERATIONS)
     assert matches(expected, done.stdout), f"{marker} printed:\n{done.stdout}\ndocumented:\n{expected}"
@@ -131,8 +138,7 @@ async def test_high_latency(redis: aioredis.Redis, redis_url: str, workers: Work
 async def test_circuit_open(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     await redis.set("dependency-down:router", 1)
     await add(redis, "r-30")
-    workers.start("router", CIRCUIT_FAILURE_THRESHOLD="1", RETRY_BASE_SECONDS="120", RETRY_MAX_SECONDS="120",
-                  **STAGE)  # fmt: skip
+    workers.start("router", CIRCUIT_FAILURE_THRESHOLD="1", RETRY_BASE_SECONDS="120", RETRY_MAX_SECONDS="120", **STAGE)
     await wait_until(lambda: redis.zcard(RETRY), "r-30 waiting for its retry")
     run_documented("circuit inspect", redis_url, tmp_path)
 
@@ -142,8 +148,14 @@ async def test_billing_failures(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path, billing_port: int
 ) -> None:
     await add(redis, "r-40")
-    workers.start("router", BILLING_URL=f"http://127.0.0.1:{billing_port}", BILLING_MASTER_KEY="sk-master",
-                  RETRY_BASE_SECONDS="120", RETRY_MAX_SECONDS="120", **STAGE)  # nothing listens on that port
+    workers.start(
+        "router",
+        BILLING_URL=f"http://127.0.0.1:{billing_port}",
+        BILLING_MASTER_KEY="sk-master",
+        RETRY_BASE_SECONDS="120",
+        RETRY_MAX_SECONDS="120",
+        **STAGE,
+    )  # nothing listens on that port
     await wait_until(lambda: redis.zcard(RETRY), "r-40 waiting for its retry")
     out = run_documented("billing inspect", redis_url, tmp_path)
     assert "sk-master" not in out

@@ -40,8 +40,9 @@ FINALIZER = "phoenix.io/finalizer"
 
 @pytest.fixture(scope="module")
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
-    with serving_operator(kube_cluster, operator_kubeconfig, ["--all-namespaces"],
-                          log_name="operator-convergence") as served:  # fmt: skip
+    with serving_operator(
+        kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-convergence"
+    ) as served:
         yield served
         assert served.process.alive, served.process.failure("died during the tests")
 
@@ -79,9 +80,12 @@ def _get_or_none(read: Any, *args: Any) -> Any:
 
 @pytest.mark.parametrize("redis_db", [5], indirect=True)
 def test_children_and_redis_state_come_back_and_each_action_is_an_event(
-    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+) -> None:
     url, connection = redis_db
     ns = kube_namespace
     apps, custom = client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
@@ -97,16 +101,32 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
         return _get_or_none(apps.read_namespaced_deployment, "router", ns)
 
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
-    eventually(lambda: {"ConsumerGroupCreated", "DlqCreated", "DeploymentCreated", "ScaledObjectCreated",
-                        "TriggerAuthenticationCreated"} <= set(_reasons(kube_api, ns, "router")),
-               "a Normal Event for each thing created")  # fmt: skip
+    eventually(
+        lambda: (
+            {
+                "ConsumerGroupCreated",
+                "DlqCreated",
+                "DeploymentCreated",
+                "ScaledObjectCreated",
+                "TriggerAuthenticationCreated",
+            }
+            <= set(_reasons(kube_api, ns, "router"))
+        ),
+        "a Normal Event for each thing created",
+    )
 
     # Nothing differs: a few refresh cycles and watch events later, nothing has been written to the children.
-    before = (deployment().metadata.generation, scaled_object()["metadata"]["resourceVersion"],
-              authentication()["metadata"]["resourceVersion"])  # fmt: skip
+    before = (
+        deployment().metadata.generation,
+        scaled_object()["metadata"]["resourceVersion"],
+        authentication()["metadata"]["resourceVersion"],
+    )
     time.sleep(4)
-    assert (deployment().metadata.generation, scaled_object()["metadata"]["resourceVersion"],
-            authentication()["metadata"]["resourceVersion"]) == before  # fmt: skip
+    assert (
+        deployment().metadata.generation,
+        scaled_object()["metadata"]["resourceVersion"],
+        authentication()["metadata"]["resourceVersion"],
+    ) == before
 
     # KEDA's replica count (here set as KEDA's HPA would, through the scale subresource) is not fought over.
     apps.patch_namespaced_deployment_scale("router", ns, {"spec": {"replicas": 3}})
@@ -117,10 +137,16 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
     eventually(lambda: "Restarted" in _reasons(kube_api, ns, "router"), "a Restarted Event")
     stamp = deployment().spec.template.metadata.annotations["phoenix.io/restartedAt"]
-    apps.patch_namespaced_deployment("router", ns, {"spec": {"template": {"spec": {"containers": [
-        {"name": "worker", "image": "someone/else:latest"}]}}}})  # fmt: skip
-    eventually(lambda: deployment().spec.template.spec.containers[0].image == "ghcr.io/phoenix/phoenix:0.1.0",
-               "the image restored", timeout=CONVERGE_SECONDS)  # fmt: skip
+    apps.patch_namespaced_deployment(
+        "router",
+        ns,
+        {"spec": {"template": {"spec": {"containers": [{"name": "worker", "image": "someone/else:latest"}]}}}},
+    )
+    eventually(
+        lambda: deployment().spec.template.spec.containers[0].image == "ghcr.io/phoenix/phoenix:0.1.0",
+        "the image restored",
+        timeout=CONVERGE_SECONDS,
+    )
     assert deployment().spec.template.metadata.annotations["phoenix.io/restartedAt"] == stamp
     assert deployment().spec.replicas == 3
     updated = eventually(lambda: _messages(kube_api, ns, "router", "DeploymentUpdated"), "a DeploymentUpdated Event")
@@ -130,14 +156,22 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     apps.delete_namespaced_deployment("router", ns)
     custom.delete_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router")
     custom.delete_namespaced_custom_object(*KEDA, ns, "triggerauthentications", "router-redis")
-    eventually(lambda: deployment() is not None and deployment().metadata.deletion_timestamp is None
-               and scaled_object() is not None and authentication() is not None,
-               "the Deployment, ScaledObject and TriggerAuthentication back", timeout=CONVERGE_SECONDS)  # fmt: skip
+    eventually(
+        lambda: (
+            deployment() is not None
+            and deployment().metadata.deletion_timestamp is None
+            and scaled_object() is not None
+            and authentication() is not None
+        ),
+        "the Deployment, ScaledObject and TriggerAuthentication back",
+        timeout=CONVERGE_SECONDS,
+    )
 
     # An edited ScaledObject is restored too.
     custom.patch_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router", {"spec": {"maxReplicaCount": 50}})
-    eventually(lambda: scaled_object()["spec"]["maxReplicaCount"] == 5, "maxReplicaCount restored",
-               timeout=CONVERGE_SECONDS)  # fmt: skip
+    eventually(
+        lambda: scaled_object()["spec"]["maxReplicaCount"] == 5, "maxReplicaCount restored", timeout=CONVERGE_SECONDS
+    )
 
     repairs = operator.metrics()
     for kind in ("Deployment", "ScaledObject", "TriggerAuthentication"):
@@ -145,34 +179,56 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
 
     # Redis flushed (or restarted without persistence): the group and the DLQ come back, and the stage says so.
     connection.flushdb()
-    eventually(lambda: connection.exists("phoenix:router:input", "phoenix:router:dlq") == 2
-               and connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group",
-               "the consumer group and DLQ recreated", timeout=CONVERGE_SECONDS)  # fmt: skip
-    recreated = eventually(lambda: [m for m in _messages(kube_api, ns, "router", "ConsumerGroupCreated")
-                                    if "again" in m], "an Event about the recreated group")  # fmt: skip
+    eventually(
+        lambda: (
+            connection.exists("phoenix:router:input", "phoenix:router:dlq") == 2
+            and connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group"
+        ),
+        "the consumer group and DLQ recreated",
+        timeout=CONVERGE_SECONDS,
+    )
+    recreated = eventually(
+        lambda: [m for m in _messages(kube_api, ns, "router", "ConsumerGroupCreated") if "again" in m],
+        "an Event about the recreated group",
+    )
     assert "Redis flushed" in recreated[0]
     assert not _reasons(kube_api, ns, "router", "Warning")
 
 
 @pytest.mark.parametrize("redis_db", [6], indirect=True)
 def test_stream_conflict_is_one_warning_per_cause_and_heals(
-    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+) -> None:
     url, connection = redis_db
     ns = kube_namespace
     connection.set("phoenix:router:input", "not a stream")
     kubectl_apply(kube_cluster, _stage(url, ns))
 
-    conflict = eventually(lambda: (found := condition(get_stage(kube_cluster, ns, "router"), "Ready"))
-                          and found["reason"] == "StreamConflict" and found, "Ready=False/StreamConflict")  # fmt: skip
+    conflict = eventually(
+        lambda: (
+            (found := condition(get_stage(kube_cluster, ns, "router"), "Ready"))
+            and found["reason"] == "StreamConflict"
+            and found
+        ),
+        "Ready=False/StreamConflict",
+    )
     assert conflict["status"] == "False" and "WRONGTYPE" in conflict["message"]
 
     def attempts() -> int:
         # kopf's progress record of the handler, in the stage's phoenix.io/* annotations.
         notes = (get_stage(kube_cluster, ns, "router") or {})["metadata"].get("annotations", {})
-        return max((int(json.loads(v).get("retries", 0)) for k, v in notes.items()
-                    if k.startswith("phoenix.io/") and '"retries"' in v), default=0)  # fmt: skip
+        return max(
+            (
+                int(json.loads(v).get("retries", 0))
+                for k, v in notes.items()
+                if k.startswith("phoenix.io/") and '"retries"' in v
+            ),
+            default=0,
+        )
 
     eventually(lambda: attempts() >= 2, "two failed attempts", timeout=60)
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
@@ -187,8 +243,11 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
 
 @pytest.mark.parametrize("redis_db", [10], indirect=True)
 def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
-    operator: ServingOperator, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, _stage(url, ns))
@@ -197,12 +256,15 @@ def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
     first_ms = int(time.time() * 1000) - 120_000
     for i in range(7):
         connection.xadd("phoenix:router:input", {"record_id": f"r{i}"}, id=f"{first_ms + i}-0")
-    queue = eventually(lambda: (q := stage_status(kube_cluster, ns, "router").get("queue", {})).get("lag") == 7 and q,
-                       "the backlog in status", timeout=30)  # fmt: skip
+    queue = eventually(
+        lambda: (q := stage_status(kube_cluster, ns, "router").get("queue", {})).get("lag") == 7 and q,
+        "the backlog in status",
+        timeout=30,
+    )
     assert queue["oldestUnfinishedSeconds"] >= 120 and queue["oldestUndeliveredSeconds"] >= 120
     assert "oldestPendingSeconds" not in queue
     header, row = kube_cluster.kubectl("get", "phoenixstage", "router", "-n", ns).stdout.splitlines()
-    assert int(row[header.index("OLDEST"):].split()[0]) >= 120
+    assert int(row[header.index("OLDEST") :].split()[0]) >= 120
 
 
 def _acl_url(url: str, user: str, password: str) -> str:
@@ -212,9 +274,12 @@ def _acl_url(url: str, user: str, password: str) -> str:
 
 @pytest.mark.parametrize("redis_db", [7], indirect=True)
 def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
-    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+) -> None:
     url, connection = redis_db
     ns = kube_namespace
     apps = client.AppsV1Api(kube_api)
@@ -229,21 +294,27 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
 
     # InvalidAutoscaling: a Redis password KEDA cannot read from a Secret; the stage runs without autoscaling.
     user, password = "phx-invalid-autoscaling", "pw-never-shown"
-    connection.acl_setuser(user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"],
-                           commands=["+@all"])  # fmt: skip
+    connection.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"], commands=["+@all"]
+    )
     try:
         secret["metadata"]["name"] = "with-password"
         secret["stringData"] = {"url": _acl_url(url, user, password)}
         _, guarded = _stage(url, ns, name="guarded", redis={"urlSecretRef": {"name": "with-password", "key": "url"}})
         kubectl_apply(kube_cluster, [secret, guarded])
         autoscaling = eventually(
-            lambda: (found := condition(get_stage(kube_cluster, ns, "guarded"), "AutoscalingReady"))
-            and found["reason"] == "InvalidAutoscaling" and found, "AutoscalingReady=False/InvalidAutoscaling",
-        )  # fmt: skip
+            lambda: (
+                (found := condition(get_stage(kube_cluster, ns, "guarded"), "AutoscalingReady"))
+                and found["reason"] == "InvalidAutoscaling"
+                and found
+            ),
+            "AutoscalingReady=False/InvalidAutoscaling",
+        )
         assert "passwordSecretRef" in autoscaling["message"] and password not in autoscaling["message"]
         eventually(lambda: _ready_reason(kube_cluster, ns, "guarded") == "StageReady", "guarded still Ready")
-        scaled = _get_or_none(client.CustomObjectsApi(kube_api).get_namespaced_custom_object, *KEDA, ns,
-                              "scaledobjects", "guarded")  # fmt: skip
+        scaled = _get_or_none(
+            client.CustomObjectsApi(kube_api).get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "guarded"
+        )
         assert scaled is None
     finally:
         connection.acl_deluser(user)
@@ -267,8 +338,11 @@ def _finalizers(plane: ControlPlane, namespace: str, name: str) -> list[str]:
 
 @pytest.mark.parametrize("redis_db", [8], indirect=True)
 def test_only_delete_stages_carry_the_finalizer(
-    operator: ServingOperator, kube_cluster: ControlPlane, kube_namespace: str, redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, _stage(url, ns))
@@ -291,9 +365,13 @@ class RestartableValkey:
 
     def __init__(self, data_dir: Path) -> None:
         self._settings: dict[str, Any] = {
-            "port": free_loopback_port(), "data_dir": data_dir, "persist": True, "appendonly": "yes",
-            "appendfsync": "always", "save": "",
-        }  # fmt: skip
+            "port": free_loopback_port(),
+            "data_dir": data_dir,
+            "persist": True,
+            "appendonly": "yes",
+            "appendfsync": "always",
+            "save": "",
+        }
         self.url = f"redis://127.0.0.1:{self._settings['port']}/0"
         self._server: ValkeyServer | None = None
 
@@ -316,9 +394,12 @@ def own_valkey(tmp_path: Path) -> Iterator[RestartableValkey]:
 
 
 def test_delete_waits_for_an_unreachable_redis_and_says_why(
-    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
     own_valkey: RestartableValkey,
-) -> None:  # fmt: skip
+) -> None:
     ns = kube_namespace
     kubectl_apply(kube_cluster, _stage(own_valkey.url, ns, deletionPolicy="Delete"))
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)

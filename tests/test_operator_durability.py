@@ -28,7 +28,9 @@ def test_redis_risk_condition_per_finding() -> None:
     risky = RedisRisk(True, ("no persistence (appendonly no, no save points): a restart empties every stream",), "")
     unknown = RedisRisk(False, (), "CONFIG GET or INFO refused: NOPERM")
     assert [(c.status, c.reason) for c in map(redis_risk_condition, (safe, risky, unknown))] == [
-        ("False", "Durable"), ("True", "DataLossPossible"), ("Unknown", "CannotCheck"),
+        ("False", "Durable"),
+        ("True", "DataLossPossible"),
+        ("Unknown", "CannotCheck"),
     ]
     assert "no persistence" in redis_risk_condition(risky).message
     assert "could not be checked" in redis_risk_condition(unknown).message

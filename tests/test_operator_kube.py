@@ -101,9 +101,12 @@ class Pipeline:
 
 @pytest.fixture(scope="module")
 def pipeline(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, redis_url: str,
+    operator: str,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    redis_url: str,
     tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Pipeline]:  # fmt: skip
+) -> Iterator[Pipeline]:
     """router -> parser -> grouper applied once for the module (Redis database 1, a namespace of its own), reconciled,
     with the sample documents enqueued while no worker runs yet (the `processed` fixture starts them)."""
     ns = f"t-pipeline-{uuid.uuid4().hex[:6]}"
@@ -136,8 +139,11 @@ def processed(pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.A
         pipeline.players[stage].start()
     client.AppsV1Api(kube_api).patch_namespaced_deployment_scale("parser", ns, {"spec": {"replicas": 1}})
     try:
-        eventually(lambda: all(pipeline.connection.exists(f"grouped:rec-{i}") for i in range(len(pipeline.documents))),
-                   "every record grouped", timeout=120)  # fmt: skip
+        eventually(
+            lambda: all(pipeline.connection.exists(f"grouped:rec-{i}") for i in range(len(pipeline.documents))),
+            "every record grouped",
+            timeout=120,
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_worker_report(pipeline.players)}") from None
     return pipeline
@@ -161,8 +167,13 @@ def test_streams_groups_and_children_exist_before_any_worker(
 
 
 def test_the_backlog_shows_in_kubectl_get(pipeline: Pipeline, kube_cluster: ControlPlane) -> None:
-    eventually(lambda: _columns(kube_cluster, pipeline.namespace).get("router", {}).get("BACKLOG")
-               == str(len(pipeline.documents)), "the router's backlog in kubectl get", timeout=30)  # fmt: skip
+    eventually(
+        lambda: (
+            _columns(kube_cluster, pipeline.namespace).get("router", {}).get("BACKLOG") == str(len(pipeline.documents))
+        ),
+        "the router's backlog in kubectl get",
+        timeout=30,
+    )
 
 
 def test_the_queues_drain_and_the_stages_are_ready(
@@ -213,8 +224,10 @@ def test_a_replay_brings_a_dead_letter_back(
     eventually(lambda: connection.exists("grouped:late"), "the replayed record processed", timeout=60)
     last = eventually(lambda: stage_status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
     assert (last["requested"], last["moved"]) == (1, 1)
-    replayed = eventually(lambda: [e.message for e in stage_events(kube_api, ns, "router")
-                                   if e.reason == "DlqReplayed"], "a DlqReplayed Event")  # fmt: skip
+    replayed = eventually(
+        lambda: [e.message for e in stage_events(kube_api, ns, "router") if e.reason == "DlqReplayed"],
+        "a DlqReplayed Event",
+    )
     assert replayed == ["moved 1 DLQ entries back to the input (requested 1)"]
     stage = get_stage(kube_cluster, ns, "router")
     assert REPLAY_ANNOTATION not in stage["metadata"].get("annotations", {})
@@ -232,11 +245,14 @@ def test_deletion_policy_delete_removes_the_redis_data(
 ) -> None:
     """Last of the pipeline's tests: it deletes the router."""
     ns, connection = processed.namespace, processed.connection
-    kube_cluster.kubectl("patch", "phoenixstage", "router", "-n", ns, "--type=merge",
-                         "-p", '{"spec": {"deletionPolicy": "Delete"}}')  # fmt: skip
+    kube_cluster.kubectl(
+        "patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p", '{"spec": {"deletionPolicy": "Delete"}}'
+    )
     generation = get_stage(kube_cluster, ns, "router")["metadata"]["generation"]
-    eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["observedGeneration"] == generation,
-               "the policy change reconciled")  # fmt: skip
+    eventually(
+        lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["observedGeneration"] == generation,
+        "the policy change reconciled",
+    )
     processed.players.pop("router").stop()
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
     router = StageKeys.for_stage("router")
@@ -255,9 +271,13 @@ def test_deletion_policy_delete_removes_the_redis_data(
 
 @pytest.mark.parametrize("redis_db", [2], indirect=True)
 def test_without_keda_the_stage_runs_at_min(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
-    without_keda: None, redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+    operator: str,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    without_keda: None,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
     url, _ = redis_db
     secret, router = sample_documents(url, kube_namespace)[:2]
     router["spec"]["replicas"] = {"min": 2, "max": 5}
@@ -275,30 +295,42 @@ def test_without_keda_the_stage_runs_at_min(
 
     # KEDA installed later: the operator notices by itself and hands the stage over to it.
     install_keda_crds(kube_cluster)
-    eventually(lambda: (condition(get_stage(kube_cluster, kube_namespace, "router"), "AutoscalingReady") or {})
-               .get("status") == "True", "AutoscalingReady=True once KEDA is there", timeout=90)  # fmt: skip
+    eventually(
+        lambda: (
+            (condition(get_stage(kube_cluster, kube_namespace, "router"), "AutoscalingReady") or {}).get("status")
+            == "True"
+        ),
+        "AutoscalingReady=True once KEDA is there",
+        timeout=90,
+    )
     scaled = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
         "keda.sh", "v1alpha1", kube_namespace, "scaledobjects", "router"
     )
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 5)
-    adopted = eventually(lambda: [e.type for e in stage_events(kube_api, kube_namespace, "router")
-                                  if e.reason == "KedaAdopted"], "a KedaAdopted Event")  # fmt: skip
+    adopted = eventually(
+        lambda: [e.type for e in stage_events(kube_api, kube_namespace, "router") if e.reason == "KedaAdopted"],
+        "a KedaAdopted Event",
+    )
     assert adopted == ["Normal"]
 
 
 @pytest.mark.parametrize("redis_db", [3], indirect=True)
 def test_bad_redis_settings_become_conditions_andstage_events(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: str,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+) -> None:
     url, connection = redis_db
     ns = kube_namespace
     secret, router, parser, grouper = sample_documents(url, ns)
     password = "s3cret-never-shown"
     unreachable = {
-        **secret, "metadata": {**secret["metadata"], "name": "unreachable"},
+        **secret,
+        "metadata": {**secret["metadata"], "name": "unreachable"},
         "stringData": {"url": f"redis://:{password}@127.0.0.1:1/0", "password": password},
-    }  # fmt: skip
+    }
     parser["spec"]["redis"] = {"urlSecretRef": {"name": "unreachable", "key": "url"}}
     router["spec"]["redis"] = {"urlSecretRef": {"name": "not-yet", "key": "url"}}
     grouper["spec"]["replicas"] = {"min": 0, "max": 1}
@@ -312,12 +344,15 @@ def test_bad_redis_settings_become_conditions_andstage_events(
     eventually(lambda: reason("parser") == "RedisUnavailable", "parser Ready=False/RedisUnavailable", timeout=60)
     # The operator keeps serving the stage that is fine.
     eventually(lambda: reason("grouper") == "StageReady", "grouper Ready")
+
     def posted(name: str) -> set[tuple[str, str]]:
         return {(e.type, e.reason) for e in stage_events(kube_api, ns, name)}
 
     eventually(lambda: ("Warning", "SecretNotFound") in posted("router"), "a Warning Event on router")
-    eventually(lambda: any(e.reason == "RedisUnavailable" for e in stage_events(kube_api, ns, "parser")),
-               "a Warning Event on parser")  # fmt: skip
+    eventually(
+        lambda: any(e.reason == "RedisUnavailable" for e in stage_events(kube_api, ns, "parser")),
+        "a Warning Event on parser",
+    )
     shown = json.dumps([get_stage(kube_cluster, ns, "parser")["status"]]) + " ".join(
         e.message or "" for e in stage_events(kube_api, ns, "parser")
     )
@@ -333,9 +368,12 @@ def test_bad_redis_settings_become_conditions_andstage_events(
 
 @pytest.mark.parametrize("redis_db", [4], indirect=True)
 def test_pause_scales_to_zero_and_pauses_keda_then_restores(
-    operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str,
+    operator: str,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
-) -> None:  # fmt: skip
+) -> None:
     url, _ = redis_db
     ns = kube_namespace
     secret, router = sample_documents(url, ns)[:2]
@@ -356,11 +394,15 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
         return {k: v for k, v in annotations.items() if k.startswith("autoscaling.keda.sh/paused")}
 
     eventually(lambda: replicas() == 2, "the Deployment at replicas.min")
-    eventually(lambda: (condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady") or {}).get("status")
-               == "True", "the ScaledObject in place", timeout=90)  # fmt: skip
+    eventually(
+        lambda: (condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady") or {}).get("status") == "True",
+        "the ScaledObject in place",
+        timeout=90,
+    )
     assert keda_paused() == {}
 
     pause = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
+
     def reasons() -> list[str]:
         return [e.reason for e in stage_events(kube_api, ns, "router")]
 
@@ -377,9 +419,13 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
 
 @pytest.mark.parametrize("redis_db", [14], indirect=True)
 def test_a_stage_held_back_by_its_output_shows_backpressure(
-    operator: str, kube_cluster: ControlPlane, kube_namespace: str, kubelet_player: PlayKubelet,
-    redis_db: tuple[str, sync_redis.Redis], tmp_path: Path,
-) -> None:  # fmt: skip
+    operator: str,
+    kube_cluster: ControlPlane,
+    kube_namespace: str,
+    kubelet_player: PlayKubelet,
+    redis_db: tuple[str, sync_redis.Redis],
+    tmp_path: Path,
+) -> None:
     """The parser does not run (replicas.min 0, no KEDA here): the router stops at its output's high-water mark,
     and `kubectl get` says which stage is held back. Once the parser runs, the router reads again."""
     url, connection = redis_db
@@ -395,8 +441,11 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
     players = {"router": kubelet_player(ns, "router")}
     players["router"].start()
     try:
-        eventually(lambda: _columns(kube_cluster, ns).get("router", {}).get("THROTTLED") == "True",
-                   "the router throttled in kubectl get", timeout=60)  # fmt: skip
+        eventually(
+            lambda: _columns(kube_cluster, ns).get("router", {}).get("THROTTLED") == "True",
+            "the router throttled in kubectl get",
+            timeout=60,
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
     found = condition(get_stage(kube_cluster, ns, "router"), "Backpressure")
@@ -407,8 +456,11 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
     players["parser"] = kubelet_player(ns, "parser")
     players["parser"].start()
     try:
-        eventually(lambda: connection.xinfo_groups("phoenix:parser:input")[0]["entries-read"] == 2 * len(documents),
-                   "every record routed and parsed once", timeout=120)  # fmt: skip
+        eventually(
+            lambda: connection.xinfo_groups("phoenix:parser:input")[0]["entries-read"] == 2 * len(documents),
+            "every record routed and parsed once",
+            timeout=120,
+        )
         eventually(lambda: _columns(kube_cluster, ns)["router"]["THROTTLED"] == "False", "the router reads again")
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_worker_report(players)}") from None

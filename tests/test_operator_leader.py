@@ -47,9 +47,13 @@ def _reconciles(operator: ServingOperator) -> float:
 def test_leader_election_outside_a_pod_needs_the_lease_namespace() -> None:
     env = {key: value for key, value in os.environ.items() if key != "POD_NAMESPACE"}
     result = subprocess.run(
-        [str(VENV_BIN / "phoenix"), "operator", "--leader-election"], env=env, capture_output=True, text=True,
-        timeout=60, check=False,
-    )  # fmt: skip
+        [str(VENV_BIN / "phoenix"), "operator", "--leader-election"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     assert result.returncode == 2
     assert result.stderr.strip() == (
         "phoenix operator: --leader-election needs --lease-namespace (or $POD_NAMESPACE) when not running in a pod"
@@ -58,9 +62,12 @@ def test_leader_election_outside_a_pod_needs_the_lease_namespace() -> None:
 
 @pytest.mark.kube
 def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
-    kube_cluster: ControlPlane, kube_api: client.ApiClient, operator_kubeconfig: Path, kube_namespace: str,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: Path,
+    kube_namespace: str,
     redis_url: str,
-) -> None:  # fmt: skip
+) -> None:
     ns = kube_namespace
     secret, first = sample_documents(f"{redis_url.rsplit('/', 1)[0]}/13", ns)[:2]
     first["metadata"]["name"] = "before-failover"
@@ -80,8 +87,12 @@ def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
             os.killpg(leader.process.popen.pid, signal.SIGKILL)
             leader.process.popen.wait()
             killed = time.monotonic()
-            eventually(lambda: standby.role() == "leader", "the standby taking over", timeout=TAKEOVER_LIMIT_SECONDS,
-                       interval=0.5)  # fmt: skip
+            eventually(
+                lambda: standby.role() == "leader",
+                "the standby taking over",
+                timeout=TAKEOVER_LIMIT_SECONDS,
+                interval=0.5,
+            )
             print(f"takeover {time.monotonic() - killed:.1f} s after SIGKILL")
             taken = _lease(kube_api)
             assert taken["holder"] != held["holder"]

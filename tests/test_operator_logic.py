@@ -28,9 +28,9 @@ from phoenix.operator.status.writer import merged_status, status_patch
 
 
 def _spec(**overrides: Any) -> PhoenixStageSpec:
-    return PhoenixStageSpec.model_validate({
-        "processor": "router", "image": "img", "redis": {"urlSecretRef": {"name": "s", "key": "url"}}, **overrides
-    })  # fmt: skip
+    return PhoenixStageSpec.model_validate(
+        {"processor": "router", "image": "img", "redis": {"urlSecretRef": {"name": "s", "key": "url"}}, **overrides}
+    )
 
 
 def _deployment(desired: int, ready: int = 0, updated: int | None = None, seen: int = 1) -> dict[str, Any]:
@@ -38,10 +38,12 @@ def _deployment(desired: int, ready: int = 0, updated: int | None = None, seen: 
         "metadata": {"generation": 1},
         "spec": {"replicas": desired},
         "status": {
-            "observedGeneration": seen, "readyReplicas": ready, "availableReplicas": ready,
+            "observedGeneration": seen,
+            "readyReplicas": ready,
+            "availableReplicas": ready,
             "updatedReplicas": desired if updated is None else updated,
         },
-    }  # fmt: skip
+    }
 
 
 @pytest.mark.parametrize(
@@ -135,10 +137,12 @@ def test_refresh_groups_stages_by_redis_url() -> None:
         streams = StageKeys.for_stage(name, input=f"{name}:in", group="g", dlq=f"{name}:dlq")
         return StageRecord("ns", name, streams=streams, redis_url=url)
 
-    groups = group_by_redis([record("a", "redis://r1"), record("b", "redis://r2"), record("c", "redis://r1"),
-                             record("d", None)])  # fmt: skip
+    groups = group_by_redis(
+        [record("a", "redis://r1"), record("b", "redis://r2"), record("c", "redis://r1"), record("d", None)]
+    )
     assert {url: [r.name for r in members] for url, members in groups.items()} == {
-        "redis://r1": ["a", "c"], "redis://r2": ["b"]
+        "redis://r1": ["a", "c"],
+        "redis://r2": ["b"],
     }
 
 
@@ -163,12 +167,20 @@ def _wanted_deployment() -> dict[str, Any]:
         "metadata": {"name": "s", "labels": {"app": "s"}},
         "spec": {
             "replicas": 2,
-            "template": {"spec": {"containers": [{
-                "name": "worker", "image": "img:1", "env": [{"name": "A", "value": "1"}],
-                "resources": {"limits": {"cpu": 0.5, "memory": "512Mi"}},
-            }]}},
+            "template": {
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "worker",
+                            "image": "img:1",
+                            "env": [{"name": "A", "value": "1"}],
+                            "resources": {"limits": {"cpu": 0.5, "memory": "512Mi"}},
+                        }
+                    ]
+                }
+            },
         },
-    }  # fmt: skip
+    }
 
 
 def test_server_defaults_and_foreign_fields_are_no_drift() -> None:
@@ -189,9 +201,11 @@ def test_changed_removed_and_added_items_are_drift() -> None:
     container["env"].append({"name": "B", "value": "2"})
     del actual["metadata"]["labels"]
     assert differences(_wanted_deployment(), actual) == [
-        "metadata.labels.app", "spec.replicas", "spec.template.spec.containers[0].image",
+        "metadata.labels.app",
+        "spec.replicas",
+        "spec.template.spec.containers[0].image",
         "spec.template.spec.containers[0].env",
-    ]  # fmt: skip
+    ]
     assert describe("Deployment", "s", ["a", "b", "c", "d", "e"]) == (
         "Deployment s differed from the spec at a, b, c and 2 more"
     )

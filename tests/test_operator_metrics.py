@@ -34,9 +34,13 @@ def _ready_record(ready: str) -> StageRecord:
 
 @pytest.mark.parametrize(
     ("raised", "outcome"),
-    [(None, "success"), (kopf.TemporaryError("later"), "retry"), (kopf.PermanentError("never"), "failed"),
-     (RuntimeError("bug"), "error")],
-)  # fmt: skip
+    [
+        (None, "success"),
+        (kopf.TemporaryError("later"), "retry"),
+        (kopf.PermanentError("never"), "failed"),
+        (RuntimeError("bug"), "error"),
+    ],
+)
 def test_a_reconcile_is_counted_by_outcome_and_timed(raised: Exception | None, outcome: str) -> None:
     before = _sample("phoenix_operator_reconciles_total", {"outcome": outcome})
     timed = _sample("phoenix_operator_reconcile_duration_seconds_count")
@@ -72,18 +76,22 @@ def _registry_with(gauges: StageGauges) -> CollectorRegistry:
 
 
 def test_stage_gauges_carry_the_refresh_figures() -> None:
-    stats = QueueStats(length=10, pending=2, lag=7, oldest_pending_seconds=12.5, dlq_length=1, consumers=1,
-                       group_exists=True)  # fmt: skip
+    stats = QueueStats(
+        length=10, pending=2, lag=7, oldest_pending_seconds=12.5, dlq_length=1, consumers=1, group_exists=True
+    )
     deployment = {"metadata": {}, "spec": {"replicas": 3}, "status": {"readyReplicas": 2}}
     gauges = StageGauges()
     registry = _registry_with(gauges)
     gauges.update([stage_figures(_ready_record("True"), stats, deployment)])
     expected = {
-        "phoenix_operator_stage_ready": 1, "phoenix_operator_stage_ready_replicas": 2,
-        "phoenix_operator_stage_desired_replicas": 3, "phoenix_operator_stage_backlog": 7,
-        "phoenix_operator_stage_pending": 2, "phoenix_operator_stage_dlq_length": 1,
+        "phoenix_operator_stage_ready": 1,
+        "phoenix_operator_stage_ready_replicas": 2,
+        "phoenix_operator_stage_desired_replicas": 3,
+        "phoenix_operator_stage_backlog": 7,
+        "phoenix_operator_stage_pending": 2,
+        "phoenix_operator_stage_dlq_length": 1,
         "phoenix_operator_stage_oldest_unfinished_seconds": 12.5,
-    }  # fmt: skip
+    }
     assert {name for name, _ in STAGE_GAUGES.values()} == set(expected)
     assert {name: registry.get_sample_value(name, LABELS) for name in expected} == expected
 
@@ -99,8 +107,9 @@ def test_a_stage_without_queue_figures_still_reports_readiness_and_replicas() ->
 
 
 def test_unknown_lag_is_left_out_and_a_forgotten_stage_disappears() -> None:
-    stats = QueueStats(length=3, pending=0, lag=None, oldest_pending_seconds=None, dlq_length=0, consumers=0,
-                       group_exists=True)  # fmt: skip
+    stats = QueueStats(
+        length=3, pending=0, lag=None, oldest_pending_seconds=None, dlq_length=0, consumers=0, group_exists=True
+    )
     gauges = StageGauges()
     registry = _registry_with(gauges)
     gauges.update([stage_figures(_ready_record("True"), stats, None)])

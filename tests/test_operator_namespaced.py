@@ -37,9 +37,9 @@ def one(documents: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]
 
 
 @pytest.fixture
-def extra_namespaces(kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str) -> Iterator[
-    Callable[[str], str]
-]:  # fmt: skip
+def extra_namespaces(
+    kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str
+) -> Iterator[Callable[[str], str]]:
     made: list[str] = []
 
     def make(suffix: str) -> str:
@@ -54,9 +54,13 @@ def extra_namespaces(kube_cluster: ControlPlane, kube_api: client.ApiClient, kub
 
 
 def test_the_namespaced_operator_reads_only_named_secrets_of_its_namespaces_and_still_reconciles(
-    kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str, redis_url: str,
-    extra_namespaces: Callable[[str], str], tmp_path: Path,
-) -> None:  # fmt: skip
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_url: str,
+    extra_namespaces: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
     documents = rendered(kube_cluster)
     assert not {"ClusterRole", "ClusterRoleBinding"} & {d["kind"] for d in documents}
     role, binding = one(documents, "Role", OPERATOR_ACCOUNT), one(documents, "RoleBinding", OPERATOR_ACCOUNT)
@@ -97,10 +101,13 @@ def test_the_namespaced_operator_reads_only_named_secrets_of_its_namespaces_and_
 
     with serving_operator(
         kube_cluster, kubeconfig, [f"--namespace={served}"], log_name="operator-namespaced"
-    ) as operator:  # fmt: skip
+    ) as operator:
         kubectl_apply(kube_cluster, [stage])
-        eventually(lambda: ((get_stage(kube_cluster, served, "scoped") or {}).get("status") or {}).get("streams"),
-                   "the stage in the served namespace reconciled", timeout=60)  # fmt: skip
+        eventually(
+            lambda: ((get_stage(kube_cluster, served, "scoped") or {}).get("status") or {}).get("streams"),
+            "the stage in the served namespace reconciled",
+            timeout=60,
+        )
         client.AppsV1Api(kube_api).read_namespaced_deployment("scoped", served)
         assert "status" not in get_stage(kube_cluster, other, "scoped")  # not served, not touched
         assert operator.process.alive

@@ -55,8 +55,10 @@ async def test_oldest_unfinished_is_the_older_of_first_undelivered_and_oldest_pe
     await redis.xack(STAGE.input, STAGE.group, last, *(p["message_id"] for p in pending))
     (stats,) = await collect(redis, [STAGE])
     assert (stats.oldest_pending_seconds, stats.oldest_undelivered_seconds, stats.oldest_unfinished_seconds) == (
-        None, None, None
-    )  # fmt: skip
+        None,
+        None,
+        None,
+    )
 
 
 async def test_without_a_group_every_entry_is_undelivered(redis: aioredis.Redis) -> None:

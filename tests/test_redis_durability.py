@@ -46,8 +46,9 @@ async def test_refused_config_reads_as_could_not_be_checked(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
     """A managed service that refuses CONFIG: the answer is "could not be checked", never a guess."""
-    await redis.acl_setuser("no-config", enabled=True, passwords=["+s3cret-pw"], keys=["*"], channels=["*"],
-                            commands=["+@all", "-config"])
+    await redis.acl_setuser(
+        "no-config", enabled=True, passwords=["+s3cret-pw"], keys=["*"], channels=["*"], commands=["+@all", "-config"]
+    )
     try:
         limited = redis_url.replace("redis://", "redis://no-config:s3cret-pw@", 1)
         pool = WorkerPool(limited, tmp_path)
@@ -116,8 +117,10 @@ async def test_parser_down_for_long_loses_no_record(redis: aioredis.Redis, worke
     documents = ensure_samples(tmp_path / "docs")
     ids = [f"rec-{i}" for i in range(len(documents))]
     for record_id, document in zip(ids, documents, strict=True):
-        await redis.xadd("phoenix:router:input", {"record_id": record_id, "data": json.dumps(
-            {"document_url": document.resolve().as_uri()})})
+        await redis.xadd(
+            "phoenix:router:input",
+            {"record_id": record_id, "data": json.dumps({"document_url": document.resolve().as_uri()})},
+        )
     workers.start("router", processor="router", OUTPUT_QUEUE="phoenix:parser:input")
     workers.start("grouper", processor="grouper")
     await wait_until(lambda: _length_at_least(redis, "phoenix:parser:input", len(ids)), "every record routed")
@@ -159,8 +162,7 @@ async def test_min_replicas_ack_waits_for_a_replica_and_says_when_it_falls_short
         ids = [f"r{i}" for i in range(20)]
         await enqueue(client, A_IN, ids)
         # A generous timeout: on a loaded machine the replica may take a while, and a short count is logged.
-        w = pool.start("a", OUTPUT_QUEUE=B_IN, MIN_REPLICAS_ACK="1", MIN_REPLICAS_TIMEOUT_MS="20000",
-                       CONCURRENCY="5")
+        w = pool.start("a", OUTPUT_QUEUE=B_IN, MIN_REPLICAS_ACK="1", MIN_REPLICAS_TIMEOUT_MS="20000", CONCURRENCY="5")
         await wait_until(lambda: _length_at_least(client, B_IN, len(ids)), "every record forwarded")
         assert await arrived(copy, B_IN) == Counter(ids)  # on the replica too
         assert "replicas_behind" not in w.event_names()

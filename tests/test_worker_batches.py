@@ -16,8 +16,9 @@ BATCH = "tests.processors:ScriptedBatchProcessor"
 
 
 async def test_a_failing_record_fails_alone_inside_its_batch(redis: aioredis.Redis, workers: WorkerPool) -> None:
-    entries = {r: await add(redis, r, action=a) for r, a in
-               [("b1", ""), ("b2", "fail-once"), ("b3", "missing"), ("b4", "")]}
+    entries = {
+        r: await add(redis, r, action=a) for r, a in [("b1", ""), ("b2", "fail-once"), ("b3", "missing"), ("b4", "")]
+    }
     w = workers.start("s", processor=BATCH, OUTPUT_QUEUE=OUT, CONCURRENCY="10")
     await wait_until(lambda: redis.exists("processed:s:b2"), "b2 committed after its retry")
     await wait_until(lambda: idle(redis), "queue drained")
@@ -44,8 +45,7 @@ async def test_a_failing_batch_call_retries_each_of_its_records(redis: aioredis.
     await redis.set("batch-down:s", 1)
     for record in ("c1", "c2", "c3"):
         await add(redis, record)
-    w = workers.start("s", processor=BATCH, OUTPUT_QUEUE=OUT, CONCURRENCY="10",
-                      CIRCUIT_FAILURE_THRESHOLD="1000")
+    w = workers.start("s", processor=BATCH, OUTPUT_QUEUE=OUT, CONCURRENCY="10", CIRCUIT_FAILURE_THRESHOLD="1000")
     await wait_until(lambda: w.logged("processing_failed_will_retry"), "the batch failed")
     assert await redis.xlen(OUT) == 0 and await redis.xlen(DLQ) == 0
     await redis.delete("batch-down:s")
@@ -59,18 +59,26 @@ async def test_a_failing_batch_call_retries_each_of_its_records(redis: aioredis.
 
 async def test_the_documented_example(redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path) -> None:
     text = (ROOT / "docs" / "batch-processors.md").read_text()
-    match = re.search(r"<!-- docs-test: batch-example file=(?P<file>\S+) -->\n```python\n(?P<code>.*?)```", text,
-                      re.DOTALL)
+    match = re.search(
+        r"<!-- docs-test: batch-example file=(?P<file>\S+) -->\n```python\n(?P<code>.*?)```", text, re.DOTALL
+    )
     assert match, "docs/batch-processors.md has no example block"
     (tmp_path / match["file"]).write_text(match["code"])
     await add(redis, "d1", text="one two three")
     await add(redis, "d2")
     await add(redis, "d3", text="four five")
-    workers.start("s", processor="bulk_wordcount:BulkWordCountProcessor", OUTPUT_QUEUE=OUT, CONCURRENCY="8",
-                  PYTHONPATH=f"{ROOT}:{tmp_path}")
+    workers.start(
+        "s",
+        processor="bulk_wordcount:BulkWordCountProcessor",
+        OUTPUT_QUEUE=OUT,
+        CONCURRENCY="8",
+        PYTHONPATH=f"{ROOT}:{tmp_path}",
+    )
     await wait_until(lambda: idle(redis), "queue drained")
     assert (await redis.get("words:d1"), await redis.get("words:d3")) == ("3", "2")
     assert {o["record_id"]: json.loads(o["data"]) for o in await outputs(redis)} == {
-        "d1": {"words": 3}, "d3": {"words": 2}}
+        "d1": {"words": 3},
+        "d3": {"words": 2},
+    }
     [(_, dead)] = await redis.xrange(DLQ)
     assert (dead["record_id"], dead["error"]) == ("d2", "record d2 has no text")

@@ -45,8 +45,14 @@ async def test_every_record_arrives_exactly_once_despite_sigkills(redis: aioredi
         for start in range(0, RECORDS, 100):
             pipe = redis.pipeline(transaction=False)
             for i in range(start, start + 100):
-                pipe.xadd("phoenix:c1:input", {"record_id": f"r{i}", "user_id": f"u{i % 7}",
-                                               "data": json.dumps({"i": i, "action": "sleep:0.02"})})
+                pipe.xadd(
+                    "phoenix:c1:input",
+                    {
+                        "record_id": f"r{i}",
+                        "user_id": f"u{i % 7}",
+                        "data": json.dumps({"i": i, "action": "sleep:0.02"}),
+                    },
+                )
             await pipe.execute()
             await asyncio.sleep(0.1)
 

@@ -22,8 +22,9 @@ async def test_backpressure_pauses_at_high_water_and_loses_nothing(redis: aiored
     ids = [f"r{i}" for i in range(3 * high)]
     await redis.xgroup_create(B_IN, "b-group", id="0", mkstream=True)  # stage b exists, but is stopped
     await enqueue(redis, A_IN, ids)
-    a = workers.start("a", OUTPUT_QUEUE=B_IN, OUTPUT_HIGH_WATER=str(high), CONCURRENCY=str(concurrency),
-                      TRIM_INTERVAL="0.2")
+    a = workers.start(
+        "a", OUTPUT_QUEUE=B_IN, OUTPUT_HIGH_WATER=str(high), CONCURRENCY=str(concurrency), TRIM_INTERVAL="0.2"
+    )
     await wait_until(lambda: a.logged("backpressure_paused"), "stage a paused")
     await wait_until(lambda: redis.exists("phoenix:a:backpressure"), "the pause reported for the operator")
     await asyncio.sleep(2)  # several measurement and trim intervals: a stays paused, nothing disappears

@@ -48,8 +48,14 @@ async def test_transient_error_retries_with_backoff_until_it_succeeds(
 ) -> None:
     await redis.set("dependency-down:s", 1)
     await add(redis, "r1")
-    w = workers.start("s", OUTPUT_QUEUE=OUT, RETRY_BASE_SECONDS="0.1", RETRY_MAX_SECONDS="0.4",
-                      CIRCUIT_FAILURE_THRESHOLD="1000", RETRY_WARN_AFTER="0.5")
+    w = workers.start(
+        "s",
+        OUTPUT_QUEUE=OUT,
+        RETRY_BASE_SECONDS="0.1",
+        RETRY_MAX_SECONDS="0.4",
+        CIRCUIT_FAILURE_THRESHOLD="1000",
+        RETRY_WARN_AFTER="0.5",
+    )
     await wait_until(lambda: redis.get("calls:s"), "first attempt")
     await wait_until(lambda: _calls_at_least(redis, 4), "several attempts")
     # While it fails, the message lives in the retry set with its retry count, never in the DLQ.
@@ -75,8 +81,9 @@ async def _calls_at_least(redis: aioredis.Redis, n: int) -> bool:
 async def test_retry_waits_durably_in_redis_and_survives_a_restart(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await redis.set("dependency-down:s", 1)
     await add(redis, "r1", "carol", x=1)
-    w = workers.start("s", OUTPUT_QUEUE=OUT, RETRY_BASE_SECONDS="3", RETRY_MAX_SECONDS="10",
-                          CIRCUIT_FAILURE_THRESHOLD="1000")
+    w = workers.start(
+        "s", OUTPUT_QUEUE=OUT, RETRY_BASE_SECONDS="3", RETRY_MAX_SECONDS="10", CIRCUIT_FAILURE_THRESHOLD="1000"
+    )
     await wait_until(lambda: redis.zcard(RETRY), "message scheduled for retry")
     w.kill()
     [(member, due_ms)] = await redis.zrange(RETRY, 0, -1, withscores=True)

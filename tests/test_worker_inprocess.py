@@ -23,8 +23,16 @@ from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, outputs
 
 
 def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
-    raw = {b"record_id": b"r1", b"user_id": b"u", b"data": b'{"n": 1}', b"extra": b"x", b"retry_count": b"2",
-           b"first_failed_at": b"1.5", b"original_id": b"1-0", b"traceparent": b"00-ab-cd-01"}
+    raw = {
+        b"record_id": b"r1",
+        b"user_id": b"u",
+        b"data": b'{"n": 1}',
+        b"extra": b"x",
+        b"retry_count": b"2",
+        b"first_failed_at": b"1.5",
+        b"original_id": b"1-0",
+        b"traceparent": b"00-ab-cd-01",
+    }
     message = parse_entry("5-0", raw, 1_000_000)
     assert isinstance(message, Message)
     assert (message.record_id, message.user_id, message.data) == ("r1", "u", {"extra": "x", "n": 1})
@@ -32,14 +40,17 @@ def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
     assert message.traceparent == "00-ab-cd-01" and message.enqueued_at_ms == 5 and message.raw is raw
 
 
-@pytest.mark.parametrize(("raw", "max_bytes", "reason"), [
-    ({b"user_id": b"u"}, 1000, "missing record_id"),
-    ({b"record_id": b"r", b"data": b"{"}, 1000, "data is not valid JSON: "),
-    ({b"record_id": b"r", b"data": b"[1]"}, 1000, "data must be a JSON object, got list"),
-    ({b"record_id": b"\xff"}, 1000, "entry is not valid UTF-8: invalid start byte at byte 0"),
-    ({b"record_id": b"r", b"data": b'"' + b"x" * 100 + b'"'}, 50, "entry is 116 bytes, over MAX_MESSAGE_BYTES=50"),
-    ({b"record_id": b"r", b"retry_count": b"two"}, 1000, "bad runtime field: "),
-])
+@pytest.mark.parametrize(
+    ("raw", "max_bytes", "reason"),
+    [
+        ({b"user_id": b"u"}, 1000, "missing record_id"),
+        ({b"record_id": b"r", b"data": b"{"}, 1000, "data is not valid JSON: "),
+        ({b"record_id": b"r", b"data": b"[1]"}, 1000, "data must be a JSON object, got list"),
+        ({b"record_id": b"\xff"}, 1000, "entry is not valid UTF-8: invalid start byte at byte 0"),
+        ({b"record_id": b"r", b"data": b'"' + b"x" * 100 + b'"'}, 50, "entry is 116 bytes, over MAX_MESSAGE_BYTES=50"),
+        ({b"record_id": b"r", b"retry_count": b"two"}, 1000, "bad runtime field: "),
+    ],
+)
 def test_parse_entry_names_what_is_wrong(raw: dict[bytes, bytes], max_bytes: int, reason: str) -> None:
     parsed = parse_entry("1-0", raw, max_bytes)
     assert isinstance(parsed, MalformedEntry) and parsed.raw is raw
@@ -56,8 +67,7 @@ def test_dead_letter_fields_keep_the_original_and_replace_an_earlier_failure() -
     assert as_dict[b"record_id"] == b"r" and as_dict[b"data"] == b"\xff\xfe"  # bytes kept as they came
     assert as_dict[b"error"] == "x" * 2000 and as_dict[b"error_type"] == "ValueError"
     assert (as_dict[b"stage"], as_dict[b"attempts"], as_dict[b"original_id"]) == ("s", "2", b"7-0")
-    again = dead_letter_fields({**raw, b"original_id": b"1-0"}, "8-0", error="e", error_type="T", stage="s",
-                               attempts=1)
+    again = dead_letter_fields({**raw, b"original_id": b"1-0"}, "8-0", error="e", error_type="T", stage="s", attempts=1)
     assert again[again.index(b"original_id") + 1] == b"1-0"  # a replayed entry keeps its first id
 
 
@@ -122,9 +132,7 @@ async def test_record_not_found_is_dead_lettered_at_once(redis: aioredis.Redis, 
     assert await redis.zcard(RETRY) == 0 and await outputs(redis) == []
 
 
-async def test_a_permanent_error_is_dead_lettered_under_its_own_name(
-    redis: aioredis.Redis, redis_url: str
-) -> None:
+async def test_a_permanent_error_is_dead_lettered_under_its_own_name(redis: aioredis.Redis, redis_url: str) -> None:
     await add(redis, "bad", action="invalid")
     await run_burst(redis_url, output_queue=OUT)
     [(_, dead)] = await redis.xrange(DLQ)

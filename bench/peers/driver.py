@@ -62,11 +62,26 @@ def enqueue_arq(n: int) -> Callable[[redis.Redis], int]:
 
 
 PEERS: dict[str, tuple[Callable[[int], Callable[[redis.Redis], int]], list[str], str]] = {
-    "taskiq": (enqueue_taskiq, ["-m", "taskiq", "worker", "taskiq_noop:broker", "--workers", "1",
-                                "--max-async-tasks", "1000", "--no-configure-logging"],
-               "taskiq-redis RedisStreamBroker, 1 process, --max-async-tasks 1000"),
-    "dramatiq": (enqueue_dramatiq, ["-m", "dramatiq", "dramatiq_noop", "--processes", "1", "--threads", "8"],
-                 "dramatiq RedisBroker, 1 process, 8 threads"),
+    "taskiq": (
+        enqueue_taskiq,
+        [
+            "-m",
+            "taskiq",
+            "worker",
+            "taskiq_noop:broker",
+            "--workers",
+            "1",
+            "--max-async-tasks",
+            "1000",
+            "--no-configure-logging",
+        ],
+        "taskiq-redis RedisStreamBroker, 1 process, --max-async-tasks 1000",
+    ),
+    "dramatiq": (
+        enqueue_dramatiq,
+        ["-m", "dramatiq", "dramatiq_noop", "--processes", "1", "--threads", "8"],
+        "dramatiq RedisBroker, 1 process, 8 threads",
+    ),
     "arq": (enqueue_arq, ["-m", "arq", "arq_noop.WorkerSettings"], "arq, 1 process, max_jobs 1000"),
 }
 
@@ -90,8 +105,14 @@ def main() -> int:
     remaining = enqueue(n)
     env = dict(os.environ, PYTHONPATH=str(HERE))
     # A session of its own: taskiq runs its worker in a child process, and both must go at the end.
-    worker = subprocess.Popen([sys.executable, *argv], cwd=HERE, env=env, start_new_session=True,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    worker = subprocess.Popen(
+        [sys.executable, *argv],
+        cwd=HERE,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         # Timed from the first finished job to the last: the worker's start-up is not its throughput.
         while (left := remaining(client)) >= n:

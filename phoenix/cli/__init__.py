@@ -60,10 +60,16 @@ async def _dlq_export(args: argparse.Namespace) -> int:
             print(json.dumps({"id": entry_id, **fields}))
             count, last = count + 1, entry_id
     # On stderr, so stdout stays pure JSON lines when redirected to a file.
-    print(f"exported {count} entries of {dlq_stream}" + (
-        f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
-        f"{f' --dlq {args.dlq}' if args.dlq else ''} --through {last}"
-        if last else ""), file=sys.stderr)
+    print(
+        f"exported {count} entries of {dlq_stream}"
+        + (
+            f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
+            f"{f' --dlq {args.dlq}' if args.dlq else ''} --through {last}"
+            if last
+            else ""
+        ),
+        file=sys.stderr,
+    )
     return 0
 
 

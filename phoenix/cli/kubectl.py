@@ -71,9 +71,11 @@ class Stages:
 
     def patch(self, namespace: str, name: str, patch: Json) -> Json:
         self.get(namespace, name)  # a clear "not found" instead of the API's
-        return _json(self.custom.patch_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name, patch, _content_type=MERGE_PATCH
-        ))
+        return _json(
+            self.custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, patch, _content_type=MERGE_PATCH
+            )
+        )
 
     def wait_for(self, namespace: str, name: str, done: Callable[[Json], Any], timeout: float) -> Any:
         deadline = time.monotonic() + timeout
@@ -81,8 +83,10 @@ class Stages:
             if result := done(self.get(namespace, name).get("status") or {}):
                 return result
             time.sleep(_WAIT_POLL_SECONDS)
-        raise PluginError(f"the operator did not act within {timeout:g} s: is it running? "
-                          f"(kubectl describe phoenixstage -n {namespace} {name})")
+        raise PluginError(
+            f"the operator did not act within {timeout:g} s: is it running? "
+            f"(kubectl describe phoenixstage -n {namespace} {name})"
+        )
 
 
 # -- commands -------------------------------------------------------------------------------------------------------
@@ -94,16 +98,19 @@ def status_rows(stages: Sequence[Json]) -> list[Json]:
         st, spec = stage.get("status") or {}, stage.get("spec") or {}
         ready = next((c for c in st.get("conditions", []) if c.get("type") == "Ready"), None)
         queue = st.get("queue") or {}
-        rows.append({
-            "namespace": stage["metadata"]["namespace"],
-            "stage": stage["metadata"]["name"],
-            "ready": "Unknown" if ready is None else (
-                ready["status"] if ready["status"] == "True" else f"{ready['status']}: {ready['reason']}"),
-            "replicas": (st.get("replicas") or {}).get("summary"),
-            "paused": bool(spec.get("paused")),
-            **{key: queue.get(key) for key in ("lag", "pending", "oldestPendingSeconds", "dlqLength")},
-            "lastReplay": st.get("lastReplay"),
-        })
+        rows.append(
+            {
+                "namespace": stage["metadata"]["namespace"],
+                "stage": stage["metadata"]["name"],
+                "ready": "Unknown"
+                if ready is None
+                else (ready["status"] if ready["status"] == "True" else f"{ready['status']}: {ready['reason']}"),
+                "replicas": (st.get("replicas") or {}).get("summary"),
+                "paused": bool(spec.get("paused")),
+                **{key: queue.get(key) for key in ("lag", "pending", "oldestPendingSeconds", "dlqLength")},
+                "lastReplay": st.get("lastReplay"),
+            }
+        )
     return rows
 
 
@@ -111,8 +118,17 @@ def format_status(rows: Sequence[Json]) -> list[str]:
     header = ("NAMESPACE", "STAGE", "READY", "REPLICAS", "PAUSED", "LAG", "PENDING", "OLDEST(s)", "DLQ")
     lines: list[tuple[str, ...]] = [header]
     for r in rows:
-        cells = (r["namespace"], r["stage"], r["ready"], r["replicas"], "yes" if r["paused"] else "no", r["lag"],
-                 r["pending"], r["oldestPendingSeconds"], r["dlqLength"])
+        cells = (
+            r["namespace"],
+            r["stage"],
+            r["ready"],
+            r["replicas"],
+            "yes" if r["paused"] else "no",
+            r["lag"],
+            r["pending"],
+            r["oldestPendingSeconds"],
+            r["dlqLength"],
+        )
         lines.append(tuple("-" if c is None else str(c) for c in cells))
     return format_columns(lines)
 
@@ -129,8 +145,9 @@ def cmd_restart(stages: Stages, args: argparse.Namespace) -> int:
     stages.patch(ns, args.stage, {"metadata": {"annotations": {RESTART_ANNOTATION: value}}})
     print(f"asked the operator to restart the workers of {ns}/{args.stage} ({RESTART_ANNOTATION}={value})")
     if args.wait:
-        at = stages.wait_for(ns, args.stage, lambda st: st.get("handledRestart") == value and st.get("lastRestart"),
-                             args.timeout)
+        at = stages.wait_for(
+            ns, args.stage, lambda st: st.get("handledRestart") == value and st.get("lastRestart"), args.timeout
+        )
         print(f"restarted at {at}")
     return 0
 
@@ -143,11 +160,13 @@ def cmd_replay(stages: Stages, args: argparse.Namespace) -> int:
     ns = _namespace(args)
     before = (stages.get(ns, args.stage).get("status") or {}).get("lastReplay")
     stages.patch(ns, args.stage, {"metadata": {"annotations": {REPLAY_ANNOTATION: args.count}}})
-    print(f"asked the operator to replay {args.count} DLQ entries of {ns}/{args.stage} "
-          f"({REPLAY_ANNOTATION}={args.count})")
+    print(
+        f"asked the operator to replay {args.count} DLQ entries of {ns}/{args.stage} ({REPLAY_ANNOTATION}={args.count})"
+    )
     if args.wait:
-        last = stages.wait_for(ns, args.stage, lambda st: st.get("lastReplay") != before and st.get("lastReplay"),
-                               args.timeout)
+        last = stages.wait_for(
+            ns, args.stage, lambda st: st.get("lastReplay") != before and st.get("lastReplay"), args.timeout
+        )
         print(f"replayed: {last['moved']} entries moved back to the input at {last['at']}")
     return 0
 
@@ -191,7 +210,8 @@ async def _redis_url(api: client.ApiClient, namespace: str, ref: SecretKeyRef) -
         if exc.status == 403:
             raise PluginError(
                 f"your Kubernetes identity may not read Secret {ref.name!r} in namespace {namespace!r} (get "
-                "secrets), which holds the stage's Redis URL; inspect uses only your own permissions") from None
+                "secrets), which holds the stage's Redis URL; inspect uses only your own permissions"
+            ) from None
         raise
     finally:
         await kube.aclose()
@@ -229,10 +249,12 @@ def _parser() -> argparse.ArgumentParser:
     st = add("status", "every stage with its readiness, replicas and queue, from its status")
     st.add_argument("--json", action="store_true")
     st.set_defaults(handler=cmd_status)
-    for name, handler, text in (("restart", cmd_restart, "roll the stage's workers"),
-                                ("replay-dlq", cmd_replay, "move DLQ entries back to the input stream"),
-                                ("pause", _set_paused(True), "scale the stage to zero; entries wait"),
-                                ("resume", _set_paused(False), "undo pause")):
+    for name, handler, text in (
+        ("restart", cmd_restart, "roll the stage's workers"),
+        ("replay-dlq", cmd_replay, "move DLQ entries back to the input stream"),
+        ("pause", _set_paused(True), "scale the stage to zero; entries wait"),
+        ("resume", _set_paused(False), "undo pause"),
+    ):
         c = add(name, text)
         c.add_argument("stage")
         if name == "replay-dlq":

@@ -45,8 +45,9 @@ _OVERRIDES = {
 
 
 def add_redis_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL),
-                        help="default: $REDIS_URL")
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), help="default: $REDIS_URL"
+    )
     return parser
 
 

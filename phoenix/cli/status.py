@@ -16,8 +16,14 @@ from phoenix.console import TableDisplay, format_columns
 from phoenix.keys import ALL_INPUT_STREAMS, StageKeys, stage_of_input
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
 
-_COLUMNS = {"LENGTH": "length", "PENDING": "pending", "LAG": "lag", "OLDEST(s)": "oldestUnfinishedSeconds",
-            "DLQ": "dlqLength", "CONSUMERS": "consumers"}
+_COLUMNS = {
+    "LENGTH": "length",
+    "PENDING": "pending",
+    "LAG": "lag",
+    "OLDEST(s)": "oldestUnfinishedSeconds",
+    "DLQ": "dlqLength",
+    "CONSUMERS": "consumers",
+}
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:

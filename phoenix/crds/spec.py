@@ -196,9 +196,7 @@ class EnvVar(CamelModel):
 
     model_config = cel(("has(self.value) != has(self.secretKeyRef)", "set exactly one of value or secretKeyRef"))
 
-    name: str = Field(
-        min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name."
-    )
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
     value: str | None = Field(default=None, max_length=32768, description="Literal value; never put a secret here.")
     secret_key_ref: SecretKeyRef | None = Field(default=None, description="Take the value from a Secret key.")
 
@@ -262,9 +260,7 @@ class PhoenixStageSpec(CamelModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
-    input: RedisName | None = Field(
-        default=None, description="Stream to consume. Default: `phoenix:{name}:input`."
-    )
+    input: RedisName | None = Field(default=None, description="Stream to consume. Default: `phoenix:{name}:input`.")
     output: Output | None = Field(
         default=None, description="Where results go; omit for a final stage whose results are not forwarded."
     )

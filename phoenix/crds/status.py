@@ -135,7 +135,8 @@ class PhoenixStageStatus(StatusModel):
     last_restart: datetime | None = Field(default=None, description="When the workers were last restarted.")
     last_replay: ReplayStatus | None = Field(default=None, description="The last DLQ replay.")
     handled_restart: str | None = Field(
-        default=None, max_length=256,
+        default=None,
+        max_length=256,
         description="The `phoenix.io/restart` value last acted on; a new value restarts the workers once.",
     )
     replay_request: ReplayRequest | None = Field(

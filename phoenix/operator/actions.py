@@ -86,7 +86,6 @@ def has_replay_work(body: Mapping[str, Any], **_: Any) -> bool:
     return replay_annotation(body) is not None or pending_replay(body) is not None
 
 
-
 def _now() -> str:
     return datetime.now(UTC).replace(microsecond=0).isoformat().replace("+00:00", "Z")
 
@@ -109,10 +108,14 @@ async def restart(kube: KubeApi, writer: StatusWriter, record: StageRecord, body
         restarted_now = handled != value
         if restarted_now:
             at = _now()
-            await kube.patch_deployment(record.namespace, record.name, {
-                "metadata": {"annotations": {HANDLED_RESTART_ANNOTATION: value}},
-                "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: at}}}},
-            })  # fmt: skip
+            await kube.patch_deployment(
+                record.namespace,
+                record.name,
+                {
+                    "metadata": {"annotations": {HANDLED_RESTART_ANNOTATION: value}},
+                    "spec": {"template": {"metadata": {"annotations": {RESTARTED_AT_ANNOTATION: at}}}},
+                },
+            )
         else:
             template = deployment["spec"]["template"]["metadata"].get("annotations") or {}
             at = template.get(RESTARTED_AT_ANNOTATION, _now())
@@ -152,9 +155,12 @@ async def replay(
         raise StageError("NotReconciled", "the stage has not been reconciled yet; the replay waits for it")
     limit = parse_replay_count(pending["count"])
     moved = await replay_once(
-        pool.client(record.redis_url), record.streams.replay_ledger(pending["id"]), record.streams.dlq,
-        record.streams.input, limit,
-    )  # fmt: skip
+        pool.client(record.redis_url),
+        record.streams.replay_ledger(pending["id"]),
+        record.streams.dlq,
+        record.streams.input,
+        limit,
+    )
     if requested is not None and requested == pending["count"]:
         await kube.remove_stage_annotation(record.namespace, record.name, REPLAY_ANNOTATION, requested)
     last = {"requested": moved if limit is None else limit, "moved": moved, "at": _now()}
@@ -190,6 +196,7 @@ async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[st
     ctx.events.resolved(record, REPLAY)
     if last is not None:
         await ctx.events.normal(
-            record, "DlqReplayed",
+            record,
+            "DlqReplayed",
             f"moved {last['moved']} DLQ entries back to the input (requested {last['requested']})",
-        )  # fmt: skip
+        )

@@ -34,8 +34,6 @@ class Action:
     message: str
 
 
-
-
 def deployment_replicas(spec: PhoenixStageSpec, current: int | None, keda_scales: bool) -> int:
     """The operator's replica count for the Deployment.
 
@@ -108,17 +106,30 @@ async def apply_autoscaling(
     the actions taken and the wanted form of each KEDA object by kind."""
     spec, generation = stage.spec, stage.metadata.generation
     if not await kube.keda_installed():
-        return new_condition(
-            ConditionType.AUTOSCALING_READY, False, KEDA_NOT_INSTALLED,
-            "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale; the stage "
-            f"runs at replicas.min ({spec.replicas.min})", observed_generation=generation,
-        ), [], {}  # fmt: skip
+        return (
+            new_condition(
+                ConditionType.AUTOSCALING_READY,
+                False,
+                KEDA_NOT_INSTALLED,
+                "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale; the stage "
+                f"runs at replicas.min ({spec.replicas.min})",
+                observed_generation=generation,
+            ),
+            [],
+            {},
+        )
     if not spec.autoscaling.enabled:
-        return new_condition(
-            ConditionType.AUTOSCALING_READY, False, "AutoscalingDisabled",
-            f"autoscaling.enabled is false: the stage runs at replicas.min ({spec.replicas.min})",
-            observed_generation=generation,
-        ), await _remove_autoscaling(kube, owner), {}  # fmt: skip
+        return (
+            new_condition(
+                ConditionType.AUTOSCALING_READY,
+                False,
+                "AutoscalingDisabled",
+                f"autoscaling.enabled is false: the stage runs at replicas.min ({spec.replicas.min})",
+                observed_generation=generation,
+            ),
+            await _remove_autoscaling(kube, owner),
+            {},
+        )
     try:
         scaled_object = build_scaled_object(owner, spec, redis_connection(url))
     except AutoscalingConfigError as exc:
@@ -138,9 +149,12 @@ async def apply_autoscaling(
     actions += await apply_keda_object(kube, wanted["ScaledObject"])
     state = "paused at 0 replicas" if spec.paused else f"{spec.replicas.min}..{spec.replicas.max} replicas"
     condition = new_condition(
-        ConditionType.AUTOSCALING_READY, True, "ScaledObjectReady", f"KEDA scales the stage on lag ({state})",
+        ConditionType.AUTOSCALING_READY,
+        True,
+        "ScaledObjectReady",
+        f"KEDA scales the stage on lag ({state})",
         observed_generation=generation,
-    )  # fmt: skip
+    )
     return condition, actions, wanted
 
 

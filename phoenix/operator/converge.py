@@ -84,8 +84,9 @@ async def _run(ctx: OperatorContext, record: StageRecord, work: str, view: Mappi
     except StageError as error:
         record.retry_at = time.monotonic() + reconcile.backoff(record.attempts)
         record.attempts += 1
-        logger.warning("%s of %s/%s failed (attempt %d): %s", work, record.namespace, record.name,
-                       record.attempts, error)  # fmt: skip
+        logger.warning(
+            "%s of %s/%s failed (attempt %d): %s", work, record.namespace, record.name, record.attempts, error
+        )
     except Exception:
         record.retry_at = time.monotonic() + reconcile.backoff(record.attempts)
         record.attempts += 1

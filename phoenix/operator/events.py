@@ -26,9 +26,12 @@ def involved_object(record: StageRecord) -> dict[str, Any]:
     body = record.body or {}
     meta = body.get("metadata", {})
     return {
-        "apiVersion": body.get("apiVersion"), "kind": body.get("kind"), "namespace": record.namespace,
-        "name": record.name, "uid": meta.get("uid"),
-    }  # fmt: skip
+        "apiVersion": body.get("apiVersion"),
+        "kind": body.get("kind"),
+        "namespace": record.namespace,
+        "name": record.name,
+        "uid": meta.get("uid"),
+    }
 
 
 class EventRecorder:

@@ -115,18 +115,16 @@ class KubeApi:
     async def patch_deployment(self, namespace: str, name: str, patch: Json) -> Json:
         # A JSON merge patch replaces lists whole, so an env var dropped from the spec disappears from the pods;
         # a strategic merge would keep it.
-        return await _json(
-            self._apps.patch_namespaced_deployment, name, namespace, patch, _content_type=MERGE_PATCH
-        )
+        return await _json(self._apps.patch_namespaced_deployment, name, namespace, patch, _content_type=MERGE_PATCH)
 
     async def managed_deployments(self, namespaces: tuple[str, ...]) -> list[Json]:
         """Every worker Deployment the operator manages: one list call per watched namespace (or the cluster)."""
         if not namespaces:
             found = await _json(self._apps.list_deployment_for_all_namespaces, label_selector=MANAGED_SELECTOR)
             return found.get("items", [])
-        lists = await asyncio.gather(*(
-            _json(self._apps.list_namespaced_deployment, ns, label_selector=MANAGED_SELECTOR) for ns in namespaces
-        ))
+        lists = await asyncio.gather(
+            *(_json(self._apps.list_namespaced_deployment, ns, label_selector=MANAGED_SELECTOR) for ns in namespaces)
+        )
         return [item for found in lists for item in found.get("items", [])]
 
     # -- KEDA ------------------------------------------------------------------------------------------------
@@ -155,9 +153,12 @@ class KubeApi:
         """Merge-patch the object `patch` names (kind, metadata.namespace and metadata.name)."""
         meta = patch["metadata"]
         return await _json(
-            self._custom.patch_namespaced_custom_object, *self._keda_args(patch["kind"], meta["namespace"]),
-            meta["name"], patch, _content_type=MERGE_PATCH,
-        )  # fmt: skip
+            self._custom.patch_namespaced_custom_object,
+            *self._keda_args(patch["kind"], meta["namespace"]),
+            meta["name"],
+            patch,
+            _content_type=MERGE_PATCH,
+        )
 
     async def delete_keda_object(self, kind: str, namespace: str, name: str) -> bool:
         """True when it existed and was deleted."""

@@ -147,8 +147,12 @@ class LeaseElector:
         if not await self._write(lease, new):
             return False
         if self.holder != me:
-            logger.info("took over the leader Lease %s/%s from %s", self.config.namespace, self.config.name,
-                        self.holder or "nobody")  # fmt: skip
+            logger.info(
+                "took over the leader Lease %s/%s from %s",
+                self.config.namespace,
+                self.config.name,
+                self.holder or "nobody",
+            )
         self.holder = me
         return True
 
@@ -171,12 +175,19 @@ class LeaseElector:
 
     async def acquire(self) -> None:
         """Return once this candidate holds the Lease."""
-        logger.info("standing by for the leader Lease %s/%s as %s", self.config.namespace, self.config.name,
-                    self.config.identity)  # fmt: skip
+        logger.info(
+            "standing by for the leader Lease %s/%s as %s",
+            self.config.namespace,
+            self.config.name,
+            self.config.identity,
+        )
         while not await self._attempt():
             await asyncio.sleep(self.config.retry_period)
-        logger.info("leading: this replica holds the Lease %s/%s and starts its handlers", self.config.namespace,
-                    self.config.name)  # fmt: skip
+        logger.info(
+            "leading: this replica holds the Lease %s/%s and starts its handlers",
+            self.config.namespace,
+            self.config.name,
+        )
 
     async def hold(self) -> None:
         """Renew the Lease until it is lost: another holder, or no renewal within the renew deadline."""

@@ -29,22 +29,27 @@ RECONCILES = Counter(
     "phoenix_operator_reconciles",
     "Reconciles of a PhoenixStage by outcome: success, retry (temporary error), failed (permanent error), error "
     "(unexpected exception, retried by kopf).",
-    ["outcome"], registry=REGISTRY,
-)  # fmt: skip
+    ["outcome"],
+    registry=REGISTRY,
+)
 RECONCILE_SECONDS = Histogram(
-    "phoenix_operator_reconcile_duration_seconds", "Time one reconcile of a PhoenixStage took, whatever its outcome.",
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30), registry=REGISTRY,
-)  # fmt: skip
+    "phoenix_operator_reconcile_duration_seconds",
+    "Time one reconcile of a PhoenixStage took, whatever its outcome.",
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+    registry=REGISTRY,
+)
 DRIFT_REPAIRS = Counter(
     "phoenix_operator_drift_repairs",
     "Children of a stage found deleted or changed out of band and put back, by kind (Deployment, ScaledObject, "
     "TriggerAuthentication, ConsumerGroup, DLQ).",
-    ["namespace", "stage", "kind"], registry=REGISTRY,
-)  # fmt: skip
-LEADER = Gauge(
-    "phoenix_operator_leader", "1 while this replica runs the handlers (holds the leader Lease), else 0.",
+    ["namespace", "stage", "kind"],
     registry=REGISTRY,
-)  # fmt: skip
+)
+LEADER = Gauge(
+    "phoenix_operator_leader",
+    "1 while this replica runs the handlers (holds the leader Lease), else 0.",
+    registry=REGISTRY,
+)
 
 
 def record_drift_repair(namespace: str, stage: str, kind: str) -> None:
@@ -114,13 +119,19 @@ def stage_figures(record: StageRecord, stats: QueueStats | None, deployment: Map
     queue: dict[str, Any] = {}
     if stats is not None:
         queue = {
-            "backlog": stats.lag, "pending": stats.pending, "dlq_length": stats.dlq_length,
+            "backlog": stats.lag,
+            "pending": stats.pending,
+            "dlq_length": stats.dlq_length,
             "oldest_unfinished_seconds": stats.oldest_unfinished_seconds,
-        }  # fmt: skip
+        }
     return StageFigures(
-        record.namespace, record.name, ready=ready is not None and ready.get("status") == "True",
-        ready_replicas=replicas.ready, desired_replicas=replicas.desired, **queue,
-    )  # fmt: skip
+        record.namespace,
+        record.name,
+        ready=ready is not None and ready.get("status") == "True",
+        ready_replicas=replicas.ready,
+        desired_replicas=replicas.desired,
+        **queue,
+    )
 
 
 class StageGauges(Collector):

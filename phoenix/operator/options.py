@@ -58,38 +58,51 @@ def _default_log_format() -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
-        "-n", "--namespace", action="append", metavar="NS", help="serve this namespace (repeatable; kopf globs "
-        "like `team-*` work); default: all namespaces",
-    )  # fmt: skip
+        "-n",
+        "--namespace",
+        action="append",
+        metavar="NS",
+        help="serve this namespace (repeatable; kopf globs like `team-*` work); default: all namespaces",
+    )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace (the default)")
     parser.add_argument(
         "--liveness", metavar="URL", help="serve kopf's health endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
     parser.add_argument(
-        "--refresh-interval", type=_positive, metavar="SECONDS",
+        "--refresh-interval",
+        type=_positive,
+        metavar="SECONDS",
         default=float(os.environ.get("PHOENIX_REFRESH_INTERVAL", DEFAULT_REFRESH_SECONDS)),
         help=f"seconds between status refreshes of all stages (default ${{PHOENIX_REFRESH_INTERVAL}} or "
         f"{DEFAULT_REFRESH_SECONDS:g})",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--metrics-port", type=_port, metavar="PORT", default=os.environ.get("PHOENIX_METRICS_PORT", "0"),
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        default=os.environ.get("PHOENIX_METRICS_PORT", "0"),
         help="serve /metrics, /healthz and /readyz on this port, leader or standby (default $PHOENIX_METRICS_PORT "
         "or 0: off)",
-    )  # fmt: skip
+    )
     parser.add_argument(
-        "--leader-election", action="store_true",
+        "--leader-election",
+        action="store_true",
         help="run the handlers only while holding a coordination.k8s.io Lease, so that several replicas can run",
-    )  # fmt: skip
+    )
     parser.add_argument("--lease-name", default=DEFAULT_LEASE_NAME, help=f"default: {DEFAULT_LEASE_NAME}")
     parser.add_argument(
-        "--lease-namespace", metavar="NS", default=os.environ.get("POD_NAMESPACE"),
+        "--lease-namespace",
+        metavar="NS",
+        default=os.environ.get("POD_NAMESPACE"),
         help="namespace of the Lease (default $POD_NAMESPACE, else the pod's own namespace)",
-    )  # fmt: skip
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(
-        "--log-format", choices=("json", "full", "plain"), default=_default_log_format(),
+        "--log-format",
+        choices=("json", "full", "plain"),
+        default=_default_log_format(),
         help="default: json when $LOG_FORMAT is json (as for workers), else full",
-    )  # fmt: skip
+    )
     return parser
 
 

@@ -68,10 +68,11 @@ def check_stream_names(streams: StageKeys) -> None:
     defaults derive from the stage's name (phoenix.keys spells those key formats once)."""
     if streams.output == streams.input:
         raise StageError(
-            "InvalidSpec", f"output stream {streams.output!r} is the stage's own input stream: the stage would "
+            "InvalidSpec",
+            f"output stream {streams.output!r} is the stage's own input stream: the stage would "
             "feed itself (its workers refuse to start so); point spec.output at another stream or stage",
             permanent=True,
-        )  # fmt: skip
+        )
     if streams.dlq in (streams.input, streams.output):
         raise StageError(
             "InvalidSpec", f"the DLQ {streams.dlq!r} must differ from the input and output streams", permanent=True
@@ -103,9 +104,9 @@ async def prepare_streams(pool: RedisPool, url: str, streams: StageKeys, existed
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []
     if created.group:
-        actions.append(Action(
-            "ConsumerGroupCreated", f"created consumer group {streams.consumer_group} on {streams.input}{again}"
-        ))  # fmt: skip
+        actions.append(
+            Action("ConsumerGroupCreated", f"created consumer group {streams.consumer_group} on {streams.input}{again}")
+        )
     if created.dlq:
         actions.append(Action("DlqCreated", f"created the dead-letter stream {streams.dlq}{again}"))
     return actions
@@ -115,16 +116,17 @@ def _transitions(record: StageRecord, stage: PhoenixStage, autoscaling: Conditio
     """Paused/resumed and KEDA adopted, against what this operator saw before."""
     actions = []
     if record.paused is not None and record.paused != stage.spec.paused:
-        actions.append(Action("Paused", "scaled to zero; entries wait in the stream") if stage.spec.paused
-                       else Action("Resumed", f"back to at least replicas.min ({stage.spec.replicas.min})"))
+        actions.append(
+            Action("Paused", "scaled to zero; entries wait in the stream")
+            if stage.spec.paused
+            else Action("Resumed", f"back to at least replicas.min ({stage.spec.replicas.min})")
+        )
     if waits_for_keda({"status": record.status}) and autoscaling.status == "True":
         actions.append(Action("KedaAdopted", "KEDA is installed now: the stage is handed over to its ScaledObject"))
     return actions
 
 
-async def reconcile(
-    kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any]
-) -> Reconciled:
+async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any]) -> Reconciled:
     """Idempotent: safe on create, update, drift and operator restart, and writes only what differs from the
     spec. Raises StageError when the stage cannot run."""
     stage = parse_stage(body)
@@ -146,10 +148,12 @@ async def reconcile(
 def reconciled_status(result: Reconciled, generation: int | None) -> tuple[dict[str, Any], list[Condition]]:
     """The status fields and conditions a successful reconcile writes."""
     streams = new_condition(
-        ConditionType.STREAM_READY, True, "StreamReady",
+        ConditionType.STREAM_READY,
+        True,
+        "StreamReady",
         f"stream {result.streams.input} with consumer group {result.streams.consumer_group}, DLQ {result.streams.dlq}",
         observed_generation=generation,
-    )  # fmt: skip
+    )
     fields = {
         "observedGeneration": generation,
         "streams": StreamsStatus.of(result.streams).to_k8s(),
@@ -239,8 +243,10 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
         streams = await _delete_redis_data(ctx, record, body)
     except StageError as error:
         delay = backoff(retry)
-        told = StageError(error.reason, f"deletionPolicy is Delete and the Redis data cannot be deleted yet: "
-                                        f"{error.message} ({_KEEP_DATA_HINT})")  # fmt: skip
+        told = StageError(
+            error.reason,
+            f"deletionPolicy is Delete and the Redis data cannot be deleted yet: {error.message} ({_KEEP_DATA_HINT})",
+        )
         record.error = new_condition(
             ConditionType.READY, False, error.reason, f"{told.message}; attempt {retry + 1}, next in {delay:g} s"
         )
@@ -248,9 +254,10 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
         await ctx.events.warning(record, DELETE, told)
         raise kopf.TemporaryError(str(error), delay=delay) from None
     await ctx.events.normal(
-        record, "RedisDataDeleted",
+        record,
+        "RedisDataDeleted",
         f"deleted consumer group {streams.consumer_group}, streams {streams.input} and {streams.dlq}",
-    )  # fmt: skip
+    )
     ctx.registry.forget(record.key)
     await ctx.pool.retain({r.redis_url for r in ctx.registry.records() if r.redis_url is not None})
 

@@ -48,9 +48,7 @@ async def destroy(client: Redis, streams: StageKeys) -> None:
     await pipe.execute(raise_on_error=False)
 
 
-async def replay_once(
-    client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None
-) -> int:
+async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None) -> int:
     """Move up to `limit` (None: all) DLQ entries back to the input, at most once for the request `ledger` names.
 
     Each batch is one MULTI/EXEC holding the claim of the batch (HINCRBY claimed) and the atomic move of the

@@ -29,8 +29,10 @@ class GrouperProcessor(BaseProcessor):
         source = parsed_key(record_id)
         raw = await self.redis.get(source)
         if raw is None:
-            raise RecordNotFoundError(f"no findings for record {record_id} at {source}: never parsed, or expired "
-                                      "GROUPED_TTL after an earlier grouping")
+            raise RecordNotFoundError(
+                f"no findings for record {record_id} at {source}: never parsed, or expired "
+                "GROUPED_TTL after an earlier grouping"
+            )
         groups = group_biomarkers(Findings.model_validate_json(raw).biomarkers)
         key = grouped_key(record_id)
         # One transaction: the findings get their lifetime only together with the groups made from them.

@@ -30,11 +30,22 @@ RANGE = re.compile(
 # A flag printed right after the value ("131H", "131 (H)" is a separate token) counts as the row's flag.
 VALUE = re.compile(rf"(?P<op>{_COMPARATOR})?\s*(?P<number>{_NUMBER})(?P<flag>HH|LL|H|L)?{_END}")
 FLAG_WORDS: dict[str, Flag | None] = {
-    "h": "H", "hh": "H", "high": "H", "critical high": "H", "l": "L", "ll": "L", "low": "L", "critical low": "L",
-    "n": "normal", "normal": "normal",
+    "h": "H",
+    "hh": "H",
+    "high": "H",
+    "critical high": "H",
+    "l": "L",
+    "ll": "L",
+    "low": "L",
+    "critical low": "L",
+    "n": "normal",
+    "normal": "normal",
     # No direction: the range decides between H and L.
-    "a": None, "aa": None, "abnormal": None, "critical": None,
-}  # fmt: skip
+    "a": None,
+    "aa": None,
+    "abnormal": None,
+    "critical": None,
+}
 FLAG = re.compile(
     r"\(?(?P<word>HH|LL|H|L|AA|A|N|(?i:critical\s+high|critical\s+low|critical|high|low|abnormal|normal))\)?" + _END
 )
@@ -45,16 +56,36 @@ LAB_UNIT = re.compile(r"[/%^*]|^(?:fL|pg|mmHg|ratio|sec|IU|U|mEq|index)$", re.IG
 
 Role = Literal["name", "value", "flag", "unit", "range", "other"]
 HEADER_WORDS: dict[str, Role] = {
-    "test": "name", "tests": "name", "test name": "name", "analyte": "name", "component": "name",
-    "parameter": "name", "investigation": "name",
-    "result": "value", "results": "value", "value": "value", "your value": "value", "current result": "value",
-    "current result and flag": "value", "result and flag": "value",
-    "flag": "flag", "flags": "flag", "abnormal flag": "flag", "status": "flag",
-    "unit": "unit", "units": "unit",
-    "reference range": "range", "reference interval": "range", "ref range": "range", "ref. range": "range",
-    "reference": "range", "normal range": "range", "range": "range", "reference values": "range",
+    "test": "name",
+    "tests": "name",
+    "test name": "name",
+    "analyte": "name",
+    "component": "name",
+    "parameter": "name",
+    "investigation": "name",
+    "result": "value",
+    "results": "value",
+    "value": "value",
+    "your value": "value",
+    "current result": "value",
+    "current result and flag": "value",
+    "result and flag": "value",
+    "flag": "flag",
+    "flags": "flag",
+    "abnormal flag": "flag",
+    "status": "flag",
+    "unit": "unit",
+    "units": "unit",
+    "reference range": "range",
+    "reference interval": "range",
+    "ref range": "range",
+    "ref. range": "range",
+    "reference": "range",
+    "normal range": "range",
+    "range": "range",
+    "reference values": "range",
     "standard range": "range",
-}  # fmt: skip
+}
 # What each column may hold; an unknown column ("Previous result", "Lab") is skipped.
 _ALLOWED: dict[Role, frozenset[str]] = {
     "value": frozenset({"value", "flag"}),
@@ -164,8 +195,10 @@ def _is_result(tail: _Tail) -> bool:
 
 def _is_name(name: str) -> bool:
     # A name ending in a number ("Glucose 131") means two numbers before the unit: ambiguous, not a name.
-    return bool(re.match(r"[A-Za-z0-9]", name)) and sum(c.isalpha() for c in name) >= 2 and not VALUE.fullmatch(
-        name.split()[-1]
+    return (
+        bool(re.match(r"[A-Za-z0-9]", name))
+        and sum(c.isalpha() for c in name) >= 2
+        and not VALUE.fullmatch(name.split()[-1])
     )
 
 

@@ -61,8 +61,9 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
     processor.redis = app_client
     processor.logger = structlog.get_logger(processor_class.name or processor_class.__name__)
     processor.settings = settings
-    keys = ApiKeyProvider(app_client, stage=settings.service_name, billing_url=billing.billing_url,
-                          master_key=billing.billing_master_key)
+    keys = ApiKeyProvider(
+        app_client, stage=settings.service_name, billing_url=billing.billing_url, master_key=billing.billing_master_key
+    )
     runner = None
     try:
         try:

@@ -92,5 +92,10 @@ class Backpressure:
     def _pause(self, unfinished: int) -> None:
         self.paused = True
         self._m_paused.set(1)
-        log.warning("backpressure_paused", output=self._output, unfinished=unfinished, high_water=self._high,
-                    low_water=self._low)
+        log.warning(
+            "backpressure_paused",
+            output=self._output,
+            unfinished=unfinished,
+            high_water=self._high,
+            low_water=self._low,
+        )

@@ -60,9 +60,7 @@ class BillingSettings(BaseSettings):
     """BILLING_URL (unset = billing off), BILLING_MASTER_KEY, BILLING_SWAP_ENV (true/false; unset = auto)."""
 
     # Empty variables count as unset: manifests often render an absent optional value as "".
-    model_config = SettingsConfigDict(
-        case_sensitive=False, extra="ignore", frozen=True, env_ignore_empty=True
-    )
+    model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True, env_ignore_empty=True)
 
     billing_url: str | None = None
     billing_master_key: SecretStr | None = None
@@ -188,12 +186,8 @@ class ApiKeyProvider:
     async def _fetch_and_cache(self, user_id: str, cache_key: str) -> SecretStr:
         fetched = await self._fetch(user_id)
         # NX GET: if a worker whose guard expired mid-fetch cached its key first, everyone adopts that one.
-        earlier = await self._redis.set(
-            cache_key, fetched.get_secret_value(), nx=True, get=True, ex=KEY_TTL_SECONDS
-        )
-        log.info(
-            "billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=earlier is not None
-        )
+        earlier = await self._redis.set(cache_key, fetched.get_secret_value(), nx=True, get=True, ex=KEY_TTL_SECONDS)
+        log.info("billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=earlier is not None)
         return SecretStr(text(earlier)) if earlier is not None else fetched
 
     async def _fetch(self, user_id: str) -> SecretStr:
@@ -204,7 +198,8 @@ class ApiKeyProvider:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:
             async with self._session.post(
-                self._endpoint, json=body,
+                self._endpoint,
+                json=body,
                 headers={"Authorization": f"Bearer {self._master_key.get_secret_value()}"},
             ) as response:
                 if response.status in (401, 403):
@@ -212,9 +207,7 @@ class ApiKeyProvider:
                         f"billing service at {shown} rejected BILLING_MASTER_KEY (HTTP {response.status})"
                     )
                 if response.status // 100 != 2:
-                    raise BillingUnavailableError(
-                        f"billing service at {shown} answered HTTP {response.status}"
-                    )
+                    raise BillingUnavailableError(f"billing service at {shown} answered HTTP {response.status}")
                 reply: Any = await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             # `from None`: aiohttp errors carry the request headers (the master key) in request_info.

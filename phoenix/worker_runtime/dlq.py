@@ -24,14 +24,16 @@ def dead_letter_fields(
     """The original fields (bytes kept as they came, even undecodable ones) plus why and where it failed."""
     fields: dict[bytes, str | bytes] = {k: v for k, v in raw.items() if k not in _FAILURE_KEYS}
     original_id = raw.get(b"original_id", entry_id.encode())
-    fields.update({
-        b"error": error[:2000],
-        b"error_type": error_type,
-        b"stage": stage,
-        b"attempts": str(attempts),
-        b"original_id": original_id,
-        b"failed_at": datetime.fromtimestamp(time.time(), UTC).isoformat(timespec="milliseconds"),
-    })
+    fields.update(
+        {
+            b"error": error[:2000],
+            b"error_type": error_type,
+            b"stage": stage,
+            b"attempts": str(attempts),
+            b"original_id": original_id,
+            b"failed_at": datetime.fromtimestamp(time.time(), UTC).isoformat(timespec="milliseconds"),
+        }
+    )
     return [item for pair in fields.items() for item in pair]
 
 

@@ -10,7 +10,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 
 
 async def start_health_server(
-    port: int, *, alive: Callable[[], bool], ready: Callable[[], Awaitable[tuple[bool, str]]],
+    port: int,
+    *,
+    alive: Callable[[], bool],
+    ready: Callable[[], Awaitable[tuple[bool, str]]],
     registry: CollectorRegistry = REGISTRY,
 ) -> web.AppRunner:
     """Serve until the returned runner is cleaned up; `registry` is what /metrics exposes (the operator has its own)."""

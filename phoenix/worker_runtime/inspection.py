@@ -125,8 +125,9 @@ async def inspect_record(
     """`client` must decode responses (the CLI's does, replacing undecodable bytes)."""
     s = settings
     now_ms = time.time() * 1000
-    report = RecordReport(s.service_name, record_id, s.input_queue, s.consumer_group, s.claim_idle_ms / 1000,
-                          scan_limit)
+    report = RecordReport(
+        s.service_name, record_id, s.input_queue, s.consumer_group, s.claim_idle_ms / 1000, scan_limit
+    )
     last_delivered = await _read_group(client, s, report)
     async for entry_id, fields in entries_of(client, s.input_queue, record_id, scan_limit):
         report.entries.append(await _input_entry(client, s, entry_id, fields, last_delivered, now_ms))
@@ -151,10 +152,15 @@ async def inspect_record(
     report.retries.sort(key=lambda r: r.due_at)
 
     async for entry_id, fields in entries_of(client, s.dlq_name, record_id, scan_limit):
-        report.dead_letters.append(DeadLetter(
-            entry_id, fields.get("failed_at", ""), fields.get("error_type", ""), fields.get("error", ""),
-            fields.get("attempts", ""),
-        ))
+        report.dead_letters.append(
+            DeadLetter(
+                entry_id,
+                fields.get("failed_at", ""),
+                fields.get("error_type", ""),
+                fields.get("error", ""),
+                fields.get("attempts", ""),
+            )
+        )
     if s.output_queue:
         async for entry_id, _ in entries_of(client, s.output_queue, record_id, scan_limit):
             report.forwarded.append(Forwarded(s.output_queue, entry_id, _age(entry_id, now_ms)))
@@ -195,7 +201,11 @@ async def entries_of(
 
 
 async def _input_entry(
-    client: Redis, s: WorkerSettings, entry_id: str, fields: dict[str, str], last_delivered: str | None,
+    client: Redis,
+    s: WorkerSettings,
+    entry_id: str,
+    fields: dict[str, str],
+    last_delivered: str | None,
     now_ms: float,
 ) -> InputEntry:
     age, retry_count = _age(entry_id, now_ms), int(fields.get(_RETRY_COUNT) or 0)
@@ -205,8 +215,15 @@ async def _input_entry(
     if not rows:
         return InputEntry(entry_id, age, "acknowledged", retry_count)
     row = rows[0]
-    return InputEntry(entry_id, age, "pending", retry_count, text(row["consumer"]), int(row["times_delivered"]),
-                      int(row["time_since_delivered"]) / 1000)
+    return InputEntry(
+        entry_id,
+        age,
+        "pending",
+        retry_count,
+        text(row["consumer"]),
+        int(row["times_delivered"]),
+        int(row["time_since_delivered"]) / 1000,
+    )
 
 
 def _waiting_retry(fields: dict[str, str], due_ms: float, now_ms: float) -> WaitingRetry:
@@ -248,32 +265,48 @@ def diagnose(r: RecordReport) -> str:
         return _locked(r, pending)
     if r.retries:
         retry = r.retries[0]
-        return (f"retrying: attempt {retry.attempt - 1} failed ({retry.last_error or 'no error recorded'}); "
-                f"attempt {retry.attempt} is due at {retry.due_at} (in {duration(retry.due_in_seconds)})")
+        return (
+            f"retrying: attempt {retry.attempt - 1} failed ({retry.last_error or 'no error recorded'}); "
+            f"attempt {retry.attempt} is due at {retry.due_at} (in {duration(retry.due_in_seconds)})"
+        )
     if pending:
         return _pending_unlocked(r, pending[-1])
     if waiting:
         entry = waiting[0]
         if r.marker is not None:
-            return (f"committed by entry {r.marker.committed_by}; the waiting entry {entry.entry_id} will be "
-                    "skipped as a duplicate")
+            return (
+                f"committed by entry {r.marker.committed_by}; the waiting entry {entry.entry_id} will be "
+                "skipped as a duplicate"
+            )
         if not any(c.alive for c in r.consumers.values()):
-            return (f"waiting for {duration(entry.age_seconds)} in {r.input_stream}, but group {r.group} has no live "
-                    "consumer: is the stage running (not paused, not crash-looping)?")
-        return (f"waiting: entry {entry.entry_id} was added {duration(entry.age_seconds)} ago; "
-                f"{r.lag if r.lag is not None else 'an unknown number of'} entries of the stage are not yet delivered")
+            return (
+                f"waiting for {duration(entry.age_seconds)} in {r.input_stream}, but group {r.group} has no live "
+                "consumer: is the stage running (not paused, not crash-looping)?"
+            )
+        return (
+            f"waiting: entry {entry.entry_id} was added {duration(entry.age_seconds)} ago; "
+            f"{r.lag if r.lag is not None else 'an unknown number of'} entries of the stage are not yet delivered"
+        )
     if r.marker is not None:
-        return (f"committed by entry {r.marker.committed_by}; duplicates will be skipped for the next "
-                f"{duration(r.marker.ttl_seconds)} (IDEMPOTENCY_TTL)")
+        return (
+            f"committed by entry {r.marker.committed_by}; duplicates will be skipped for the next "
+            f"{duration(r.marker.ttl_seconds)} (IDEMPOTENCY_TTL)"
+        )
     if r.dead_letters:
         dead = r.dead_letters[0]
-        return (f"dead-lettered at {dead.failed_at}: {dead.error_type}: {dead.error} "
-                "(fix the cause, then `phoenix reprocess` or `phoenix dlq replay`)")
+        return (
+            f"dead-lettered at {dead.failed_at}: {dead.error_type}: {dead.error} "
+            "(fix the cause, then `phoenix reprocess` or `phoenix dlq replay`)"
+        )
     if r.entries:
-        return ("acknowledged, but no marker, retry or dead letter: its marker expired (IDEMPOTENCY_TTL), or the "
-                "entry was acknowledged by hand")
-    return (f"no trace of {r.record_id} in the newest {r.scan_limit} entries of {r.input_stream}, its retry set or "
-            "its DLQ: was it enqueued to this stage?")
+        return (
+            "acknowledged, but no marker, retry or dead letter: its marker expired (IDEMPOTENCY_TTL), or the "
+            "entry was acknowledged by hand"
+        )
+    return (
+        f"no trace of {r.record_id} in the newest {r.scan_limit} entries of {r.input_stream}, its retry set or "
+        "its DLQ: was it enqueued to this stage?"
+    )
 
 
 def _locked(r: RecordReport, pending: list[InputEntry]) -> str:
@@ -284,18 +317,24 @@ def _locked(r: RecordReport, pending: list[InputEntry]) -> str:
         return f"in flight: {lock.holder} is processing it (lock renewed, {duration(lock.ttl_seconds)} left)"
     whose = [e for e in pending if e.consumer == lock.holder]
     when = f"its entry {_reclaim_time(r, whose[-1])}" if whose else "no entry of it is pending on that consumer"
-    return (f"locked by a consumer that {_dead_state(holder)} (dead): {when}, and the lock expires in "
-            f"{duration(lock.ttl_seconds)}; `phoenix unlock` and `phoenix reclaim` act now")
+    return (
+        f"locked by a consumer that {_dead_state(holder)} (dead): {when}, and the lock expires in "
+        f"{duration(lock.ttl_seconds)}; `phoenix unlock` and `phoenix reclaim` act now"
+    )
 
 
 def _pending_unlocked(r: RecordReport, entry: InputEntry) -> str:
     owner = r.consumers.get(entry.consumer or "")
     if owner is not None and owner.alive:
-        return (f"delivered to {entry.consumer} (alive) {duration(entry.idle_seconds or 0)} ago and left pending "
-                f"without a lock (its circuit is open, or it is shutting down): if it stays idle, it "
-                f"{_reclaim_time(r, entry)}")
-    return (f"delivered to {entry.consumer}, a consumer that {_dead_state(owner)} (dead): it "
-            f"{_reclaim_time(r, entry)}; `phoenix reclaim` acts now")
+        return (
+            f"delivered to {entry.consumer} (alive) {duration(entry.idle_seconds or 0)} ago and left pending "
+            f"without a lock (its circuit is open, or it is shutting down): if it stays idle, it "
+            f"{_reclaim_time(r, entry)}"
+        )
+    return (
+        f"delivered to {entry.consumer}, a consumer that {_dead_state(owner)} (dead): it "
+        f"{_reclaim_time(r, entry)}; `phoenix reclaim` acts now"
+    )
 
 
 def _dead_state(consumer: Consumer | None) -> str:

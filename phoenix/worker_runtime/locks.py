@@ -44,8 +44,12 @@ class RecordLocks:
     async def acquire(self, messages: Sequence[Message]) -> list[int]:
         s = self._settings
         args: list[str | int] = [
-            s.consumer_group, self.token, math.ceil(s.lock_timeout), math.ceil(s.idempotency_ttl),
-            s.lock_prefix, s.marker_prefix,
+            s.consumer_group,
+            self.token,
+            math.ceil(s.lock_timeout),
+            math.ceil(s.idempotency_ttl),
+            s.lock_prefix,
+            s.marker_prefix,
         ]
         for m in messages:
             args += (m.entry_id, m.record_id)
@@ -55,7 +59,11 @@ class RecordLocks:
         """Extend the locks still ours and reset their entries' idle time; returns record ids whose lock is gone."""
         s = self._settings
         args: list[str | int] = [
-            s.consumer_group, s.consumer_name, self.token, math.ceil(s.lock_timeout), s.lock_prefix,
+            s.consumer_group,
+            s.consumer_name,
+            self.token,
+            math.ceil(s.lock_timeout),
+            s.lock_prefix,
         ]
         for m in messages:
             args += (m.entry_id, m.record_id)

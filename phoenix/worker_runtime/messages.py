@@ -80,8 +80,15 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
     except ValueError as exc:
         return MalformedEntry(entry_id, raw, f"bad runtime field: {exc}")
     return Message(
-        entry_id, record_id, fields.get("user_id", ""), data, raw, retry_count, first_failed_at,
-        fields.get("original_id"), fields.get("traceparent"),
+        entry_id,
+        record_id,
+        fields.get("user_id", ""),
+        data,
+        raw,
+        retry_count,
+        first_failed_at,
+        fields.get("original_id"),
+        fields.get("traceparent"),
     )
 
 

@@ -16,7 +16,6 @@ _WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 1440
 _DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
 
 
-
 class _StageHistogramChild:
     __slots__ = ("_bounds", "counts", "sum")
 
@@ -67,7 +66,8 @@ PROCESSING_SECONDS = StageHistogram(
     "phoenix_processing_duration_seconds", "Time spent in the processor per message.", _DURATION_BUCKETS
 )
 QUEUE_WAIT_SECONDS = StageHistogram(
-    "phoenix_queue_wait_seconds", "Time from XADD (the stream id's timestamp) to the start of processing.",
+    "phoenix_queue_wait_seconds",
+    "Time from XADD (the stream id's timestamp) to the start of processing.",
     _WAIT_BUCKETS,
 )
 IN_FLIGHT = Gauge("phoenix_in_flight_messages", "Messages read and not yet settled.", ["stage"])
@@ -80,18 +80,22 @@ LOCK_CONTENTION = Counter(
     "phoenix_lock_contention", "Messages skipped because another worker holds the record's lock.", ["stage"]
 )
 BILLING_KEY_LOOKUPS = Counter(
-    "phoenix_billing_key_lookups", "Per-user API key lookups by result: hit (cached) or miss (fetched).",
+    "phoenix_billing_key_lookups",
+    "Per-user API key lookups by result: hit (cached) or miss (fetched).",
     ["stage", "result"],
 )
 DLQ_TRIMMED = Counter(
-    "phoenix_dlq_trimmed_messages", "Dead letters removed from the DLQ because it held more than DLQ_MAXLEN.",
+    "phoenix_dlq_trimmed_messages",
+    "Dead letters removed from the DLQ because it held more than DLQ_MAXLEN.",
     ["stage"],
 )
 BACKPRESSURE = Gauge(
-    "phoenix_backpressure", "1 while the stage has stopped reading because its output is over OUTPUT_HIGH_WATER.",
+    "phoenix_backpressure",
+    "1 while the stage has stopped reading because its output is over OUTPUT_HIGH_WATER.",
     ["stage"],
 )
 OUTPUT_UNFINISHED = Gauge(
-    "phoenix_output_unfinished_messages", "Entries of the output stream the next stage has not acknowledged yet.",
+    "phoenix_output_unfinished_messages",
+    "Entries of the output stream the next stage has not acknowledged yet.",
     ["stage"],
 )

@@ -94,9 +94,9 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
     # Stages with a backlog, and the id their group delivered last: the next entry is the first undelivered.
     backlog: dict[int, str] = {}
     for i, st in enumerate(stages):
-        length, groups, pending, dlq_length, dlq_trimmed, paused = (
-            replies[i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE]
-        )
+        length, groups, pending, dlq_length, dlq_trimmed, paused = replies[
+            i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE
+        ]
         extra: _Extra = {"dlq_trimmed": _int(dlq_trimmed), "backpressure": None if paused is None else _int(paused)}
         group = _find_group(groups, st.group)
         if group is None or isinstance(pending, ResponseError):
@@ -110,17 +110,19 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
         lag, read = group.get("lag"), group.get("entries-read")
         if lag is None or lag > 0:
             backlog[i] = text(group["last-delivered-id"])
-        out.append(QueueStats(
-            length=_int(length),
-            pending=int(pending["pending"]),
-            lag=None if lag is None else int(lag),
-            oldest_pending_seconds=oldest,
-            dlq_length=_int(dlq_length),
-            consumers=int(group["consumers"]),
-            group_exists=True,
-            read=None if read is None else int(read),
-            **extra,
-        ))
+        out.append(
+            QueueStats(
+                length=_int(length),
+                pending=int(pending["pending"]),
+                lag=None if lag is None else int(lag),
+                oldest_pending_seconds=oldest,
+                dlq_length=_int(dlq_length),
+                consumers=int(group["consumers"]),
+                group_exists=True,
+                read=None if read is None else int(read),
+                **extra,
+            )
+        )
     if backlog:
         pipe = client.pipeline(transaction=False)
         for i, last_delivered in backlog.items():

@@ -44,8 +44,12 @@ class Reclaimer:
             return {}
         s = self._s
         rows = await self._client.xpending_range(
-            s.input_queue, s.consumer_group, min=min(entry_ids, key=id_order), max=max(entry_ids, key=id_order),
-            count=len(entry_ids) * 4 + 100, consumername=s.consumer_name,
+            s.input_queue,
+            s.consumer_group,
+            min=min(entry_ids, key=id_order),
+            max=max(entry_ids, key=id_order),
+            count=len(entry_ids) * 4 + 100,
+            consumername=s.consumer_name,
         )
         return {text(r["message_id"]): int(r["times_delivered"]) for r in rows}
 

@@ -50,7 +50,12 @@ Entry = tuple[bytes, dict[bytes, bytes] | None]
 
 
 async def text_range(
-    client: aioredis.Redis, stream: str, *, first: str = "-", last: str = "+", count: int | None = None,
+    client: aioredis.Redis,
+    stream: str,
+    *,
+    first: str = "-",
+    last: str = "+",
+    count: int | None = None,
     newest_first: bool = False,
 ) -> list[TextEntry]:
     """XRANGE (XREVRANGE when `newest_first`) on a client that decodes responses."""

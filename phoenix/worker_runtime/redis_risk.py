@@ -53,12 +53,16 @@ async def assess_redis(client: Redis) -> RedisRisk:
     snapshots = config.get("save", "")
     problems = []
     if policy != "noeviction":
-        problems.append(f"maxmemory-policy is {policy}, not noeviction: under memory pressure Redis deletes "
-                        "streams, markers and locks")
+        problems.append(
+            f"maxmemory-policy is {policy}, not noeviction: under memory pressure Redis deletes "
+            "streams, markers and locks"
+        )
     if aof != "yes" and not snapshots.strip():
         problems.append("no persistence (appendonly no, no save points): a restart empties every stream")
     if role not in ("master", "primary"):
         problems.append(f"role is {role}: writes go to a replica")
-    settings = (f"maxmemory-policy={policy}, appendonly={aof}, appendfsync={config.get('appendfsync', 'unknown')}, "
-                f"save='{snapshots}', role={role}, replicas={replicas}")
+    settings = (
+        f"maxmemory-policy={policy}, appendonly={aof}, appendfsync={config.get('appendfsync', 'unknown')}, "
+        f"save='{snapshots}', role={role}, replicas={replicas}"
+    )
     return RedisRisk(True, tuple(problems), settings)

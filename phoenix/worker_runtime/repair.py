@@ -73,8 +73,9 @@ async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | No
     done: list[Reclaimed] = []
     start = "-"
     while True:
-        rows = await client.xpending_range(s.input_queue, s.consumer_group, min=start, max="+",
-                                           count=_RECLAIM_BATCH, idle=min_idle)
+        rows = await client.xpending_range(
+            s.input_queue, s.consumer_group, min=start, max="+", count=_RECLAIM_BATCH, idle=min_idle
+        )
         if not rows:
             return done
         start = "(" + text(rows[-1]["message_id"])
@@ -84,8 +85,18 @@ async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | No
             args += (c.entry_id, c.record_id, token)
         replies = await script(keys=[s.input_queue], args=args)
         for (c, _), (status, new_id, released) in zip(candidates, replies, strict=True):
-            done.append(Reclaimed(c.entry_id, c.record_id, c.consumer, c.idle_seconds, c.deliveries, text(status),
-                                  text(new_id), bool(released)))
+            done.append(
+                Reclaimed(
+                    c.entry_id,
+                    c.record_id,
+                    c.consumer,
+                    c.idle_seconds,
+                    c.deliveries,
+                    text(status),
+                    text(new_id),
+                    bool(released),
+                )
+            )
 
 
 async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Reclaimed, str]:
@@ -95,8 +106,9 @@ async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Recla
     record_id = entries[0][1].get("record_id", "") if entries else ""
     token = await client.get(s.lock_prefix + record_id) if record_id else None
     owned = token is not None and lock_holder(text(token)) == consumer
-    found = Reclaimed(entry_id, record_id, consumer, int(row["time_since_delivered"]) / 1000,
-                      int(row["times_delivered"]), "")
+    found = Reclaimed(
+        entry_id, record_id, consumer, int(row["time_since_delivered"]) / 1000, int(row["times_delivered"]), ""
+    )
     return found, text(token) if owned else ""
 
 
@@ -128,15 +140,18 @@ async def plan_reprocess(
             found.append((id_order(entry_id), name, entry_id, fields))
             break
     if not found:
-        raise ReprocessError(f"no entry of record {record_id} in the newest {scan_limit} entries of "
-                             f"{s.input_queue} or {s.dlq_name}: add it with `phoenix enqueue`")
+        raise ReprocessError(
+            f"no entry of record {record_id} in the newest {scan_limit} entries of "
+            f"{s.input_queue} or {s.dlq_name}: add it with `phoenix enqueue`"
+        )
     _, name, entry_id, fields = max(found, key=lambda f: f[0])
     kept = {k: v for k, v in fields.items() if k not in _DROPPED_ON_REPROCESS}
     kept.setdefault("original_id", fields.get("original_id", entry_id))
     marker_key = s.marker_prefix + record_id
     committed_by = await client.get(marker_key)
-    return ReprocessPlan(record_id, name, entry_id, kept, marker_key,
-                         None if committed_by is None else text(committed_by))
+    return ReprocessPlan(
+        record_id, name, entry_id, kept, marker_key, None if committed_by is None else text(committed_by)
+    )
 
 
 async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan) -> tuple[str, bool]:
@@ -149,6 +164,7 @@ async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan
         args=[plan.source_entry_id if plan.source == "dlq" else "", *flat],
     )
     if text(reply[0]) == "locked":
-        raise ReprocessError(f"record {plan.record_id} is locked (being processed): wait, or release a stale lock "
-                             "with `phoenix unlock`")
+        raise ReprocessError(
+            f"record {plan.record_id} is locked (being processed): wait, or release a stale lock with `phoenix unlock`"
+        )
     return text(reply[1]), bool(reply[2])

@@ -16,9 +16,7 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
     return min(2 ** min(attempt, 62) * base, cap)
 
 
-def retry_member(
-    message: Message, first_failed_at: float, error: str, settings: WorkerSettings
-) -> tuple[int, str]:
+def retry_member(message: Message, first_failed_at: float, error: str, settings: WorkerSettings) -> tuple[int, str]:
     """(delay in ms, retry-set member) for settle.lua's R action."""
     delay = backoff_seconds(message.retry_count, settings.retry_base_seconds, settings.retry_max_seconds)
     return int(delay * 1000), json.dumps(retry_fields(message, first_failed_at, error))

@@ -86,8 +86,10 @@ class WorkerSettings(BaseSettings):
         if self.output_queue and self.output_queue == self.input_queue:
             raise ValueError("OUTPUT_QUEUE must differ from INPUT_QUEUE (a stage would feed itself)")
         if self.stream_maxlen is not None:
-            raise ValueError("STREAM_MAXLEN is no longer supported: streams are no longer trimmed by length; "
-                             "OUTPUT_HIGH_WATER bounds the output stream by pausing the stage instead")
+            raise ValueError(
+                "STREAM_MAXLEN is no longer supported: streams are no longer trimmed by length; "
+                "OUTPUT_HIGH_WATER bounds the output stream by pausing the stage instead"
+            )
         if self.output_low_water is None:
             self.__dict__["output_low_water"] = self.output_high_water * 4 // 5
         elif self.output_low_water >= self.output_high_water > 0:

@@ -53,7 +53,11 @@ class Settler:
         s = settings
         self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
         self._head: list[FieldValue] = [
-            s.consumer_group, token, math.ceil(s.idempotency_ttl), s.lock_prefix, s.marker_prefix,
+            s.consumer_group,
+            token,
+            math.ceil(s.idempotency_ttl),
+            s.lock_prefix,
+            s.marker_prefix,
             "1" if s.output_queue else "0",
         ]
         self._on_settled = on_settled
@@ -96,8 +100,13 @@ class Settler:
         pipe.wait(self._replicas, self._replicas_timeout_ms)
         result, acked = await pipe.execute()
         if acked < self._replicas:
-            log.warning("replicas_behind", acknowledged_by=acked, wanted=self._replicas, batch=batch,
-                        timeout_ms=self._replicas_timeout_ms)
+            log.warning(
+                "replicas_behind",
+                acknowledged_by=acked,
+                wanted=self._replicas,
+                batch=batch,
+                timeout_ms=self._replicas_timeout_ms,
+            )
         return result
 
     async def _write(self, outcomes: list[Outcome]) -> list[int]:

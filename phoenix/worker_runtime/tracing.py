@@ -20,9 +20,7 @@ class MessageTracing:
     def __init__(self, stage: str) -> None:
         self._stage = stage
         # Decided once, at worker start: asking the API per message costs an environment lookup each time.
-        self._recording = trace is not None and not isinstance(
-            trace.get_tracer_provider(), trace.ProxyTracerProvider
-        )
+        self._recording = trace is not None and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
     def span(self, record_id: str, traceparent: str | None) -> contextlib.AbstractContextManager[str | None]:
         """Around one processor call; yields the traceparent the forwarded message carries to the next stage."""
@@ -35,7 +33,9 @@ class MessageTracing:
         parent = propagate.extract({"traceparent": traceparent} if traceparent else {})
         tracer = trace.get_tracer("phoenix.worker_runtime")
         with tracer.start_as_current_span(
-            f"{self._stage} process", context=parent, kind=trace.SpanKind.CONSUMER,
+            f"{self._stage} process",
+            context=parent,
+            kind=trace.SpanKind.CONSUMER,
             attributes={"messaging.system": "redis", "phoenix.stage": self._stage, "phoenix.record_id": record_id},
         ):
             carrier: dict[str, str] = {}

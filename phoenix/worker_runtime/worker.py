@@ -39,11 +39,13 @@ from phoenix.worker_runtime.trim import Trimmer
 log = structlog.get_logger("phoenix.worker")
 
 if sys.version_info >= (3, 12):
+
     def _start_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         """Run the coroutine at once, up to its first real wait: a processor call that never waits (a cache
         hit, a no-op) then finishes without a trip through the event loop's queue."""
         return asyncio.Task(coro, loop=asyncio.get_running_loop(), eager_start=True)
 else:  # Python 3.11 has no eager tasks: an ordinary task
+
     def _start_task(coro: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
         return asyncio.get_running_loop().create_task(coro)
 
@@ -65,6 +67,7 @@ class InFlight:
     deadline: float  # monotonic; the watchdog cancels the processor call past it (PROCESSING_TIMEOUT)
     task: asyncio.Task[None] | None = None
     timed_out: bool = False
+
 
 _RECLAIM_BATCH = 100
 # Reads stay small enough that the next batch is read and claimed while earlier ones are processed and
@@ -120,8 +123,10 @@ class Worker:
         self._log_each_message = settings.log_level in ("debug", "info")
         self._reread_own_pending = True  # at start: own pending entries first (id 0), then new ones (>)
         self.last_beat = time.monotonic()
-        self._m_outcome = {o: metrics.MESSAGES.labels(stage, o) for o in
-                           ("processed", "skipped_duplicate", "retried", "dead_lettered", "deferred")}
+        self._m_outcome = {
+            o: metrics.MESSAGES.labels(stage, o)
+            for o in ("processed", "skipped_duplicate", "retried", "dead_lettered", "deferred")
+        }
         self._m_duration = metrics.PROCESSING_SECONDS.labels(stage)
         self._m_wait = metrics.QUEUE_WAIT_SECONDS.labels(stage)
         self._m_in_flight = metrics.IN_FLIGHT.labels(stage)
@@ -170,8 +175,7 @@ class Worker:
                 await self.ensure_group()
                 return True
             except RedisError as exc:
-                log.warning("redis_unavailable", error=str(exc), redis=self.settings.redis_url_redacted,
-                            retry_in=delay)
+                log.warning("redis_unavailable", error=str(exc), redis=self.settings.redis_url_redacted, retry_in=delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 delay = min(delay * 2, 10.0)
@@ -182,20 +186,31 @@ class Worker:
         if not await self._wait_for_redis():
             return
         s = self.settings
-        log.info("worker_started", input=s.input_queue, output=s.output_queue or None, group=s.consumer_group,
-                 consumer=s.consumer_name, concurrency=s.concurrency, redis=s.redis_url_redacted)
+        log.info(
+            "worker_started",
+            input=s.input_queue,
+            output=s.output_queue or None,
+            group=s.consumer_group,
+            consumer=s.consumer_name,
+            concurrency=s.concurrency,
+            redis=s.redis_url_redacted,
+        )
         await self._report_redis_risk()
         # Lock renewal, the timeout watchdog and the committer keep running while in-flight work drains.
         background = [
             asyncio.create_task(self.settler.run(), name="settler"),
             asyncio.create_task(self._every(self._renew_interval(), self._renew_locks), name="renewer"),
-            asyncio.create_task(self._every(min(1.0, s.processing_timeout / 10), self._enforce_timeouts),
-                                name="watchdog"),
+            asyncio.create_task(
+                self._every(min(1.0, s.processing_timeout / 10), self._enforce_timeouts), name="watchdog"
+            ),
             asyncio.create_task(self._every(s.trim_interval, self.trimmer.trim), name="trimmer"),
         ]
         if self.backpressure.enabled:
-            background.append(asyncio.create_task(self._every(s.backpressure_interval, self.backpressure.measure),
-                                                  name="backpressure"))
+            background.append(
+                asyncio.create_task(
+                    self._every(s.backpressure_interval, self.backpressure.measure), name="backpressure"
+                )
+            )
         intake = [
             asyncio.create_task(self._intake_loop(), name="intake"),
             asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
@@ -446,10 +461,13 @@ class Worker:
             else:
                 processed += 1
             if self._log_each_message:
-                log.info("duplicate_discarded" if outcome.duplicate else "processing_complete",
-                         record_id=outcome.record_id, message_id=outcome.entry_id,
-                         user_id=flight.message.user_id if flight else "",
-                         duration_seconds=round(done - outcome.started_at, 6))
+                log.info(
+                    "duplicate_discarded" if outcome.duplicate else "processing_complete",
+                    record_id=outcome.record_id,
+                    message_id=outcome.entry_id,
+                    user_id=flight.message.user_id if flight else "",
+                    duration_seconds=round(done - outcome.started_at, 6),
+                )
         self._m_outcome["processed"].inc(processed)
         self.backpressure.note_forwarded(processed)
         self._m_outcome["skipped_duplicate"].inc(duplicates)
@@ -574,9 +592,14 @@ class Worker:
         s = self.settings
         self._m_outcome["dead_lettered"].inc()
         log.warning("message_dead_lettered", error=str(exc), error_type=type(exc).__name__)
-        fields = dead_letter_fields(m.raw, m.entry_id, error=str(exc) or type(exc).__name__,
-                                    error_type=type(exc).__name__, stage=s.service_name,
-                                    attempts=m.retry_count + 1)
+        fields = dead_letter_fields(
+            m.raw,
+            m.entry_id,
+            error=str(exc) or type(exc).__name__,
+            error_type=type(exc).__name__,
+            stage=s.service_name,
+            attempts=m.retry_count + 1,
+        )
         return Outcome(Action.DEAD_LETTER, m.entry_id, m.record_id, True, fields)
 
     def _retry_outcome(self, m: Message, exc: BaseException) -> Outcome:
@@ -586,17 +609,22 @@ class Worker:
         error = str(exc) or type(exc).__name__
         delay_ms, member = retry_member(m, first, f"{type(exc).__name__}: {error}", s)
         self._m_outcome["retried"].inc()
-        log.warning("processing_failed_will_retry", error=error, error_type=type(exc).__name__,
-                    retry_count=m.retry_count + 1, retry_in_seconds=delay_ms / 1000)
+        log.warning(
+            "processing_failed_will_retry",
+            error=error,
+            error_type=type(exc).__name__,
+            retry_count=m.retry_count + 1,
+            retry_in_seconds=delay_ms / 1000,
+        )
         if now - first >= s.retry_warn_after:
             log.warning("message_retrying_long", retrying_for_seconds=round(now - first), retry_count=m.retry_count + 1)
         return Outcome(Action.RETRY, m.entry_id, m.record_id, True, (delay_ms, member))
 
-    def _dead_letter(self, entry_id: str, raw: dict[bytes, bytes], reason: str, error_type: str,
-                     attempts: int) -> None:
+    def _dead_letter(self, entry_id: str, raw: dict[bytes, bytes], reason: str, error_type: str, attempts: int) -> None:
         """Malformed or poison entries: no lock was taken, nothing to process; the DLQ keeps them with the reason."""
-        fields = dead_letter_fields(raw, entry_id, error=reason, error_type=error_type,
-                                    stage=self.settings.service_name, attempts=attempts)
+        fields = dead_letter_fields(
+            raw, entry_id, error=reason, error_type=error_type, stage=self.settings.service_name, attempts=attempts
+        )
         self._dead_letters_unsettled.add(entry_id)
         self.settler.submit(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
         self._m_outcome["dead_lettered"].inc()

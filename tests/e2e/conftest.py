@@ -95,8 +95,7 @@ def pipeline(
     kubectl("apply", "--server-side", "-k", str(overlay))
     wait_rollout(NAMESPACE, "redis")
     wait_rollout(NAMESPACE, "documents")
-    kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", "phoenixstage", "--all",
-            timeout=210)  # fmt: skip
+    kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", "phoenixstage", "--all", timeout=210)
     yield Pipeline([path.name for path in samples])
     kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
 

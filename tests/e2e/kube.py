@@ -73,8 +73,10 @@ def port_forward(namespace: str, target: str, port: int) -> Iterator[int]:
     """`kubectl port-forward` to a Service or pod; yields the local port."""
     process = subprocess.Popen(
         [kubectl_binary(), "port-forward", "-n", namespace, "--address=127.0.0.1", target, f":{port}"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert process.stdout is not None
         line = process.stdout.readline()
@@ -99,8 +101,9 @@ def is_ready(pod: dict[str, Any]) -> bool:
 
 
 def wait_rollout(namespace: str, deployment: str, timeout: int = 300) -> None:
-    kubectl("rollout", "status", "-n", namespace, f"deployment/{deployment}", f"--timeout={timeout}s",
-            timeout=timeout + 30)  # fmt: skip
+    kubectl(
+        "rollout", "status", "-n", namespace, f"deployment/{deployment}", f"--timeout={timeout}s", timeout=timeout + 30
+    )
 
 
 def since(start: float) -> str:

@@ -115,9 +115,7 @@ def enqueue_documents(redis: redis_client.Redis, stream: str, documents: list[st
 def record_counts(redis: redis_client.Redis, stream: str, ids: list[str]) -> Counter[str]:
     """How many entries of `stream` carry each of `ids`."""
     wanted = set(ids)
-    return Counter(
-        fields["record_id"] for _, fields in redis.xrange(stream) if fields.get("record_id") in wanted
-    )
+    return Counter(fields["record_id"] for _, fields in redis.xrange(stream) if fields.get("record_id") in wanted)
 
 
 def grouped_count(redis: redis_client.Redis, ids: list[str]) -> int:

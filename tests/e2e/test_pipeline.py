@@ -31,11 +31,13 @@ PROCESS_FACTS = (
 
 def test_worker_runs_non_root_read_only_without_capabilities(pipeline: Pipeline) -> None:
     (router, *_) = [pod for pod in pods(NAMESPACE, "phoenix.io/stage=router") if is_ready(pod)]
-    facts = json.loads(kubectl("exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "python3", "-c",
-                               PROCESS_FACTS))  # fmt: skip
+    facts = json.loads(
+        kubectl("exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "python3", "-c", PROCESS_FACTS)
+    )
     assert facts == {"uid": 65532, "gid": 65532, "caps": "0000000000000000", "root_writable": False}
-    touch = kubectl("exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "sh", "-c", "touch /x 2>&1; echo $?",
-                    check=False)  # fmt: skip
+    touch = kubectl(
+        "exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "sh", "-c", "touch /x 2>&1; echo $?", check=False
+    )
     assert "Read-only file system" in touch
 
 

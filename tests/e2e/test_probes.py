@@ -46,7 +46,12 @@ def valkey(image: str) -> list[dict[str, Any]]:
             "metadata": {"name": REDIS},
             "spec": {"selector": labels, "ports": [{"port": 6379, "targetPort": "redis"}]},
         },
-        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": REDIS}, "stringData": {"url": f"redis://{REDIS}/0"}},
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": REDIS},
+            "stringData": {"url": f"redis://{REDIS}/0"},
+        },
     ]
 
 
@@ -90,8 +95,9 @@ def test_readiness_follows_redis_reachability(probed_stage: None) -> None:
     eventually(lambda: replicas_column() == "1/1", "kubectl get phx to show 1/1", timeout=60, interval=1)
 
     kubectl("scale", "-n", NAMESPACE, f"deployment/{REDIS}", "--replicas=0")
-    pod = eventually(lambda: (p := worker()) and not is_ready(p) and p, "the worker to leave Ready", timeout=90,
-                     interval=1)  # fmt: skip
+    pod = eventually(
+        lambda: (p := worker()) and not is_ready(p) and p, "the worker to leave Ready", timeout=90, interval=1
+    )
     assert pod["status"]["phase"] == "Running"
     eventually(lambda: replicas_column() == "0/1", "kubectl get phx to show 0/1", timeout=60, interval=1)
 

@@ -41,8 +41,9 @@ def test_force_deleted_worker_and_deleted_operator_lose_and_duplicate_nothing(
     ids = enqueue_documents(redis, streams("router")["input"], pipeline.documents, copies=20)
     # Mid-run: a parser pod holding unacknowledged entries, which another worker must claim once it is gone.
     parser = streams("parser")
-    consumer = eventually(lambda: _busy_consumer(redis, parser), "a parser pod with entries in flight",
-                          timeout=180, interval=0.05)  # fmt: skip
+    consumer = eventually(
+        lambda: _busy_consumer(redis, parser), "a parser pod with entries in flight", timeout=180, interval=0.05
+    )
     # Consumers are named {hostname}-{pid}, and a pod's hostname is its name.
     kubectl("delete", "pod", "-n", NAMESPACE, consumer.rsplit("-", 1)[0], "--grace-period=0", "--force")
     (operator,) = kubectl_json("get", "pods", *OPERATOR)["items"]
@@ -54,8 +55,16 @@ def test_force_deleted_worker_and_deleted_operator_lose_and_duplicate_nothing(
     (new_operator,) = [p for p in kubectl_json("get", "pods", *OPERATOR)["items"] if is_ready(p)]
     assert new_operator["metadata"]["uid"] != operator["metadata"]["uid"]
     # The new operator converges: a spec change made now is carried out.
-    kubectl("patch", "phoenixstage", "-n", NAMESPACE, "grouper", "--type=merge", "-p",
-            '{"spec": {"worker": {"concurrency": 3}}}')  # fmt: skip
+    kubectl(
+        "patch",
+        "phoenixstage",
+        "-n",
+        NAMESPACE,
+        "grouper",
+        "--type=merge",
+        "-p",
+        '{"spec": {"worker": {"concurrency": 3}}}',
+    )
     eventually(lambda: _concurrency_env("grouper") == "3", "the new operator to roll out the change", timeout=120)
 
 
@@ -81,13 +90,20 @@ def test_restart_annotation_replaces_the_pods_with_a_new_replica_set(
 ) -> None:
     before = _replica_sets("router")
     old_pods = set(ready_pods("router"))
-    kubectl("annotate", "phoenixstage", "-n", NAMESPACE, "router", f"phoenix.io/restart={time.time():.0f}",
-            "--overwrite")  # fmt: skip
+    kubectl(
+        "annotate", "phoenixstage", "-n", NAMESPACE, "router", f"phoenix.io/restart={time.time():.0f}", "--overwrite"
+    )
     ids = enqueue_documents(redis, streams("router")["input"], pipeline.documents, copies=2)
-    eventually(lambda: any(n not in before and ready for n, ready in _replica_sets("router").items()),
-               "a new ReplicaSet with a ready pod", timeout=180)  # fmt: skip
-    eventually(lambda: not old_pods & {p["metadata"]["name"] for p in pods(NAMESPACE, "phoenix.io/stage=router")},
-               "the old pods to be gone", timeout=180)  # fmt: skip
+    eventually(
+        lambda: any(n not in before and ready for n, ready in _replica_sets("router").items()),
+        "a new ReplicaSet with a ready pod",
+        timeout=180,
+    )
+    eventually(
+        lambda: not old_pods & {p["metadata"]["name"] for p in pods(NAMESPACE, "phoenix.io/stage=router")},
+        "the old pods to be gone",
+        timeout=180,
+    )
     wait_all_grouped(redis, ids, timeout=300)
     assert_exactly_once(redis, ids)
     assert stage("router")["status"].get("lastRestart")
@@ -102,13 +118,26 @@ def test_replay_dlq_brings_a_record_through_once_its_cause_is_fixed(redis: redis
     eventually(lambda: record_counts(redis, router["dlq"], [record_id])[record_id] == 1, "the DLQ entry", timeout=120)
 
     (sample, *_) = ensure_samples(tmp_path)
-    kubectl("exec", "-i", "-n", NAMESPACE, "deployment/documents", "--", "sh", "-c", f"base64 -d > /docs/{document}",
-            input=base64.b64encode(sample.read_bytes()).decode())  # fmt: skip
+    kubectl(
+        "exec",
+        "-i",
+        "-n",
+        NAMESPACE,
+        "deployment/documents",
+        "--",
+        "sh",
+        "-c",
+        f"base64 -d > /docs/{document}",
+        input=base64.b64encode(sample.read_bytes()).decode(),
+    )
     kubectl("annotate", "phoenixstage", "-n", NAMESPACE, "router", "phoenix.io/replay-dlq=all", "--overwrite")
 
     eventually(lambda: redis.exists(grouped_key(record_id)), "the replayed record to be grouped", timeout=240)
     assert record_counts(redis, router["dlq"], [record_id])[record_id] == 0
     assert record_counts(redis, streams("parser")["input"], [record_id])[record_id] == 1
-    eventually(lambda: "phoenix.io/replay-dlq" not in (stage("router")["metadata"].get("annotations") or {}),
-               "the annotation to be removed once done", timeout=60)  # fmt: skip
+    eventually(
+        lambda: "phoenix.io/replay-dlq" not in (stage("router")["metadata"].get("annotations") or {}),
+        "the annotation to be removed once done",
+        timeout=60,
+    )
     assert stage("router")["status"]["lastReplay"]

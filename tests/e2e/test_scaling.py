@@ -52,8 +52,10 @@ class Sample:
 
     def line(self) -> str:
         p = self.printed
-        return (f"{self.at:6.1f}s  deployment {self.ready}/{self.desired}  kubectl get phx: READY={p['READY']} "
-                f"REPLICAS={p['REPLICAS']} BACKLOG={p['BACKLOG']} PENDING={p['PENDING']}")  # fmt: skip
+        return (
+            f"{self.at:6.1f}s  deployment {self.ready}/{self.desired}  kubectl get phx: READY={p['READY']} "
+            f"REPLICAS={p['REPLICAS']} BACKLOG={p['BACKLOG']} PENDING={p['PENDING']}"
+        )
 
 
 class Timeline:
@@ -100,15 +102,22 @@ def test_keda_scales_up_on_backlog_and_down_after_cooldown(
     timeline.until(lambda s: s.desired == 0 and s.printed["BACKLOG"] == "0", "the idle stage at zero pods", 120)
     enqueue_documents(redis, input_stream(), pipeline.documents, copies=300)  # 1500 records
     top = timeline.until(lambda s: s.desired >= 2, "KEDA's HPA to scale beyond one pod", 180)
-    peak = timeline.until(lambda s: s.ready == s.desired == MAX_REPLICAS or s.printed["BACKLOG"] == "0",
-                          "all pods ready", 180)  # fmt: skip
+    peak = timeline.until(
+        lambda s: s.ready == s.desired == MAX_REPLICAS or s.printed["BACKLOG"] == "0", "all pods ready", 180
+    )
     # The operator's status refresh (every 10 s) catches up with the pods it reports.
     if peak.ready == MAX_REPLICAS:
-        timeline.until(lambda s: s.printed["REPLICAS"] == f"{s.ready}/{s.desired}" == f"{MAX_REPLICAS}/{MAX_REPLICAS}",
-                       "kubectl get phx to show every pod ready", 60)  # fmt: skip
+        timeline.until(
+            lambda s: s.printed["REPLICAS"] == f"{s.ready}/{s.desired}" == f"{MAX_REPLICAS}/{MAX_REPLICAS}",
+            "kubectl get phx to show every pod ready",
+            60,
+        )
     timeline.until(lambda s: s.printed["BACKLOG"] == "0", "the backlog to drain", 400)
-    timeline.until(lambda s: s.desired == 0 and s.ready == 0 and s.printed["REPLICAS"] == "0/0",
-                   "KEDA to scale back to zero after the cooldown", 180)  # fmt: skip
+    timeline.until(
+        lambda s: s.desired == 0 and s.ready == 0 and s.printed["REPLICAS"] == "0/0",
+        "KEDA to scale back to zero after the cooldown",
+        180,
+    )
     (report_dir / "scaling-timeline.txt").write_text("\n".join(s.line() for s in timeline.samples) + "\n")
 
     backlogs = timeline.backlogs()
@@ -119,9 +128,7 @@ def test_keda_scales_up_on_backlog_and_down_after_cooldown(
     assert max(s.desired for s in timeline.samples) <= MAX_REPLICAS
 
 
-def test_paused_stage_holds_zero_pods_and_resumes(
-    scaler: None, pipeline: Pipeline, redis: redis_client.Redis
-) -> None:
+def test_paused_stage_holds_zero_pods_and_resumes(scaler: None, pipeline: Pipeline, redis: redis_client.Redis) -> None:
     timeline = Timeline()
     timeline.until(lambda s: s.desired == 0, "the stage at zero pods", 240)
     kubectl("patch", "phoenixstage", "-n", NAMESPACE, STAGE, "--type=merge", "-p", '{"spec": {"paused": true}}')

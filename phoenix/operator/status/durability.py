@@ -11,11 +11,16 @@ def backpressure_condition(unfinished: int | None, generation: int | None = None
     """True while a worker of the stage reports it stopped reading (`unfinished`: its output's unfinished entries)."""
     if unfinished is None:
         return new_condition(
-            ConditionType.BACKPRESSURE, False, "OutputBelowHighWater", "the stage reads its input",
+            ConditionType.BACKPRESSURE,
+            False,
+            "OutputBelowHighWater",
+            "the stage reads its input",
             observed_generation=generation,
-        )  # fmt: skip
-    message = (f"the output stream holds {unfinished} unfinished entries, over OUTPUT_HIGH_WATER: the stage "
-               "stopped reading its input until the next stage catches up")
+        )
+    message = (
+        f"the output stream holds {unfinished} unfinished entries, over OUTPUT_HIGH_WATER: the stage "
+        "stopped reading its input until the next stage catches up"
+    )
     return new_condition(
         ConditionType.BACKPRESSURE, True, "OutputOverHighWater", message, observed_generation=generation
     )

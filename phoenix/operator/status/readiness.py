@@ -23,16 +23,22 @@ def deployment_condition(deployment: Mapping[str, Any] | None, generation: int |
     """DeploymentReady from the Deployment's own status, the way `kubectl rollout status` reads it."""
     if deployment is None:
         return new_condition(
-            ConditionType.DEPLOYMENT_READY, False, "DeploymentMissing", "the Deployment does not exist",
+            ConditionType.DEPLOYMENT_READY,
+            False,
+            "DeploymentMissing",
+            "the Deployment does not exist",
             observed_generation=generation,
-        )  # fmt: skip
+        )
     spec, status = deployment.get("spec", {}), deployment.get("status", {})
     desired = int(spec.get("replicas", 0) or 0)
     if int(status.get("observedGeneration", 0) or 0) < int(deployment["metadata"].get("generation", 0) or 0):
         return new_condition(
-            ConditionType.DEPLOYMENT_READY, False, "RolloutPending", "the Deployment controller has not seen the "
-            "latest change yet", observed_generation=generation,
-        )  # fmt: skip
+            ConditionType.DEPLOYMENT_READY,
+            False,
+            "RolloutPending",
+            "the Deployment controller has not seen the latest change yet",
+            observed_generation=generation,
+        )
     if desired == 0:
         return new_condition(
             ConditionType.DEPLOYMENT_READY, True, "ScaledToZero", "no pods are wanted", observed_generation=generation
@@ -50,9 +56,12 @@ def deployment_condition(deployment: Mapping[str, Any] | None, generation: int |
             ConditionType.DEPLOYMENT_READY, False, "ReplicasUnavailable", message, observed_generation=generation
         )
     return new_condition(
-        ConditionType.DEPLOYMENT_READY, True, "ReplicasAvailable", f"{available} of {desired} pods available",
+        ConditionType.DEPLOYMENT_READY,
+        True,
+        "ReplicasAvailable",
+        f"{available} of {desired} pods available",
         observed_generation=generation,
-    )  # fmt: skip
+    )
 
 
 def ready_condition(
@@ -71,13 +80,19 @@ def ready_condition(
             )
         if found.get("status") != "True":
             return new_condition(
-                ConditionType.READY, False, str(found.get("reason", "NotReady")), str(found.get("message", "")),
+                ConditionType.READY,
+                False,
+                str(found.get("reason", "NotReady")),
+                str(found.get("message", "")),
                 observed_generation=generation,
-            )  # fmt: skip
+            )
     return new_condition(
-        ConditionType.READY, True, "StageReady", "streams exist and workers are available",
+        ConditionType.READY,
+        True,
+        "StageReady",
+        "streams exist and workers are available",
         observed_generation=generation,
-    )  # fmt: skip
+    )
 
 
 def waits_for_keda(body: Mapping[str, Any], **_: Any) -> bool:

@@ -13,7 +13,10 @@ from phoenix.operator.status.registry import StageRecord
 
 
 def merged_status(
-    current: Mapping[str, Any], changes: Mapping[str, Any], conditions: Iterable[Condition], error: Condition | None,
+    current: Mapping[str, Any],
+    changes: Mapping[str, Any],
+    conditions: Iterable[Condition],
+    error: Condition | None,
     generation: int | None,
 ) -> dict[str, Any]:
     """The status after `changes` (None removes a field) and `conditions`, with Ready derived from the rest."""
@@ -51,9 +54,7 @@ class StatusWriter:
                 return True
             return False
 
-    async def claim(
-        self, record: StageRecord, field: str, value: Any, annotation: str, expected: str
-    ) -> bool:
+    async def claim(self, record: StageRecord, field: str, value: Any, annotation: str, expected: str) -> bool:
         """Set status.<field> to `value` only while the stage's annotation still holds `expected` on the server:
         a stale view of an annotation already handled and removed can never start its work again."""
         async with record.status_lock:
