@@ -315,7 +315,7 @@ def test_without_keda_the_stage_runs_at_min(
 
 
 @pytest.mark.parametrize("redis_db", [3], indirect=True)
-def test_bad_redis_settings_become_conditions_andstage_events(
+def test_bad_redis_settings_become_conditions_and_events(
     operator: str,
     kube_cluster: ControlPlane,
     kube_api: client.ApiClient,

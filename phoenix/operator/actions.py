@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from redis.exceptions import RedisError
 
 from phoenix.operator.constants import (
@@ -23,7 +22,7 @@ from phoenix.operator.constants import (
     RESTARTED_AT_ANNOTATION,
 )
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError, api_error, scrub
+from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import replay_once
 from phoenix.operator.redis_pool import RedisPool
@@ -169,31 +168,18 @@ async def replay(
 
 
 async def restart_workers(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
-    try:
-        try:
-            restarted_at = await restart(ctx.kube, ctx.writer, record, body)
-        except ApiException as exc:
-            raise api_error(exc) from None
-    except StageError as error:
-        await ctx.events.warning(record, RESTART, error)
-        raise
-    ctx.events.resolved(record, RESTART)
+    async with ctx.events.reporting(record, RESTART):
+        restarted_at = await restart(ctx.kube, ctx.writer, record, body)
     if restarted_at is not None:
         await ctx.events.normal(record, "Restarted", f"rolling restart of the workers at {restarted_at}")
 
 
 async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
-    try:
+    async with ctx.events.reporting(record, REPLAY):
         try:
             last = await replay(ctx.kube, ctx.pool, ctx.writer, record, body)
-        except ApiException as exc:
-            raise api_error(exc) from None
         except (RedisError, OSError) as exc:
             raise StageError("RedisUnavailable", f"DLQ replay: {scrub(str(exc), record.redis_url)}") from None
-    except StageError as error:
-        await ctx.events.warning(record, REPLAY, error)
-        raise
-    ctx.events.resolved(record, REPLAY)
     if last is not None:
         await ctx.events.normal(
             record,

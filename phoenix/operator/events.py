@@ -10,12 +10,13 @@ kopf's own Event posting is off (kopf_settings): it would post one per retry and
 from __future__ import annotations
 
 import logging
+from types import TracebackType
 from typing import Any
 
 import aiohttp
 from kubernetes.client.exceptions import ApiException
 
-from phoenix.operator.errors import StageError
+from phoenix.operator.errors import StageError, api_error
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.status.registry import StageRecord
 
@@ -49,6 +50,10 @@ class EventRecorder:
         record.warnings[source] = cause
         await self._post(record, "Warning", error.reason, error.message)
 
+    def reporting(self, record: StageRecord, source: str) -> Reporting:
+        """`async with events.reporting(record, source):` around one piece of the stage's work."""
+        return Reporting(self, record, source)
+
     @staticmethod
     def resolved(record: StageRecord, source: str) -> None:
         """`source` works again: its next failure is news, even with a cause seen before."""
@@ -61,3 +66,28 @@ class EventRecorder:
         except (ApiException, aiohttp.ClientError, OSError, TimeoutError) as exc:
             # An Event is a courtesy: the status says the same, so a refused post must not fail the action.
             logger.warning("could not post event %s on %s/%s: %s", reason, record.namespace, record.name, exc)
+
+
+class Reporting:
+    """An API error becomes its StageError; a StageError is posted as a Warning (once per cause) and goes on to the
+    caller's retry; success makes the next failure news. A class rather than contextlib.asynccontextmanager,
+    which sets __traceback__ on the exception and so cannot pass a StageError (a frozen dataclass) through."""
+
+    def __init__(self, recorder: EventRecorder, record: StageRecord, source: str) -> None:
+        self._recorder, self._record, self._source = recorder, record, source
+
+    async def __aenter__(self) -> None:
+        return None
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        if exc is None:
+            self._recorder.resolved(self._record, self._source)
+        elif isinstance(exc, ApiException):
+            error = api_error(exc)
+            await self._recorder.warning(self._record, self._source, error)
+            raise error from None
+        elif isinstance(exc, StageError):
+            await self._recorder.warning(self._record, self._source, exc)
+        return False

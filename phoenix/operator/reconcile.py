@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 from redis.exceptions import RedisError, ResponseError
 
@@ -21,7 +20,7 @@ from phoenix.operator.children import Action, apply_autoscaling, apply_deploymen
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import StageError, api_error, scrub
+from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import destroy, ensure_streams
 from phoenix.operator.redis_pool import RedisPool
@@ -190,17 +189,13 @@ async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mappin
     async with record.reconcile_lock:
         generation = record.generation
         try:
-            try:
+            async with ctx.events.reporting(record, RECONCILE):
                 result = await reconcile(ctx.kube, ctx.pool, record, body)
-            except ApiException as exc:
-                raise api_error(exc) from None
         except StageError as error:
             record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
             await ctx.writer.update(record, *failed_status(error, generation))
-            await ctx.events.warning(record, RECONCILE, error)
             raise
         record.error = None
-        ctx.events.resolved(record, RECONCILE)
         await ctx.writer.update(record, *reconciled_status(result, generation))
         for action in result.actions:
             await ctx.events.normal(record, action.reason, action.message)
