@@ -10,9 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis as redis_client
+import yaml
 
 from phoenix.stages.keys import grouped_key
 from tests.e2e.kube import kubectl_json
+from tests.fixtures.cluster_objects import MANIFESTS
 
 NAMESPACE = "phoenix-e2e"
 DOCUMENTS_URL = "http://documents:8000"  # the Service below, resolved by cluster DNS from the router's pods
@@ -29,6 +31,9 @@ STAGE_TIMINGS = {
     "autoscaling": {"pollingInterval": 2, "cooldownPeriod": 20},
     "worker": {"claimIdleMs": 10000, "lockTimeout": 20},
 }
+# The suite proves exactly once by reading every forward back from the next stage's input stream, so the stages
+# keep what they acknowledged instead of trimming it within a second (the worker tests cover trimming).
+KEEP_ACKNOWLEDGED = {"name": "TRIM_INTERVAL", "value": "86400"}
 # The parser held to a quarter of a core, so that its pods always have entries in flight while a backlog lasts
 # (a pod is force-deleted mid-run) instead of finishing each in a few milliseconds.
 PARSER_LIMITS = {"resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "250m"}}}
@@ -41,7 +46,9 @@ class Pipeline:
 
 def stage_patch(name: str) -> dict[str, Any]:
     """A kustomize patch of one sample PhoenixStage with STAGE_TIMINGS."""
-    spec = {**STAGE_TIMINGS, **(PARSER_LIMITS if name == "parser" else {})}
+    sample = yaml.safe_load((MANIFESTS / "samples" / f"{name}.yaml").read_text())
+    env = [*sample["spec"].get("env", []), KEEP_ACKNOWLEDGED]  # a list in a merge patch replaces the sample's
+    spec = {**STAGE_TIMINGS, "env": env, **(PARSER_LIMITS if name == "parser" else {})}
     patch = {"apiVersion": "phoenix.io/v1alpha1", "kind": "PhoenixStage", "metadata": {"name": name}, "spec": spec}
     return {"patch": json.dumps(patch)}
 

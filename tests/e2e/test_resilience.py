@@ -46,14 +46,15 @@ def test_force_deleted_worker_and_deleted_operator_lose_and_duplicate_nothing(
     )
     # Consumers are named {hostname}-{pid}, and a pod's hostname is its name.
     kubectl("delete", "pod", "-n", NAMESPACE, consumer.rsplit("-", 1)[0], "--grace-period=0", "--force")
-    (operator,) = kubectl_json("get", "pods", *OPERATOR)["items"]
-    kubectl("delete", "pod", "-n", "phoenix-system", operator["metadata"]["name"], "--wait=false")
+    # Both operator replicas (the leader and its standby) go: the ones that come back must elect and converge.
+    operators = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl_json("get", "pods", *OPERATOR)["items"]}
+    kubectl("delete", "pod", "-n", "phoenix-system", *operators, "--wait=false")
 
     wait_all_grouped(redis, ids, timeout=360)
     assert_exactly_once(redis, ids)
     wait_rollout("phoenix-system", "phoenix-operator")
-    (new_operator,) = [p for p in kubectl_json("get", "pods", *OPERATOR)["items"] if is_ready(p)]
-    assert new_operator["metadata"]["uid"] != operator["metadata"]["uid"]
+    ready = [p["metadata"]["uid"] for p in kubectl_json("get", "pods", *OPERATOR)["items"] if is_ready(p)]
+    assert ready and not set(ready) & set(operators.values())
     # The new operator converges: a spec change made now is carried out.
     kubectl(
         "patch",
