@@ -60,14 +60,10 @@ class StageKeys:
         return f"{PREFIX}:{self.name}:retry"
 
     @property
-    def lock_prefix(self) -> str:
-        """+ record id: the lock a worker holds while it processes the record."""
-        return f"lock:{self.name}:"
-
-    @property
-    def marker_prefix(self) -> str:
-        """+ record id: the marker of a record already processed (idempotency)."""
-        return f"processed:{self.name}:"
+    def record_prefix(self) -> str:
+        """+ record id: the record's state, one key: locked by a worker while it processes the record, then
+        its idempotency marker once committed (values: worker_runtime/locks.py)."""
+        return f"{PREFIX}:{self.name}:record:"
 
     def replay_ledger(self, request_id: str) -> str:
         """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing."""

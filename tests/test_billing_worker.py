@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import KeyService, running_key_service
+from tests.fixtures.records import committed
 from tests.fixtures.stage_s import DLQ, IN, OUT
 from tests.fixtures.workers import WorkerPool
 
@@ -39,7 +40,7 @@ async def test_processor_sees_the_users_key_and_logs_never_do(
     for record, user in (("a1", "alice"), ("a2", "alice"), ("b1", "bob"), ("s1", "")):
         await redis.xadd(IN, {"record_id": record, "user_id": user, "data": "{}"})
     w = workers.start("s", **billing_env(key_service))
-    await wait_until(lambda: redis.exists("processed:s:s1"), "all four processed")
+    await wait_until(lambda: committed(redis, "s", "s1"), "all four processed")
     alice, bob = await redis.get("api_key:user:alice"), await redis.get("api_key:user:bob")
     assert key_service.calls == 2 and sorted(key_service.issued) == sorted([alice, bob])  # alice fetched once
     assert 86000 < await redis.ttl("api_key:user:alice") <= 86400
@@ -61,7 +62,7 @@ async def test_billing_outage_is_retried_not_dead_lettered(
     await wait_until(lambda: _retried(w), "a retry after the billing outage")
     assert await redis.xlen(DLQ) == 0
     key_service.fail_status = None
-    await wait_until(lambda: redis.exists("processed:s:r1"), "processed once billing is back", timeout=30)
+    await wait_until(lambda: committed(redis, "s", "r1"), "processed once billing is back", timeout=30)
     [(_, out)] = await redis.xrange(OUT)
     assert json.loads(out["data"]) == {"ok": True}
     assert (await redis.hgetall("seen-key:r1"))["context"] == key_service.issued[-1]

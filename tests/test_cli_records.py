@@ -15,7 +15,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.inspection import duration
+from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.records import committed, locked, record_key
 from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle
 from tests.fixtures.workers import FAST, WorkerPool
 
@@ -49,7 +51,7 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     await add(redis, "slow", action="sleep:30")
     queued = await add(redis, "queued")
     workers.start("s", OUTPUT_QUEUE=OUT, CONCURRENCY="1")
-    await wait_until(lambda: redis.exists("lock:s:slow"), "slow locked")
+    await wait_until(lambda: locked(redis, "s", "slow"), "slow locked")
 
     slow = inspect(redis_url, "slow")
     assert slow["diagnosis"].startswith("in flight: ") and "is processing it" in slow["diagnosis"]
@@ -60,14 +62,16 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     assert waiting["diagnosis"].startswith(f"waiting: entry {queued} was added ")
 
     text = phoenix(redis_url, "inspect", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
-    assert "  lock:   lock:s:slow held by " in text and text.splitlines()[-1].startswith("diagnosis: in flight: ")
+    assert "  lock:   phoenix:s:record:slow held by " in text and text.splitlines()[-1].startswith(
+        "diagnosis: in flight: "
+    )
 
     refused = run(redis_url, "unlock", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
-    assert refused.returncode == 1 and refused.stderr.startswith("refused: lock:s:slow is held by ")
-    assert await redis.exists("lock:s:slow")
+    assert refused.returncode == 1 and refused.stderr.startswith("refused: phoenix:s:record:slow is held by ")
+    assert await locked(redis, "s", "slow")
     forced = phoenix(redis_url, "unlock", "--service", "s", "slow", "--force")
-    assert forced.startswith("released lock:s:slow held by ")
-    assert not await redis.exists("lock:s:slow")
+    assert forced.startswith("released phoenix:s:record:slow held by ")
+    assert not await locked(redis, "s", "slow")
 
 
 async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
@@ -89,8 +93,11 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     ) in report["diagnosis"]
 
     unlocked = phoenix(redis_url, "unlock", "--service", "s", "r1", "--claim-idle-ms", "2000")
-    assert unlocked.startswith(f"released lock:s:r1 held by {report['lock']['holder']} (idle ")
-    assert phoenix(redis_url, "unlock", "--service", "s", "r1").strip() == "lock:s:r1 is not locked: nothing to release"
+    assert unlocked.startswith(f"released phoenix:s:record:r1 held by {report['lock']['holder']} (idle ")
+    assert (
+        phoenix(redis_url, "unlock", "--service", "s", "r1").strip()
+        == "phoenix:s:record:r1 is not locked: nothing to release"
+    )
     unlocked_report = inspect(redis_url, "r1", "2000")
     assert unlocked_report["diagnosis"].startswith(
         f"delivered to {report['lock']['holder']}, a consumer that has been idle "
@@ -105,12 +112,12 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     assert inspect(redis_url, "r1", "2000")["diagnosis"].startswith("waiting for ")  # no live consumer now
 
     workers.start("s", OUTPUT_QUEUE=OUT, **slow_recovery)
-    await wait_until(lambda: redis.exists("processed:s:r1"), "r1 committed by the second worker")
-    committed = inspect(redis_url, "r1", "2000")
-    assert committed["diagnosis"].startswith(
-        f"committed by entry {committed['marker']['committed_by']}; duplicates will be skipped for the next "
+    await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed by the second worker")
+    done = inspect(redis_url, "r1", "2000")
+    assert done["diagnosis"].startswith(
+        f"committed by entry {done['marker']['committed_by']}; duplicates will be skipped for the next "
     )
-    assert [f["stream"] for f in committed["forwarded"]] == [OUT]
+    assert [f["stream"] for f in done["forwarded"]] == [OUT]
     assert await redis.hget("effects:s", "r1") == "1"
 
 
@@ -121,15 +128,15 @@ async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_w
     await redis.xgroup_create(IN, "s-group", id="0", mkstream=True)
     abandoned, poison = await add(redis, "a"), await add(redis, "p")
     await redis.xreadgroup("s-group", "dead-1", {IN: ">"}, count=2)
-    await redis.set("lock:s:a", "dead-1:0123456789ab")
-    await redis.set("lock:s:p", "someone-else:0123456789ab")
+    await redis.set(record_key("s", "a"), LOCKED + "dead-1:0123456789ab")
+    await redis.set(record_key("s", "p"), LOCKED + "someone-else:0123456789ab")
     for _ in range(2):  # three deliveries of the poison entry
         await redis.xclaim(IN, "s-group", "dead-1", 0, [poison])
     out = phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--max-deliveries", "3").splitlines()
     assert out[0].startswith(f"re-enqueued {abandoned} (record a, dead-1, ") and out[0].endswith("; released its lock")
     assert out[1].startswith(f"left {poison} (record p, dead-1, ") and "dead-letters it (MAX_DELIVERIES=3)" in out[1]
     assert out[2] == "reclaimed 1 of 2 entries idle over 0 ms in phoenix:s:input"
-    assert not await redis.exists("lock:s:a") and await redis.exists("lock:s:p")
+    assert not await locked(redis, "s", "a") and await locked(redis, "s", "p")
     [(_, fields)] = await redis.xrange(IN, min="(" + poison)
     assert fields["record_id"] == "a" and fields["original_id"] == abandoned
     assert [row["message_id"] for row in await redis.xpending_range(IN, "s-group", "-", "+", 10)] == [poison]
@@ -175,10 +182,10 @@ async def test_reprocess_a_committed_record_runs_it_again(
 ) -> None:
     first = await add(redis, "r1", n=1)
     workers.start("s", OUTPUT_QUEUE=OUT)
-    await wait_until(lambda: redis.exists("processed:s:r1"), "r1 committed")
+    await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
     await wait_until(lambda: idle(redis), "drained")
     out = phoenix(redis_url, "reprocess", "--service", "s", "r1", "--yes")
-    assert out.startswith("deleted processed:s:r1; enqueued r1 as ") and f"(from input entry {first})" in out
+    assert out.startswith("deleted phoenix:s:record:r1; enqueued r1 as ") and f"(from input entry {first})" in out
     await wait_until(lambda: _effects(redis, "r1", "2"), "r1 processed a second time")
     assert await redis.xlen(OUT) == 2
 

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from tests.fixtures.docs import marked_block
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.processes import free_loopback_port
+from tests.fixtures.records import committed, locked
 from tests.fixtures.workers import WorkerPool
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
@@ -97,13 +98,13 @@ async def test_messages_not_processed(
     run_documented("not-processed inspect", redis_url, tmp_path)
     run_documented("not-processed fix", redis_url, tmp_path)
     workers.start("router", **STAGE)
-    await wait_until(lambda: redis.exists("processed:router:r-17"), "r-17 processed by the next worker")
+    await wait_until(lambda: committed(redis, "router", "r-17"), "r-17 processed by the next worker")
 
 
 async def test_duplicates(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     await add(redis, "r-17")
     workers.start("router", **STAGE)
-    await wait_until(lambda: redis.exists("processed:router:r-17"), "r-17 committed")
+    await wait_until(lambda: committed(redis, "router", "r-17"), "r-17 committed")
     await add(redis, "r-17")  # delivered again: skipped as a duplicate
     await wait_until(lambda: _drained(redis, 2), "the duplicate acknowledged")
     run_documented("duplicates inspect", redis_url, tmp_path)
@@ -131,7 +132,7 @@ async def test_high_latency(redis: aioredis.Redis, redis_url: str, workers: Work
     for record in ("r-2", "r-3", "r-4"):
         await add(redis, record)
     workers.start("router", CONCURRENCY="1", **STAGE)
-    await wait_until(lambda: redis.exists("lock:router:r-1"), "the slow record in flight")
+    await wait_until(lambda: locked(redis, "router", "r-1"), "the slow record in flight")
     run_documented("latency status", redis_url, tmp_path)
 
 

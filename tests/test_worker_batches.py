@@ -9,6 +9,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.records import committed, locked_records
 from tests.fixtures.stage_s import DLQ, OUT, add, idle, outputs
 from tests.fixtures.workers import ROOT, WorkerPool
 
@@ -20,7 +21,7 @@ async def test_a_failing_record_fails_alone_inside_its_batch(redis: aioredis.Red
         r: await add(redis, r, action=a) for r, a in [("b1", ""), ("b2", "fail-once"), ("b3", "missing"), ("b4", "")]
     }
     w = workers.start("s", processor=BATCH, OUTPUT_QUEUE=OUT, CONCURRENCY="10")
-    await wait_until(lambda: redis.exists("processed:s:b2"), "b2 committed after its retry")
+    await wait_until(lambda: committed(redis, "s", "b2"), "b2 committed after its retry")
     await wait_until(lambda: idle(redis), "queue drained")
 
     # The four records were read together and handed over in one call.
@@ -28,13 +29,13 @@ async def test_a_failing_record_fails_alone_inside_its_batch(redis: aioredis.Red
     # b1 and b4 committed with their batch; b2 failed alone, was retried and committed; b3 went to the DLQ.
     assert sorted(o["record_id"] for o in await outputs(redis)) == ["b1", "b2", "b4"]
     for record in ("b1", "b4"):
-        assert await redis.get(f"processed:s:{record}") == entries[record]
+        assert await committed(redis, "s", f"{record}") == entries[record]
     assert await redis.hgetall("effects:s") == {"b1": "1", "b2": "1", "b4": "1"}
     [(_, dead)] = await redis.xrange(DLQ)
     assert dead["record_id"] == "b3" and dead["error_type"] == "RecordNotFoundError"
     assert dead["error"] == "record b3 does not exist" and dead["original_id"] == entries["b3"]
-    assert not await redis.exists("processed:s:b3")
-    assert await redis.keys("lock:s:*") == []
+    assert not await committed(redis, "s", "b3")
+    assert await locked_records(redis, "s") == []
     retried = [e for e in w.events() if e["event"] == "processing_failed_will_retry"]
     assert [(e["record_id"], e["error"]) for e in retried] == [("b2", "transient failure of b2")]
     done = {e["record_id"] for e in w.events() if e["event"] == "processing_complete"}

@@ -7,6 +7,7 @@ import json
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.records import committed, locked_records, record_key
 from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
@@ -15,13 +16,13 @@ async def test_success_forwards_result_with_ids_and_sets_marker(redis: aioredis.
     entry = await add(redis, "r1", "alice", n=1)
     await add(redis, "r2", action="none")
     workers.start("s", OUTPUT_QUEUE=OUT)
-    await wait_until(lambda: redis.exists("processed:s:r2"), "r2 committed")
+    await wait_until(lambda: committed(redis, "s", "r2"), "r2 committed")
     await wait_until(lambda: idle(redis), "queue drained")
     out = await outputs(redis)
-    assert out == [{"record_id": "r1", "user_id": "alice", "data": json.dumps({"n": 1, "seen_by": "s"})}]
-    assert await redis.get("processed:s:r1") == entry  # the marker names the entry that committed it
-    assert 86000 < await redis.ttl("processed:s:r1") <= 86400
-    assert await redis.keys("lock:s:*") == []
+    assert out == [{"record_id": "r1", "user_id": "alice", "data": '{"n":1,"seen_by":"s"}'}]  # compact JSON
+    assert await committed(redis, "s", "r1") == entry  # the marker names the entry that committed it
+    assert 86000 < await redis.ttl(record_key("s", "r1")) <= 86400
+    assert await locked_records(redis, "s") == []
 
 
 async def test_record_not_found_goes_to_dlq_at_once(redis: aioredis.Redis, workers: WorkerPool) -> None:
@@ -60,7 +61,7 @@ async def test_transient_error_retries_with_backoff_until_it_succeeds(
     await wait_until(lambda: _calls_at_least(redis, 4), "several attempts")
     # While it fails, the message lives in the retry set with its retry count, never in the DLQ.
     await redis.delete("dependency-down:s")
-    await wait_until(lambda: redis.exists("processed:s:r1"), "success after recovery")
+    await wait_until(lambda: committed(redis, "s", "r1"), "success after recovery")
     await wait_until(lambda: idle(redis), "queue drained")
     assert await redis.xlen(DLQ) == 0
     [out] = await outputs(redis)
@@ -94,7 +95,7 @@ async def test_retry_waits_durably_in_redis_and_survives_a_restart(redis: aiored
     assert (await redis.xpending(IN, "s-group"))["pending"] == 0  # acknowledged: the retry set holds it now
     await redis.delete("dependency-down:s")
     workers.start("s", OUTPUT_QUEUE=OUT)
-    await wait_until(lambda: redis.exists("processed:s:r1"), "processed by the new worker", timeout=15)
+    await wait_until(lambda: committed(redis, "s", "r1"), "processed by the new worker", timeout=15)
     [out] = await outputs(redis)
     assert json.loads(out["data"]) == {"x": 1, "seen_by": "s"} and out["user_id"] == "carol"
 
@@ -109,7 +110,7 @@ async def test_malformed_entries_are_dead_lettered_with_the_reason(
     await raw_redis.xadd(IN, {b"record_id": b"big", b"blob": b"x" * 5000})
     await raw_redis.xadd(IN, {b"record_id": b"fine", b"document_url": b"file:///x"})
     workers.start("s", OUTPUT_QUEUE=OUT, MAX_MESSAGE_BYTES="4096")
-    await wait_until(lambda: redis.exists("processed:s:fine"), "the good entry after the bad ones")
+    await wait_until(lambda: committed(redis, "s", "fine"), "the good entry after the bad ones")
     await wait_until(lambda: idle(redis), "queue drained")
     dead = [fields for _, fields in await raw_redis.xrange(DLQ)]
     reasons = [d[b"error"].decode() for d in dead]

@@ -12,11 +12,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.dlq import dead_letter_fields
+from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.messages import MalformedEntry, Message, parse_entry
 from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
 from tests.fixtures.inprocess import run_burst
+from tests.fixtures.records import locked_records
 from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, outputs
 
 # --- parse_entry ---------------------------------------------------------------------------------------------
@@ -93,7 +95,7 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
         task.cancel()
     assert [[o.duplicate for o in batch] for batch in settled] == [[False, True, False, False, False]]
     assert await outputs(redis) == [{"record_id": "c", "data": "{}"}]  # the second commit was a duplicate
-    assert await redis.get(KEYS.marker_prefix + "c") == ids[0]
+    assert await redis.get(KEYS.record_prefix + "c") == DONE + ids[0]
     assert [fields for _, fields in await redis.xrange(DLQ)] == [{"record_id": "d", "error": "why"}]
     [(member, due_ms)] = await redis.zrange(RETRY, 0, -1, withscores=True)
     assert retry_member_fields(member) == {"record_id": "r"} and due_ms > time.time() * 1000 + 50_000
@@ -107,10 +109,11 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
 async def test_commit_forwards_the_result_and_sets_the_marker(redis: aioredis.Redis, redis_url: str) -> None:
     entry = await add(redis, "r1", "alice", n=1)
     await run_burst(redis_url, output_queue=OUT)
-    result = json.dumps({"n": 1, "seen_by": "s"})
-    assert await outputs(redis) == [{"record_id": "r1", "user_id": "alice", "data": result}]
-    assert await redis.get(KEYS.marker_prefix + "r1") == entry
-    assert await redis.keys(KEYS.lock_prefix + "*") == []
+    [forwarded] = await outputs(redis)
+    assert forwarded == {"record_id": "r1", "user_id": "alice", "data": forwarded["data"]}
+    assert json.loads(forwarded["data"]) == {"n": 1, "seen_by": "s"}
+    assert await redis.get(KEYS.record_prefix + "r1") == DONE + entry
+    assert await locked_records(redis, KEYS.name) == []
 
 
 async def test_a_failure_is_scheduled_for_retry_with_its_error(redis: aioredis.Redis, redis_url: str) -> None:
@@ -141,7 +144,7 @@ async def test_a_permanent_error_is_dead_lettered_under_its_own_name(redis: aior
 
 
 async def test_a_duplicate_is_acknowledged_without_processing(redis: aioredis.Redis, redis_url: str) -> None:
-    await redis.set(KEYS.marker_prefix + "r1", "1-0")
+    await redis.set(KEYS.record_prefix + "r1", DONE + "1-0")
     await add(redis, "r1")
     await run_burst(redis_url, output_queue=OUT)
     assert await redis.get("calls:s") is None  # the processor never saw it

@@ -143,7 +143,7 @@ async def reprocess(args: argparse.Namespace) -> int:
     async with client(args) as redis:
         try:
             plan = await repair.plan_reprocess(redis, settings, args.record_id, args.scan)
-            marker = f"delete {plan.marker_key} (committed by {plan.committed_by}) and " if plan.committed_by else ""
+            marker = f"delete {plan.record_key} (committed by {plan.committed_by}) and " if plan.committed_by else ""
             take = " and remove it from the DLQ" if plan.source == "dlq" else ""
             question = (
                 f"Reprocess {args.record_id}: {marker}add a copy of {plan.source} entry "
@@ -154,7 +154,7 @@ async def reprocess(args: argparse.Namespace) -> int:
             new_id, marker_deleted = await repair.reprocess(redis, settings, plan)
         except ReprocessError as exc:
             return fail(str(exc))
-    cleared = f"deleted {plan.marker_key}; " if marker_deleted else ""
+    cleared = f"deleted {plan.record_key}; " if marker_deleted else ""
     print(
         f"{cleared}enqueued {args.record_id} as {new_id} in {settings.input_queue} (from {plan.source} entry "
         f"{plan.source_entry_id})"

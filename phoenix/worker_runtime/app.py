@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 import structlog
 
@@ -37,6 +38,15 @@ def _exit_stuck(deadline: float) -> None:
     os._exit(1)
 
 
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it exists (not on Windows): its event loop and transports halve the loop's own cost per message."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
 def main() -> int:
     """Exit 0 after a clean stop; 2 with one readable line on stderr when the configuration is bad."""
     try:
@@ -48,7 +58,8 @@ def main() -> int:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
     configure_logging(settings.service_name, settings.log_level, settings.log_format)
-    return asyncio.run(_serve(settings, billing, processor_class))
+    with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        return runner.run(_serve(settings, billing, processor_class))
 
 
 async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_class: type[BaseProcessor]) -> int:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from phoenix.worker_runtime.locks import lock_holder
+from phoenix.worker_runtime.locks import committed_by, lock_holder, locked_by
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
 from phoenix.worker_runtime.redis_client import text, text_range
@@ -133,17 +133,17 @@ async def inspect_record(
         report.entries.append(await _input_entry(client, s, entry_id, fields, last_delivered, now_ms))
     report.entries.reverse()  # oldest first, as in the stream
 
-    lock_key, marker_key = s.lock_prefix + record_id, s.marker_prefix + record_id
+    key = s.record_prefix + record_id
     pipe = client.pipeline(transaction=False)
     # One by one, not chained: redis-py types a pipeline's commands as returning awaitables, not the pipeline.
-    for key in (lock_key, marker_key):
-        pipe.get(key)
-        pipe.pttl(key)
-    token, lock_ttl, committed_by, marker_ttl = await pipe.execute()
-    if token is not None:
-        report.lock = Lock(lock_key, lock_holder(token), max(lock_ttl, 0) / 1000)
-    if committed_by is not None:
-        report.marker = Marker(marker_key, committed_by, max(marker_ttl, 0) / 1000)
+    pipe.get(key)
+    pipe.pttl(key)
+    state, ttl_ms = await pipe.execute()
+    ttl = max(ttl_ms, 0) / 1000
+    if (token := locked_by(state)) is not None:
+        report.lock = Lock(key, lock_holder(token), ttl)
+    if (committer := committed_by(state)) is not None:
+        report.marker = Marker(key, committer, ttl)
 
     async for member, due_ms in client.zscan_iter(s.retry_queue):
         fields = retry_member_fields(member)

@@ -1,7 +1,12 @@
-"""Per-record locks with owner tokens, checked together with the idempotency marker in one round trip.
+"""A record's state in one key, `phoenix:{stage}:record:{record_id}` (StageKeys.record_prefix): locked by the
+worker processing it, then its idempotency marker once committed.
 
-`lock:{service}:{record_id}` holds the owner's token while a worker processes the record;
-`processed:{service}:{record_id}` (the idempotency marker) is written by the commit in settle.lua.
+One key instead of a lock and a marker: the claim is one SET NX GET, the commit one SET GET that turns the lock
+into the marker, so a record costs Redis one key and two writes where it cost two keys and four calls. The value
+says which state it is, readable with redis-cli:
+- `lock <token>`: taken by the claim (locks_acquire.lua) with LOCK_TIMEOUT, renewed while processing;
+- `done <entry id>`: written by the commit (settle.lua) with IDEMPOTENCY_TTL; the entry id names the message
+  whose commit processed the record.
 """
 
 from __future__ import annotations
@@ -16,6 +21,9 @@ from redis.asyncio import Redis
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.messages import Message
 from phoenix.worker_runtime.settings import WorkerSettings
+
+LOCKED = "lock "
+DONE = "done "
 
 
 class Claim(enum.IntEnum):
@@ -34,6 +42,16 @@ def lock_holder(token: str) -> str:
     return token.rpartition(":")[0]
 
 
+def locked_by(value: str | None) -> str | None:
+    """The owner token in a record key's value, or None when the record is not locked."""
+    return value.removeprefix(LOCKED) if value is not None and value.startswith(LOCKED) else None
+
+
+def committed_by(value: str | None) -> str | None:
+    """The entry id whose commit set the marker, or None when the record is not committed."""
+    return value.removeprefix(DONE) if value is not None and value.startswith(DONE) else None
+
+
 class RecordLocks:
     def __init__(self, client: Redis, settings: WorkerSettings) -> None:
         self._settings = settings
@@ -45,11 +63,11 @@ class RecordLocks:
         s = self._settings
         args: list[str | int] = [
             s.consumer_group,
-            self.token,
+            LOCKED + self.token,
             math.ceil(s.lock_timeout),
             math.ceil(s.idempotency_ttl),
-            s.lock_prefix,
-            s.marker_prefix,
+            s.record_prefix,
+            DONE,
         ]
         for m in messages:
             args += (m.entry_id, m.record_id)
@@ -61,9 +79,9 @@ class RecordLocks:
         args: list[str | int] = [
             s.consumer_group,
             s.consumer_name,
-            self.token,
+            LOCKED + self.token,
             math.ceil(s.lock_timeout),
-            s.lock_prefix,
+            s.record_prefix,
         ]
         for m in messages:
             args += (m.entry_id, m.record_id)

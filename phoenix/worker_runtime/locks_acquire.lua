@@ -1,22 +1,23 @@
--- Claim a batch of records for processing, one round trip for the whole batch.
--- For each (entry_id, record_id): if the record's idempotency marker exists it is done already, so the
--- marker's TTL is refreshed and the entry acknowledged (1); otherwise the record's lock is taken with
--- SET NX EX and our owner token (0), or left alone because another worker holds it (2).
+-- Claim a batch of records for processing, one round trip for the whole batch, one call per record.
+-- Each record's key (record_prefix .. record_id) is taken with SET NX GET: absent, it now holds our lock (0);
+-- holding a marker (a value starting with done_prefix), the record is processed already, so the marker's TTL is
+-- refreshed and the entry acknowledged (1); holding another worker's lock, it is left alone (2).
 -- KEYS[1] input stream
--- ARGV: group, token, lock_ttl_seconds, marker_ttl_seconds, lock_prefix, marker_prefix, then id/record pairs.
-local group, token, lock_ttl, marker_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local lock_prefix, marker_prefix = ARGV[5], ARGV[6]
+-- ARGV: group, lock_value (our lock: 'lock ' .. token), lock_ttl_seconds, marker_ttl_seconds, record_prefix,
+--       done_prefix, then entry_id/record_id pairs.
+local group, lock_value, lock_ttl, marker_ttl = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local record_prefix, done_prefix = ARGV[5], ARGV[6]
+local done_len = #done_prefix
 local result = {}
 for i = 7, #ARGV, 2 do
-  local entry_id, record_id = ARGV[i], ARGV[i + 1]
-  local marker = marker_prefix .. record_id
-  -- EXISTS, then EXPIRE on the rare hit: a cheaper call than GETEX for the usual miss.
-  if redis.call('EXISTS', marker) == 1 then
-    redis.call('EXPIRE', marker, marker_ttl)
+  local entry_id, key = ARGV[i], record_prefix .. ARGV[i + 1]
+  local old = redis.call('SET', key, lock_value, 'NX', 'GET', 'EX', lock_ttl)
+  if not old then
+    result[#result + 1] = 0
+  elseif string.sub(old, 1, done_len) == done_prefix then
+    redis.call('EXPIRE', key, marker_ttl)
     redis.call('XACK', KEYS[1], group, entry_id)
     result[#result + 1] = 1
-  elseif redis.call('SET', lock_prefix .. record_id, token, 'NX', 'EX', lock_ttl) then
-    result[#result + 1] = 0
   else
     result[#result + 1] = 2
   end

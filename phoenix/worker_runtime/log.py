@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
 from contextvars import ContextVar
-from typing import Any, Protocol
+from datetime import UTC, datetime
+from typing import Any, Protocol, TextIO
 
 import structlog
 from structlog.typing import EventDict
+
+from phoenix.worker_runtime import jsoncodec
+
+_log = structlog.get_logger("phoenix.worker")
 
 
 class _LoggedMessage(Protocol):
@@ -33,15 +37,38 @@ def add_message_context(_logger: Any, _method: str, event_dict: EventDict) -> Ev
     return event_dict
 
 
-# Built once: json.dumps with any option (JSONRenderer passes `default`) builds a new encoder for every line.
-_LINE_ENCODER = json.JSONEncoder(default=repr)
-
-
 def _encode_line(event_dict: dict[str, Any], **_options: Any) -> str:
-    return _LINE_ENCODER.encode(event_dict)
+    return jsoncodec.dumps(event_dict, repr)
+
+
+# Where configure_logging sends JSON lines; None until then, or when the format is not JSON.
+_json_output: TextIO | None = None
+
+
+def log_info_lines(lines: list[dict[str, Any]]) -> None:
+    """Log many info lines at once, each `{"event": ..., **fields}`, as `log.info(event, **fields)` would.
+
+    For the one line per finished message: at LOG_LEVEL=info that is tens of thousands of lines a second, and
+    structlog's processor chain and a flushed write per line cost more than the rest of a message's handling.
+    With JSON output the lines are built here the way the chain builds them (structlog's context variables, level,
+    an ISO UTC timestamp, taken once for the batch) and written with one write.
+    """
+    if _json_output is None:
+        for fields in lines:
+            _log.info(fields.pop("event"), **fields)
+        return
+    common = {
+        **structlog.contextvars.get_contextvars(),
+        "level": "info",
+        "timestamp": datetime.now(tz=UTC).isoformat().replace("+00:00", "Z"),
+    }
+    _json_output.write("".join(jsoncodec.dumps({**fields, **common}, repr) + "\n" for fields in lines))
+    _json_output.flush()
 
 
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
+    global _json_output
+    _json_output = sys.stdout if fmt == "json" else None
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(serializer=_encode_line) if fmt == "json" else structlog.dev.ConsoleRenderer()
     )

@@ -6,9 +6,10 @@ An entry carries `record_id`, `user_id` and `data` (a JSON object). Other plain 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
+
+from phoenix.worker_runtime import jsoncodec
 
 # Fields the runtime owns; everything else in an entry is the processor's data.
 ENVELOPE_FIELDS = frozenset(
@@ -68,8 +69,8 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
         return MalformedEntry(entry_id, raw, "missing record_id")
     if "data" in fields:
         try:
-            payload = json.loads(fields["data"])
-        except json.JSONDecodeError as exc:
+            payload = jsoncodec.loads(fields["data"])
+        except ValueError as exc:
             return MalformedEntry(entry_id, raw, f"data is not valid JSON: {exc}")
         if not isinstance(payload, dict):
             return MalformedEntry(entry_id, raw, f"data must be a JSON object, got {type(payload).__name__}")
@@ -92,13 +93,9 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
     )
 
 
-# Built once: json.dumps(..., default=str) would construct a new encoder for every message.
-_RESULT_ENCODER = json.JSONEncoder(default=str)
-
-
 def output_fields(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
     """Flat field/value list for the next stage's XADD."""
-    flat = ["record_id", message.record_id, "user_id", message.user_id, "data", _RESULT_ENCODER.encode(result)]
+    flat = ["record_id", message.record_id, "user_id", message.user_id, "data", jsoncodec.dumps(result, str)]
     if traceparent:
         flat += ["traceparent", traceparent]
     return flat

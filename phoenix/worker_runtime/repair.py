@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import FAILURE_FIELDS
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, entries_of
-from phoenix.worker_runtime.locks import lock_holder
+from phoenix.worker_runtime.locks import DONE, LOCKED, committed_by, lock_holder, locked_by
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
 from phoenix.worker_runtime.redis_client import text, text_range
@@ -29,6 +29,12 @@ class UnlockStatus(enum.StrEnum):
     HOLDER_ALIVE = "alive"
 
 
+async def _record_state(client: Redis, key: str) -> str | None:
+    """A record key's value (locks.py says what it means), or None."""
+    value = await client.get(key)
+    return None if value is None else text(value)
+
+
 @dataclass(frozen=True)
 class UnlockResult:
     status: UnlockStatus
@@ -40,14 +46,15 @@ class UnlockResult:
 async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, force: bool) -> UnlockResult:
     """Release the record's lock unless its holder is alive (consumer idle below CLAIM_IDLE_MS) or `force`."""
     s = settings
-    key = s.lock_prefix + record_id
-    token = await client.get(key)
+    key = s.record_prefix + record_id
+    token = locked_by(await _record_state(client, key))
     if token is None:
         return UnlockResult(UnlockStatus.NOT_LOCKED, key)
-    holder = lock_holder(text(token))
+    holder = lock_holder(token)
     script = lua.register(client, "repair_unlock.lua")
     status, idle_ms = await script(
-        keys=[key, s.input_queue], args=[token, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"]
+        keys=[key, s.input_queue],
+        args=[LOCKED + token, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"],
     )
     idle = None if int(idle_ms) < 0 else int(idle_ms) / 1000
     return UnlockResult(UnlockStatus(text(status)), key, holder, idle)
@@ -80,9 +87,9 @@ async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | No
             return done
         start = "(" + text(rows[-1]["message_id"])
         candidates = [await _candidate(client, s, row) for row in rows]
-        args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.lock_prefix]
+        args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.record_prefix]
         for c, token in candidates:
-            args += (c.entry_id, c.record_id, token)
+            args += (c.entry_id, c.record_id, LOCKED + token if token else "")
         replies = await script(keys=[s.input_queue], args=args)
         for (c, _), (status, new_id, released) in zip(candidates, replies, strict=True):
             done.append(
@@ -104,12 +111,12 @@ async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Recla
     entry_id, consumer = text(row["message_id"]), text(row["consumer"])
     entries = await text_range(client, s.input_queue, first=entry_id, last=entry_id)
     record_id = entries[0][1].get("record_id", "") if entries else ""
-    token = await client.get(s.lock_prefix + record_id) if record_id else None
-    owned = token is not None and lock_holder(text(token)) == consumer
+    token = locked_by(await _record_state(client, s.record_prefix + record_id)) if record_id else None
+    owned = token is not None and lock_holder(token) == consumer
     found = Reclaimed(
         entry_id, record_id, consumer, int(row["time_since_delivered"]) / 1000, int(row["times_delivered"]), ""
     )
-    return found, text(token) if owned else ""
+    return found, token if owned and token else ""
 
 
 class ReprocessError(Exception):
@@ -124,7 +131,7 @@ class ReprocessPlan:
     source: str  # "input" or "dlq"
     source_entry_id: str
     fields: dict[str, str]
-    marker_key: str
+    record_key: str
     committed_by: str | None
 
 
@@ -147,10 +154,9 @@ async def plan_reprocess(
     _, name, entry_id, fields = max(found, key=lambda f: f[0])
     kept = {k: v for k, v in fields.items() if k not in _DROPPED_ON_REPROCESS}
     kept.setdefault("original_id", fields.get("original_id", entry_id))
-    marker_key = s.marker_prefix + record_id
-    committed_by = await client.get(marker_key)
+    record_key = s.record_prefix + record_id
     return ReprocessPlan(
-        record_id, name, entry_id, kept, marker_key, None if committed_by is None else text(committed_by)
+        record_id, name, entry_id, kept, record_key, committed_by(await _record_state(client, record_key))
     )
 
 
@@ -160,8 +166,8 @@ async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan
     script = lua.register(client, "repair_reprocess.lua")
     flat = [item for pair in plan.fields.items() for item in pair]
     reply = await script(
-        keys=[plan.marker_key, s.lock_prefix + plan.record_id, s.input_queue, s.dlq_name],
-        args=[plan.source_entry_id if plan.source == "dlq" else "", *flat],
+        keys=[plan.record_key, s.input_queue, s.dlq_name],
+        args=[DONE, plan.source_entry_id if plan.source == "dlq" else "", *flat],
     )
     if text(reply[0]) == "locked":
         raise ReprocessError(

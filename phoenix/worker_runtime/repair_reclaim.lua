@@ -3,14 +3,14 @@
 -- old entry is acknowledged, and the record's lock is released if it still holds the dead consumer's token.
 -- Entries delivered max_deliveries times are left pending: the worker's reclaim dead-letters them as poison.
 -- KEYS[1] input stream
--- ARGV: group, min_idle_ms, max_deliveries, lock_prefix, then per candidate: entry_id, record_id, lock_token
---       ('' when the dead consumer holds no lock for the record).
+-- ARGV: group, min_idle_ms, max_deliveries, record_prefix, then per candidate: entry_id, record_id, lock_value
+--       (the record key's value while the dead consumer holds its lock; '' when it holds none).
 -- Returns per candidate {status, new_id, lock_released (0/1)}; status 'moved', 'busy' (no longer pending, or
 -- touched since the caller looked), 'poison' (left for the worker) or 'trimmed' (gone from the stream: acknowledged).
-local group, min_idle, max_deliveries, lock_prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local group, min_idle, max_deliveries, record_prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local result = {}
 for i = 5, #ARGV, 3 do
-  local entry_id, record_id, token = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  local entry_id, record_id, lock_value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local pending = redis.call('XPENDING', KEYS[1], group, 'IDLE', min_idle, entry_id, entry_id, 1)
   if #pending == 0 then
     result[#result + 1] = {'busy', '', 0}
@@ -32,8 +32,8 @@ for i = 5, #ARGV, 3 do
       end
       local new_id = redis.call('XADD', KEYS[1], '*', unpack(fields))
       local released = 0
-      if token ~= '' and redis.call('GET', lock_prefix .. record_id) == token then
-        redis.call('DEL', lock_prefix .. record_id)
+      if lock_value ~= '' and redis.call('GET', record_prefix .. record_id) == lock_value then
+        redis.call('DEL', record_prefix .. record_id)
         released = 1
       end
       result[#result + 1] = {'moved', new_id, released}

@@ -109,12 +109,8 @@ class WorkerSettings(BaseSettings):
         return self.keys.retry
 
     @property
-    def lock_prefix(self) -> str:
-        return self.keys.lock_prefix
-
-    @property
-    def marker_prefix(self) -> str:
-        return self.keys.marker_prefix
+    def record_prefix(self) -> str:
+        return self.keys.record_prefix
 
     @property
     def redis_url_redacted(self) -> str:

@@ -1,22 +1,23 @@
 -- Settle a batch of messages atomically, one round trip for the batch. Per item, by action:
---   C commit:  unless the marker exists already (another worker committed first), set the idempotency
---              marker with its TTL and XADD the result to the output stream (when it has fields); then XACK.
---              Marker, forward and acknowledgement happen together or not at all, so a crash can neither
---              lose the record for the next stage nor forward it twice.
+--   C commit:  the record's key becomes its idempotency marker (SET GET: whatever lock it held, ours or one
+--              taken after ours expired, is replaced), and the result is XADDed to the output stream (when it has
+--              fields); then XACK. If the key held a marker already, another message committed the record first:
+--              its marker is put back and nothing is forwarded (a duplicate). Marker, forward and acknowledgement
+--              happen together or not at all, so a crash can neither lose the record for the next stage nor
+--              forward it twice; a later claim of the record finds the marker.
 --   D dead-letter: XADD the fields to the DLQ, XACK.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
--- Every action then releases the record's lock if this worker still owns it (compare-and-delete); a commit
--- that set the marker deletes the lock without the compare: whoever else might hold it (after our lock expired)
--- can no longer commit the record, and every later claim finds the marker first. One call less per message.
+-- D, R and L then release the record's lock if this worker still owns it (compare-and-delete).
 -- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
--- Returns per item 1 when a commit found the marker already set (a duplicate), else 0.
+-- Returns per item 1 when a commit found the record committed already (a duplicate), else 0.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
--- ARGV: group, token, marker_ttl, lock_prefix, marker_prefix, has_output,
+-- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix, has_output,
 --       then items: action, entry_id, record_id, holds_lock (0/1), field_count, fields...
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, token, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
-local lock_prefix, marker_prefix = ARGV[4], ARGV[5]
+local group, lock_value, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
+local record_prefix, done_prefix = ARGV[4], ARGV[5]
+local done_len = #done_prefix
 local has_output = ARGV[6] == '1'
 
 local now_ms
@@ -36,18 +37,15 @@ while i <= #ARGV do
   local first, last = i + 5, i + 4 + n
   local duplicate, release = 0, holds_lock
   if action == 'C' then
-    -- The marker stores the entry id that committed the record: GET processed:... answers "by which message".
-    if redis.call('SET', marker_prefix .. record_id, entry_id, 'NX', 'EX', marker_ttl) then
-      if holds_lock then
-        redis.call('DEL', lock_prefix .. record_id)
-        release = false
-      end
-      if has_output and n > 0 then
-        redis.call('XADD', output, '*', unpack(ARGV, first, last))
-      end
-    else
+    local key = record_prefix .. record_id
+    local old = redis.call('SET', key, done_prefix .. entry_id, 'GET', 'EX', marker_ttl)
+    if old and string.sub(old, 1, done_len) == done_prefix then
+      redis.call('SET', key, old, 'EX', marker_ttl)
       duplicate = 1
+    elseif has_output and n > 0 then
+      redis.call('XADD', output, '*', unpack(ARGV, first, last))
     end
+    release = false
     acked[#acked + 1] = entry_id
   elseif action == 'D' then
     redis.call('XADD', dlq, '*', unpack(ARGV, first, last))
@@ -57,9 +55,9 @@ while i <= #ARGV do
     acked[#acked + 1] = entry_id
   end
   if release then
-    local lock = lock_prefix .. record_id
-    if redis.call('GET', lock) == token then
-      redis.call('DEL', lock)
+    local key = record_prefix .. record_id
+    if redis.call('GET', key) == lock_value then
+      redis.call('DEL', key)
     end
   end
   result[#result + 1] = duplicate

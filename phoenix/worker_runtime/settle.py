@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from phoenix.worker_runtime import lua
+from phoenix.worker_runtime.locks import DONE, LOCKED
 from phoenix.worker_runtime.settings import WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
@@ -54,10 +55,10 @@ class Settler:
         self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
         self._head: list[FieldValue] = [
             s.consumer_group,
-            token,
+            LOCKED + token,
             math.ceil(s.idempotency_ttl),
-            s.lock_prefix,
-            s.marker_prefix,
+            s.record_prefix,
+            DONE,
             "1" if s.output_queue else "0",
         ]
         self._on_settled = on_settled

@@ -24,7 +24,7 @@ from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.dlq import dead_letter_fields
 from phoenix.worker_runtime.locks import Claim, RecordLocks
-from phoenix.worker_runtime.log import CURRENT_MESSAGE
+from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
 from phoenix.worker_runtime.messages import MalformedEntry, Message, output_fields, parse_entry
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError
 from phoenix.worker_runtime.reclaim import Reclaimer
@@ -449,6 +449,7 @@ class Worker:
         """Called by the settler once a batch is durable: count, log, free the slots."""
         done = time.time()
         processed = duplicates = 0
+        lines: list[dict[str, Any]] = []
         for outcome in batch:
             flight = self.in_flight.pop(outcome.entry_id, None)
             self._dead_letters_unsettled.discard(outcome.entry_id)
@@ -461,13 +462,17 @@ class Worker:
             else:
                 processed += 1
             if self._log_each_message:
-                log.info(
-                    "duplicate_discarded" if outcome.duplicate else "processing_complete",
-                    record_id=outcome.record_id,
-                    message_id=outcome.entry_id,
-                    user_id=flight.message.user_id if flight else "",
-                    duration_seconds=round(done - outcome.started_at, 6),
+                lines.append(
+                    {
+                        "event": "duplicate_discarded" if outcome.duplicate else "processing_complete",
+                        "record_id": outcome.record_id,
+                        "message_id": outcome.entry_id,
+                        "user_id": flight.message.user_id if flight else "",
+                        "duration_seconds": round(done - outcome.started_at, 6),
+                    }
                 )
+        if lines:
+            log_info_lines(lines)
         self._m_outcome["processed"].inc(processed)
         self.backpressure.note_forwarded(processed)
         self._m_outcome["skipped_duplicate"].inc(duplicates)
