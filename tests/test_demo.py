@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import signal
 import socket
@@ -97,9 +98,9 @@ def test_demo_drains_the_pipeline_and_prints_grouped_biomarkers(tmp_path: Path) 
     assert workers_using(url) == []
     assert not accepts_connections(url)
     for stage in STAGES:
-        log_lines = (tmp_path / "logs" / f"{stage}.log").read_text().splitlines()
-        assert sum('"event": "processing_complete"' in line for line in log_lines) == SAMPLE_COUNT * COPIES
-        assert '"event": "worker_exit"' in log_lines[-1]
+        events = [json.loads(line)["event"] for line in (tmp_path / "logs" / f"{stage}.log").read_text().splitlines()]
+        assert events.count("processing_complete") == SAMPLE_COUNT * COPIES
+        assert events[-1] == "worker_exit"
 
 
 def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> None:

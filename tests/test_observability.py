@@ -156,7 +156,7 @@ def observed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
         def logged(event: str, **fields: Any) -> bool:
             return any(
-                f'"event": "{event}"' in line and all(json.loads(line).get(k) == v for k, v in fields.items())
+                f'"event":"{event}"' in line and all(json.loads(line).get(k) == v for k, v in fields.items())
                 for line in worker.log_tail(100_000).splitlines()
             )
 
