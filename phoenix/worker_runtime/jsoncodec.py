@@ -6,7 +6,7 @@ the time. Where the two disagree, the json module decides, so no stage sees its 
 - numbers of 19 digits or more: orjson reads integers past 64 bits as floats (losing digits);
 - input orjson refuses but json reads (NaN, Infinity, lone surrogates): json reads it, or names the error;
 - output orjson cannot write (integers past 64 bits, dict keys that are not str): json writes it.
-What orjson writes differently is documented in docs/batch-processors.md (NaN becomes null, datetimes RFC 3339).
+What orjson writes differently is in the README's Messages section (NaN becomes null, datetimes RFC 3339).
 """
 
 from __future__ import annotations
