@@ -85,8 +85,8 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
     settler = Settler(raw_redis, settings, "me:token", settled.append)
     task = asyncio.create_task(settler.run())
     try:
-        settler.submit(Outcome(Action.COMMIT, ids[0], "c", False, ("record_id", "c", "data", "{}")))
-        settler.submit(Outcome(Action.COMMIT, ids[1], "c", False, ("record_id", "c", "data", "{}")))
+        settler.submit(Outcome(Action.COMMIT, ids[0], "c", False, ("data", "{}")))
+        settler.submit(Outcome(Action.COMMIT, ids[1], "c", False, ("data", "{}")))
         settler.submit(Outcome(Action.DEAD_LETTER, ids[2], "d", False, ("record_id", "d", "error", "why")))
         settler.submit(Outcome(Action.RETRY, ids[3], "r", False, (60_000, json.dumps(["record_id", "r"]))))
         settler.submit(Outcome(Action.LEAVE, ids[4], "l", False))

@@ -94,8 +94,9 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
 
 
 def output_fields(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
-    """Flat field/value list for the next stage's XADD."""
-    flat = ["record_id", message.record_id, "user_id", message.user_id, "data", jsoncodec.dumps(result, str)]
+    """The next stage's entry as a flat field/value list, but for its first field, record_id, which the commit
+    (settle.lua) writes from the outcome: one argument pair less per message."""
+    flat = ["user_id", message.user_id, "data", jsoncodec.dumps(result, str)]
     if traceparent:
         flat += ["traceparent", traceparent]
     return flat

@@ -1,24 +1,24 @@
--- Settle a batch of messages atomically, one round trip for the batch. Per item, by action:
+-- Settle a batch of messages atomically, one round trip for the batch. Per item, by its code:
 --   C commit:  the record's key becomes its idempotency marker (SET GET: whatever lock it held, ours or one
---              taken after ours expired, is replaced), and the result is XADDed to the output stream (when it has
---              fields); then XACK. If the key held a marker already, another message committed the record first:
---              its marker is put back and nothing is forwarded (a duplicate). Marker, forward and acknowledgement
---              happen together or not at all, so a crash can neither lose the record for the next stage nor
---              forward it twice; a later claim of the record finds the marker.
+--              taken after ours expired, is replaced), and the result is XADDed to the output stream (when the item
+--              has fields): record_id first, then the item's fields; then XACK. If the key held a marker already,
+--              another message committed the record first: its marker is put back and nothing is forwarded (a
+--              duplicate). Marker, forward and acknowledgement happen together or not at all, so a crash can
+--              neither lose the record for the next stage nor forward it twice; a later claim finds the marker.
 --   D dead-letter: XADD the fields to the DLQ, XACK.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
--- D, R and L then release the record's lock if this worker still owns it (compare-and-delete).
+-- D, R and L come in upper case when this worker holds the record's lock, which is then released if still ours
+-- (compare-and-delete), in lower case when it took none (a malformed entry).
 -- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
 -- Returns per item 1 when a commit found the record committed already (a duplicate), else 0.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
--- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix, has_output,
---       then items: action, entry_id, record_id, holds_lock (0/1), field_count, fields...
+-- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix,
+--       then items: code, entry_id, record_id, field_count, fields... (R's two fields: delay_ms, member)
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, lock_value, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
 local record_prefix, done_prefix = ARGV[4], ARGV[5]
 local done_len = #done_prefix
-local has_output = ARGV[6] == '1'
 
 local now_ms
 local function server_now_ms()
@@ -30,34 +30,34 @@ local function server_now_ms()
 end
 
 local result, acked = {}, {}
-local i = 7
+local i = 6
 while i <= #ARGV do
-  local action, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
-  local holds_lock, n = ARGV[i + 3] == '1', tonumber(ARGV[i + 4])
-  local first, last = i + 5, i + 4 + n
-  local duplicate, release = 0, holds_lock
-  if action == 'C' then
+  local code, entry_id, record_id, n = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
+  local first, last = i + 4, i + 3 + n
+  local duplicate = 0
+  if code == 'C' then
     local key = record_prefix .. record_id
     local old = redis.call('SET', key, done_prefix .. entry_id, 'GET', 'EX', marker_ttl)
     if old and string.sub(old, 1, done_len) == done_prefix then
       redis.call('SET', key, old, 'EX', marker_ttl)
       duplicate = 1
-    elseif has_output and n > 0 then
-      redis.call('XADD', output, '*', unpack(ARGV, first, last))
+    elseif n > 0 then
+      redis.call('XADD', output, '*', 'record_id', record_id, unpack(ARGV, first, last))
     end
-    release = false
     acked[#acked + 1] = entry_id
-  elseif action == 'D' then
-    redis.call('XADD', dlq, '*', unpack(ARGV, first, last))
-    acked[#acked + 1] = entry_id
-  elseif action == 'R' then
-    redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[first]), ARGV[first + 1])
-    acked[#acked + 1] = entry_id
-  end
-  if release then
-    local key = record_prefix .. record_id
-    if redis.call('GET', key) == lock_value then
-      redis.call('DEL', key)
+  else
+    if code == 'D' or code == 'd' then
+      redis.call('XADD', dlq, '*', unpack(ARGV, first, last))
+      acked[#acked + 1] = entry_id
+    elseif code == 'R' or code == 'r' then
+      redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[first]), ARGV[first + 1])
+      acked[#acked + 1] = entry_id
+    end
+    if code == 'D' or code == 'R' or code == 'L' then
+      local key = record_prefix .. record_id
+      if redis.call('GET', key) == lock_value then
+        redis.call('DEL', key)
+      end
     end
   end
   result[#result + 1] = duplicate

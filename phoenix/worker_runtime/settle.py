@@ -34,7 +34,7 @@ class Outcome:
     entry_id: str
     record_id: str
     holds_lock: bool
-    fields: Sequence[FieldValue] = ()
+    fields: Sequence[FieldValue] = ()  # COMMIT: the forwarded entry's but record_id (messages.output_fields)
     started_at: float = 0.0
     duplicate: bool = False  # set after the write: a commit found the record committed by another worker
 
@@ -59,7 +59,6 @@ class Settler:
             math.ceil(s.idempotency_ttl),
             s.record_prefix,
             DONE,
-            "1" if s.output_queue else "0",
         ]
         self._on_settled = on_settled
         self._client = client
@@ -71,8 +70,9 @@ class Settler:
 
     def submit(self, outcome: Outcome) -> None:
         self._queue.append(outcome)
-        self._idle.clear()
-        self._wake.set()
+        if len(self._queue) == 1:  # the first since the committer took the queue: it may be asleep
+            self._idle.clear()
+            self._wake.set()
 
     async def flush(self) -> None:
         """Wait until everything submitted so far is written."""
@@ -112,8 +112,11 @@ class Settler:
 
     async def _write(self, outcomes: list[Outcome]) -> list[int]:
         args = list(self._head)
+        commit = Action.COMMIT  # an enum member read from its class is a Python call on 3.11: once per batch
         for o in outcomes:
-            args += (o.action.value, o.entry_id, o.record_id, "1" if o.holds_lock else "0", len(o.fields))
+            # A StrEnum packs as its value; lower case: no lock to release (settle.lua).
+            code = o.action if o.holds_lock or o.action is commit else o.action.lower()
+            args += (code, o.entry_id, o.record_id, len(o.fields))
             args.extend(o.fields)
         delay = 0.1
         while True:

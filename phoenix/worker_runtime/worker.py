@@ -422,8 +422,9 @@ class Worker:
             self._dead_letter(*args)
         deadline = time.monotonic() + s.processing_timeout
         flights: list[InFlight] = []
+        acquired = Claim.ACQUIRED  # an enum member read from its class is a Python call on 3.11: once per batch
         for message, claim in zip(candidates, claims, strict=True):
-            if claim == Claim.ACQUIRED:
+            if claim == acquired:
                 flight = InFlight(message, deadline)
                 self.in_flight[message.entry_id] = flight
                 flights.append(flight)
@@ -448,14 +449,15 @@ class Worker:
     def _on_settled(self, batch: list[Outcome]) -> None:
         """Called by the settler once a batch is durable: count, log, free the slots."""
         done = time.time()
+        commit, leave = Action.COMMIT, Action.LEAVE  # once per batch, as in _dispatch
         processed = duplicates = 0
         lines: list[dict[str, Any]] = []
         for outcome in batch:
             flight = self.in_flight.pop(outcome.entry_id, None)
             self._dead_letters_unsettled.discard(outcome.entry_id)
-            if self._settled_during_history_read is not None and outcome.action is not Action.LEAVE:
+            if self._settled_during_history_read is not None and outcome.action is not leave:
                 self._settled_during_history_read.add(outcome.entry_id)
-            if outcome.action is not Action.COMMIT:
+            if outcome.action is not commit:
                 continue  # dead letters, retries and deferrals were counted and logged when decided
             if outcome.duplicate:
                 duplicates += 1
