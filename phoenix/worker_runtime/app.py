@@ -39,7 +39,7 @@ def _exit_stuck(deadline: float) -> None:
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it exists (not on Windows): its event loop and transports halve the loop's own cost per message."""
+    """uvloop where it exists (not on Windows): a faster event loop and transports, a tenth off the worker's CPU."""
     try:
         import uvloop
     except ImportError:
