@@ -41,8 +41,9 @@ kube:
 e2e: $(STAMP)
 	bash hack/e2e.sh
 
+# BENCH_ARGS: options of bench/worker_throughput.py, e.g. BENCH_ARGS="--compare-with ../base --log-level info".
 bench: $(STAMP)
-	$(BIN)/python -m bench.worker_throughput
+	$(BIN)/python -m bench.worker_throughput $(BENCH_ARGS)
 
 # taskiq-redis, dramatiq and arq in a virtualenv of their own, so they never meet Phoenix's dependencies.
 $(PEERS_STAMP): bench/peers/peers-requirements.txt

@@ -8,6 +8,8 @@ with --peers-python, also the no-op workers of taskiq-redis, dramatiq and arq (b
 virtualenv) on the same Valkey.
 (c0) the same worker with input trimming and output backpressure off (TRIM_INTERVAL one day,
      OUTPUT_HIGH_WATER=0): what those cost is 1 - c/c0.
+With --compare-with DIR, a checkout of another commit (`git worktree add ../base <commit>`): its worker, started
+from DIR, runs in every round too, and the bench prints how this worker's CPU and Redis time per message compare.
 (a), (c0) and (c) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and the
 peers are slow enough to be steady in one.
 Redis time per message is Valkey's own count (INFO commandstats: scripts plus reads) and its process CPU
@@ -24,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +121,9 @@ async def phoenix_worker(
     log_level: str,
     processor: str,
     extra_env: dict[str, str],
+    root: Path = ROOT,
 ) -> WorkerRun:
+    """`phoenix worker` started from the source tree `root`, over n messages."""
     stream, out = "phoenix:bench:input", "phoenix:bench:output"
     await client.delete(out)
     await client.flushdb()
@@ -135,12 +140,12 @@ async def phoenix_worker(
         CONCURRENCY=str(concurrency),
         HEALTH_PORT="0",
         LOG_LEVEL=log_level,
-        PYTHONPATH=str(ROOT),
+        PYTHONPATH=str(root),
         **extra_env,
     )
     # Logs go to /dev/null: a terminal's speed is not the worker's.
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "phoenix", "worker", env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL
+        sys.executable, "-m", "phoenix", "worker", env=env, cwd=root, stdout=asyncio.subprocess.DEVNULL
     )
     try:
         while not await client.xlen(out):
@@ -201,9 +206,29 @@ def describe(runs: list[WorkerRun]) -> str:
     )
 
 
-async def run(n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None) -> int:
+def redis_us(run: WorkerRun) -> float:
+    return run.script_us_per_msg + run.read_us_per_msg
+
+
+def compared(mine: list[WorkerRun], theirs: list[WorkerRun]) -> str:
+    """This worker against the other checkout's, per message: medians of the rounds."""
+
+    def change(figure: Callable[[WorkerRun], float]) -> str:
+        ours, other = (statistics.median(figure(r) for r in runs) for runs in (mine, theirs))
+        return f"{other:.1f} -> {ours:.1f} us ({ours / other - 1:+.0%})"
+
+    return (
+        f"worker CPU {change(lambda r: r.cpu_us_per_msg)}, Redis time {change(redis_us)} (target -33%), "
+        f"Valkey CPU {change(lambda r: r.redis_cpu_us_per_msg)}"
+    )
+
+
+async def run(
+    n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None, other: Path | None
+) -> int:
     floors: list[float] = []
     runs: dict[str, list[WorkerRun]] = {name: [] for name in VARIANTS}
+    theirs: list[WorkerRun] = []
     with embedded_valkey() as url:
         client = aioredis.Redis.from_url(url)
         b = await original(client, n)
@@ -213,6 +238,9 @@ async def run(n: int, concurrency: int, rounds: int, log_level: str, peers_pytho
             floors.append(await floor(client, n))
             for name, (processor, env) in VARIANTS.items():
                 runs[name].append(await phoenix_worker(client, url, n, concurrency, log_level, processor, env))
+            if other:
+                noop = VARIANTS["process"][0]
+                theirs.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, {}, other))
         await client.aclose()
         peers = peer_rates(peers_python, url, n) if peers_python else []
     a = statistics.median(floors)
@@ -233,6 +261,9 @@ async def run(n: int, concurrency: int, rounds: int, log_level: str, peers_pytho
     print(f"(c) phoenix worker, process_batch()          : {describe(runs['batch'])}")
     c0 = median_run(runs["untrimmed"]).rate
     print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
+    if other:
+        print(f"(c) {other}, process(): {describe(theirs)}")
+        print(f"    this worker vs that one, per message: {compared(runs['process'], theirs)}")
     for peer in peers:
         print(f"    peer {peer['setup']:<64}: {peer['rate']:10,.0f} msg/s")
     # Issue 9's targets: 0.30 at CONCURRENCY=1000 and LOG_LEVEL=warning, 0.20 with a log line per message.
@@ -262,8 +293,11 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.add_argument("--peers-python", help="python of a virtualenv with bench/peers/peers-requirements.txt")
+    p.add_argument("--compare-with", type=Path, help="a checkout of another commit, whose worker runs alongside")
     args = p.parse_args()
-    return asyncio.run(run(args.messages, args.concurrency, args.rounds, args.log_level, args.peers_python))
+    return asyncio.run(
+        run(args.messages, args.concurrency, args.rounds, args.log_level, args.peers_python, args.compare_with)
+    )
 
 
 if __name__ == "__main__":
