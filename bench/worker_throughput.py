@@ -196,18 +196,18 @@ def median_run(runs: list[WorkerRun]) -> WorkerRun:
     return next(r for r in runs if r.rate == rate)
 
 
+def redis_us(run: WorkerRun) -> float:
+    return run.script_us_per_msg + run.read_us_per_msg
+
+
 def describe(runs: list[WorkerRun]) -> str:
     run = median_run(runs)
     return (
         f"{run.rate:10,.0f} msg/s  (rounds: {', '.join(f'{r.rate:,.0f}' for r in runs)})\n"
         f"    worker: peak RSS {run.peak_rss_mb:.0f} MiB, CPU {run.cpu_us_per_msg:.0f} us/msg;  Redis per message: "
-        f"{run.script_us_per_msg + run.read_us_per_msg:.1f} us (scripts {run.script_us_per_msg:.1f} + reads "
+        f"{redis_us(run):.1f} us (scripts {run.script_us_per_msg:.1f} + reads "
         f"{run.read_us_per_msg:.1f}), Valkey process CPU {run.redis_cpu_us_per_msg:.1f} us"
     )
-
-
-def redis_us(run: WorkerRun) -> float:
-    return run.script_us_per_msg + run.read_us_per_msg
 
 
 def compared(mine: list[WorkerRun], theirs: list[WorkerRun]) -> str:

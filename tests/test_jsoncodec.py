@@ -52,6 +52,7 @@ def json_logging(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 def test_batched_info_lines_are_the_lines_structlog_writes(json_logging: None, capsys: pytest.CaptureFixture) -> None:
     log_module.configure_logging("s", "info", "json")
+    structlog.contextvars.bind_contextvars(user_id="from-context")  # a line's own field wins, in both paths
     fields = {"record_id": "r1", "message_id": "1-0", "user_id": "u", "duration_seconds": 0.25}
     structlog.get_logger("phoenix.worker").info("processing_complete", **fields)
     log_module.log_info_lines([{"event": "processing_complete", **fields}, {"event": "duplicate_discarded", **fields}])
@@ -63,3 +64,4 @@ def test_batched_info_lines_are_the_lines_structlog_writes(json_logging: None, c
             k: v for k, v in single.items() if k not in ("event", "timestamp")
         }
         assert line["timestamp"].endswith("Z") and line["timestamp"] >= single["timestamp"]
+    assert single["user_id"] == "u"

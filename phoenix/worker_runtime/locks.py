@@ -55,7 +55,8 @@ def committed_by(value: str | None) -> str | None:
 class RecordLocks:
     def __init__(self, client: Redis, settings: WorkerSettings) -> None:
         self._settings = settings
-        self.token = lock_token(settings.consumer_name)
+        # Our lock, as the record key holds it: compared by value in every script that releases or renews it.
+        self.lock_value = LOCKED + lock_token(settings.consumer_name)
         self._acquire = lua.register(client, "locks_acquire.lua")
         self._renew = lua.register(client, "locks_renew.lua")
 
@@ -63,7 +64,7 @@ class RecordLocks:
         s = self._settings
         args: list[str | int] = [
             s.consumer_group,
-            LOCKED + self.token,
+            self.lock_value,
             math.ceil(s.lock_timeout),
             math.ceil(s.idempotency_ttl),
             s.record_prefix,
@@ -79,7 +80,7 @@ class RecordLocks:
         args: list[str | int] = [
             s.consumer_group,
             s.consumer_name,
-            LOCKED + self.token,
+            self.lock_value,
             math.ceil(s.lock_timeout),
             s.record_prefix,
         ]

@@ -57,12 +57,10 @@ def log_info_lines(lines: list[dict[str, Any]]) -> None:
         for fields in lines:
             _log.info(fields.pop("event"), **fields)
         return
-    common = {
-        **structlog.contextvars.get_contextvars(),
-        "level": "info",
-        "timestamp": datetime.now(tz=UTC).isoformat().replace("+00:00", "Z"),
-    }
-    _json_output.write("".join(jsoncodec.dumps({**fields, **common}, repr) + "\n" for fields in lines))
+    # As in the chain: a line's own fields win over context variables; level and timestamp are set over both.
+    context = structlog.contextvars.get_contextvars()
+    stamp = {"level": "info", "timestamp": datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")}
+    _json_output.write("".join(jsoncodec.dumps({**context, **fields, **stamp}, repr) + "\n" for fields in lines))
     _json_output.flush()
 
 

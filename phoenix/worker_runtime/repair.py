@@ -11,7 +11,7 @@ from redis.asyncio import Redis
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import FAILURE_FIELDS
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, entries_of
-from phoenix.worker_runtime.locks import DONE, LOCKED, committed_by, lock_holder, locked_by
+from phoenix.worker_runtime.locks import DONE, committed_by, lock_holder, locked_by
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
 from phoenix.worker_runtime.redis_client import text, text_range
@@ -47,14 +47,15 @@ async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, for
     """Release the record's lock unless its holder is alive (consumer idle below CLAIM_IDLE_MS) or `force`."""
     s = settings
     key = s.record_prefix + record_id
-    token = locked_by(await _record_state(client, key))
-    if token is None:
+    value = await _record_state(client, key)
+    token = locked_by(value)
+    if value is None or token is None:
         return UnlockResult(UnlockStatus.NOT_LOCKED, key)
     holder = lock_holder(token)
     script = lua.register(client, "repair_unlock.lua")
     status, idle_ms = await script(
         keys=[key, s.input_queue],
-        args=[LOCKED + token, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"],
+        args=[value, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"],
     )
     idle = None if int(idle_ms) < 0 else int(idle_ms) / 1000
     return UnlockResult(UnlockStatus(text(status)), key, holder, idle)
@@ -88,8 +89,8 @@ async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | No
         start = "(" + text(rows[-1]["message_id"])
         candidates = [await _candidate(client, s, row) for row in rows]
         args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.record_prefix]
-        for c, token in candidates:
-            args += (c.entry_id, c.record_id, LOCKED + token if token else "")
+        for c, lock_value in candidates:
+            args += (c.entry_id, c.record_id, lock_value)
         replies = await script(keys=[s.input_queue], args=args)
         for (c, _), (status, new_id, released) in zip(candidates, replies, strict=True):
             done.append(
@@ -111,12 +112,13 @@ async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Recla
     entry_id, consumer = text(row["message_id"]), text(row["consumer"])
     entries = await text_range(client, s.input_queue, first=entry_id, last=entry_id)
     record_id = entries[0][1].get("record_id", "") if entries else ""
-    token = locked_by(await _record_state(client, s.record_prefix + record_id)) if record_id else None
+    value = await _record_state(client, s.record_prefix + record_id) if record_id else None
+    token = locked_by(value)
     owned = token is not None and lock_holder(token) == consumer
     found = Reclaimed(
         entry_id, record_id, consumer, int(row["time_since_delivered"]) / 1000, int(row["times_delivered"]), ""
     )
-    return found, token if owned and token else ""
+    return found, value if owned and value else ""
 
 
 class ReprocessError(Exception):

@@ -2,7 +2,8 @@
 -- a lock re-taken meanwhile (another token) or a holder that woke up is never released by mistake.
 -- A holder is alive while its consumer's idle time in the group is below alive_within_ms (CLAIM_IDLE_MS).
 -- KEYS[1] the record's key, KEYS[2] input stream
--- ARGV: the lock value seen by the caller ('lock ' .. token), holder consumer name, group, alive_within_ms, force ('1' releases regardless)
+-- ARGV: the lock value seen by the caller ('lock ' .. token), holder consumer name, group, alive_within_ms,
+--       force ('1' releases regardless)
 -- Returns {status, holder_idle_ms}: status 'released', 'changed' (gone or re-taken) or 'alive' (refused);
 -- holder_idle_ms is -1 when the holder is not in the group.
 local lock_value, holder, group, alive_within, force = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4]), ARGV[5] == '1'

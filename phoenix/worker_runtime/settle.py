@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from phoenix.worker_runtime import lua
-from phoenix.worker_runtime.locks import DONE, LOCKED
+from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.settings import WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
@@ -48,14 +48,14 @@ class Settler:
     _MAX_BATCH = 512
 
     def __init__(
-        self, client: Redis, settings: WorkerSettings, token: str, on_settled: Callable[[list[Outcome]], None]
+        self, client: Redis, settings: WorkerSettings, lock_value: str, on_settled: Callable[[list[Outcome]], None]
     ) -> None:
         self._script = lua.register(client, "settle.lua")
         s = settings
         self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
         self._head: list[FieldValue] = [
             s.consumer_group,
-            LOCKED + token,
+            lock_value,
             math.ceil(s.idempotency_ttl),
             s.record_prefix,
             DONE,

@@ -94,7 +94,7 @@ class Worker:
         self._swap_env_key = swap_env_key
         self.redis = client
         self.locks = RecordLocks(client, settings)
-        self.settler = Settler(client, settings, self.locks.token, self._on_settled)
+        self.settler = Settler(client, settings, self.locks.lock_value, self._on_settled)
         self.retries = RetryScheduler(client, settings)
         self.reclaimer = Reclaimer(client, settings)
         self.backpressure = Backpressure(client, settings)
