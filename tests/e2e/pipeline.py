@@ -12,6 +12,7 @@ from typing import Any
 import redis as redis_client
 import yaml
 
+from phoenix.keys import StageKeys
 from phoenix.stages.keys import grouped_key
 from tests.e2e.kube import kubectl_json
 from tests.fixtures.cluster_objects import MANIFESTS
@@ -136,8 +137,30 @@ def wait_all_grouped(redis: redis_client.Redis, ids: list[str], timeout: float) 
     deadline = time.monotonic() + timeout
     while (done := grouped_count(redis, ids)) < len(ids):
         if time.monotonic() > deadline:
-            raise AssertionError(f"only {done} of {len(ids)} records reached the grouper within {timeout:.0f} s")
+            missing = [record_id for record_id in ids if not redis.exists(grouped_key(record_id))]
+            whereabouts = "\n".join(f"  {record_id}: {_whereabouts(redis, record_id)}" for record_id in missing[:5])
+            raise AssertionError(
+                f"only {done} of {len(ids)} records reached the grouper within {timeout:.0f} s; where they are:\n"
+                f"{whereabouts}"
+            )
         time.sleep(1)
+
+
+def _whereabouts(redis: redis_client.Redis, record_id: str) -> str:
+    """Per stage: the record's entries in its input (with their pending state), in its DLQ, and its record key."""
+    parts = []
+    for name in ("router", "parser", "grouper"):
+        names = streams(name)
+        keys = StageKeys.for_stage(name, names["input"], names["consumerGroup"], names["dlq"])
+        entries = [i for i, f in redis.xrange(keys.input) if f.get("record_id") == record_id]
+        pending = [redis.xpending_range(keys.input, keys.consumer_group, i, i, 1) for i in entries]
+        in_dlq = record_counts(redis, keys.dlq, [record_id])[record_id]
+        state = keys.record_prefix + record_id
+        parts.append(
+            f"{name}: entries {entries} pending {pending}, DLQ {in_dlq}, "
+            f"{state}={redis.get(state)!r} (ttl {redis.ttl(state)})"
+        )
+    return "; ".join(parts)
 
 
 def assert_exactly_once(redis: redis_client.Redis, ids: list[str]) -> None:
