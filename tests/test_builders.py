@@ -208,11 +208,12 @@ def test_replicas_start_at_min_and_drop_to_zero_when_paused() -> None:
 # --- KEDA ----------------------------------------------------------------------------------------------
 
 
-def test_scaled_object_scales_the_deployment_on_group_lag() -> None:
+def test_scaled_object_scales_on_lag_and_stays_up_for_pending_entries_and_retries() -> None:
     spec = make_spec(
         redis=REDIS_WITH_PASSWORD,
         replicas={"min": 0, "max": 7},
         autoscaling={"lagCount": 25, "activationLagCount": 2, "pollingInterval": 5, "cooldownPeriod": 60},
+        worker={"concurrency": 16},
     )
     scaled = build_scaled_object(OWNER, spec, redis_connection("redis://:pw@redis.docs:6380/3"))
     assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
@@ -222,20 +223,24 @@ def test_scaled_object_scales_the_deployment_on_group_lag() -> None:
     assert body["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "parser"}
     assert (body["minReplicaCount"], body["maxReplicaCount"]) == (0, 7)
     assert (body["pollingInterval"], body["cooldownPeriod"]) == (5, 60)
+    connection = {"address": "redis.docs:6380", "databaseIndex": "3", "enableTLS": "false"}
+    group = {"stream": "phoenix:parser:input", "consumerGroup": "parser-group"}
+    auth = {"authenticationRef": {"name": "parser-redis"}}
     assert body["triggers"] == [
         {
             "type": "redis-streams",
-            "metadata": {
-                "address": "redis.docs:6380",
-                "stream": "phoenix:parser:input",
-                "consumerGroup": "parser-group",
-                "lagCount": "25",
-                "activationLagCount": "2",
-                "databaseIndex": "3",
-                "enableTLS": "false",
-            },
-            "authenticationRef": {"name": "parser-redis"},
-        }
+            "metadata": {**connection, **group, "lagCount": "25", "activationLagCount": "2"},
+            **auth,
+        },
+        # KEDA reads a redis-streams trigger with a group and no lagCount as pendingEntriesCount mode, active
+        # above zero: a pod stays up while entries are delivered and unacknowledged, one per CONCURRENCY of them.
+        {"type": "redis-streams", "metadata": {**connection, **group, "pendingEntriesCount": "16"}, **auth},
+        # The retry set only wakes the stage (ZCARD / a target no set reaches asks for one pod).
+        {
+            "type": "redis",
+            "metadata": {**connection, "listName": "phoenix:parser:retry", "listLength": "1000000000"},
+            **auth,
+        },
     ]
 
 
@@ -250,8 +255,8 @@ def test_trigger_authentication_reads_the_password_from_the_secret() -> None:
 def test_passwordless_redis_needs_no_trigger_authentication() -> None:
     spec = make_spec()
     assert build_trigger_authentication(OWNER, spec) is None
-    trigger = build_scaled_object(OWNER, spec, redis_connection("redis://redis:6379"))["spec"]["triggers"][0]
-    assert "authenticationRef" not in trigger
+    triggers = build_scaled_object(OWNER, spec, redis_connection("redis://redis:6379"))["spec"]["triggers"]
+    assert all("authenticationRef" not in trigger for trigger in triggers)
 
 
 def test_password_in_url_without_secret_ref_is_a_clear_error_without_the_password() -> None:
@@ -272,9 +277,8 @@ def test_paused_stage_pauses_keda_at_zero_replicas() -> None:
 
 def test_tls_and_acl_user_reach_the_trigger() -> None:
     spec = make_spec(redis=REDIS_WITH_PASSWORD)
-    metadata = build_scaled_object(OWNER, spec, redis_connection("rediss://app:pw@cache:6379/1"))["spec"]["triggers"][0]
-    assert metadata["metadata"]["enableTLS"] == "true"
-    assert metadata["metadata"]["username"] == "app"
+    triggers = build_scaled_object(OWNER, spec, redis_connection("rediss://app:pw@cache:6379/1"))["spec"]["triggers"]
+    assert {(t["metadata"]["enableTLS"], t["metadata"]["username"]) for t in triggers} == {("true", "app")}
 
 
 # --- Redis URL -----------------------------------------------------------------------------------------

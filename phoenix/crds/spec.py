@@ -97,8 +97,8 @@ class Replicas(CamelModel):
         default=1,
         ge=0,
         le=1000,
-        description="Fewest pods; 0 lets KEDA scale the stage to zero while its stream is idle. Without "
-        "autoscaling the stage runs exactly this many.",
+        description="Fewest pods; 0 lets KEDA scale the stage to zero while it has no work: no entry undelivered "
+        "or pending, no record waiting to retry. Without autoscaling the stage runs exactly this many.",
     )
     max: int = Field(default=10, ge=1, le=1000, description="Most pods KEDA may scale to.")
 
@@ -110,7 +110,9 @@ class Replicas(CamelModel):
 
 
 class Autoscaling(CamelModel):
-    """KEDA autoscaling on the consumer group's lag (entries not yet delivered to any worker)."""
+    """KEDA autoscaling on the consumer group's lag (entries not yet delivered to any worker). The stage also stays
+    up, or wakes from zero, while entries are pending (one pod per worker.concurrency of them) or records wait in its
+    retry set: a pod must be there to finish, reclaim or promote them."""
 
     enabled: bool = Field(default=True, description="Create a KEDA ScaledObject for the stage.")
     lag_count: int = Field(

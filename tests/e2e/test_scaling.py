@@ -1,9 +1,12 @@
 """KEDA scales a stage on its backlog, from zero up and back down after the cooldown; `kubectl get phx` shows the
-backlog rising and falling and READY/REPLICAS as the pods are; `paused: true` holds the stage at zero pods."""
+backlog rising and falling and READY/REPLICAS as the pods are; `paused: true` holds the stage at zero pods; work
+that is no backlog (an entry left pending by a gone worker, a record waiting to retry) wakes a stage at zero."""
 
 from __future__ import annotations
 
+import json
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,8 +15,10 @@ from typing import Any
 import pytest
 import redis as redis_client
 
+from phoenix.keys import StageKeys
+from phoenix.worker_runtime.locks import committed_by
 from tests.e2e.kube import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
-from tests.e2e.pipeline import NAMESPACE, Pipeline, enqueue_documents
+from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents
 
 pytestmark = pytest.mark.e2e
 
@@ -23,7 +28,8 @@ MAX_REPLICAS = 4
 
 def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
     """The router's processor as a final stage, CPU-limited so that a backlog builds up and lasts, with KEDA's
-    polling and cooldown shortened so that the test sees a whole cycle in a few minutes."""
+    polling and cooldown shortened so that the test sees a whole cycle in a few minutes, and a gone worker's
+    entries claimed after 3 s instead of 5 min."""
     return {
         "apiVersion": "phoenix.io/v1alpha1",
         "kind": "PhoenixStage",
@@ -37,6 +43,7 @@ def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
             },
             "replicas": {"min": 0, "max": MAX_REPLICAS},
             "autoscaling": {"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
+            "worker": {"claimIdleMs": 3000},
             "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "150m", "memory": "256Mi"}},
             "paused": paused,
         },
@@ -91,8 +98,14 @@ def scaler(pipeline: Pipeline, phoenix_image: str) -> Iterator[None]:
     kubectl("delete", "-n", NAMESPACE, "phoenixstage", STAGE, "--wait=false")
 
 
+def stage_keys() -> StageKeys:
+    """The stage's streams as the operator reports them."""
+    streams = kubectl_json("get", "phoenixstage", "-n", NAMESPACE, STAGE)["status"]["streams"]
+    return StageKeys.for_stage(STAGE, streams["input"], streams["consumerGroup"])
+
+
 def input_stream() -> str:
-    return kubectl_json("get", "phoenixstage", "-n", NAMESPACE, STAGE)["status"]["streams"]["input"]
+    return stage_keys().input
 
 
 def test_keda_scales_up_on_backlog_and_down_after_cooldown(
@@ -155,3 +168,38 @@ def timeline_wait_paused() -> dict[str, Any]:
         if time.monotonic() > deadline:
             raise AssertionError(f"the ScaledObject was not paused: {scaled_object['metadata']}")
         time.sleep(1)
+
+
+def test_entries_of_a_gone_worker_and_waiting_retries_wake_a_stage_at_zero(
+    scaler: None, pipeline: Pipeline, redis: redis_client.Redis
+) -> None:
+    """Neither is lag, the backlog KEDA wakes a stage on: one record is delivered to a consumer that never
+    acknowledges it (as a pod that died after reading), another waits in the retry set. Each must wake the stage,
+    be finished by its worker (reclaimed, promoted when due) and let the stage go back to zero."""
+    timeline = Timeline()
+    timeline.until(lambda s: s.desired == 0 and s.ready == 0, "the stage at zero pods", 240)
+    keys = stage_keys()
+    orphan, retried = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("orphan", "retry"))
+    document = f"{DOCUMENTS_URL}/{pipeline.documents[0]}"
+    entry_id = redis.xadd(keys.input, {"record_id": orphan, "document_url": document})
+    delivered = redis.xreadgroup(keys.consumer_group, "gone-pod", {keys.input: ">"}, count=10)
+    assert [entry for entry, _ in delivered[0][1]] == [entry_id], "the stage had undelivered entries"
+    seconds, micros = redis.time()
+    member = json.dumps(["record_id", retried, "document_url", document])
+    redis.zadd(keys.retry, {member: seconds * 1000 + micros // 1000})
+    assert redis.xpending(keys.input, keys.consumer_group)["pending"] == 1
+
+    timeline.until(lambda s: s.desired >= 1, "KEDA to wake the stage for the pending entry and the retry", 120)
+    deadline = time.monotonic() + 180
+    while not all(committed_by(redis.get(keys.record_prefix + record)) for record in (orphan, retried)):
+        if time.monotonic() > deadline:
+            states = {record: redis.get(keys.record_prefix + record) for record in (orphan, retried)}
+            raise AssertionError(
+                f"not committed within 180 s: {states}, pending {redis.xpending(keys.input, keys.consumer_group)}, "
+                f"retry set {redis.zrange(keys.retry, 0, -1)}\n" + "\n".join(s.line() for s in timeline.samples)
+            )
+        timeline.sample()
+        time.sleep(1)
+    assert redis.xpending(keys.input, keys.consumer_group)["pending"] == 0
+    assert redis.zcard(keys.retry) == 0
+    timeline.until(lambda s: s.desired == 0 and s.ready == 0, "KEDA to scale back to zero once both are done", 180)

@@ -1,4 +1,4 @@
-"""KEDA objects of a stage: a ScaledObject with a redis-streams trigger on consumer-group lag, and the
+"""KEDA objects of a stage: a ScaledObject on its consumer group's lag, pending entries and retry set, and the
 TriggerAuthentication that hands KEDA the Redis password from a Secret."""
 
 from __future__ import annotations
@@ -36,25 +36,42 @@ def build_trigger_authentication(owner: Owner, spec: PhoenixStageSpec) -> dict[s
     }
 
 
-def redis_streams_trigger(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) -> dict[str, Any]:
-    """Scale on the group's lag (entries not yet delivered): the only redis-streams mode that can wake a stage
-    from zero replicas. KEDA trigger metadata values are all strings."""
+# Target of a trigger that only wakes a stage: ceil(value / target) asks for one pod whatever the value.
+WAKE_ONLY_TARGET = 1_000_000_000
+
+
+def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) -> list[dict[str, Any]]:
+    """What KEDA scales a stage on; the stage stays up while any of them is active (above zero):
+    - lag (entries not yet delivered), the target per pod from spec.autoscaling: the only redis-streams mode that
+      reflects new work, so the one that scales out and wakes a stage from zero;
+    - pending entries (delivered, not acknowledged), one pod per CONCURRENCY of them: work a pod holds, waits to
+      retry under an open circuit, or left behind when its pod died. Lag alone would let KEDA scale to zero under
+      such an entry, and with no pod left to reclaim it, it would wait for the next new entry;
+    - the retry set (records waiting for their next attempt), wake-only: only workers move due retries back.
+    KEDA trigger metadata values are all strings."""
     streams = resolve_streams(owner.name, spec)
-    metadata = {
+    connection_metadata = {
         "address": connection.address,
-        "stream": streams.input,
-        "consumerGroup": streams.consumer_group,
-        "lagCount": str(spec.autoscaling.lag_count),
-        "activationLagCount": str(spec.autoscaling.activation_lag_count),
         "databaseIndex": str(connection.database_index),
         "enableTLS": str(connection.tls).lower(),
     }
     if connection.username is not None:
-        metadata["username"] = connection.username
-    trigger: dict[str, Any] = {"type": "redis-streams", "metadata": metadata}
+        connection_metadata["username"] = connection.username
+    group = {"stream": streams.input, "consumerGroup": streams.consumer_group}
+    lag = {
+        **group,
+        "lagCount": str(spec.autoscaling.lag_count),
+        "activationLagCount": str(spec.autoscaling.activation_lag_count),
+    }
+    pending = {**group, "pendingEntriesCount": str(spec.worker.concurrency)}
+    retries = {"listName": streams.retry, "listLength": str(WAKE_ONLY_TARGET)}
+    auth: dict[str, Any] = {}
     if spec.redis.password_secret_ref is not None:
-        trigger["authenticationRef"] = {"name": trigger_authentication_name(owner.name)}
-    return trigger
+        auth["authenticationRef"] = {"name": trigger_authentication_name(owner.name)}
+    return [
+        {"type": kind, "metadata": {**connection_metadata, **metadata}, **auth}
+        for kind, metadata in (("redis-streams", lag), ("redis-streams", pending), ("redis", retries))
+    ]
 
 
 def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) -> dict[str, Any]:
@@ -83,7 +100,7 @@ def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisC
             "maxReplicaCount": spec.replicas.max,
             "pollingInterval": spec.autoscaling.polling_interval,
             "cooldownPeriod": spec.autoscaling.cooldown_period,
-            "triggers": [redis_streams_trigger(owner, spec, connection)],
+            "triggers": triggers(owner, spec, connection),
         },
     }
 
