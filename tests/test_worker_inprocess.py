@@ -79,22 +79,28 @@ def test_dead_letter_fields_keep_the_original_and_replace_an_earlier_failure() -
 async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, raw_redis: aioredis.Redis) -> None:
     settings = WorkerSettings(service_name="s", processor="tests.processors:ScriptedProcessor", output_queue=OUT)
     await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)
-    ids = [await redis.xadd(IN, {"record_id": name}) for name in ("c", "c", "d", "r", "l")]
+    ids = [await redis.xadd(IN, {"record_id": name}) for name in ("c", "c", "d", "r", "l", "t", "m")]
     await redis.xreadgroup(KEYS.consumer_group, "me", {IN: ">"})
     settled: list[list[Outcome]] = []
     settler = Settler(raw_redis, settings, "me:token", settled.append)
     task = asyncio.create_task(settler.run())
     try:
-        settler.submit(Outcome(Action.COMMIT, ids[0], "c", False, ("data", "{}")))
-        settler.submit(Outcome(Action.COMMIT, ids[1], "c", False, ("data", "{}")))
+        settler.submit(Outcome(Action.COMMIT, ids[0], "c", False, ("u", "{}")))
+        settler.submit(Outcome(Action.COMMIT, ids[1], "c", False, ("u", "{}")))
         settler.submit(Outcome(Action.DEAD_LETTER, ids[2], "d", False, ("record_id", "d", "error", "why")))
         settler.submit(Outcome(Action.RETRY, ids[3], "r", False, (60_000, json.dumps(["record_id", "r"]))))
         settler.submit(Outcome(Action.LEAVE, ids[4], "l", False))
+        settler.submit(Outcome(Action.COMMIT, ids[5], "t", False, ("u", "[]", "00-trace")))
+        settler.submit(Outcome(Action.COMMIT, ids[6], "m", False))  # marked done, nothing forwarded
         await asyncio.wait_for(settler.flush(), 10)
     finally:
         task.cancel()
-    assert [[o.duplicate for o in batch] for batch in settled] == [[False, True, False, False, False]]
-    assert await outputs(redis) == [{"record_id": "c", "data": "{}"}]  # the second commit was a duplicate
+    assert [[o.duplicate for o in batch] for batch in settled] == [[False, True, False, False, False, False, False]]
+    assert await outputs(redis) == [  # the second commit of c was a duplicate
+        {"record_id": "c", "user_id": "u", "data": "{}"},
+        {"record_id": "t", "user_id": "u", "data": "[]", "traceparent": "00-trace"},
+    ]
+    assert await redis.get(KEYS.record_prefix + "m") == DONE + ids[6]
     assert await redis.get(KEYS.record_prefix + "c") == DONE + ids[0]
     assert [fields for _, fields in await redis.xrange(DLQ)] == [{"record_id": "d", "error": "why"}]
     [(member, due_ms)] = await redis.zrange(RETRY, 0, -1, withscores=True)

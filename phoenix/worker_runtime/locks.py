@@ -27,7 +27,8 @@ DONE = "done "
 
 
 class Claim(enum.IntEnum):
-    ACQUIRED = 0
+    """Why a claim did not take a record's lock (locks_acquire.lua's codes)."""
+
     DUPLICATE = 1  # marker present: already processed, acknowledged by the script
     LOCKED = 2  # another worker holds the lock: left pending, reclaim retries it later
 
@@ -60,7 +61,8 @@ class RecordLocks:
         self._acquire = lua.register(client, "locks_acquire.lua")
         self._renew = lua.register(client, "locks_renew.lua")
 
-    async def acquire(self, messages: Sequence[Message]) -> list[int]:
+    async def acquire(self, messages: Sequence[Message]) -> dict[int, int]:
+        """Lock the messages' records; returns those not locked, by position in `messages`: a Claim member."""
         s = self._settings
         args: list[str | int] = [
             s.consumer_group,
@@ -72,7 +74,8 @@ class RecordLocks:
         ]
         for m in messages:
             args += (m.entry_id, m.record_id)
-        return await self._acquire(keys=[s.input_queue], args=args)  # ints, compared with Claim members
+        refused = await self._acquire(keys=[s.input_queue], args=args)
+        return {refused[i] - 1: refused[i + 1] for i in range(0, len(refused), 2)}
 
     async def renew(self, messages: Sequence[Message]) -> list[str]:
         """Extend the locks still ours and reset their entries' idle time; returns record ids whose lock is gone."""

@@ -93,13 +93,17 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
     )
 
 
-def output_fields(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
-    """The next stage's entry as a flat field/value list, but for its first field, record_id, which the commit
-    (settle.lua) writes from the outcome: one argument pair less per message."""
-    flat = ["user_id", message.user_id, "data", jsoncodec.dumps(result, str)]
+# The next stage's entry: its field names, sent once per settle call (settle.lua), and output_values its values.
+OUTPUT_FIELDS = ("record_id", "user_id", "data", "traceparent")
+
+
+def output_values(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
+    """The values of the next stage's entry, in OUTPUT_FIELDS order, but for record_id, which the commit
+    (settle.lua) writes from the outcome; traceparent only when there is one."""
+    values = [message.user_id, jsoncodec.dumps(result, str)]
     if traceparent:
-        flat += ["traceparent", traceparent]
-    return flat
+        values.append(traceparent)
+    return values
 
 
 def retry_fields(message: Message, first_failed_at: float, error: str) -> list[str]:

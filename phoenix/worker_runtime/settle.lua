@@ -1,24 +1,30 @@
 -- Settle a batch of messages atomically, one round trip for the batch. Per item, by its code:
 --   C commit:  the record's key becomes its idempotency marker (SET GET: whatever lock it held, ours or one
---              taken after ours expired, is replaced), and the result is XADDed to the output stream (when the item
---              has fields): record_id first, then the item's fields; then XACK. If the key held a marker already,
---              another message committed the record first: its marker is put back and nothing is forwarded (a
---              duplicate). Marker, forward and acknowledgement happen together or not at all, so a crash can
---              neither lose the record for the next stage nor forward it twice; a later claim finds the marker.
+--              taken after ours expired, is replaced), the result is XADDed to the output stream (record_id,
+--              user_id, data), then XACK. If the key held a marker already, another message committed the record
+--              first: its marker is put back and nothing is forwarded (a duplicate). Marker, forward and
+--              acknowledgement happen together or not at all, so a crash can neither lose the record for the next
+--              stage nor forward it twice; a later claim finds the marker.
+--   T          a commit whose forward also carries a traceparent; M a commit that forwards nothing (no output
+--              stream, or the processor returned None).
 --   D dead-letter: XADD the fields to the DLQ, XACK.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
 -- D, R and L come in upper case when this worker holds the record's lock, which is then released if still ours
 -- (compare-and-delete), in lower case when it took none (a malformed entry).
 -- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
--- Returns per item 1 when a commit found the record committed already (a duplicate), else 0.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
--- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix,
---       then items: code, entry_id, record_id, field_count, fields... (R's two fields: delay_ms, member)
+-- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix, the forwarded
+--       entry's field names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id
+--       and by code: C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms
+--       member | L -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument.
+-- Returns the positions (from 1) of the commits that found their record committed already: the duplicates.
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, lock_value, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
 local record_prefix, done_prefix = ARGV[4], ARGV[5]
+local record_field, user_field, data_field, trace_field = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local done_len = #done_prefix
+local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3}  -- D and d: 4 + field_count
 
 local now_ms
 local function server_now_ms()
@@ -29,29 +35,33 @@ local function server_now_ms()
   return now_ms
 end
 
-local result, acked = {}, {}
-local i = 6
-while i <= #ARGV do
-  local code, entry_id, record_id, n = ARGV[i], ARGV[i + 1], ARGV[i + 2], tonumber(ARGV[i + 3])
-  local first, last = i + 4, i + 3 + n
-  local duplicate = 0
-  if code == 'C' then
+local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 10, #ARGV
+while i <= argc do
+  local code, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+  item = item + 1
+  if code == 'C' or code == 'T' or code == 'M' then
     local key = record_prefix .. record_id
     local old = redis.call('SET', key, done_prefix .. entry_id, 'GET', 'EX', marker_ttl)
-    if old and string.sub(old, 1, done_len) == done_prefix then
+    if old and old ~= lock_value and string.sub(old, 1, done_len) == done_prefix then
       redis.call('SET', key, old, 'EX', marker_ttl)
-      duplicate = 1
-    elseif n > 0 then
-      redis.call('XADD', output, '*', 'record_id', record_id, unpack(ARGV, first, last))
+      duplicates[#duplicates + 1] = item
+    elseif code == 'C' then
+      redis.call('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[i + 4])
+    elseif code == 'T' then
+      redis.call('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[i + 4],
+        trace_field, ARGV[i + 5])
     end
-    acked[#acked + 1] = entry_id
+    n_acked = n_acked + 1
+    acked[n_acked] = entry_id
   else
     if code == 'D' or code == 'd' then
-      redis.call('XADD', dlq, '*', unpack(ARGV, first, last))
-      acked[#acked + 1] = entry_id
+      redis.call('XADD', dlq, '*', unpack(ARGV, i + 4, i + 3 + tonumber(ARGV[i + 3])))
+      n_acked = n_acked + 1
+      acked[n_acked] = entry_id
     elseif code == 'R' or code == 'r' then
-      redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[first]), ARGV[first + 1])
-      acked[#acked + 1] = entry_id
+      redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[i + 3]), ARGV[i + 4])
+      n_acked = n_acked + 1
+      acked[n_acked] = entry_id
     end
     if code == 'D' or code == 'R' or code == 'L' then
       local key = record_prefix .. record_id
@@ -60,11 +70,10 @@ while i <= #ARGV do
       end
     end
   end
-  result[#result + 1] = duplicate
-  i = last + 1
+  i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
 end
 -- One XACK for the batch; chunked to stay far below Lua's limit on unpacked values.
-for j = 1, #acked, 4000 do
-  redis.call('XACK', input, group, unpack(acked, j, math.min(j + 3999, #acked)))
+for j = 1, n_acked, 4000 do
+  redis.call('XACK', input, group, unpack(acked, j, math.min(j + 3999, n_acked)))
 end
-return result
+return duplicates

@@ -14,6 +14,7 @@ from redis.exceptions import RedisError
 
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.locks import DONE
+from phoenix.worker_runtime.messages import OUTPUT_FIELDS
 from phoenix.worker_runtime.settings import WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
@@ -34,9 +35,15 @@ class Outcome:
     entry_id: str
     record_id: str
     holds_lock: bool
-    fields: Sequence[FieldValue] = ()  # COMMIT: the forwarded entry's but record_id (messages.output_fields)
+    # COMMIT: the forwarded entry's values but record_id (messages.output_values); DEAD_LETTER: the DLQ entry's
+    # fields; RETRY: delay in ms and retry-set member.
+    fields: Sequence[FieldValue] = ()
     started_at: float = 0.0
     duplicate: bool = False  # set after the write: a commit found the record committed by another worker
+
+
+# settle.lua's code of a commit, by how many values it forwards: none, user_id and data, and a traceparent.
+_COMMIT_CODES = {0: "M", 2: "C", 3: "T"}
 
 
 class Settler:
@@ -59,6 +66,7 @@ class Settler:
             math.ceil(s.idempotency_ttl),
             s.record_prefix,
             DONE,
+            *OUTPUT_FIELDS,
         ]
         self._on_settled = on_settled
         self._client = client
@@ -85,8 +93,8 @@ class Settler:
             self._wake.clear()
             while self._queue:
                 batch, self._queue = self._queue[: self._MAX_BATCH], self._queue[self._MAX_BATCH :]
-                for outcome, duplicate in zip(batch, await self._write(batch), strict=True):
-                    outcome.duplicate = bool(duplicate)
+                for position in await self._write(batch):
+                    batch[position - 1].duplicate = True
                 self._on_settled(batch)
             self._idle.set()
 
@@ -111,12 +119,18 @@ class Settler:
         return result
 
     async def _write(self, outcomes: list[Outcome]) -> list[int]:
+        """Returns the positions (from 1) of the commits that found their record committed already."""
         args = list(self._head)
-        commit = Action.COMMIT  # an enum member read from its class is a Python call on 3.11: once per batch
+        # An enum member read from its class is a Python call on 3.11: once per batch.
+        commit, dead_letter, commit_codes = Action.COMMIT, Action.DEAD_LETTER, _COMMIT_CODES
         for o in outcomes:
-            # A StrEnum packs as its value; lower case: no lock to release (settle.lua).
-            code = o.action if o.holds_lock or o.action is commit else o.action.lower()
-            args += (code, o.entry_id, o.record_id, len(o.fields))
+            if o.action is commit:
+                args += (commit_codes[len(o.fields)], o.entry_id, o.record_id)
+            else:
+                # A StrEnum packs as its value; lower case: no lock to release (settle.lua).
+                args += (o.action if o.holds_lock else o.action.lower(), o.entry_id, o.record_id)
+                if o.action is dead_letter:
+                    args.append(len(o.fields))
             args.extend(o.fields)
         delay = 0.1
         while True:

@@ -25,7 +25,7 @@ from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.dlq import dead_letter_fields
 from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
-from phoenix.worker_runtime.messages import MalformedEntry, Message, output_fields, parse_entry
+from phoenix.worker_runtime.messages import MalformedEntry, Message, output_values, parse_entry
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group
@@ -417,23 +417,22 @@ class Worker:
             await self.redis.xack(s.input_queue, s.consumer_group, *trimmed)
             self._m_trimmed.inc(len(trimmed))
             log.warning("trimmed_pending_cleared", count=len(trimmed))
-        claims = await self.locks.acquire(candidates) if candidates else []
+        refused = await self.locks.acquire(candidates) if candidates else {}
         for args in dead:
             self._dead_letter(*args)
-        deadline = time.monotonic() + s.processing_timeout
-        flights: list[InFlight] = []
-        acquired = Claim.ACQUIRED  # an enum member read from its class is a Python call on 3.11: once per batch
-        for message, claim in zip(candidates, claims, strict=True):
-            if claim == acquired:
-                flight = InFlight(message, deadline)
-                self.in_flight[message.entry_id] = flight
-                flights.append(flight)
-            elif claim == Claim.DUPLICATE:
+        for index, claim in refused.items():
+            message = candidates[index]
+            if claim == Claim.DUPLICATE:
                 self._m_outcome["skipped_duplicate"].inc()
                 log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
             else:
                 self._m_contention.inc()
                 log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
+        acquired = [m for index, m in enumerate(candidates) if index not in refused] if refused else candidates
+        deadline = time.monotonic() + s.processing_timeout
+        flights = [InFlight(message, deadline) for message in acquired]
+        for flight in flights:
+            self.in_flight[flight.message.entry_id] = flight
         if self._batches and flights:
             self._start(self._handle_batch(flights), flights)
         else:
@@ -587,7 +586,7 @@ class Worker:
             return self._failure_outcome(m, result, started)
         self._m_duration.observe(time.time() - started)
         self.breaker.record_success()
-        fields = output_fields(m, result, traceparent) if result is not None and self.settings.output_queue else ()
+        fields = output_values(m, result, traceparent) if result is not None and self.settings.output_queue else ()
         return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
 
     def _failure_outcome(self, m: Message, exc: BaseException, started: float) -> Outcome:
