@@ -29,7 +29,7 @@ DONE = "done "
 class Claim(enum.IntEnum):
     """Why a claim did not take a record's lock (locks_acquire.lua's codes)."""
 
-    DUPLICATE = 1  # marker present: already processed, acknowledged by the script
+    DUPLICATE = 1  # marker present: already processed; the worker has the entry acknowledged
     LOCKED = 2  # another worker holds the lock: left pending, reclaim retries it later
 
 
@@ -64,17 +64,10 @@ class RecordLocks:
     async def acquire(self, messages: Sequence[Message]) -> dict[int, int]:
         """Lock the messages' records; returns those not locked, by position in `messages`: a Claim member."""
         s = self._settings
-        args: list[str | int] = [
-            s.consumer_group,
-            self.lock_value,
-            math.ceil(s.lock_timeout),
-            math.ceil(s.idempotency_ttl),
-            s.record_prefix,
-            DONE,
-        ]
-        for m in messages:
-            args += (m.entry_id, m.record_id)
-        refused = await self._acquire(keys=[s.input_queue], args=args)
+        prefix = s.record_prefix
+        keys = [prefix + m.record_id for m in messages]
+        args = (self.lock_value, math.ceil(s.lock_timeout), math.ceil(s.idempotency_ttl), DONE)
+        refused = await self._acquire(keys=keys, args=args)
         return {refused[i] - 1: refused[i + 1] for i in range(0, len(refused), 2)}
 
     async def renew(self, messages: Sequence[Message]) -> list[str]:

@@ -10,6 +10,7 @@
 --   D dead-letter: XADD the fields to the DLQ, XACK.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
+--   s skip:    XACK only: the claim found the record committed already (a duplicate; it took no lock).
 -- D, R and L come in upper case when this worker holds the record's lock, which is then released if still ours
 -- (compare-and-delete), in lower case when it took none (a malformed entry).
 -- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
@@ -17,14 +18,14 @@
 -- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix, the forwarded
 --       entry's field names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id
 --       and by code: C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms
---       member | L -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument.
+--       member | L - | s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument.
 -- Returns the positions (from 1) of the commits that found their record committed already: the duplicates.
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, lock_value, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
 local record_prefix, done_prefix = ARGV[4], ARGV[5]
 local record_field, user_field, data_field, trace_field = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local done_len = #done_prefix
-local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3}  -- D and d: 4 + field_count
+local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count
 
 local now_ms
 local function server_now_ms()
@@ -60,6 +61,9 @@ while i <= argc do
       acked[n_acked] = entry_id
     elseif code == 'R' or code == 'r' then
       redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[i + 3]), ARGV[i + 4])
+      n_acked = n_acked + 1
+      acked[n_acked] = entry_id
+    elseif code == 's' then
       n_acked = n_acked + 1
       acked[n_acked] = entry_id
     end

@@ -27,6 +27,7 @@ class Action(enum.StrEnum):
     DEAD_LETTER = "D"
     RETRY = "R"
     LEAVE = "L"
+    SKIP = "S"  # acknowledge only: the claim found the record committed (written "s": it never holds a lock)
 
 
 @dataclass(slots=True)
