@@ -150,11 +150,15 @@ async def test_a_permanent_error_is_dead_lettered_under_its_own_name(redis: aior
 
 
 async def test_a_duplicate_is_acknowledged_without_processing(redis: aioredis.Redis, redis_url: str) -> None:
-    await redis.set(KEYS.record_prefix + "r1", DONE + "1-0")
+    await redis.set(KEYS.record_prefix + "r1", DONE + "1-0", ex=60)
     await add(redis, "r1")
     await run_burst(redis_url, output_queue=OUT)
     assert await redis.get("calls:s") is None  # the processor never saw it
     assert await outputs(redis) == [] and await redis.xlen(DLQ) == 0
+    # The claim refreshed the marker to IDEMPOTENCY_TTL; the settle acknowledged the entry.
+    assert await redis.get(KEYS.record_prefix + "r1") == DONE + "1-0"
+    assert await redis.ttl(KEYS.record_prefix + "r1") > 60
+    assert (await redis.xpending(IN, KEYS.consumer_group))["pending"] == 0
 
 
 async def test_a_malformed_entry_is_dead_lettered_with_the_reason(redis: aioredis.Redis, redis_url: str) -> None:
