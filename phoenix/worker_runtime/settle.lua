@@ -18,7 +18,8 @@
 -- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix, the forwarded
 --       entry's field names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id
 --       and by code: C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms
---       member | L - | s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument.
+--       member | L - | s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every
+--       argument, and commits are most items.
 -- Returns the positions (from 1) of the commits that found their record committed already: the duplicates.
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, lock_value, marker_ttl = ARGV[1], ARGV[2], ARGV[3]

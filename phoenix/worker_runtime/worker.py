@@ -114,7 +114,7 @@ class Worker:
         self.in_flight: dict[str, InFlight] = {}
         # Entries handed to the settler without being in flight (dead letters, duplicates): a history read must not
         # take them a second time.
-        self._settling_unflown: set[str] = set()
+        self._settling_without_flight: set[str] = set()
         # Entries acknowledged while a history read was on its way: Redis may have answered the read before
         # the settle, and once settled they are no longer in flight, so nothing else tells they are done.
         self._settled_during_history_read: set[str] | None = None
@@ -401,7 +401,7 @@ class Worker:
         trimmed: list[str] = []
         for raw_id, raw in entries:
             entry_id = raw_id.decode()
-            if entry_id in self.in_flight or entry_id in self._settling_unflown:
+            if entry_id in self.in_flight or entry_id in self._settling_without_flight:
                 continue  # our own unsettled entry seen again in a history read
             if raw is None:
                 trimmed.append(entry_id)  # trimmed from the stream while pending: nothing left to process
@@ -427,7 +427,7 @@ class Worker:
             message = candidates[index]
             if claim == Claim.DUPLICATE:
                 skipped += 1
-                self._settle_unflown(Outcome(Action.SKIP, message.entry_id, message.record_id, False))
+                self._settle_without_flight(Outcome(Action.SKIP, message.entry_id, message.record_id, False))
                 self._m_outcome["skipped_duplicate"].inc()
                 log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
             else:
@@ -458,7 +458,7 @@ class Worker:
         lines: list[dict[str, Any]] = []
         for outcome in batch:
             flight = self.in_flight.pop(outcome.entry_id, None)
-            self._settling_unflown.discard(outcome.entry_id)
+            self._settling_without_flight.discard(outcome.entry_id)
             if self._settled_during_history_read is not None and outcome.action is not leave:
                 self._settled_during_history_read.add(outcome.entry_id)
             if outcome.action is not commit:
@@ -631,9 +631,9 @@ class Worker:
             log.warning("message_retrying_long", retrying_for_seconds=round(now - first), retry_count=m.retry_count + 1)
         return Outcome(Action.RETRY, m.entry_id, m.record_id, True, (delay_ms, member))
 
-    def _settle_unflown(self, outcome: Outcome) -> None:
+    def _settle_without_flight(self, outcome: Outcome) -> None:
         """Hand the settler an entry that never was in flight; until settled, a history read passes it by."""
-        self._settling_unflown.add(outcome.entry_id)
+        self._settling_without_flight.add(outcome.entry_id)
         self.settler.submit(outcome)
 
     def _dead_letter(self, entry_id: str, raw: dict[bytes, bytes], reason: str, error_type: str, attempts: int) -> None:
@@ -641,7 +641,7 @@ class Worker:
         fields = dead_letter_fields(
             raw, entry_id, error=reason, error_type=error_type, stage=self.settings.service_name, attempts=attempts
         )
-        self._settle_unflown(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
+        self._settle_without_flight(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
         self._m_outcome["dead_lettered"].inc()
         log.warning("message_dead_lettered", message_id=entry_id, error=reason, error_type=error_type)
 
