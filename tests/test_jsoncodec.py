@@ -29,17 +29,20 @@ def test_compact_output_and_the_documented_native_types() -> None:
 def test_what_orjson_would_change_is_written_and_read_by_json(value: dict) -> None:
     text = jsoncodec.dumps(value, str)
     assert text == json.dumps(value, separators=(",", ":"))
-    assert jsoncodec.loads(text) == json.loads(text)
+    assert jsoncodec.loads(text.encode()) == json.loads(text)
 
 
 def test_integers_past_64_bits_keep_every_digit() -> None:
-    assert jsoncodec.loads('{"id": 123456789012345678901234567890}') == {"id": 123456789012345678901234567890}
+    assert jsoncodec.loads(b'{"id": 123456789012345678901234567890}') == {"id": 123456789012345678901234567890}
+    # 19 digits already leave orjson's 64-bit range when negative; found after other text and numbers.
+    text = b'{"note": "12 pages, 2026", "n": -9999999999999999999}'
+    assert jsoncodec.loads(text) == {"note": "12 pages, 2026", "n": -9999999999999999999}
 
 
 def test_input_only_json_reads_is_read_and_bad_input_names_the_json_error() -> None:
-    assert math.isnan(jsoncodec.loads('{"x": NaN}')["x"])
+    assert math.isnan(jsoncodec.loads(b'{"x": NaN}')["x"])
     with pytest.raises(json.JSONDecodeError, match="Expecting property name enclosed in double quotes"):
-        jsoncodec.loads("{bad")
+        jsoncodec.loads(b"{bad")
 
 
 @pytest.fixture

@@ -12,23 +12,26 @@ What orjson writes differently is in the README's Messages section (NaN becomes 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
 import orjson
 
-_LONG_NUMBER = re.compile(r"\d{19}")
+# Every digit mapped to 0, so that a number of 19 digits or more shows as a run of 19 zeros: a C-speed check
+# (bytes.translate, then a substring search), where a regular expression cost more than the parse on a page of text.
+_DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
 
 
-def loads(text: str) -> Any:
-    """Parse JSON; raises json.JSONDecodeError (a ValueError) with the json module's message."""
-    if _LONG_NUMBER.search(text) is None:
+def loads(data: bytes) -> Any:
+    """Parse UTF-8 JSON as Redis returns it; raises json.JSONDecodeError (a ValueError) with the json module's
+    message."""
+    if _LONG_NUMBER not in data.translate(_DIGITS_TO_ZERO):
         try:
-            return orjson.loads(text)
+            return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass  # json either reads it or raises its own, familiar error
-    return json.loads(text)
+    return json.loads(data)
 
 
 def dumps(obj: Any, default: Callable[[Any], Any]) -> str:

@@ -69,7 +69,7 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
         return MalformedEntry(entry_id, raw, "missing record_id")
     if "data" in fields:
         try:
-            payload = jsoncodec.loads(fields["data"])
+            payload = jsoncodec.loads(raw[b"data"])
         except ValueError as exc:
             return MalformedEntry(entry_id, raw, f"data is not valid JSON: {exc}")
         if not isinstance(payload, dict):
