@@ -65,17 +65,12 @@ async def test_forty_good_records_flow_and_every_bad_one_settles(redis: aioredis
         "concurrency": 8,
         "processing_timeout": 1,
         "timeout_grace": 1,
-        "max_leaked_threads": 1,
         # Retries wait long enough that the swallower's late result (2.5 s after its start) comes first.
         "retry_base_seconds": 2.5,
         "retry_max_seconds": 2.5,
     }
     async with running_worker(redis_url, processor=MisbehavingProcessor, **settings) as worker:
-        # The stuck thread is counted while it runs, and asks for a restart (MAX_LEAKED_THREADS=1)...
-        await wait_until(lambda: _leaked(1), "the stuck thread counted as leaked", 15)
-        alive, reason = worker.alive()
-        assert not alive and reason == "1 run_blocking threads outlived their calls (MAX_LEAKED_THREADS=1)"
-        # ... while its record was retried and the slot freed: the good records went on meanwhile.
+        # The stuck thread held neither its record nor its slot: the good records went on meanwhile.
         await wait_until(lambda: _forwarded(redis, 40), "the 40 good records forwarded", 15)
         await wait_until(lambda: redis.exists("late:s:swallow"), "the swallower's late return", 15)
         await wait_until(lambda: _forwarded(redis, 44), "every retried record committed", 20)
