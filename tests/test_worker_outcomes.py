@@ -218,3 +218,17 @@ async def test_without_limits_a_failure_is_retried_on(redis: aioredis.Redis, red
 
 async def _calls_at_least(redis: aioredis.Redis, n: int) -> bool:
     return int(await redis.get("calls:s") or 0) >= n
+
+
+async def test_a_call_that_ignores_the_shutdown_leaves_its_entry_pending_and_unlocked(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    await add(redis, "swallow", misbehave="swallow-cancel:3")
+    settings = {"output_queue": OUT, "shutdown_grace": 0.2, "timeout_grace": 0.5}
+    async with running_worker(redis_url, processor=MisbehavingProcessor, **settings) as worker:
+        await wait_until(lambda: redis.exists("misbehaved:s:swallow"), "the call started")
+    # Stopped while the call ran and ignored its cancellation: given up, the entry left for the next worker.
+    assert worker.in_flight == {}
+    assert (await redis.xpending(IN, KEYS.consumer_group))["pending"] == 1
+    assert await locked_records(redis, KEYS.name) == []
+    await wait_until(lambda: redis.exists("late:s:swallow"), "the late return (the call ends within the test)", 10)

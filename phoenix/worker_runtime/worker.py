@@ -263,7 +263,8 @@ class Worker:
                 task.cancel()
             if unfinished:
                 log.warning("shutdown_left_pending", count=len(unfinished))
-                await asyncio.wait(unfinished, timeout=10)
+                # TIMEOUT_GRACE to end, as after a timeout; at most 10 s, well within app.py's exit deadline.
+                await asyncio.wait(unfinished, timeout=min(self.settings.timeout_grace, 10))
         # A call that ignored its cancellation: its entry stays pending, its lock released for the next worker.
         for flight in list(self.in_flight.values()):
             if not flight.submitted:
