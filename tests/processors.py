@@ -113,6 +113,11 @@ class ProcessorBaseError(BaseException):
     """What a processor should never raise, and some libraries do: not an Exception."""
 
 
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ failed too")
+
+
 #: Set by a test to end the threads MisbehavingProcessor left stuck (each ends on its own after a while anyway).
 RELEASE_STUCK_THREADS = threading.Event()
 
@@ -125,6 +130,8 @@ class MisbehavingProcessor(ScriptedProcessor):
     """ScriptedProcessor, plus what user code does wrong, by data["misbehave"]:
 
     tuple-key / self-reference: a result JSON cannot hold (every time);
+    surrogate: a PermanentError whose text UTF-8 cannot carry (every time);
+    unprintable: an exception whose str() raises, the first time only;
     base-error / system-exit / keyboard-interrupt / cancelled: raised, the first time only;
     swallow-cancel:<s>: the first time, ignores its cancellation for <s> more seconds, then returns a late result
     (writing `late:{stage}:{record}` as it does);
@@ -141,6 +148,8 @@ class MisbehavingProcessor(ScriptedProcessor):
             result: dict[str, Any] = {"n": 1}
             result["self"] = result
             return result
+        if action == "surrogate":
+            raise PermanentError("undecodable byte \udcff in the input")
         if action and await self.redis.set(f"misbehaved:{stage}:{record_id}", 1, nx=True):
             await self.redis.incr(f"calls:{stage}")
             if action == "base-error":
@@ -149,6 +158,8 @@ class MisbehavingProcessor(ScriptedProcessor):
                 raise SystemExit(3)
             if action == "keyboard-interrupt":
                 raise KeyboardInterrupt
+            if action == "unprintable":
+                raise UnprintableError
             if action == "cancelled":
                 raise asyncio.CancelledError  # its own, not the worker's: a failure like any other
             if action == "swallow-cancel":

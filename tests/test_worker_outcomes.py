@@ -119,6 +119,20 @@ async def test_the_batch_path_settles_every_record_too(redis: aioredis.Redis, re
     assert await redis.llen("batches:s") >= 1
 
 
+async def test_exception_text_that_cannot_be_stored_or_printed_still_settles(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    await add(redis, "surrogate", misbehave="surrogate")
+    await add(redis, "unprintable", misbehave="unprintable")
+    await add(redis, "fine")
+    async with running_worker(redis_url, processor=MisbehavingProcessor, output_queue=OUT) as worker:
+        await wait_until(lambda: _forwarded(redis, 2), "the fine and the unprintable records forwarded", 15)
+        await wait_until(lambda: _settled(worker, redis), "every record settled", 15)
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert (dead["record_id"], dead["error"]) == ("surrogate", "undecodable byte \\udcff in the input")
+    assert sorted(o["record_id"] for o in await outputs(redis)) == ["fine", "unprintable"]
+
+
 async def test_system_exit_and_keyboard_interrupt_fail_the_record_not_the_worker(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:
