@@ -23,11 +23,11 @@ T = TypeVar("T")
 
 
 class _Call:
-    __slots__ = ("done", "leaked", "name", "started")
+    __slots__ = ("done", "leaked", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.started = self.done = self.leaked = False
+        self.done = self.leaked = False
 
 
 class BlockingThreads:
@@ -46,7 +46,6 @@ class BlockingThreads:
         context = contextvars.copy_context()
 
         def in_thread() -> T:
-            call.started = True
             try:
                 return context.run(func, *args, **kwargs)
             finally:
@@ -54,15 +53,16 @@ class BlockingThreads:
                 if call.leaked:
                     loop.call_soon_threadsafe(self._ended, call)
 
+        future = self._executor.submit(in_thread)
         try:
-            return await loop.run_in_executor(self._executor, in_thread)
+            return await asyncio.wrap_future(future)
         except asyncio.CancelledError:
-            # A call still queued is dropped by the cancellation; only one already running outlives it.
-            if call.started and not call.done:
+            # cancel() drops a call still queued; one already running cannot be stopped and outlives its caller.
+            if not future.cancel() and not call.done:
                 call.leaked = True
                 self.leaked += 1
                 log.error("blocking_thread_leaked", function=call.name, leaked_threads=self.leaked)
-                if call.done:  # it ended between the check and the flag: its thread saw no flag to report
+                if call.done:  # it ended between the check and the flag, too early to see the flag
                     self._ended(call)
             raise
 
