@@ -235,7 +235,10 @@ def test_wire_names_are_camel_case() -> None:
         ({"output": {"stream": "a", "stage": "b"}}, "set exactly one of output.stream or output.stage"),
         ({"output": {}}, "set exactly one of output.stream or output.stage"),
         ({"retry": {"baseSeconds": 10, "maxSeconds": 5}}, "retry.baseSeconds (10.0) must not exceed"),
-        ({"env": [{"name": "REDIS_URL", "value": "redis://x"}]}, "must not set variables the operator or the worker derive"),
+        (
+            {"env": [{"name": "REDIS_URL", "value": "redis://x"}]},
+            "must not set variables the operator or the worker derive",
+        ),
         ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "names must be unique (repeated: A)"),
         ({"env": [{"name": "A"}]}, "env A: set exactly one of value or secretKeyRef"),
         ({"env": [{"name": "1BAD", "value": "x"}]}, "String should match pattern"),
