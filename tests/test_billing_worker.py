@@ -13,7 +13,6 @@ import redis.asyncio as aioredis
 from pydantic import SecretStr
 
 from phoenix.worker_runtime.billing import ApiKeyProvider
-
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import KeyService, running_key_service
 from tests.fixtures.records import committed
