@@ -58,8 +58,10 @@ def expose(value: str) -> None:
 
 def scrub(text: str) -> str:
     """`text` with every known secret replaced by MASK; the same string when it holds none."""
-    for values in (_ordered, _exposed.get()):
-        for value in values:
-            if value in text:
-                text = text.replace(value, MASK)
+    for value in _ordered:
+        if value in text:
+            text = text.replace(value, MASK)
+    for value in _exposed.get():
+        if value in text:
+            text = text.replace(value, MASK)
     return text
