@@ -82,6 +82,14 @@ async def test_environment_swap_needs_concurrency_one(workers: WorkerPool, key_s
     assert key_service.master_key not in text
 
 
+async def test_a_bad_cache_key_stops_the_worker_with_one_line(workers: WorkerPool, key_service: KeyService) -> None:
+    w = workers.start("s", **billing_env(key_service, BILLING_CACHE_KEY="sk-not-a-fernet-key"))
+    assert w.process.popen.wait(timeout=30) == 2
+    [line] = w.process.log_path.read_text().splitlines()
+    assert line.startswith("phoenix worker: invalid configuration: BILLING_CACHE_KEY: must be one or more Fernet")
+    assert "sk-not-a-fernet-key" not in line
+
+
 async def _retried(w: object) -> bool:
     events = w.events()  # type: ignore[attr-defined]
     return any(
