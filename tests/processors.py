@@ -131,6 +131,7 @@ class MisbehavingProcessor(ScriptedProcessor):
 
     tuple-key / self-reference: a result JSON cannot hold (every time);
     surrogate: a PermanentError whose text UTF-8 cannot carry (every time);
+    quote:<text>: a transient error quoting <text> (every time);
     unprintable: an exception whose str() raises, the first time only;
     base-error / system-exit / keyboard-interrupt / cancelled: raised, the first time only;
     swallow-cancel:<s>: the first time, ignores its cancellation for <s> more seconds, then returns a late result
@@ -150,6 +151,8 @@ class MisbehavingProcessor(ScriptedProcessor):
             return result
         if action == "surrogate":
             raise PermanentError("undecodable byte \udcff in the input")
+        if action == "quote":
+            raise ConnectionError(f"cannot connect with {arg}")
         if action and await self.redis.set(f"misbehaved:{stage}:{record_id}", 1, nx=True):
             await self.redis.incr(f"calls:{stage}")
             if action == "base-error":
@@ -198,3 +201,38 @@ class MisbehavingBatchProcessor(BaseProcessor):
             {("a", "b"): 1} if r.data.get("misbehave") == "tuple-key" else {**r.data, "seen_by": stage}  # type: ignore[dict-item]
             for r in records
         ]
+
+
+class SecretQuotingProcessor(BaseProcessor):
+    """Fails quoting every secret within its reach: the user's API key, the Redis URL and its password (as written
+    and decoded), BILLING_MASTER_KEY; and logs the failure with its traceback first. data["permanent"]: a
+    PermanentError (DLQ), else a transient error (retried)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        from urllib.parse import unquote, urlsplit
+
+        from phoenix.worker_runtime.billing import current_api_key
+
+        url = self.settings.redis_url.get_secret_value()
+        quoted = (
+            f"key={current_api_key()} url={url} password={unquote(urlsplit(url).password or '')} "
+            f"master={os.environ.get('BILLING_MASTER_KEY')}"
+        )
+        error = InvalidInputError(quoted) if data.get("permanent") else ConnectionError(quoted)
+        try:
+            raise error
+        except Exception:
+            self.logger.exception("llm_call_failed", detail=quoted)
+            raise
+
+
+class KeyRefusingProcessor(BaseProcessor):
+    """Refuses the first API key it is given for a record, as an LLM service refuses a revoked key (HTTP 401), and
+    writes down every key it was given in the list `keys-given:{record_id}`."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        from phoenix.worker_runtime.billing import ApiKeyRejectedError, current_api_key
+
+        if await self.redis.rpush(f"keys-given:{record_id}", current_api_key() or "") == 1:
+            raise ApiKeyRejectedError("the LLM service refused the API key (HTTP 401)")
+        return {"ok": True}

@@ -6,6 +6,7 @@ Then the retry limits: MAX_ATTEMPTS, MAX_RETRY_AGE, and an exception's own `max_
 from __future__ import annotations
 
 import json
+import secrets
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 import redis.asyncio as aioredis
 from prometheus_client import REGISTRY
 
+from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
@@ -221,6 +223,19 @@ async def test_max_retry_age_dead_letters_a_record_failing_for_too_long(redis: a
     attempts = int(dead["attempts"])
     assert 2 <= attempts <= 6 and await redis.get("calls:s") == str(attempts)
     assert time.time() - float(dead["first_failed_at"]) >= 1
+
+
+async def test_a_dead_letter_past_the_limits_keeps_its_history_without_secrets(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    secret = f"pw-{secrets.token_hex(8)}"
+    scrub.register(secret)
+    await add(redis, "r1", misbehave=f"quote:{secret}")
+    async with running_worker(redis_url, processor=MisbehavingProcessor, output_queue=OUT, max_attempts=2):
+        await wait_until(lambda: redis.xlen(DLQ), "the dead letter", 15)
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert dead["error_type"] == "RetriesExhausted" and dead["last_error"] == "ConnectionError: cannot connect with ***"
+    assert dead["error"].endswith("; last error: ConnectionError: cannot connect with ***")  # data keeps its own
 
 
 async def test_without_limits_a_failure_is_retried_on(redis: aioredis.Redis, redis_url: str) -> None:

@@ -17,7 +17,8 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 
 def retry_member(message: Message, first_failed_at: float, error: str, settings: WorkerSettings) -> tuple[int, str]:
-    """(delay in ms, retry-set member) for settle.lua's R action."""
+    """(delay in ms, retry-set member) for settle.lua's R action; known secrets are masked out of `error`
+    (messages.failure_history)."""
     delay = backoff_seconds(message.retry_count, settings.retry_base_seconds, settings.retry_max_seconds)
     return int(delay * 1000), json.dumps(retry_fields(message, first_failed_at, error))
 
