@@ -8,12 +8,14 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef
+from phoenix.retention import RETENTION_PATTERN
 
 # Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
 RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
     "INPUT_QUEUE",
     "OUTPUT_QUEUE",
+    "OUTPUT_RETENTION",
     "CONSUMER_GROUP",
     "DLQ_NAME",
     "REDIS_URL",
@@ -65,6 +67,15 @@ class Output(CamelModel):
         default=None,
         description="The name of the next PhoenixStage in the same namespace; results go to its input "
         "stream (`phoenix:{stage}:input` unless that stage sets `input`, so set `stream` then).",
+    )
+    retention: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=RETENTION_PATTERN,
+        description="How much of the output to keep while no consumer group reads it (a sink read with XREAD, or "
+        "by nobody): `maxlen:<entries>` or `age:<n><s|m|h|d>`, e.g. `age:7d`. Such a stream is never trimmed by "
+        "acknowledgements; without a retention it is kept whole and the stage pauses at OUTPUT_HIGH_WATER. "
+        "Ignored while a group reads the stream. Given to the worker as OUTPUT_RETENTION.",
     )
 
     @model_validator(mode="after")
