@@ -340,3 +340,8 @@ def test_output_retention_refuses_anything_else(text: str) -> None:
         Retention.parse(text)
     with pytest.raises(ValidationError):
         PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "output": {"stream": "sink", "retention": text}})
+
+
+def test_output_retention_is_for_a_stream_not_for_a_stage() -> None:
+    with pytest.raises(ValidationError, match=r"output\.retention is for a stream no consumer group reads"):
+        PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "output": {"stage": "parser", "retention": "maxlen:10"}})

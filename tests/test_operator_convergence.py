@@ -469,3 +469,6 @@ def test_an_output_no_group_reads_shows_in_status_with_one_warning(
 
     refused = kube_cluster.kubectl(*patch, '{"spec": {"output": {"retention": "100000"}}}')
     assert refused.returncode != 0 and "retention" in refused.stderr
+    to_stage = '{"spec": {"output": {"stream": null, "stage": "parser"}}}'  # keeps the retention: refused
+    refused = kube_cluster.kubectl(*patch, to_stage)
+    assert refused.returncode != 0 and "output.retention is for a stream" in refused.stderr

@@ -55,10 +55,19 @@ class DeletionPolicy(StrEnum):
     DELETE = "Delete"
 
 
+# A retention trims what no group has read yet: before the next stage's group exists, it would cut its input.
+_RETENTION_NEEDS_STREAM = (
+    "output.retention is for a stream no consumer group reads: with output.stage the next stage's group reads it"
+)
+
+
 class Output(CamelModel):
     """Where the processor's results go: exactly one of `stream` or `stage`. Omit `output` for a final stage."""
 
-    model_config = cel(("has(self.stream) != has(self.stage)", "set exactly one of output.stream or output.stage"))
+    model_config = cel(
+        ("has(self.stream) != has(self.stage)", "set exactly one of output.stream or output.stage"),
+        ("!has(self.retention) || has(self.stream)", _RETENTION_NEEDS_STREAM),
+    )
 
     stream: RedisName | None = Field(
         default=None, description="A Redis stream to append results to, e.g. `orders:enriched`."
@@ -82,6 +91,8 @@ class Output(CamelModel):
     def _exactly_one(self) -> Output:
         if (self.stream is None) == (self.stage is None):
             raise ValueError("set exactly one of output.stream or output.stage")
+        if self.retention is not None and self.stream is None:
+            raise ValueError(_RETENTION_NEEDS_STREAM)
         return self
 
 
