@@ -182,8 +182,8 @@ async def test_output_retention_keeps_a_stage_with_an_unread_output_flowing(
     )
     await wait_until(lambda: _finished(redis, len(ids)), "every record processed although nobody reads the output")
     await wait_until(lambda: _length(redis, SINK, keep), "the output trimmed to OUTPUT_RETENTION")
-    [warning] = [e for e in a.events() if e["event"] == "output_unread"]
-    assert (warning["output"], warning["retention"]) == (SINK, f"maxlen:{keep}")
+    [line] = [e for e in a.events() if e["event"] == "output_unread"]
+    assert (line["level"], line["output"], line["retention"]) == ("info", SINK, f"maxlen:{keep}")  # chosen
     assert "backpressure_paused" not in a.event_names()
     # The newest entries are the ones kept.
     assert [f["record_id"] for _, f in await redis.xrange(SINK)] == [

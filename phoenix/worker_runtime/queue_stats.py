@@ -108,8 +108,7 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
         extra: _Extra = {
             "dlq_trimmed": _int(dlq_trimmed),
             "backpressure": None if paused is None else _int(paused),
-            # An error is a missing stream, which no group reads either.
-            "output_unread": not isinstance(output_groups[0], list) or not output_groups[0] if output_groups else None,
+            "output_unread": _unread(output_groups[0]) if output_groups else None,
         }
         group = _find_group(groups, st.group)
         if group is None or isinstance(pending, ResponseError):
@@ -150,6 +149,11 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
 def _age_seconds(entry_id: str, now_ms: float) -> float:
     """Seconds since an entry was added, from the millisecond time in its id."""
     return round(max(0.0, now_ms - int(entry_id.partition("-")[0])) / 1000, 1)
+
+
+def _unread(groups: object) -> bool:
+    """No consumer group in an XINFO GROUPS reply; an error is a missing stream, which no group reads either."""
+    return not isinstance(groups, list) or not groups
 
 
 def _find_group(groups: object, name: str) -> dict | None:

@@ -3,8 +3,8 @@
 Forwards never trim (an XADD with MAXLEN cut unread entries of a slow or stopped stage); memory is bounded by
 backpressure instead (backpressure.py). This runs in the background every TRIM_INTERVAL, not per message.
 The same script tells whether any consumer group reads the stage's output: one that none reads is never
-trimmed by acknowledgements, so it is reported (a warning when that starts, the phoenix_output_unread gauge) and
-kept to OUTPUT_RETENTION when the owner chose one.
+trimmed by acknowledgements, so it is reported (a line when that starts, a warning without OUTPUT_RETENTION, the
+phoenix_output_unread gauge) and kept to OUTPUT_RETENTION when the owner chose one.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ class Trimmer:
         self.output_unread = unread
         self._m_unread.set(int(unread))
         if unread and self._retention is not None:
-            log.warning("output_unread", output=self._output, retention=self._retention.text)
+            # The owner chose what such a stream keeps: worth a line, not a warning.
+            log.info("output_unread", output=self._output, retention=self._retention.text)
         elif unread:
             # Without a retention nothing ever shrinks it: the stage will stop at the high-water mark for good.
             log.warning(
