@@ -14,6 +14,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -41,6 +42,9 @@ logger = logging.getLogger(__name__)
 PATCH_CONCURRENCY = 32
 # The source of the OutputUnread Warning, de-duplicated on its own (events.EventRecorder.warning).
 OUTPUT = "output"
+# How long an output must have had no reader before the Warning: stages applied together create their groups
+# one after another, so the first cycles may see the next stage's input before its group.
+OUTPUT_UNREAD_WARN_SECONDS = 10.0
 # Server settings rarely change: each Redis is checked at the first cycle that sees it, then this often.
 REDIS_RISK_CHECK_SECONDS = 300.0
 
@@ -109,9 +113,10 @@ async def _output_unread(ctx: OperatorContext, record: StageRecord, stats: Queue
     output = record.streams.output if record.streams else None
     found = output_unread_condition(output, stats.output_unread is True, _retention(record), record.generation)
     before = find_condition(record.status.get("conditions") or [], ConditionType.OUTPUT_UNREAD)
-    # Posted from the second cycle that sees it: stages applied together create their groups one after another.
     if found.reason == OUTPUT_NEVER_TRIMMED and before is not None and before.get("reason") == found.reason:
-        await ctx.events.warning(record, OUTPUT, StageError("OutputUnread", found.message))
+        since = datetime.fromisoformat(str(before["lastTransitionTime"]))
+        if (datetime.now(UTC) - since).total_seconds() >= OUTPUT_UNREAD_WARN_SECONDS:
+            await ctx.events.warning(record, OUTPUT, StageError("OutputUnread", found.message))
     else:
         ctx.events.resolved(record, OUTPUT)
     return found
