@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
 from phoenix.crds.definition import custom_resource_definition
 from phoenix.crds.generate import CRD_PATH, main, render_crd
+from phoenix.retention import Retention
 from tests.fixtures.control_plane import ControlPlane
 
 MINIMAL_SPEC: dict[str, Any] = {
@@ -326,6 +327,28 @@ def test_status_reads_back_kopf_bookkeeping_and_timestamps() -> None:
     assert status.conditions[0].last_transition_time.year == 2025
     assert status.queue is not None and status.queue.lag == 3
     assert "kopf" not in status.to_k8s()
+
+
+@pytest.mark.parametrize(
+    ("text", "maxlen", "age_ms"),
+    [("maxlen:100000", 100_000, None), ("age:7d", None, 7 * 86_400_000), ("age:90m", None, 90 * 60_000)],
+)
+def test_output_retention_forms(text: str, maxlen: int | None, age_ms: int | None) -> None:
+    assert (Retention.parse(text).maxlen, Retention.parse(text).age_ms) == (maxlen, age_ms)
+    PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "output": {"stream": "sink", "retention": text}})
+
+
+@pytest.mark.parametrize("text", ["100000", "maxlen:0", "maxlen:-5", "age:7", "age:7w", "age:0s", "forever"])
+def test_output_retention_refuses_anything_else(text: str) -> None:
+    with pytest.raises(ValueError, match="maxlen:<entries>"):
+        Retention.parse(text)
+    with pytest.raises(ValidationError):
+        PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "output": {"stream": "sink", "retention": text}})
+
+
+def test_output_retention_is_for_a_stream_not_for_a_stage() -> None:
+    with pytest.raises(ValidationError, match=r"output\.retention is for a stream no consumer group reads"):
+        PhoenixStageSpec.model_validate({**MINIMAL_SPEC, "output": {"stage": "parser", "retention": "maxlen:10"}})
 
 
 _SECRET_REF = {"secretKeyRef": {"name": "llm", "key": "api-key"}}

@@ -9,12 +9,14 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef
+from phoenix.retention import RETENTION_PATTERN
 
 # Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
 RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
     "INPUT_QUEUE",
     "OUTPUT_QUEUE",
+    "OUTPUT_RETENTION",
     "CONSUMER_GROUP",
     "DLQ_NAME",
     "REDIS_URL",
@@ -58,10 +60,19 @@ class DeletionPolicy(StrEnum):
     DELETE = "Delete"
 
 
+# A retention trims what no group has read yet: before the next stage's group exists, it would cut its input.
+_RETENTION_NEEDS_STREAM = (
+    "output.retention is for a stream no consumer group reads: with output.stage the next stage's group reads it"
+)
+
+
 class Output(CamelModel):
     """Where the processor's results go: exactly one of `stream` or `stage`. Omit `output` for a final stage."""
 
-    model_config = cel(("has(self.stream) != has(self.stage)", "set exactly one of output.stream or output.stage"))
+    model_config = cel(
+        ("has(self.stream) != has(self.stage)", "set exactly one of output.stream or output.stage"),
+        ("!has(self.retention) || has(self.stream)", _RETENTION_NEEDS_STREAM),
+    )
 
     stream: RedisName | None = Field(
         default=None, description="A Redis stream to append results to, e.g. `orders:enriched`."
@@ -71,11 +82,22 @@ class Output(CamelModel):
         description="The name of the next PhoenixStage in the same namespace; results go to its input "
         "stream (`phoenix:{stage}:input` unless that stage sets `input`, so set `stream` then).",
     )
+    retention: str | None = Field(
+        default=None,
+        max_length=32,
+        pattern=RETENTION_PATTERN,
+        description="How much of the output to keep while no consumer group reads it (a sink read with XREAD, or "
+        "by nobody): `maxlen:<entries>` or `age:<n><s|m|h|d>`, e.g. `age:7d`. Such a stream is never trimmed by "
+        "acknowledgements; without a retention it is kept whole and the stage pauses at OUTPUT_HIGH_WATER. "
+        "Ignored while a group reads the stream. Given to the worker as OUTPUT_RETENTION.",
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> Output:
         if (self.stream is None) == (self.stage is None):
             raise ValueError("set exactly one of output.stream or output.stage")
+        if self.retention is not None and self.stream is None:
+            raise ValueError(_RETENTION_NEEDS_STREAM)
         return self
 
 

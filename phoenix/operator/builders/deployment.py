@@ -52,6 +52,8 @@ def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[di
     }
     if streams.output is not None:
         plain["OUTPUT_QUEUE"] = streams.output
+    if spec.output is not None and spec.output.retention is not None:
+        plain["OUTPUT_RETENTION"] = spec.output.retention
     url_ref = spec.redis.url_secret_ref
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
     env.append({"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": url_ref.name, "key": url_ref.key}}})
