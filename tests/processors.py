@@ -8,8 +8,11 @@ can count how often a record was really processed, and by which process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
+import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,6 +107,100 @@ class ScriptedBatchProcessor(BaseProcessor):
                     results.append({**r.data, "seen_by": stage})
             await pipe.execute()
         return results
+
+
+class ProcessorBaseError(BaseException):
+    """What a processor should never raise, and some libraries do: not an Exception."""
+
+
+class UnprintableError(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("__str__ failed too")
+
+
+#: Set by a test to end the threads MisbehavingProcessor left stuck (each ends on its own after a while anyway).
+RELEASE_STUCK_THREADS = threading.Event()
+
+
+def _stuck(seconds: float) -> None:
+    RELEASE_STUCK_THREADS.wait(seconds)
+
+
+class MisbehavingProcessor(ScriptedProcessor):
+    """ScriptedProcessor, plus what user code does wrong, by data["misbehave"]:
+
+    tuple-key / self-reference: a result JSON cannot hold (every time);
+    surrogate: a PermanentError whose text UTF-8 cannot carry (every time);
+    quote:<text>: a transient error quoting <text> (every time);
+    unprintable: an exception whose str() raises, the first time only;
+    base-error / system-exit / keyboard-interrupt / cancelled: raised, the first time only;
+    swallow-cancel:<s>: the first time, ignores its cancellation for <s> more seconds, then returns a late result
+    (writing `late:{stage}:{record}` as it does);
+    stuck-thread:<s>: the first time, a run_blocking call that ignores the timeout for <s> seconds.
+    A record that misbehaved once (`misbehaved:{stage}:{record}`) is processed as ScriptedProcessor would.
+    """
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        stage = self.settings.service_name
+        action, _, arg = str(data.get("misbehave", "")).partition(":")
+        if action == "tuple-key":
+            return {("a", "b"): 1}  # type: ignore[dict-item]  # what the type hint cannot prevent at run time
+        if action == "self-reference":
+            result: dict[str, Any] = {"n": 1}
+            result["self"] = result
+            return result
+        if action == "surrogate":
+            raise PermanentError("undecodable byte \udcff in the input")
+        if action == "quote":
+            raise ConnectionError(f"cannot connect with {arg}")
+        if action and await self.redis.set(f"misbehaved:{stage}:{record_id}", 1, nx=True):
+            await self.redis.incr(f"calls:{stage}")
+            if action == "base-error":
+                raise ProcessorBaseError("not an Exception")
+            if action == "system-exit":
+                raise SystemExit(3)
+            if action == "keyboard-interrupt":
+                raise KeyboardInterrupt
+            if action == "unprintable":
+                raise UnprintableError
+            if action == "cancelled":
+                raise asyncio.CancelledError  # its own, not the worker's: a failure like any other
+            if action == "swallow-cancel":
+                await self._swallow_cancellation(float(arg))
+                await self.redis.set(f"late:{stage}:{record_id}", time.time())
+                return {"late": True}
+            if action == "stuck-thread":
+                await self.run_blocking(_stuck, float(arg))
+        return await super().process(record_id, user_id, data)
+
+    async def _swallow_cancellation(self, seconds: float) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            # Ignored, as careless code does; an interrupting cancellation the give-up sends is ignored too.
+            ends = time.monotonic() + seconds
+            while (left := ends - time.monotonic()) > 0:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.sleep(left)
+
+
+class MisbehavingBatchProcessor(BaseProcessor):
+    """A batch processor: data["misbehave"] tuple-key gives that record a result JSON cannot hold; base-error makes
+    the whole call raise a BaseException, the first time a batch holds such a record."""
+
+    async def process_batch(self, records: Sequence[Record]) -> list[BatchResult]:
+        stage = self.settings.service_name
+        for r in records:
+            first = r.data.get("misbehave") == "base-error" and await self.redis.set(
+                f"misbehaved:{stage}:{r.record_id}", 1, nx=True
+            )
+            if first:
+                raise ProcessorBaseError("the whole batch failed with a BaseException")
+        await self.redis.rpush(f"batches:{stage}", len(records))
+        return [
+            {("a", "b"): 1} if r.data.get("misbehave") == "tuple-key" else {**r.data, "seen_by": stage}  # type: ignore[dict-item]
+            for r in records
+        ]
 
 
 class SecretQuotingProcessor(BaseProcessor):

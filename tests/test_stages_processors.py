@@ -19,7 +19,7 @@ from pydantic import SecretStr
 
 from phoenix.stages.corpus import CORPUS, faxed_scan
 from phoenix.stages.grouper import GrouperProcessor
-from phoenix.stages.llm_extraction import LLMExtractionError
+from phoenix.stages.llm_extraction import LLMExtractionError, LLMReplyError
 from phoenix.stages.models import Category, Findings, Page, PageList
 from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.parser import ParserProcessor
@@ -27,6 +27,9 @@ from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
 from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.inprocess import running_worker
+from tests.fixtures.stage_s import DLQ, add
 
 P = TypeVar("P", bound=BaseProcessor)
 
@@ -284,6 +287,46 @@ async def test_llm_failures_are_transient_keep_the_pages_and_hide_the_key(
     assert "process-key" not in str(caught.value)
     assert await redis.exists("pages:rec-9") == 1
     assert await redis.exists("parsed:rec-9") == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "content", "limited"),
+    [(200, '{"biomarkers": [{"name": "HbA1c"}]}', True), (503, "", False)],
+    ids=["reply-not-findings", "service-down"],
+)
+async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_lettered(
+    redis: aioredis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch, status: int, content: str, limited: bool
+) -> None:
+    """In a real worker: a reply that is not findings is billed on every attempt, so LLMReplyError.max_attempts
+    ends it in the DLQ; a service that is down is retried on (it recovers)."""
+    fake = FakeOpenAI(status, content)
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", fake.chat_completions)
+    labs = Page(number=1, text="HbA1c 6.1 % (4.0-5.6) H", categories=[Category.LABS])
+    await redis.set("pages:rec-12", PageList.dump_json([labs]))
+    await add(redis, "rec-12", pages_key="pages:rec-12")
+
+    async def requests(n: int) -> bool:
+        return len(fake.requests) >= n
+
+    async with TestServer(app, host="127.0.0.1") as server:
+        monkeypatch.setenv("PARSER_LLM_URL", str(server.make_url("/v1")))
+        monkeypatch.setenv("OPENAI_API_KEY", "process-key")
+        async with running_worker(redis_url, processor=ParserProcessor, circuit_failure_threshold=100):
+            if limited:
+                await wait_until(lambda: redis.xlen(DLQ), "the dead letter", 20)
+            else:
+                await wait_until(lambda: requests(5), "five attempts", 20)
+    assert await redis.exists("pages:rec-12") == 1  # kept for a replay
+    if not limited:
+        assert await redis.xlen(DLQ) == 0
+        return
+    assert len(fake.requests) == LLMReplyError.max_attempts == 3
+    [(_, dead)] = await redis.xrange(DLQ)
+    assert (dead["error_type"], dead["attempts"]) == ("RetriesExhausted", "3")
+    reason = "reached LLMReplyError.max_attempts=3; last error: LLMReplyError: the model's reply is not findings JSON"
+    assert reason in dead["error"]
+    assert "process-key" not in json.dumps(dead)
 
 
 @pytest.mark.parametrize("status", [401, 403])

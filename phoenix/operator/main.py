@@ -41,7 +41,7 @@ async def serving_metrics(port: int) -> AsyncIterator[None]:
         return True, "leader" if REGISTRY.get_sample_value("phoenix_operator_leader") else "standby"
 
     # Answering at all is the liveness signal: the server runs on the operator's event loop.
-    runner = await start_health_server(port, alive=lambda: True, ready=role, registry=REGISTRY)
+    runner = await start_health_server(port, alive=lambda: (True, "ok"), ready=role, registry=REGISTRY)
     try:
         yield
     finally:

@@ -21,6 +21,13 @@ class LLMExtractionError(Exception):
     """The model service failed or did not reply with findings. Transient: services recover, models vary."""
 
 
+class LLMReplyError(LLMExtractionError):
+    """The model replied, but not with findings (not JSON, or not the schema). Another attempt may get a better
+    reply, but each is billed and the same report tends to get the same reply: a few attempts, then the DLQ."""
+
+    max_attempts = 3  # the runtime's per-exception retry limit (phoenix.worker_runtime.PermanentError)
+
+
 def build_request(pages: list[Page], model: str) -> dict[str, object]:
     report = "\n\n".join(f"=== Page {page.number} ===\n{page.text}" for page in pages)
     return {
@@ -67,10 +74,10 @@ class LLMExtractor:
         try:
             return Findings.model_validate_json(reply["choices"][0]["message"]["content"])
         except (KeyError, IndexError, TypeError) as exc:
-            raise LLMExtractionError(f"POST {self.url} replied without a chat completion ({exc!r})") from None
+            raise LLMReplyError(f"POST {self.url} replied without a chat completion ({exc!r})") from None
         except ValidationError as exc:
             first = exc.errors()[0]
-            raise LLMExtractionError(
+            raise LLMReplyError(
                 f"the model's reply is not findings JSON: {exc.error_count()} error(s), first at "
                 f"{'.'.join(map(str, first['loc'])) or 'top level'}: {first['msg']}"
             ) from None

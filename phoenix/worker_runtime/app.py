@@ -13,6 +13,7 @@ import structlog
 
 from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingSettings, load_billing_settings
+from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
@@ -63,7 +64,15 @@ def main() -> int:
     scrub.register(os.environ.get(API_KEY_ENV))
     configure_logging(settings.service_name, settings.log_level, settings.log_format)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-        return runner.run(_serve(settings, billing, processor_class))
+        code = runner.run(_serve(settings, billing, processor_class))
+    if BLOCKING_THREADS.leaked:
+        # A thread stuck in a processor's library code cannot be stopped, and the interpreter would wait for it at
+        # exit; its record was settled already, so nothing is lost by leaving now.
+        structlog.get_logger("phoenix.worker").warning("exit_abandons_threads", threads=BLOCKING_THREADS.leaked)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    return code
 
 
 async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_class: type[BaseProcessor]) -> int:

@@ -1,4 +1,4 @@
-"""HTTP endpoints for Kubernetes and Prometheus: /metrics, /healthz (the loop is alive), /readyz."""
+"""HTTP endpoints for Kubernetes and Prometheus: /metrics, /healthz (alive: no restart needed), /readyz."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, 
 async def start_health_server(
     port: int,
     *,
-    alive: Callable[[], bool],
+    alive: Callable[[], tuple[bool, str]],
     ready: Callable[[], Awaitable[tuple[bool, str]]],
     registry: CollectorRegistry = REGISTRY,
 ) -> web.AppRunner:
@@ -23,7 +23,8 @@ async def start_health_server(
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok\n") if alive() else web.Response(status=503, text="worker loop stalled\n")
+        ok, reason = alive()
+        return web.Response(status=200 if ok else 503, text=f"{reason}\n")
 
     async def readyz(_: web.Request) -> web.Response:
         ok, reason = await ready()

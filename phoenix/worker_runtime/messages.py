@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phoenix.worker_runtime import jsoncodec
+from phoenix.worker_runtime.scrub import scrub
 
 # Fields the runtime owns; everything else in an entry is the processor's data.
 ENVELOPE_FIELDS = frozenset(
@@ -106,12 +107,19 @@ def output_values(message: Message, result: dict[str, Any], traceparent: str | N
     return values
 
 
+def failure_history(message: Message, first_failed_at: float, error: str) -> RawFields:
+    """The entry's fields with its failure history brought up to this failed attempt: what a retry puts back into
+    the input stream, and what a dead letter past its retry limits keeps. Known secrets are masked out of `error`."""
+    retry_count, first, last_error = (name.encode() for name in RETRY_STATE_FIELDS)
+    fields = dict(message.raw)
+    fields[retry_count] = b"%d" % (message.retry_count + 1)
+    fields[first] = repr(first_failed_at).encode()
+    # An exception's text may hold lone surrogates, which UTF-8 cannot carry.
+    fields[last_error] = scrub(error)[:_LAST_ERROR_CHARS].encode(errors="backslashreplace")
+    fields.setdefault(b"original_id", message.entry_id.encode())
+    return fields
+
+
 def retry_fields(message: Message, first_failed_at: float, error: str) -> list[str]:
-    """The entry as it goes back into the input stream for its next attempt."""
-    fields = {k.decode(): v.decode() for k, v in message.raw.items()}
-    retry_count, first, last_error = RETRY_STATE_FIELDS
-    fields[retry_count] = str(message.retry_count + 1)
-    fields[first] = repr(first_failed_at)
-    fields[last_error] = error[:_LAST_ERROR_CHARS]
-    fields.setdefault("original_id", message.entry_id)
-    return [item for pair in fields.items() for item in pair]
+    """The entry as it goes back into the input stream for its next attempt (parse_entry checked it is UTF-8)."""
+    return [item.decode() for pair in failure_history(message, first_failed_at, error).items() for item in pair]

@@ -109,3 +109,8 @@ OUTPUT_UNFINISHED = Gauge(
     "Entries of the output stream the next stage has not acknowledged yet.",
     ["stage"],
 )
+LEAKED_THREADS = Gauge(
+    "phoenix_leaked_threads",
+    "run_blocking threads still running after their call was cancelled; /healthz fails at MAX_LEAKED_THREADS.",
+    ["stage"],
+)

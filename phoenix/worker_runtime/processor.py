@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
+
+from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 
 if TYPE_CHECKING:
     import structlog
@@ -21,7 +22,13 @@ ENTRY_POINT_GROUP = "phoenix.processors"
 
 class PermanentError(Exception):
     """Retrying cannot help (the input is bad, the record does not exist): the message goes to the DLQ at once, its
-    entry naming this exception's type and message. Any other exception is transient and retried with backoff."""
+    entry naming this exception's type and message. Any other exception is transient and retried with backoff.
+
+    A transient failure that should not be retried forever (every attempt of an LLM call is billed) declares its
+    limit as the class attribute `max_attempts` of its exception: a record that fails with it on its n-th attempt
+    or later (counted over all its attempts, whatever they failed with) goes to the DLQ as `RetriesExhausted`.
+    MAX_ATTEMPTS and MAX_RETRY_AGE do the same for every failure of a stage.
+    """
 
 
 class RecordNotFoundError(PermanentError):
@@ -88,9 +95,11 @@ class BaseProcessor:
     async def run_blocking(self, func: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run CPU-heavy or blocking library code in a thread so the loop keeps serving other messages.
 
-        Context variables (the per-user API key among them) are visible inside the thread.
+        Context variables (the per-user API key among them) are visible inside the thread. A call that outlives
+        PROCESSING_TIMEOUT is cancelled, but its thread cannot be: it is counted as leaked until it ends, and too
+        many (MAX_LEAKED_THREADS) make /healthz fail, so that the pod is restarted.
         """
-        return await asyncio.to_thread(func, *args, **kwargs)
+        return await BLOCKING_THREADS.run(func, *args, **kwargs)
 
 
 class ProcessorLoadError(Exception):

@@ -60,6 +60,14 @@ class WorkerSettings(BaseSettings):
     retry_max_seconds: PositiveSeconds = 300
     retry_warn_after: PositiveSeconds = 4 * 3600
     retry_poll_interval: PositiveSeconds = 1
+    # Off (0) by default: a transient failure is retried until it succeeds. Past either limit the record goes to
+    # the DLQ (RetriesExhausted) with its history; attempts count across re-enqueued retries (retry_count).
+    max_attempts: int = Field(0, ge=0)
+    max_retry_age: float = Field(0, ge=0)  # seconds since the record's first failure
+    # A call cancelled at PROCESSING_TIMEOUT that is still running this much later is given up (docs/durability.md).
+    timeout_grace: PositiveSeconds = 30
+    # /healthz fails while this many run_blocking threads outlive the calls that started them (blocking.py).
+    max_leaked_threads: int = Field(4, ge=1)
 
     circuit_failure_threshold: int = Field(5, ge=1)
     circuit_reset_timeout: PositiveSeconds = 60

@@ -21,11 +21,19 @@ from redis.exceptions import RedisError, ResponseError
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
+from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.dlq import dead_letter_fields
 from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
-from phoenix.worker_runtime.messages import MalformedEntry, Message, output_values, parse_entry
+from phoenix.worker_runtime.messages import (
+    MalformedEntry,
+    Message,
+    RawFields,
+    failure_history,
+    output_values,
+    parse_entry,
+)
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group
@@ -67,6 +75,8 @@ class InFlight:
     deadline: float  # monotonic; the watchdog cancels the processor call past it (PROCESSING_TIMEOUT)
     task: asyncio.Task[None] | None = None
     timed_out: bool = False
+    # Its outcome went to the settler: once only, so a call given up past its timeout cannot commit when it ends.
+    submitted: bool = False
 
 
 _RECLAIM_BATCH = 100
@@ -136,6 +146,7 @@ class Worker:
         self._m_reclaimed = metrics.RECLAIMED.labels(stage)
         self._m_trimmed = metrics.TRIMMED_PENDING.labels(stage)
         self._m_contention = metrics.LOCK_CONTENTION.labels(stage)
+        metrics.LEAKED_THREADS.labels(stage).set_function(lambda: BLOCKING_THREADS.leaked)
         self._m_circuit.set(CircuitState.CLOSED)
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -147,8 +158,14 @@ class Worker:
     def stop_requested(self) -> bool:
         return self._stopping.is_set()
 
-    def alive(self) -> bool:
-        return time.monotonic() - self.last_beat < _ALIVE_WITHIN_SECONDS
+    def alive(self) -> tuple[bool, str]:
+        """/healthz: False, with the reason, when only a restart helps."""
+        if time.monotonic() - self.last_beat >= _ALIVE_WITHIN_SECONDS:
+            return False, "worker loop stalled"
+        if (leaked := BLOCKING_THREADS.leaked) >= self.settings.max_leaked_threads:
+            limit = self.settings.max_leaked_threads
+            return False, f"{leaked} run_blocking threads outlived their calls (MAX_LEAKED_THREADS={limit})"
+        return True, "ok"
 
     async def ready(self) -> tuple[bool, str]:
         if self.breaker.state is CircuitState.OPEN:
@@ -248,7 +265,12 @@ class Worker:
                 task.cancel()
             if unfinished:
                 log.warning("shutdown_left_pending", count=len(unfinished))
-                await asyncio.wait(unfinished, timeout=10)
+                # TIMEOUT_GRACE to end, as after a timeout; at most 10 s, well within app.py's exit deadline.
+                await asyncio.wait(unfinished, timeout=min(self.settings.timeout_grace, 10))
+        # A call that ignored its cancellation: its entry stays pending, its lock released for the next worker.
+        for flight in list(self.in_flight.values()):
+            if not flight.submitted:
+                self._give_up(flight, self._leave(flight.message))
 
     def _renew_interval(self) -> float:
         s = self.settings
@@ -383,12 +405,26 @@ class Worker:
             log.warning("lock_lost", record_id=record_id)
 
     async def _enforce_timeouts(self) -> None:
-        """PROCESSING_TIMEOUT, enforced by one periodic scan instead of a timer per message."""
+        """PROCESSING_TIMEOUT, enforced by one periodic scan instead of a timer per message. A call still running
+        TIMEOUT_GRACE after its cancellation (it swallowed the CancelledError) is given up: retried, its slot and
+        lock freed; whatever it returns later is ignored."""
         now = time.monotonic()
-        for flight in self.in_flight.values():
-            if flight.deadline < now and flight.task and not flight.task.done() and not flight.timed_out:
+        s = self.settings
+        for flight in list(self.in_flight.values()):
+            if flight.submitted or flight.deadline >= now:
+                continue
+            if not flight.timed_out:
                 flight.timed_out = True
-                flight.task.cancel()
+                if flight.task:
+                    flight.task.cancel()
+            elif flight.deadline + s.timeout_grace < now:
+                limits = f"PROCESSING_TIMEOUT={s.processing_timeout:g}s + TIMEOUT_GRACE={s.timeout_grace:g}s"
+                error = TimeoutError(f"processing outlived {limits} and was given up")
+                CURRENT_MESSAGE.set(flight.message)
+                log.error("processing_given_up", seconds=round(now - flight.deadline + s.processing_timeout, 1))
+                started = time.time() - (now - flight.deadline + s.processing_timeout)
+                self._give_up(flight, self._failure_outcome(flight.message, error, started))
+                CURRENT_MESSAGE.set(None)
 
     # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
 
@@ -505,21 +541,19 @@ class Worker:
                             result = await self.processor.process(m.record_id, m.user_id, m.data)
                     else:
                         result = await self.processor.process(m.record_id, m.user_id, m.data)
-            except asyncio.CancelledError:
-                outcome = self._cancelled_outcome(flight, started)
-            except Exception as exc:
-                outcome = self._failure_outcome(m, exc, started)
+            except BaseException as exc:  # SystemExit and the like too: they fail the record, not the worker
+                outcome = self._raised_outcome(flight, exc, started)
             else:
                 outcome = self._result_outcome(m, result, started, traceparent)
         outcome.started_at = started
-        self.settler.submit(outcome)
+        self._submit(flight, outcome)
 
     async def _handle_batch(self, flights: list[InFlight]) -> None:
         """The records of one read in one process_batch call; each still gets its own outcome, as in _handle.
         Trace context is passed through unchanged: one call cannot be the current span of every record."""
         started = time.time()
         admitted: list[InFlight] = []
-        outcomes: list[Outcome] = []
+        outcomes: list[tuple[InFlight, Outcome]] = []
         for flight in flights:
             m = flight.message
             self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
@@ -527,24 +561,22 @@ class Worker:
                 admitted.append(flight)
             else:
                 CURRENT_MESSAGE.set(m)
-                outcomes.append(self._fast_fail(m))
+                outcomes.append((flight, self._fast_fail(m)))
         CURRENT_MESSAGE.set(None)  # the processor's lines during a batch belong to no single record
         try:
             results = await self._process_batch([f.message for f in admitted]) if admitted else []
-        except asyncio.CancelledError:
-            outcomes += [self._cancelled_outcome(f, started) for f in admitted]
-        except Exception as exc:  # the call itself failed: so did every record in it
+        except BaseException as exc:  # the call itself failed: so did every record in it
             for f in admitted:
                 CURRENT_MESSAGE.set(f.message)
-                outcomes.append(self._failure_outcome(f.message, exc, started))
+                outcomes.append((f, self._raised_outcome(f, exc, started)))
         else:
             for f, result in zip(admitted, results, strict=True):
                 CURRENT_MESSAGE.set(f.message)
-                outcomes.append(self._result_outcome(f.message, result, started, f.message.traceparent))
+                outcomes.append((f, self._result_outcome(f.message, result, started, f.message.traceparent)))
         CURRENT_MESSAGE.set(None)
-        for outcome in outcomes:
+        for flight, outcome in outcomes:
             outcome.started_at = started
-            self.settler.submit(outcome)
+            self._submit(flight, outcome)
 
     async def _process_batch(self, messages: list[Message]) -> list[BatchResult]:
         """process_batch over the messages, one call per user when each user's API key must be in scope."""
@@ -576,24 +608,59 @@ class Worker:
         log.warning("circuit_open_fast_fail")
         return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
 
+    def _submit(self, flight: InFlight, outcome: Outcome) -> None:
+        """Hand the flight's outcome to the settler, unless one was already: a call given up past its timeout that
+        ends after all must not commit a record that was retried meanwhile."""
+        if flight.submitted:
+            log.warning("late_outcome_ignored", record_id=flight.message.record_id, outcome=outcome.action.name)
+            return
+        flight.submitted = True
+        self.settler.submit(outcome)
+
+    def _give_up(self, flight: InFlight, outcome: Outcome) -> None:
+        """Settle a flight whose call is still running, and cancel that call once more."""
+        self._submit(flight, outcome)
+        if flight.task:
+            flight.task.cancel()
+
+    def _leave(self, m: Message) -> Outcome:
+        """Leave the entry pending for the next worker, free the lock (shutdown past the grace period)."""
+        self._m_outcome["deferred"].inc()
+        return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+
+    def _raised_outcome(self, flight: InFlight, exc: BaseException, started: float) -> Outcome:
+        """What the processor call raised. Only the worker's own cancellation (the timeout watchdog, the shutdown)
+        is a cancellation; anything else, a CancelledError of the processor's own or SystemExit included, is a
+        failure of the record."""
+        task = asyncio.current_task()
+        if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
+            return self._cancelled_outcome(flight, started)
+        return self._failure_outcome(flight.message, exc, started)
+
     def _cancelled_outcome(self, flight: InFlight, started: float) -> Outcome:
         m = flight.message
         if flight.timed_out:
             error = TimeoutError(f"processing exceeded PROCESSING_TIMEOUT={self.settings.processing_timeout:g}s")
             return self._failure_outcome(m, error, started)
-        # Shutdown past the grace period: leave the entry pending for the next worker, free the lock.
-        self._m_outcome["deferred"].inc()
-        return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
+        return self._leave(m)
 
     def _result_outcome(self, m: Message, result: BatchResult, started: float, traceparent: str | None) -> Outcome:
-        """What the processor gave back for one record: a dict or None commits, an exception fails."""
+        """What the processor gave back for one record: a dict or None commits, an exception fails, and a dict
+        that cannot be written as JSON (a tuple key, a cycle) is dead-lettered: retrying returns the same."""
         if result is not None and not isinstance(result, dict):
             if not isinstance(result, BaseException):
                 result = TypeError(f"a processor's result must be a dict or None, not {type(result).__name__}")
             return self._failure_outcome(m, result, started)
+        fields: list[str] | tuple[()] = ()
+        if result is not None and self.settings.output_queue:
+            try:
+                fields = output_values(m, result, traceparent)
+            except Exception as exc:  # TypeError, ValueError (a cycle), RecursionError, or raised by a __str__
+                self._m_duration.observe(time.time() - started)
+                error = f"the result cannot be written as JSON: {type(exc).__name__}: {_error_text(exc)}"
+                return self._dead_letter_outcome(m, m.raw, error, "UnserializableResult", m.retry_count + 1)
         self._m_duration.observe(time.time() - started)
         self.breaker.record_success()
-        fields = output_values(m, result, traceparent) if result is not None and self.settings.output_queue else ()
         return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
 
     def _failure_outcome(self, m: Message, exc: BaseException, started: float) -> Outcome:
@@ -602,25 +669,43 @@ class Worker:
         if not isinstance(exc, PermanentError):
             self.breaker.record_failure()
             return self._retry_outcome(m, exc)
-        s = self.settings
+        return self._dead_letter_outcome(m, m.raw, _error_text(exc), type(exc).__name__, m.retry_count + 1)
+
+    def _dead_letter_outcome(self, m: Message, raw: RawFields, error: str, error_type: str, attempts: int) -> Outcome:
         self._m_outcome["dead_lettered"].inc()
-        log.warning("message_dead_lettered", error=str(exc), error_type=type(exc).__name__)
+        log.warning("message_dead_lettered", error=error, error_type=error_type)
         fields = dead_letter_fields(
-            m.raw,
-            m.entry_id,
-            error=str(exc) or type(exc).__name__,
-            error_type=type(exc).__name__,
-            stage=s.service_name,
-            attempts=m.retry_count + 1,
+            raw, m.entry_id, error=error, error_type=error_type, stage=self.settings.service_name, attempts=attempts
         )
         return Outcome(Action.DEAD_LETTER, m.entry_id, m.record_id, True, fields)
+
+    def _retries_exhausted(self, m: Message, exc: BaseException, first: float, now: float) -> str | None:
+        """Which retry limit this failure reached, if any: MAX_ATTEMPTS, MAX_RETRY_AGE, or the exception's own
+        `max_attempts` (processor.PermanentError tells library authors about it)."""
+        s = self.settings
+        attempts = m.retry_count + 1
+        own = getattr(exc, "max_attempts", 0)
+        if isinstance(own, int) and 0 < own <= attempts:
+            return f"{type(exc).__name__}.max_attempts={own}"
+        if 0 < s.max_attempts <= attempts:
+            return f"MAX_ATTEMPTS={s.max_attempts}"
+        if 0 < s.max_retry_age <= now - first:
+            return f"MAX_RETRY_AGE={s.max_retry_age:g}s"
+        return None
 
     def _retry_outcome(self, m: Message, exc: BaseException) -> Outcome:
         s = self.settings
         now = time.time()
         first = m.first_failed_at or now
-        error = str(exc) or type(exc).__name__
-        delay_ms, member = retry_member(m, first, f"{type(exc).__name__}: {error}", s)
+        error = _error_text(exc)
+        last_error = f"{type(exc).__name__}: {error}"
+        if limit := self._retries_exhausted(m, exc, first, now):
+            attempts = m.retry_count + 1
+            reason = f"{attempts} attempts in {now - first:.0f}s reached {limit}; last error: {last_error}"
+            return self._dead_letter_outcome(
+                m, failure_history(m, first, last_error), reason, "RetriesExhausted", attempts
+            )
+        delay_ms, member = retry_member(m, first, last_error, s)
         self._m_outcome["retried"].inc()
         log.warning(
             "processing_failed_will_retry",
@@ -638,7 +723,7 @@ class Worker:
         self._settling_without_flight.add(outcome.entry_id)
         self.settler.submit(outcome)
 
-    def _dead_letter(self, entry_id: str, raw: dict[bytes, bytes], reason: str, error_type: str, attempts: int) -> None:
+    def _dead_letter(self, entry_id: str, raw: RawFields, reason: str, error_type: str, attempts: int) -> None:
         """Malformed or poison entries: no lock was taken, nothing to process; the DLQ keeps them with the reason."""
         fields = dead_letter_fields(
             raw, entry_id, error=reason, error_type=error_type, stage=self.settings.service_name, attempts=attempts
@@ -652,6 +737,15 @@ class Worker:
         if state is CircuitState.HALF_OPEN:
             # Messages left pending while open are ours: offer them to the trial calls first.
             self._reread_own_pending = True
+
+
+def _error_text(exc: BaseException) -> str:
+    """An exception's text for the DLQ, the retry set and the logs: never raising (a __str__ may) and always UTF-8."""
+    try:
+        text = str(exc)
+    except Exception:
+        text = ""
+    return (text or type(exc).__name__).encode(errors="backslashreplace").decode()
 
 
 def _check_batch_results(results: object, expected: int) -> None:
