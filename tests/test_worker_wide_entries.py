@@ -94,7 +94,8 @@ async def test_a_dead_letter_too_wide_for_the_script_is_written_minimal_and_the_
     [(_, dead)] = await redis.xrange(DLQ)
     assert dead["record_id"] == "r2" and dead["error_type"] == "InvalidInputError"
     assert dead["error"] == "bad input; the dead letter could not be written field by field: 18006 values, over 7900"
-    assert packed_pairs(dead[PACKED_FIELDS]) == {"record_id": "r2", **dict(zip(too_wide[::2], too_wide[1::2]))}
+    fields = {"record_id": "r2", **dict(zip(too_wide[::2], too_wide[1::2], strict=True))}
+    assert packed_pairs(dead[PACKED_FIELDS]) == fields
     assert (await redis.xpending(IN, KEYS.consumer_group))["pending"] == 0
 
 
@@ -196,9 +197,7 @@ async def test_dlq_replay_moves_what_it_can_and_keeps_what_would_fail_again(redi
     await redis.xadd(DLQ, {**_wide_fields("w"), "error": "x"})  # written field by field before the cap
     ok = await redis.xadd(DLQ, {"record_id": "ok", "data": "{}", "error": "x", "error_type": "E"})
     assert await dlq.replay(redis, DLQ, IN, None) == 1
-    assert [fields for _, fields in await redis.xrange(IN)] == [
-        {"record_id": "ok", "data": "{}", "retry_count": "0"}
-    ]
+    assert [fields for _, fields in await redis.xrange(IN)] == [{"record_id": "ok", "data": "{}", "retry_count": "0"}]
     kept = await redis.xrange(DLQ)
     assert [f["record_id"] for _, f in kept] == ["p", "w"] and ok not in [i for i, _ in kept]
     assert await dlq.replay(redis, DLQ, IN, None) == 0  # the kept ones never block a later replay either
@@ -222,3 +221,30 @@ async def test_reprocess_refuses_an_entry_too_wide_to_write(redis: aioredis.Redi
     for record in ("wide", "packed"):
         with pytest.raises(repair.ReprocessError, match="too wide"):
             await repair.plan_reprocess(redis, _settings(), record)
+
+
+async def test_a_read_asks_for_no_more_entries_than_fit_in_read_memory(redis: aioredis.Redis, redis_url: str) -> None:
+    """READ_MEMORY_BYTES / MAX_MESSAGE_BYTES bounds COUNT, seen on the wire (MONITOR): 4 MiB / 1 MiB = 4 entries
+    per XREADGROUP, where CONCURRENCY alone would ask for 32."""
+    for i in range(12):
+        await add(redis, f"r{i}")
+    reads: list[int] = []
+
+    async def watch() -> None:
+        async with redis.monitor() as monitor:
+            async for command in monitor.listen():
+                words = command["command"].split()
+                if words[0].upper() == "XREADGROUP":
+                    reads.append(int(words[[w.upper() for w in words].index("COUNT") + 1]))
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.sleep(0.2)  # MONITOR is on before the worker's first read
+        async with running_worker(
+            redis_url, output_queue=OUT, concurrency=64, max_message_bytes=2**20, read_memory_bytes=4 * 2**20
+        ) as worker:
+            await wait_until(lambda: drained(worker), "input drained", 20)
+    finally:
+        watcher.cancel()
+    assert reads and max(reads) == 4
+    assert len(await outputs(redis)) == 12

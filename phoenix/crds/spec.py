@@ -31,6 +31,7 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "CIRCUIT_HALF_OPEN_CALLS",
     "SHUTDOWN_GRACE",
     "HEALTH_PORT",
+    "READ_MEMORY_BYTES",
 )
 
 STAGE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

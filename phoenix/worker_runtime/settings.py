@@ -55,7 +55,7 @@ class WorkerSettings(BaseSettings):
     max_entry_fields: int = Field(1000, ge=4, le=SCRIPT_SAFE_FIELDS)
     # One read asks for at most READ_MEMORY_BYTES / MAX_MESSAGE_BYTES entries (at least one); the operator sets it
     # from the pod's memory limit (docs/durability.md).
-    read_memory_bytes: int = Field(268_435_456, ge=1024)
+    read_memory_bytes: int = Field(268_435_456, ge=1)
     block_ms: int = Field(5000, ge=1)
 
     retry_base_seconds: PositiveSeconds = 2

@@ -48,7 +48,17 @@ class Outcome:
 _COMMIT_CODES = {0: "M", 2: "C", 3: "T"}
 # Error codes of a Redis that refuses every write for now (memory, failover, persistence, replicas, a busy script):
 # waited out like a lost connection. Any other reply error is the script failing on what it was given.
-_REDIS_REFUSALS = ("BUSY", "CLUSTERDOWN", "LOADING", "MASTERDOWN", "MISCONF", "NOREPLICAS", "OOM", "READONLY", "TRYAGAIN")
+_REDIS_REFUSALS = (
+    "BUSY",
+    "CLUSTERDOWN",
+    "LOADING",
+    "MASTERDOWN",
+    "MISCONF",
+    "NOREPLICAS",
+    "OOM",
+    "READONLY",
+    "TRYAGAIN",
+)
 
 
 def _refused_by_item(exc: RedisError) -> bool:
