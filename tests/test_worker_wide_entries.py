@@ -248,3 +248,28 @@ async def test_a_read_asks_for_no_more_entries_than_fit_in_read_memory(redis: ai
         watcher.cancel()
     assert reads and max(reads) == 4
     assert len(await outputs(redis)) == 12
+
+
+async def test_a_commit_whose_forward_fails_is_neither_lost_nor_doubled(
+    redis: aioredis.Redis, raw_redis: aioredis.Redis
+) -> None:
+    """The output key is no stream: the script fails on the commit after writing the dead letter before it. The
+    batch written again must not dead-letter twice, nor take the commit's own marker for a duplicate (acknowledged,
+    never forwarded: lost)."""
+    await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)
+    ids = [await redis.xadd(IN, {"record_id": f"r{i}"}) for i in range(2)]
+    await redis.xreadgroup(KEYS.consumer_group, "me", {IN: ">"})
+    await redis.set(OUT, "not a stream")
+    settled: list[Outcome] = []
+    settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
+    task = asyncio.create_task(settler.run())
+    try:
+        settler.submit(Outcome(Action.DEAD_LETTER, ids[0], "r0", False, ("record_id", "r0", "error", "why")))
+        settler.submit(Outcome(Action.COMMIT, ids[1], "r1", False, ("u", "{}")))
+        await asyncio.wait_for(settler.flush(), 10)
+    finally:
+        task.cancel()
+    assert [f for _, f in await redis.xrange(DLQ)] == [{"record_id": "r0", "error": "why"}]
+    assert await redis.get(KEYS.record_prefix + "r1") is None  # not marked done: it was never forwarded
+    pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
+    assert [p["message_id"] for p in pending] == [ids[1]]  # left for a later attempt
