@@ -229,9 +229,11 @@ async def test_a_read_asks_for_no_more_entries_than_fit_in_read_memory(redis: ai
     for i in range(12):
         await add(redis, f"r{i}")
     reads: list[int] = []
+    watching = asyncio.Event()
 
     async def watch() -> None:
-        async with redis.monitor() as monitor:
+        async with redis.monitor() as monitor:  # MONITOR is on once entered
+            watching.set()
             async for command in monitor.listen():
                 words = command["command"].split()
                 if words[0].upper() == "XREADGROUP":
@@ -239,7 +241,7 @@ async def test_a_read_asks_for_no_more_entries_than_fit_in_read_memory(redis: ai
 
     watcher = asyncio.create_task(watch())
     try:
-        await asyncio.sleep(0.2)  # MONITOR is on before the worker's first read
+        await asyncio.wait_for(watching.wait(), 10)  # before the worker's first read
         async with running_worker(
             redis_url, output_queue=OUT, concurrency=64, max_message_bytes=2**20, read_memory_bytes=4 * 2**20
         ) as worker:
