@@ -60,6 +60,11 @@ def minimal_dead_letter(fields: Sequence[str | bytes | int], write_error: str) -
     return [item for pair in minimal.items() for item in pair]
 
 
+def replay_args(count: int, start: str) -> list[str | int]:
+    """dlq_replay.lua's ARGV: look at up to `count` entries from `start` ('-', or '(' and the last id looked at)."""
+    return [count, start, LUA_UNPACK_LIMIT, PACKED_FIELDS]
+
+
 async def replay(client: Redis, dlq: str, input_stream: str, limit: int | None) -> int:
     """Move up to `limit` (None: all) DLQ entries, oldest first, back into the input stream; entries too wide
     for the scripts stay (they could only fail again)."""
@@ -67,7 +72,7 @@ async def replay(client: Redis, dlq: str, input_stream: str, limit: int | None) 
     moved, start = 0, "-"
     while limit is None or moved < limit:
         batch = _REPLAY_BATCH if limit is None else min(_REPLAY_BATCH, limit - moved)
-        n, seen, last = await script(keys=[dlq, input_stream], args=[batch, start, LUA_UNPACK_LIMIT, PACKED_FIELDS])
+        n, seen, last = await script(keys=[dlq, input_stream], args=replay_args(batch, start))
         moved += n
         if seen < batch:
             break
