@@ -107,7 +107,8 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
 
 def test_runtime_variables_are_exactly_the_reserved_names() -> None:
     """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
-    assert set(env_of(build_deployment(OWNER, make_spec(output={"stream": "x"})))) == set(RUNTIME_ENV_NAMES)
+    spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"})
+    assert set(env_of(build_deployment(OWNER, spec))) == set(RUNTIME_ENV_NAMES)
 
 
 def test_read_memory_follows_the_pods_memory_limit() -> None:
@@ -120,6 +121,12 @@ def test_read_memory_follows_the_pods_memory_limit() -> None:
 
 def test_final_stage_has_no_output_queue() -> None:
     assert "OUTPUT_QUEUE" not in env_of(build_deployment(OWNER, make_spec()))
+
+
+def test_output_retention_goes_to_the_worker_only_when_set() -> None:
+    retained = env_of(build_deployment(OWNER, make_spec(output={"stream": "sink", "retention": "age:7d"})))
+    assert (retained["OUTPUT_QUEUE"], retained["OUTPUT_RETENTION"]) == ("sink", "age:7d")
+    assert "OUTPUT_RETENTION" not in env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))
 
 
 def test_extra_env_follows_the_runtime_env() -> None:

@@ -426,3 +426,49 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
         assert not valkey.exists("phoenix:router:input", "phoenix:router:dlq")
     assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
+
+
+@pytest.mark.parametrize("redis_db", [13], indirect=True)
+def test_an_output_no_group_reads_shows_in_status_with_one_warning(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """A stage writing to a stream no consumer group reads will stop at its high-water mark for good: the status
+    names the stream and one Warning says so; a group created later clears it; spec.output.retention turns it into
+    a retention the workers apply, and the schema refuses a retention of neither form."""
+    url, connection = redis_db
+    ns, sink = kube_namespace, "sink:results"
+    kubectl_apply(kube_cluster, _stage(url, ns, output={"stream": sink}))
+
+    def unread() -> dict[str, Any]:
+        return condition(get_stage(kube_cluster, ns, "router"), "OutputUnread") or {}
+
+    found = eventually(lambda: unread().get("reason") == "NoConsumerGroup" and unread(), "OutputUnread=True")
+    assert found["status"] == "True" and sink in found["message"] and "OUTPUT_HIGH_WATER" in found["message"]
+    warned = eventually(lambda: _messages(kube_api, ns, "router", "OutputUnread"), "a Warning Event")
+    assert sink in warned[0] and "spec.output.retention" in warned[0]
+
+    connection.xgroup_create(sink, "reader", id="0", mkstream=True)
+    eventually(lambda: unread().get("reason") == "ReadByConsumerGroup", "OutputUnread=False once a group reads it")
+    assert unread()["status"] == "False"
+
+    def worker_env() -> dict[str, str]:
+        deployment = client.AppsV1Api(kube_api).read_namespaced_deployment("router", ns)
+        return {var.name: var.value for var in deployment.spec.template.spec.containers[0].env}
+
+    patch = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
+    assert kube_cluster.kubectl(*patch, '{"spec": {"output": {"retention": "maxlen:1000"}}}').returncode == 0
+    eventually(lambda: worker_env().get("OUTPUT_RETENTION") == "maxlen:1000", "the retention in the worker's env")
+    connection.xgroup_destroy(sink, "reader")
+    kept = eventually(lambda: unread().get("reason") == "RetentionApplies" and unread(), "RetentionApplies")
+    assert kept["status"] == "True" and sink in kept["message"] and "maxlen:1000" in kept["message"]
+    assert _reasons(kube_api, ns, "router", "Warning") == ["OutputUnread"]  # once, and not for a chosen retention
+
+    refused = kube_cluster.kubectl(*patch, '{"spec": {"output": {"retention": "100000"}}}')
+    assert refused.returncode != 0 and "retention" in refused.stderr
+    to_stage = '{"spec": {"output": {"stream": null, "stage": "parser"}}}'  # keeps the retention: refused
+    refused = kube_cluster.kubectl(*patch, to_stage)
+    assert refused.returncode != 0 and "output.retention is for a stream" in refused.stderr

@@ -1,11 +1,12 @@
-"""The Backpressure and RedisRisk conditions: pure builders, fed by what the workers and the server report."""
+"""The Backpressure, RedisRisk and OutputUnread conditions: pure builders, fed by what the workers and the server
+report."""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
 
 from phoenix.keys import backpressure_key
-from phoenix.operator.status.durability import backpressure_condition, redis_risk_condition
+from phoenix.operator.status.durability import backpressure_condition, output_unread_condition, redis_risk_condition
 from phoenix.operator.status.readiness import ready_condition
 from phoenix.operator.status.writer import merged_status
 from phoenix.worker_runtime.queue_stats import StageQueues, collect
@@ -53,3 +54,28 @@ async def test_collect_reads_what_a_paused_worker_reports(redis: aioredis.Redis)
     await redis.set(backpressure_key("a"), 123_456, ex=5)  # as Backpressure.measure writes it while paused
     [after] = await collect(redis, [stage])
     assert after.backpressure == 123_456
+
+
+def test_output_unread_condition_names_the_stream_and_what_follows() -> None:
+    stops = output_unread_condition("sink:results", True, None, generation=2).to_k8s()
+    assert (stops["type"], stops["status"], stops["reason"]) == ("OutputUnread", "True", "NoConsumerGroup")
+    assert "sink:results" in stops["message"] and "OUTPUT_HIGH_WATER" in stops["message"]
+    assert "spec.output.retention" in stops["message"] and stops["observedGeneration"] == 2
+    kept = output_unread_condition("sink:results", True, "maxlen:1000")
+    assert (kept.status, kept.reason) == ("True", "RetentionApplies") and "maxlen:1000" in kept.message
+    read = output_unread_condition("sink:results", False, "maxlen:1000")
+    assert (read.status, read.reason) == ("False", "ReadByConsumerGroup")
+    assert (output_unread_condition(None, False, None).reason) == "NoOutput"
+
+
+async def test_collect_tells_whether_a_group_reads_the_output(redis: aioredis.Redis) -> None:
+    final = StageQueues("a", "phoenix:a:input", "a-group", "phoenix:a:dlq")
+    feeding = StageQueues("a", "phoenix:a:input", "a-group", "phoenix:a:dlq", output="sink:results")
+    missing, final_stats = await collect(redis, [feeding, final])
+    assert (missing.output_unread, final_stats.output_unread) == (True, None)  # no stream yet: nobody reads it
+    await redis.xadd("sink:results", {"record_id": "r1"})
+    [unread] = await collect(redis, [feeding])
+    assert unread.output_unread is True
+    await redis.xgroup_create("sink:results", "reader", id="0")
+    [read] = await collect(redis, [feeding])
+    assert read.output_unread is False

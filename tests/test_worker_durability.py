@@ -132,3 +132,86 @@ async def test_a_chain_throttles_back_to_its_first_stage(redis: aioredis.Redis, 
     workers.start("c", OUTPUT_QUEUE=c_out, CONCURRENCY="20")
     await wait_until(lambda: _count(redis, c_out, len(ids)), "every record through a, b and c", timeout=120)
     assert await arrived(redis, c_out) == Counter(ids)
+
+
+SINK = "sink:results"  # an output no consumer group reads: a sink read with XREAD, or by nobody
+
+
+async def test_an_output_no_group_reads_is_warned_about_at_start_and_stops_the_stage(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """Without OUTPUT_RETENTION nothing ever shrinks such an output: the stage pauses for good, but says why."""
+    high, concurrency = 50, 5
+    await enqueue(redis, A_IN, [f"r{i}" for i in range(4 * high)])
+    a = workers.start(
+        "a", OUTPUT_QUEUE=SINK, OUTPUT_HIGH_WATER=str(high), CONCURRENCY=str(concurrency), TRIM_INTERVAL="0.2"
+    )
+    await wait_until(lambda: a.logged("output_unread"), "the worker warned that nobody reads its output")
+    [warning] = [e for e in a.events() if e["event"] == "output_unread"]
+    assert warning["level"] == "warning" and warning["output"] == SINK and warning["retention"] is None
+    assert "OUTPUT_RETENTION" in warning["hint"]
+    names = a.event_names()
+    assert names.index("output_unread") < names.index("worker_started") + 3  # among the start lines
+    await wait_until(lambda: a.logged("backpressure_paused"), "stage a paused at the high-water mark")
+    await asyncio.sleep(2)  # ten trim intervals: an unread output without a retention keeps every entry
+    forwarded = await redis.xlen(SINK)
+    assert high <= forwarded <= high + 2 * concurrency
+    [a_group] = await redis.xinfo_groups(A_IN)
+    assert a_group["lag"] > 0  # the rest waits, unread: today's behaviour, now visible
+    assert a.event_names().count("output_unread") == 1  # once, not once per trim
+
+    # A group created later is seen by the next trim.
+    await redis.xgroup_create(SINK, "late-reader", id="0")
+    await wait_until(lambda: a.logged("output_read"), "the worker noticed the new consumer group")
+    assert a.alive
+
+
+async def test_output_retention_keeps_a_stage_with_an_unread_output_flowing(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    high, keep = 50, 30
+    ids = [f"r{i}" for i in range(6 * high)]
+    await enqueue(redis, A_IN, ids)
+    a = workers.start(
+        "a",
+        OUTPUT_QUEUE=SINK,
+        OUTPUT_HIGH_WATER=str(high),
+        OUTPUT_RETENTION=f"maxlen:{keep}",
+        CONCURRENCY="5",
+        TRIM_INTERVAL="0.2",
+    )
+    await wait_until(lambda: _finished(redis, len(ids)), "every record processed although nobody reads the output")
+    await wait_until(lambda: _length(redis, SINK, keep), "the output trimmed to OUTPUT_RETENTION")
+    [line] = [e for e in a.events() if e["event"] == "output_unread"]
+    assert (line["level"], line["output"], line["retention"]) == ("info", SINK, f"maxlen:{keep}")  # chosen
+    assert "backpressure_paused" not in a.event_names()
+    # The newest entries are the ones kept.
+    assert [f["record_id"] for _, f in await redis.xrange(SINK)] == [
+        f["record_id"] for _, f in (await redis.xrevrange(SINK, count=keep))[::-1]
+    ]
+    assert await redis.xlen(A_IN) <= 1  # the input was trimmed as usual
+
+
+async def test_output_retention_by_age_and_never_for_a_read_output(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    await redis.xgroup_create(B_IN, "b-group", id="0", mkstream=True)  # b reads this output (b is stopped)
+    await enqueue(redis, A_IN, [f"r{i}" for i in range(20)])
+    workers.start("a", OUTPUT_QUEUE=B_IN, OUTPUT_RETENTION="age:1s", TRIM_INTERVAL="0.2")
+    await enqueue(redis, "phoenix:c:input", [f"c{i}" for i in range(20)])
+    workers.start("c", OUTPUT_QUEUE=SINK, OUTPUT_RETENTION="age:1s", TRIM_INTERVAL="0.2")
+    await wait_until(lambda: _count(redis, SINK, 1), "c forwarded to its unread output")
+    await wait_until(lambda: _length(redis, SINK, 0), "entries older than a second removed", timeout=10)
+    assert await redis.xlen(B_IN) == 20  # a group reads B_IN: the retention does not apply, nothing is lost
+
+
+async def test_a_bad_output_retention_stops_the_worker_with_one_line(redis_url: str, tmp_path: Path) -> None:
+    pool = WorkerPool(redis_url, tmp_path)
+    w = pool.start("a", OUTPUT_QUEUE=SINK, OUTPUT_RETENTION="100000")
+    await wait_until(w.exited, "the worker refused to start")
+    assert w.process.popen.returncode == 2
+    [line] = w.process.log_path.read_text().splitlines()
+    assert "OUTPUT_RETENTION" in line and "maxlen:" in line and "age:" in line and "'100000'" in line
+
+
+async def _finished(redis: aioredis.Redis, n: int) -> bool:
+    groups = await redis.xinfo_groups(A_IN)  # empty until the worker has created its group
+    return any(g["entries-read"] == n and g["lag"] == 0 and g["pending"] == 0 for g in groups)

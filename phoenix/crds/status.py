@@ -19,6 +19,7 @@ class ConditionType(StrEnum):
     AUTOSCALING_READY = "AutoscalingReady"
     BACKPRESSURE = "Backpressure"
     REDIS_RISK = "RedisRisk"
+    OUTPUT_UNREAD = "OutputUnread"
 
 
 class StatusModel(CamelModel):
@@ -32,7 +33,7 @@ class Condition(StatusModel):
     type: str = Field(
         max_length=316,
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure or RedisRisk.",
+        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure, RedisRisk or OutputUnread.",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
@@ -125,8 +126,9 @@ class PhoenixStageStatus(StatusModel):
         default_factory=list,
         max_length=16,
         description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure (True while the stage has "
-        "stopped reading because its output is over OUTPUT_HIGH_WATER) and RedisRisk (True when Redis may lose "
-        "acknowledged data).",
+        "stopped reading because its output is over OUTPUT_HIGH_WATER), RedisRisk (True when Redis may lose "
+        "acknowledged data) and OutputUnread (True while no consumer group reads the output stream: it is then "
+        "trimmed only to output.retention, if set).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     streams: StreamsStatus | None = Field(default=None, description="Resolved Redis names.")

@@ -5,6 +5,9 @@ measurements the worker adds what it forwarded itself, so it stops close to OUTP
 thousands of messages a second. The intake loop only looks at a flag. In-flight work still commits.
 While paused, the worker publishes the figure at `backpressure_key(stage)` (with a TTL, so a dead worker's
 report vanishes), which the operator shows as the Backpressure condition.
+An output that no consumer group reads is the exception: nothing ever finishes its entries, so with
+OUTPUT_RETENTION set they do not count (the retention bounds the stream, trim.py); without it they all do, and the
+stage pauses at the high-water mark until a group reads the stream (the Trimmer warns about it).
 """
 
 from __future__ import annotations
@@ -26,16 +29,19 @@ _REPORT_TTL_INTERVALS = 5
 _MIN_REPORT_TTL_SECONDS = 5
 
 
-async def unfinished_entries(client: Redis, stream: str) -> int:
-    """Entries of `stream` its slowest consumer group has not acknowledged (all of them while it has no group)."""
+async def unfinished_entries(client: Redis, stream: str, *, retained: bool = False) -> int | None:
+    """Entries of `stream` its slowest consumer group has not acknowledged; while it has no group, all of them,
+    or None when `retained`: a retention, not a reader, bounds it then."""
     pipe = client.pipeline(transaction=False)
     pipe.xlen(stream)
     pipe.xinfo_groups(stream)
     length, groups = await pipe.execute(raise_on_error=False)
+    if not isinstance(groups, list) or not groups:
+        if retained:
+            return None
+        return length if isinstance(length, int) else 0
     if not isinstance(length, int) or not length:
         return 0
-    if not isinstance(groups, list) or not groups:
-        return length
     # Lag is unknown after XDEL in the unread range; the length is then the bound (trimming keeps only the rest).
     return max(length if g.get("lag") is None else int(g["lag"]) + int(g["pending"]) for g in groups)
 
@@ -45,6 +51,10 @@ class Backpressure:
         s = settings
         self._client = client
         self._output = s.output_queue
+        self._retained = bool(s.output_retention)
+        # True while the output is bounded by OUTPUT_RETENTION rather than read: forwards then count for nothing.
+        # Assumed from the start when a retention is set, until the first measurement tells.
+        self._uncounted = self._retained
         self._high = s.output_high_water
         self._low = s.output_low_water or 0
         self._key = backpressure_key(s.service_name)
@@ -61,7 +71,12 @@ class Backpressure:
     def note_forwarded(self, count: int) -> None:
         """Entries this worker just added to the output: counted until the next measurement sees them."""
         self._forwarded_since += count
-        if self.enabled and not self.paused and self._measured + self._forwarded_since >= self._high:
+        if (
+            self.enabled
+            and not self._uncounted
+            and not self.paused
+            and self._measured + self._forwarded_since >= self._high
+        ):
             self._pause(self._measured + self._forwarded_since)
 
     async def wait_resumed(self, timeout: float) -> None:
@@ -74,7 +89,9 @@ class Backpressure:
         """The background job: measure, pause or resume, and refresh the report while paused."""
         # Forwards noted before the measurement are committed, hence in it; those noted meanwhile may not be.
         counted = self._forwarded_since
-        unfinished = await unfinished_entries(self._client, self._output)
+        measured = await unfinished_entries(self._client, self._output, retained=self._retained)
+        self._uncounted = measured is None
+        unfinished = measured or 0
         self._measured = unfinished
         self._forwarded_since -= counted
         self._m_unfinished.set(unfinished)

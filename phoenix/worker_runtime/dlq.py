@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, SCRIPT_SAFE_FIELDS, RawFields, pack_pairs
 from phoenix.worker_runtime.redis_client import text, text_range
+from phoenix.worker_runtime.scrub import scrub
 
 _REPLAY_BATCH = 1000
 # Fields the runtime adds to a DLQ entry; the original fields are kept beside them.
@@ -23,15 +24,15 @@ def dead_letter_fields(
 ) -> list[str | bytes]:
     """The original fields (bytes kept as they came, even undecodable ones) plus why and where it failed.
 
-    An entry wider than the scripts can write field by field keeps its fields packed, beside its record_id.
-    """
+    Known secrets are masked out of `error` (before it is cut, so no secret's beginning is left at the cut). An
+    entry wider than the scripts can write field by field keeps its fields packed, beside its record_id."""
     fields: dict[bytes, str | bytes] = {k: v for k, v in raw.items() if k not in _FAILURE_KEYS}
     if len(fields) > SCRIPT_SAFE_FIELDS:
         fields = _packed(fields)
     original_id = raw.get(b"original_id", entry_id.encode())
     fields.update(
         {
-            b"error": error[:2000],
+            b"error": scrub(error)[:2000],
             b"error_type": error_type,
             b"stage": stage,
             b"attempts": str(attempts),
@@ -55,7 +56,7 @@ def minimal_dead_letter(fields: Sequence[str | bytes | int], write_error: str) -
     original = {text(k).encode(): v for k, v in zip(pairs[::2], pairs[1::2], strict=True)}
     failure = {k: original.pop(k) for k in list(original) if k in _FAILURE_KEYS}
     error = text(failure.get(b"error", b""))[:1500]
-    failure[b"error"] = f"{error}; the dead letter could not be written field by field: {write_error[:480]}"
+    failure[b"error"] = f"{error}; the dead letter could not be written field by field: {scrub(write_error)[:480]}"
     minimal = {**_packed(original), **failure}
     return [item for pair in minimal.items() for item in pair]
 

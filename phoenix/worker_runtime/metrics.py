@@ -94,6 +94,16 @@ BACKPRESSURE = Gauge(
     "1 while the stage has stopped reading because its output is over OUTPUT_HIGH_WATER.",
     ["stage"],
 )
+OUTPUT_UNREAD = Gauge(
+    "phoenix_output_unread",
+    "1 while no consumer group reads the output stream: it is trimmed only by OUTPUT_RETENTION, if set.",
+    ["stage"],
+)
+OUTPUT_RETENTION_TRIMMED = Counter(
+    "phoenix_output_retention_trimmed_messages",
+    "Entries removed from an output stream that no consumer group reads, to keep it to OUTPUT_RETENTION.",
+    ["stage"],
+)
 OUTPUT_UNFINISHED = Gauge(
     "phoenix_output_unfinished_messages",
     "Entries of the output stream the next stage has not acknowledged yet.",

@@ -1,5 +1,6 @@
 """The queue dashboard of the original design: length, pending, lag, oldest pending, DLQ, consumers per stage,
-plus the age of the oldest unfinished entry (the first undelivered one or the oldest pending one).
+plus the age of the oldest unfinished entry (the first undelivered one or the oldest pending one), and whether
+any consumer group reads the stage's output.
 
 Used by `phoenix status`, the demo and the operator's status refresh; all stages go out in one pipeline, and a
 second one asks for the first undelivered entry of the stages that have a backlog.
@@ -26,10 +27,11 @@ class StageQueues:
     input: str
     group: str
     dlq: str
+    output: str | None = None  # None: a final stage, or an output not known to the caller
 
     @classmethod
     def of(cls, keys: StageKeys) -> StageQueues:
-        return cls(keys.name, keys.input, keys.consumer_group, keys.dlq)
+        return cls(keys.name, keys.input, keys.consumer_group, keys.dlq, keys.output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,8 @@ class QueueStats:
     read: int | None = None  # entries the group has read ever (entries-read): unlike LENGTH, not cut by trimming
     dlq_trimmed: int = 0  # dead letters DLQ_MAXLEN has removed, ever
     backpressure: int | None = None  # while the stage is paused: its output's unfinished entries, as reported
+    # True while no consumer group reads the output stream (it is missing, or has none); None: no output asked.
+    output_unread: bool | None = None
 
     @property
     def oldest_unfinished_seconds(self) -> float | None:
@@ -68,7 +72,7 @@ class QueueStats:
         }
 
 
-_COMMANDS_PER_STAGE = 6
+_COMMANDS_PER_STAGE = 6  # one more for a stage with an output
 
 
 class _Extra(TypedDict):
@@ -76,6 +80,7 @@ class _Extra(TypedDict):
 
     dlq_trimmed: int
     backpressure: int | None
+    output_unread: bool | None
 
 
 async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueStats]:
@@ -88,16 +93,23 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
         pipe.xlen(st.dlq)
         pipe.get(dlq_trimmed_key(st.dlq))
         pipe.get(backpressure_key(st.name))
+        if st.output is not None:
+            pipe.xinfo_groups(st.output)
     replies = await pipe.execute(raise_on_error=False)
     now_ms = time.time() * 1000
     out = []
     # Stages with a backlog, and the id their group delivered last: the next entry is the first undelivered.
     backlog: dict[int, str] = {}
+    at = 0
     for i, st in enumerate(stages):
-        length, groups, pending, dlq_length, dlq_trimmed, paused = replies[
-            i * _COMMANDS_PER_STAGE : (i + 1) * _COMMANDS_PER_STAGE
-        ]
-        extra: _Extra = {"dlq_trimmed": _int(dlq_trimmed), "backpressure": None if paused is None else _int(paused)}
+        count = _COMMANDS_PER_STAGE + (st.output is not None)
+        length, groups, pending, dlq_length, dlq_trimmed, paused, *output_groups = replies[at : at + count]
+        at += count
+        extra: _Extra = {
+            "dlq_trimmed": _int(dlq_trimmed),
+            "backpressure": None if paused is None else _int(paused),
+            "output_unread": _unread(output_groups[0]) if output_groups else None,
+        }
         group = _find_group(groups, st.group)
         if group is None or isinstance(pending, ResponseError):
             out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False, **extra))
@@ -137,6 +149,11 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
 def _age_seconds(entry_id: str, now_ms: float) -> float:
     """Seconds since an entry was added, from the millisecond time in its id."""
     return round(max(0.0, now_ms - int(entry_id.partition("-")[0])) / 1000, 1)
+
+
+def _unread(groups: object) -> bool:
+    """No consumer group in an XINFO GROUPS reply; an error is a missing stream, which no group reads either."""
+    return not isinstance(groups, list) or not groups
 
 
 def _find_group(groups: object, name: str) -> dict | None:

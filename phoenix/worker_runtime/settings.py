@@ -11,6 +11,7 @@ from pydantic import Field, SecretStr, ValidationError, field_validator, model_v
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from phoenix.keys import StageKeys
+from phoenix.retention import Retention
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
@@ -43,6 +44,9 @@ class WorkerSettings(BaseSettings):
     output_high_water: int = Field(100_000, ge=0)
     output_low_water: int | None = Field(None, ge=0)
     backpressure_interval: PositiveSeconds = 1
+    # For an output no consumer group reads (nothing acknowledges, so nothing is trimmed): maxlen:N or age:7d.
+    # Unset: such an output is kept whole and the stage pauses at OUTPUT_HIGH_WATER (docs/durability.md).
+    output_retention: str = ""
     trim_interval: PositiveSeconds = 1
     dlq_maxlen: int = Field(0, ge=0)  # 0: unbounded; else trimmed to this length, counted and logged
     # WAIT after each settle commit for this many replicas (0: do not wait); see docs/durability.md.
@@ -77,6 +81,12 @@ class WorkerSettings(BaseSettings):
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
+    @field_validator("output_retention")
+    @classmethod
+    def _check_retention(cls, value: str) -> str:
+        # Kept as text (a structured type would be JSON-decoded from the environment first); parsed once to check.
+        return Retention.parse(value.strip()).text if value.strip() else ""
+
     @model_validator(mode="after")
     def _derive_defaults(self) -> WorkerSettings:
         # Names derived from SERVICE_NAME (phoenix.keys); frozen, so set through __dict__ once.
@@ -91,6 +101,8 @@ class WorkerSettings(BaseSettings):
         self.__dict__.update(derived)
         if self.output_queue and self.output_queue == self.input_queue:
             raise ValueError("OUTPUT_QUEUE must differ from INPUT_QUEUE (a stage would feed itself)")
+        if self.output_retention and not self.output_queue:
+            raise ValueError("OUTPUT_RETENTION applies to an output stream: set OUTPUT_QUEUE too, or unset it")
         if self.stream_maxlen is not None:
             raise ValueError(
                 "STREAM_MAXLEN is no longer supported: streams are no longer trimmed by length; "
@@ -109,6 +121,11 @@ class WorkerSettings(BaseSettings):
         return StageKeys.for_stage(
             self.service_name, self.input_queue, self.consumer_group, self.dlq_name, self.output_queue
         )
+
+    @property
+    def retention(self) -> Retention | None:
+        """OUTPUT_RETENTION parsed; None when unset."""
+        return Retention.parse(self.output_retention) if self.output_retention else None
 
     @property
     def retry_queue(self) -> str:
@@ -136,7 +153,7 @@ class ConfigurationError(Exception):
     """Raised with one readable line that names the offending variable."""
 
 
-_SECRET_FIELDS = {"redis_url", "billing_master_key"}
+_SECRET_FIELDS = {"redis_url", "billing_master_key", "billing_cache_key"}
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -2,11 +2,15 @@
 -- acknowledged, and the DLQ, only when DLQ_MAXLEN bounds it, loses its oldest entries with a count kept.
 -- For each group the oldest entry it still needs is its oldest pending entry, or, with nothing pending, its
 -- last delivered id (kept itself: XTRIM MINID removes only smaller ids). Entries after that are unread.
--- A stream without any group is left alone: nobody has read anything of it.
--- KEYS: input stream, dlq stream, dlq trimmed counter. ARGV: dlq maxlen (0: unbounded).
--- Returns {entries trimmed from the input, entries trimmed from the dlq}.
-local input, dlq, dlq_counter = KEYS[1], KEYS[2], KEYS[3]
-local dlq_maxlen = tonumber(ARGV[1])
+-- A stream without any group is left alone: nobody has read anything of it. The one exception is the stage's
+-- own output while no group reads it (a sink read with XREAD, or by nobody): nothing will ever acknowledge its
+-- entries, so it keeps what OUTPUT_RETENTION chooses, the newest entries or those younger than an age, if set.
+-- KEYS: input stream, dlq stream, dlq trimmed counter[, output stream (absent: a final stage)].
+-- ARGV: dlq maxlen (0: unbounded), retention kind ('maxlen', 'age' or '': none), its amount (entries, or ms).
+-- Returns {entries trimmed from the input, from the dlq, 1 if no group reads the output (else 0), entries
+-- trimmed from the output}.
+local input, dlq, dlq_counter, output = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local dlq_maxlen, retention, amount = tonumber(ARGV[1]), ARGV[2], tonumber(ARGV[3])
 
 local function id_before(a, b)
   local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
@@ -41,4 +45,25 @@ if dlq_maxlen > 0 and redis.call('TYPE', dlq)['ok'] == 'stream' and redis.call('
   dlq_trimmed = redis.call('XTRIM', dlq, 'MAXLEN', dlq_maxlen)
   redis.call('INCRBY', dlq_counter, dlq_trimmed)
 end
-return {input_trimmed, dlq_trimmed}
+
+local output_unread, output_trimmed = 0, 0
+if output ~= nil then
+  local output_type = redis.call('TYPE', output)['ok']
+  -- A missing stream has no group either: the stage's next XADD creates it without one.
+  if output_type == 'none' or (output_type == 'stream' and #redis.call('XINFO', 'GROUPS', output) == 0) then
+    output_unread = 1
+  end
+  if output_unread == 1 and output_type == 'stream' then
+    if retention == 'maxlen' then
+      output_trimmed = redis.call('XTRIM', output, 'MAXLEN', amount)
+    elseif retention == 'age' then
+      -- Entry ids start with the server's milliseconds, so the server's clock decides what is old.
+      local now = redis.call('TIME')
+      local cutoff = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) - amount
+      if cutoff > 0 then
+        output_trimmed = redis.call('XTRIM', output, 'MINID', string.format('%d', cutoff))
+      end
+    end
+  end
+end
+return {input_trimmed, dlq_trimmed, output_unread, output_trimmed}

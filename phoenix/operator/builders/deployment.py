@@ -59,6 +59,8 @@ def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[di
     }
     if streams.output is not None:
         plain["OUTPUT_QUEUE"] = streams.output
+    if spec.output is not None and spec.output.retention is not None:
+        plain["OUTPUT_RETENTION"] = spec.output.retention
     memory_limit = worker_resources(spec).get("limits", {}).get("memory")
     if memory_limit is not None:
         plain["READ_MEMORY_BYTES"] = str(int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE)

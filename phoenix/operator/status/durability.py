@@ -1,4 +1,5 @@
-"""Pure status logic for what can hold records back or lose them: the Backpressure and RedisRisk conditions."""
+"""Pure status logic for what can hold records back or lose them: the Backpressure, RedisRisk and OutputUnread
+conditions."""
 
 from __future__ import annotations
 
@@ -23,6 +24,37 @@ def backpressure_condition(unfinished: int | None, generation: int | None = None
     )
     return new_condition(
         ConditionType.BACKPRESSURE, True, "OutputOverHighWater", message, observed_generation=generation
+    )
+
+
+# The OutputUnread reason that stops the stage for good: a Warning Event is posted for it.
+OUTPUT_NEVER_TRIMMED = "NoConsumerGroup"
+
+
+def output_unread_condition(
+    output: str | None, unread: bool, retention: str | None, generation: int | None = None
+) -> Condition:
+    """True while no consumer group reads the stage's output stream, whose entries then never finish."""
+    if output is None:
+        message = "a final stage: results are not forwarded"
+        return new_condition(ConditionType.OUTPUT_UNREAD, False, "NoOutput", message, observed_generation=generation)
+    if not unread:
+        message = f"a consumer group reads {output}: it is trimmed as that group acknowledges"
+        return new_condition(
+            ConditionType.OUTPUT_UNREAD, False, "ReadByConsumerGroup", message, observed_generation=generation
+        )
+    if retention is not None:
+        message = f"no consumer group reads {output}: the workers keep it to output.retention {retention}"
+        return new_condition(
+            ConditionType.OUTPUT_UNREAD, True, "RetentionApplies", message, observed_generation=generation
+        )
+    message = (
+        f"no consumer group reads {output}, so nothing ever trims it: the stage stops reading at "
+        "OUTPUT_HIGH_WATER and stays stopped; set spec.output.retention (e.g. maxlen:100000 or age:7d) for a "
+        "stream read with XREAD, or point spec.output at a stage"
+    )
+    return new_condition(
+        ConditionType.OUTPUT_UNREAD, True, OUTPUT_NEVER_TRIMMED, message, observed_generation=generation
     )
 
 

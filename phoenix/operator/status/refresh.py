@@ -14,16 +14,24 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
 from typing import Any
 
 from redis.exceptions import RedisError
 
+from phoenix.crds import Condition, ConditionType
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import scrub
+from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.metrics import STAGES, stage_figures
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.status.durability import backpressure_condition, redis_risk_condition
+from phoenix.operator.status.conditions import find_condition
+from phoenix.operator.status.durability import (
+    OUTPUT_NEVER_TRIMMED,
+    backpressure_condition,
+    output_unread_condition,
+    redis_risk_condition,
+)
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.operator.status.registry import StageKey, StageRecord
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
@@ -32,6 +40,11 @@ from phoenix.worker_runtime.settings import redact_url
 
 logger = logging.getLogger(__name__)
 PATCH_CONCURRENCY = 32
+# The source of the OutputUnread Warning, de-duplicated on its own (events.EventRecorder.warning).
+OUTPUT = "output"
+# How long an output must have had no reader before the Warning: stages applied together create their groups
+# one after another, so the first cycles may see the next stage's input before its group.
+OUTPUT_UNREAD_WARN_SECONDS = 10.0
 # Server settings rarely change: each Redis is checked at the first cycle that sees it, then this often.
 REDIS_RISK_CHECK_SECONDS = 300.0
 
@@ -65,7 +78,7 @@ def queue_status(stats: QueueStats) -> dict[str, int]:
 
 async def _sample(pool: RedisPool, url: str, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
     # group_by_redis kept only reconciled stages (streams set); zip(strict=True) below checks none was dropped.
-    queues = [StageQueues(r.name, s.input, s.consumer_group, s.dlq) for r in records if (s := r.streams) is not None]
+    queues = [StageQueues.of(s) for r in records if (s := r.streams) is not None]
     try:
         stats = await collect(pool.client(url), queues)
     except (RedisError, OSError) as exc:
@@ -88,6 +101,25 @@ async def _redis_risk(ctx: OperatorContext, url: str) -> RedisRisk | None:
     if risk.at_risk:
         logger.warning("Redis at %s may lose acknowledged data: %s", redact_url(url), risk.describe())
     return risk
+
+
+def _retention(record: StageRecord) -> str | None:
+    output = ((record.body or {}).get("spec") or {}).get("output") or {}
+    return output.get("retention")
+
+
+async def _output_unread(ctx: OperatorContext, record: StageRecord, stats: QueueStats) -> Condition:
+    """The OutputUnread condition, with a Warning Event (once per cause) when the stage will stop for good."""
+    output = record.streams.output if record.streams else None
+    found = output_unread_condition(output, stats.output_unread is True, _retention(record), record.generation)
+    before = find_condition(record.status.get("conditions") or [], ConditionType.OUTPUT_UNREAD)
+    if found.reason == OUTPUT_NEVER_TRIMMED and before is not None and before.get("reason") == found.reason:
+        since = datetime.fromisoformat(str(before["lastTransitionTime"]))
+        if (datetime.now(UTC) - since).total_seconds() >= OUTPUT_UNREAD_WARN_SECONDS:
+            await ctx.events.warning(record, OUTPUT, StageError("OutputUnread", found.message))
+    else:
+        ctx.events.resolved(record, OUTPUT)
+    return found
 
 
 def _by_stage(deployments: Iterable[Mapping[str, Any]]) -> dict[StageKey, Mapping[str, Any]]:
@@ -139,6 +171,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
             stats = queues[record.key]
             changes["queue"] = queue_status(stats)
             conditions.append(backpressure_condition(stats.backpressure, record.generation))
+            conditions.append(await _output_unread(ctx, record, stats))
         if record.redis_url is not None and (risk := risk_by_url.get(record.redis_url)) is not None:
             conditions.append(redis_risk_condition(risk, record.generation))
         async with limit:
