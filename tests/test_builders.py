@@ -100,6 +100,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "CIRCUIT_HALF_OPEN_CALLS": "2",
         "SHUTDOWN_GRACE": "25",
         "HEALTH_PORT": "8080",
+        "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
         "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
     }
 
@@ -108,6 +109,14 @@ def test_runtime_variables_are_exactly_the_reserved_names() -> None:
     """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
     spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"})
     assert set(env_of(build_deployment(OWNER, spec))) == set(RUNTIME_ENV_NAMES)
+
+
+def test_read_memory_follows_the_pods_memory_limit() -> None:
+    """One read's entries fit in a quarter of the memory limit; without a limit the worker's default holds."""
+    assert env_of(build_deployment(OWNER, make_spec(resources={"limits": {"memory": "2Gi"}})))[
+        "READ_MEMORY_BYTES"
+    ] == str(2**31 // 4)
+    assert "READ_MEMORY_BYTES" not in env_of(build_deployment(OWNER, make_spec(resources={"requests": {"cpu": 1}})))
 
 
 def test_final_stage_has_no_output_queue() -> None:

@@ -6,6 +6,7 @@ import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
 from phoenix.operator.redis_ops import Created, destroy, ensure_streams, replay_once
+from phoenix.worker_runtime.messages import PACKED_FIELDS
 
 STREAMS = StageKeys.for_stage("s")
 
@@ -46,6 +47,19 @@ async def test_replay_interrupted_after_a_move_never_moves_again(redis: aioredis
     await redis.hset(ledger, mapping={"claimed": 1, "recorded": 0, "moved": 0})
     assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, None) == 0
     assert await redis.xlen(STREAMS.dlq) == 4
+
+
+async def test_replay_keeps_entries_too_wide_to_replay_and_moves_the_rest(redis: aioredis.Redis) -> None:
+    """`phoenix.io/replay-dlq`: an entry of 9,000 fields (dead-lettered field by field before MAX_ENTRY_FIELDS) and
+    a packed one stay in the DLQ; the entries behind them are moved, up to the count asked for."""
+    await redis.xadd(STREAMS.dlq, {"record_id": "wide", **{f"f{i}": "v" for i in range(9000)}})
+    await redis.xadd(STREAMS.dlq, {"record_id": "packed", PACKED_FIELDS: "[]"})
+    for i in range(3):
+        await redis.xadd(STREAMS.dlq, {"record_id": f"r{i}"})
+    assert await replay_once(redis, STREAMS.replay_ledger("req-w"), STREAMS.dlq, STREAMS.input, 2) == 2
+    assert [f["record_id"] for _, f in await redis.xrange(STREAMS.input)] == ["r0", "r1"]
+    assert await replay_once(redis, STREAMS.replay_ledger("req-w2"), STREAMS.dlq, STREAMS.input, None) == 1
+    assert [f["record_id"] for _, f in await redis.xrange(STREAMS.dlq)] == ["wide", "packed"]
 
 
 async def test_destroy_removes_group_streams_and_retry_set(redis: aioredis.Redis) -> None:

@@ -11,9 +11,9 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.worker_runtime.dlq import dead_letter_fields
+from phoenix.worker_runtime.dlq import FAILURE_FIELDS, dead_letter_fields
 from phoenix.worker_runtime.locks import DONE
-from phoenix.worker_runtime.messages import MalformedEntry, Message, parse_entry
+from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS, MalformedEntry, Message, packed_pairs, parse_entry
 from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
@@ -35,7 +35,7 @@ def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
         b"original_id": b"1-0",
         b"traceparent": b"00-ab-cd-01",
     }
-    message = parse_entry("5-0", raw, 1_000_000)
+    message = parse_entry("5-0", raw, 1_000_000, 1000)
     assert isinstance(message, Message)
     assert (message.record_id, message.user_id, message.data) == ("r1", "u", {"extra": "x", "n": 1})
     assert (message.retry_count, message.first_failed_at, message.original_id) == (2, 1.5, "1-0")
@@ -51,10 +51,17 @@ def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
         ({b"record_id": b"\xff"}, 1000, "entry is not valid UTF-8: invalid start byte at byte 0"),
         ({b"record_id": b"r", b"data": b'"' + b"x" * 100 + b'"'}, 50, "entry is 116 bytes, over MAX_MESSAGE_BYTES=50"),
         ({b"record_id": b"r", b"retry_count": b"two"}, 1000, "bad runtime field: "),
+        # MAX_ENTRY_FIELDS=4 here: four fields of the entry's own plus the four a retry adds are let through.
+        (
+            {b"record_id": b"r", **{b"f%d" % i: b"" for i in range(8)}},
+            1000,
+            "entry has 9 fields, over MAX_ENTRY_FIELDS=4",
+        ),
+        ({b"record_id": b"r", b"packed_fields": b"[]"}, 1000, "entry carries the packed_fields of an entry too wide"),
     ],
 )
 def test_parse_entry_names_what_is_wrong(raw: dict[bytes, bytes], max_bytes: int, reason: str) -> None:
-    parsed = parse_entry("1-0", raw, max_bytes)
+    parsed = parse_entry("1-0", raw, max_bytes, 4)
     assert isinstance(parsed, MalformedEntry) and parsed.raw is raw
     assert parsed.reason.startswith(reason)
 
@@ -71,6 +78,15 @@ def test_dead_letter_fields_keep_the_original_and_replace_an_earlier_failure() -
     assert (as_dict[b"stage"], as_dict[b"attempts"], as_dict[b"original_id"]) == ("s", "2", b"7-0")
     again = dead_letter_fields({**raw, b"original_id": b"1-0"}, "8-0", error="e", error_type="T", stage="s", attempts=1)
     assert again[again.index(b"original_id") + 1] == b"1-0"  # a replayed entry keeps its first id
+
+
+def test_dead_letter_fields_pack_an_entry_too_wide_for_the_scripts() -> None:
+    raw = {b"record_id": b"r", b"bad": b"\xff", **{b"f%d" % i: b"v" for i in range(SCRIPT_SAFE_FIELDS)}}
+    fields = dead_letter_fields(raw, "7-0", error="wide", error_type="MalformedMessage", stage="s", attempts=1)
+    as_dict = {k if isinstance(k, bytes) else k.encode(): v for k, v in zip(fields[::2], fields[1::2], strict=True)}
+    assert set(as_dict) == {b"record_id", b"packed_fields", *(f.encode() for f in FAILURE_FIELDS)}
+    unpacked = packed_pairs(as_dict[b"packed_fields"])
+    assert len(unpacked) == len(raw) and unpacked["bad"].encode(errors="surrogateescape") == b"\xff"
 
 
 # --- the settler ---------------------------------------------------------------------------------------------

@@ -128,6 +128,8 @@ async def reclaim(args: argparse.Namespace) -> int:
             print(f"re-enqueued {where} as {r.new_entry_id}{lock}")
         elif r.status == "poison":
             print(f"left {where}: the next worker reclaim dead-letters it (MAX_DELIVERIES={settings.max_deliveries})")
+        elif r.status == "wide":
+            print(f"left {where}: too wide to copy; the next worker reclaim dead-letters it (MAX_ENTRY_FIELDS)")
         elif r.status == "trimmed":
             print(f"acknowledged {where}: it was trimmed from the stream, nothing left to process")
         else:

@@ -34,6 +34,7 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "CIRCUIT_HALF_OPEN_CALLS",
     "SHUTDOWN_GRACE",
     "HEALTH_PORT",
+    "READ_MEMORY_BYTES",
 )
 # What spec.env may not set: those, and CONSUMER_NAME, which each worker derives from its pod name (one name shared
 # by all pods would make them take each other's pending entries for their own). The worker reads its settings

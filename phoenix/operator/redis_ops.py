@@ -10,6 +10,8 @@ from redis.exceptions import ResponseError
 
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lua as runtime_lua
+from phoenix.worker_runtime.dlq import replay_args
+from phoenix.worker_runtime.redis_client import text
 
 _ENSURE_STREAM = files(__package__).joinpath("ensure_stream.lua").read_text()
 REPLAY_BATCH = 1000
@@ -57,6 +59,7 @@ async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, l
     again, so a crash can make a replay move fewer entries (they stay in the DLQ, nothing is lost), never more.
     """
     move = runtime_lua.register(client, "dlq_replay.lua")
+    start = "-"  # entries the script keeps in the DLQ (too wide to replay) are looked at once per call
     while True:
         state = await client.hgetall(ledger)
         moved, claimed, recorded = (int(state.get(k, 0)) for k in ("moved", "claimed", "recorded"))
@@ -68,14 +71,15 @@ async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, l
         pipe = client.pipeline(transaction=True)
         pipe.hincrby(ledger, "claimed", 1)
         pipe.expire(ledger, REPLAY_LEDGER_TTL_SECONDS)
-        await move(keys=[dlq, input_stream], args=[want], client=pipe)
-        _, _, count = await pipe.execute()
+        await move(keys=[dlq, input_stream], args=replay_args(want, start), client=pipe)
+        _, _, (count, seen, last) = await pipe.execute()
         record = client.pipeline(transaction=True)
         record.hincrby(ledger, "moved", count)
         record.hincrby(ledger, "recorded", 1)
         await record.execute()
         moved += count
-        if count < want:
+        if seen < want:
             break
+        start = "(" + text(last)
     await client.hset(ledger, "done", 1)
     return moved

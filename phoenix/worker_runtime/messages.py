@@ -6,18 +6,38 @@ An entry carries `record_id`, `user_id` and `data` (a JSON object). Other plain 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from phoenix.worker_runtime import jsoncodec
 from phoenix.worker_runtime.scrub import scrub
 
+# The most values one Lua unpack may give (Lua 5.1 fails near 8,000), and every script that writes an entry
+# unpacks its fields, two values each: SCRIPT_SAFE_FIELDS is the widest entry the scripts are given, with room for
+# the runtime's own fields. Wider entries are written packed (PACKED_FIELDS); MAX_ENTRY_FIELDS cannot exceed it.
+LUA_UNPACK_LIMIT = 7900
+SCRIPT_SAFE_FIELDS = 3000
+# A packed entry: its fields as one JSON array [name, value, name, value, ...] beside its record_id.
+PACKED_FIELDS = "packed_fields"
 # Fields the runtime owns; everything else in an entry is the processor's data.
 ENVELOPE_FIELDS = frozenset(
-    {"record_id", "user_id", "data", "retry_count", "first_failed_at", "last_error", "original_id", "traceparent"}
+    {
+        "record_id",
+        "user_id",
+        "data",
+        "retry_count",
+        "first_failed_at",
+        "last_error",
+        "original_id",
+        "traceparent",
+        PACKED_FIELDS,
+    }
 )
 # The failure history a retried entry carries; a replay or a manual reprocess starts it afresh.
 RETRY_STATE_FIELDS = ("retry_count", "first_failed_at", "last_error")
+# A retry adds its history and original_id to an entry: MAX_ENTRY_FIELDS does not count them.
+_RETRY_ADDED_FIELDS = len(RETRY_STATE_FIELDS) + 1
 # Enough of the error to diagnose a waiting retry (`phoenix inspect`) without bloating the entry.
 _LAST_ERROR_CHARS = 500
 RawFields = dict[bytes, bytes]
@@ -48,8 +68,10 @@ class MalformedEntry:
     reason: str
 
 
-def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | MalformedEntry:
+def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) -> Message | MalformedEntry:
     """Validate one entry; anything wrong becomes a MalformedEntry with the reason, never an exception."""
+    if len(raw) > max_fields + _RETRY_ADDED_FIELDS:  # before decoding thousands of fields
+        return MalformedEntry(entry_id, raw, f"entry has {len(raw)} fields, over MAX_ENTRY_FIELDS={max_fields}")
     # One pass: this runs for every message, so it avoids building intermediate dicts.
     size = 0
     fields: dict[str, str] = {}
@@ -68,6 +90,10 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int) -> Message | Malf
     record_id = fields.get("record_id")
     if not record_id:
         return MalformedEntry(entry_id, raw, "missing record_id")
+    if PACKED_FIELDS in fields:
+        return MalformedEntry(
+            entry_id, raw, f"entry carries the {PACKED_FIELDS} of an entry too wide for the runtime's scripts"
+        )
     if "data" in fields:
         try:
             payload = jsoncodec.loads(raw[b"data"])
@@ -123,3 +149,14 @@ def failure_history(message: Message, first_failed_at: float, error: str) -> Raw
 def retry_fields(message: Message, first_failed_at: float, error: str) -> list[str]:
     """The entry as it goes back into the input stream for its next attempt (parse_entry checked it is UTF-8)."""
     return [item.decode() for pair in failure_history(message, first_failed_at, error).items() for item in pair]
+
+
+def pack_pairs(pairs: list[bytes | str]) -> str:
+    """PACKED_FIELDS's value: field names and values alternating; bytes that are not UTF-8 kept as \\udcXX escapes."""
+    return json.dumps([v.decode(errors="surrogateescape") if isinstance(v, bytes) else v for v in pairs])
+
+
+def packed_pairs(value: str | bytes) -> dict[str, str]:
+    """The fields a PACKED_FIELDS value holds."""
+    pairs = json.loads(value)
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))

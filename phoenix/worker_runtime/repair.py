@@ -12,7 +12,7 @@ from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import FAILURE_FIELDS
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, entries_of
 from phoenix.worker_runtime.locks import DONE, committed_by, lock_holder, locked_by
-from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
+from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, RETRY_STATE_FIELDS, SCRIPT_SAFE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
 from phoenix.worker_runtime.redis_client import text, text_range
 from phoenix.worker_runtime.settings import WorkerSettings
@@ -68,7 +68,7 @@ class Reclaimed:
     consumer: str
     idle_seconds: float
     deliveries: int
-    status: str  # moved | busy | poison | trimmed (see repair_reclaim.lua)
+    status: str  # moved | busy | poison | wide | trimmed (see repair_reclaim.lua)
     new_entry_id: str = ""
     lock_released: bool = False
 
@@ -88,7 +88,7 @@ async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | No
             return done
         start = "(" + text(rows[-1]["message_id"])
         candidates = [await _candidate(client, s, row) for row in rows]
-        args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.record_prefix]
+        args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.record_prefix, LUA_UNPACK_LIMIT]
         for c, lock_value in candidates:
             args += (c.entry_id, c.record_id, lock_value)
         replies = await script(keys=[s.input_queue], args=args)
@@ -154,6 +154,12 @@ async def plan_reprocess(
             f"{s.input_queue} or {s.dlq_name}: add it with `phoenix enqueue`"
         )
     _, name, entry_id, fields = max(found, key=lambda f: f[0])
+    if PACKED_FIELDS in fields or len(fields) > SCRIPT_SAFE_FIELDS:
+        width = f"its fields are packed in {PACKED_FIELDS}" if PACKED_FIELDS in fields else f"{len(fields)} fields"
+        raise ReprocessError(
+            f"entry {entry_id} of record {record_id} is too wide to reprocess ({width}; the runtime's scripts write "
+            f"at most {SCRIPT_SAFE_FIELDS}): fix what produced it and add the record anew with `phoenix enqueue`"
+        )
     kept = {k: v for k, v in fields.items() if k not in _DROPPED_ON_REPROCESS}
     kept.setdefault("original_id", fields.get("original_id", entry_id))
     record_key = s.record_prefix + record_id

@@ -2,14 +2,18 @@
 -- still pending and idle for at least min_idle_ms gets a copy (original_id kept) added to the input stream, the
 -- old entry is acknowledged, and the record's lock is released if it still holds the dead consumer's token.
 -- Entries delivered max_deliveries times are left pending: the worker's reclaim dead-letters them as poison.
+-- So are entries of more values than one unpack can give (Lua 5.1 stops near 8,000): no XADD can copy them, and
+-- the worker's reclaim dead-letters them, packed, as over MAX_ENTRY_FIELDS.
 -- KEYS[1] input stream
--- ARGV: group, min_idle_ms, max_deliveries, record_prefix, then per candidate: entry_id, record_id, lock_value
---       (the record key's value while the dead consumer holds its lock; '' when it holds none).
+-- ARGV: group, min_idle_ms, max_deliveries, record_prefix, most values unpacked, then per candidate: entry_id,
+--       record_id, lock_value (the record key's value while the dead consumer holds its lock; '' when it holds none).
 -- Returns per candidate {status, new_id, lock_released (0/1)}; status 'moved', 'busy' (no longer pending, or
--- touched since the caller looked), 'poison' (left for the worker) or 'trimmed' (gone from the stream: acknowledged).
+-- touched since the caller looked), 'poison' or 'wide' (left for the worker) or 'trimmed' (gone from the stream:
+-- acknowledged).
 local group, min_idle, max_deliveries, record_prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local max_values = tonumber(ARGV[5])
 local result = {}
-for i = 5, #ARGV, 3 do
+for i = 6, #ARGV, 3 do
   local entry_id, record_id, lock_value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   local pending = redis.call('XPENDING', KEYS[1], group, 'IDLE', min_idle, entry_id, entry_id, 1)
   if #pending == 0 then
@@ -18,10 +22,13 @@ for i = 5, #ARGV, 3 do
     result[#result + 1] = {'poison', '', 0}
   else
     local entries = redis.call('XRANGE', KEYS[1], entry_id, entry_id)
-    redis.call('XACK', KEYS[1], group, entry_id)
     if #entries == 0 then
+      redis.call('XACK', KEYS[1], group, entry_id)
       result[#result + 1] = {'trimmed', '', 0}
+    elseif #entries[1][2] + 2 > max_values then
+      result[#result + 1] = {'wide', '', 0}
     else
+      redis.call('XACK', KEYS[1], group, entry_id)
       local fields, has_original = entries[1][2], false
       for j = 1, #fields, 2 do
         if fields[j] == 'original_id' then has_original = true end

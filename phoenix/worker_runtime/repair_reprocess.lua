@@ -4,6 +4,8 @@
 -- ARGV[1] done_prefix (a marker's value starts with it; anything else is a lock),
 -- ARGV[2] id of the DLQ entry to delete ('' when the fields come from the input stream), then field/value pairs.
 -- Returns {'locked', ''} or {'added', new_id, marker_deleted (0/1)}.
+-- The pairs are unpacked into one XADD (Lua 5.1 stops near 8,000 values): repair.plan_reprocess refuses entries
+-- wider than SCRIPT_SAFE_FIELDS before they get here.
 local state = redis.call('GET', KEYS[1])
 if state and string.sub(state, 1, #ARGV[1]) ~= ARGV[1] then
   return {'locked', ''}

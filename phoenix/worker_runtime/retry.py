@@ -7,7 +7,7 @@ import json
 from redis.asyncio import Redis
 
 from phoenix.worker_runtime import lua
-from phoenix.worker_runtime.messages import Message, retry_fields
+from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, Message, packed_pairs, retry_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 
 
@@ -24,9 +24,8 @@ def retry_member(message: Message, first_failed_at: float, error: str, settings:
 
 
 def retry_member_fields(member: str | bytes) -> dict[str, str]:
-    """The fields of a message waiting in the retry set, as retry_member stored them."""
-    pairs = json.loads(member)
-    return dict(zip(pairs[::2], pairs[1::2], strict=True))
+    """The fields of a message waiting in the retry set, as retry_member stored them (the packed form)."""
+    return packed_pairs(member)
 
 
 class RetryScheduler:
@@ -42,7 +41,9 @@ class RetryScheduler:
         s = self._settings
         moved = 0
         while True:
-            n = await self._promote(keys=[s.retry_queue, s.input_queue], args=[self._BATCH])
+            n = await self._promote(
+                keys=[s.retry_queue, s.input_queue], args=[self._BATCH, LUA_UNPACK_LIMIT, PACKED_FIELDS]
+            )
             moved += n
             if n < self._BATCH:
                 return moved

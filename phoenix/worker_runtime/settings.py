@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from phoenix.keys import StageKeys
 from phoenix.retention import Retention
+from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
@@ -54,6 +55,11 @@ class WorkerSettings(BaseSettings):
     # Removed: trimming by length lost unread records. Set, it stops the worker with a pointer to its successor.
     stream_maxlen: str | None = None
     max_message_bytes: int = Field(1_048_576, ge=1024)
+    # Wider entries are dead-lettered at parse; the scripts write at most SCRIPT_SAFE_FIELDS field by field.
+    max_entry_fields: int = Field(1000, ge=4, le=SCRIPT_SAFE_FIELDS)
+    # One read asks for at most READ_MEMORY_BYTES / MAX_MESSAGE_BYTES entries (at least one); the operator sets it
+    # from the pod's memory limit (docs/durability.md).
+    read_memory_bytes: int = Field(268_435_456, ge=1)
     block_ms: int = Field(5000, ge=1)
 
     retry_base_seconds: PositiveSeconds = 2

@@ -14,6 +14,11 @@
 -- D, R and L come in upper case when this worker holds the record's lock, which is then released if still ours
 -- (compare-and-delete), in lower case when it took none (a malformed entry).
 -- No XADD trims (MAXLEN cut unread entries): streams shrink through trim.lua, bounded by backpressure.
+-- An error stops the script without undoing the items before it (settle.py then writes the batch again in halves
+-- to find the item), so the order is chosen for that: commits first, a commit whose forward fails taking its
+-- marker back (a commit written already is found by its marker and never forwarded twice; one not written is not
+-- taken for a duplicate); then retries (ZADD: idempotent); dead letters last (an XADD would repeat). A D item's
+-- fields are unpacked into one XADD (Lua 5.1 stops near 8,000 values): settle.py sends a wider one packed.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
 -- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix, the forwarded
 --       entry's field names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id
@@ -38,6 +43,15 @@ local function server_now_ms()
 end
 
 local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 10, #ARGV
+local retries, dead = {}, {}  -- positions in ARGV of the R and D items, written after the commits
+local function release(code, record_id)
+  if code == 'D' or code == 'R' or code == 'L' then
+    local key = record_prefix .. record_id
+    if redis.call('GET', key) == lock_value then
+      redis.call('DEL', key)
+    end
+  end
+end
 while i <= argc do
   local code, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   item = item + 1
@@ -47,35 +61,52 @@ while i <= argc do
     if old and old ~= lock_value and string.sub(old, 1, done_len) == done_prefix then
       redis.call('SET', key, old, 'EX', marker_ttl)
       duplicates[#duplicates + 1] = item
-    elseif code == 'C' then
-      redis.call('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[i + 4])
-    elseif code == 'T' then
-      redis.call('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[i + 4],
-        trace_field, ARGV[i + 5])
+    elseif code ~= 'M' then
+      local forwarded
+      if code == 'C' then
+        forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
+          ARGV[i + 4])
+      else
+        forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
+          ARGV[i + 4], trace_field, ARGV[i + 5])
+      end
+      if type(forwarded) == 'table' and forwarded.err then
+        -- Not forwarded: take the marker back, or the batch written again would take the record for a duplicate.
+        if old then
+          redis.call('SET', key, old, 'KEEPTTL')
+        else
+          redis.call('DEL', key)
+        end
+        return redis.error_reply(forwarded.err)
+      end
     end
     n_acked = n_acked + 1
     acked[n_acked] = entry_id
+  elseif code == 'R' or code == 'r' then
+    retries[#retries + 1] = i
+  elseif code == 'D' or code == 'd' then
+    dead[#dead + 1] = i
   else
-    if code == 'D' or code == 'd' then
-      redis.call('XADD', dlq, '*', unpack(ARGV, i + 4, i + 3 + tonumber(ARGV[i + 3])))
-      n_acked = n_acked + 1
-      acked[n_acked] = entry_id
-    elseif code == 'R' or code == 'r' then
-      redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[i + 3]), ARGV[i + 4])
-      n_acked = n_acked + 1
-      acked[n_acked] = entry_id
-    elseif code == 's' then
+    if code == 's' then
       n_acked = n_acked + 1
       acked[n_acked] = entry_id
     end
-    if code == 'D' or code == 'R' or code == 'L' then
-      local key = record_prefix .. record_id
-      if redis.call('GET', key) == lock_value then
-        redis.call('DEL', key)
-      end
-    end
+    release(code, record_id)
   end
   i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
+end
+-- Retries (ZADD: idempotent), then dead letters: a script error on the first of a kind leaves nothing to repeat.
+for _, j in ipairs(retries) do
+  redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[j + 3]), ARGV[j + 4])
+  n_acked = n_acked + 1
+  acked[n_acked] = ARGV[j + 1]
+  release(ARGV[j], ARGV[j + 2])
+end
+for _, j in ipairs(dead) do
+  redis.call('XADD', dlq, '*', unpack(ARGV, j + 4, j + 3 + tonumber(ARGV[j + 3])))
+  n_acked = n_acked + 1
+  acked[n_acked] = ARGV[j + 1]
+  release(ARGV[j], ARGV[j + 2])
 end
 -- One XACK for the batch; chunked to stay far below Lua's limit on unpacked values.
 for j = 1, n_acked, 4000 do

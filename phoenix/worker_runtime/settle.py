@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from phoenix.worker_runtime import lua
+from phoenix.worker_runtime.dlq import minimal_dead_letter
 from phoenix.worker_runtime.locks import DONE
-from phoenix.worker_runtime.messages import OUTPUT_FIELDS
+from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
 from phoenix.worker_runtime.settings import WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
@@ -45,6 +46,26 @@ class Outcome:
 
 # settle.lua's code of a commit, by how many values it forwards: none, user_id and data, and a traceparent.
 _COMMIT_CODES = {0: "M", 2: "C", 3: "T"}
+# Error codes of a Redis that refuses every write for now (memory, failover, persistence, replicas, a busy script):
+# waited out like a lost connection. Any other reply error is the script failing on what it was given.
+_REDIS_REFUSALS = (
+    "BUSY",
+    "CLUSTERDOWN",
+    "LOADING",
+    "MASTERDOWN",
+    "MISCONF",
+    "NOREPLICAS",
+    "OOM",
+    "READONLY",
+    "TRYAGAIN",
+)
+
+
+def _refused_by_item(exc: RedisError) -> bool:
+    """True when the script itself failed on its arguments (e.g. a field list Lua cannot unpack): the same
+    batch would fail again forever, so the failing item is isolated instead. Subclasses of ResponseError are
+    Redis refusing (out of memory, read-only replica, no permission), never one item."""
+    return type(exc) is ResponseError and not str(exc).removeprefix("ERR ").startswith(_REDIS_REFUSALS)
 
 
 class Settler:
@@ -120,7 +141,57 @@ class Settler:
         return result
 
     async def _write(self, outcomes: list[Outcome]) -> list[int]:
-        """Returns the positions (from 1) of the commits that found their record committed already."""
+        """Returns the positions (from 1) of the commits that found their record committed already.
+
+        A script error is about what the batch holds (the same batch would fail forever): halves are written
+        apart until the item that fails alone is found, which then gets its fallback (_write_alone). A script
+        stops at its error without undoing the writes before it; writing those items again is safe, since a
+        commit finds its own marker (not forwarded twice) and a retry's ZADD is idempotent."""
+        error = await self._try(outcomes)
+        if isinstance(error, list):
+            return error
+        if len(outcomes) == 1:
+            await self._write_alone(outcomes[0], error)
+            return []
+        half = len(outcomes) // 2
+        first = await self._write(outcomes[:half])
+        return first + [half + position for position in await self._write(outcomes[half:])]
+
+    async def _try(self, outcomes: list[Outcome]) -> list[int] | RedisError:
+        """The script's reply, or the script error; connection errors and Redis refusing writes are waited out
+        (nothing was acknowledged: the entries stay pending, so waiting loses nothing)."""
+        delay = 0.1
+        while True:
+            try:
+                return await self._commit(self._args(outcomes), len(outcomes))
+            except RedisError as exc:
+                if _refused_by_item(exc):
+                    return exc
+                log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _write_alone(self, outcome: Outcome, error: RedisError) -> None:
+        """An item the script fails on alone: a dead letter is written again in its minimal form; anything else,
+        or a minimal dead letter that fails too, is left pending (lock released) for a later attempt, and logged."""
+        if outcome.action is Action.DEAD_LETTER:
+            outcome.fields = minimal_dead_letter(outcome.fields, str(error))
+            again = await self._try([outcome])
+            if isinstance(again, list):
+                log.error("dead_letter_rewritten", message_id=outcome.entry_id, error=str(error))
+                return
+            error = again
+        log.error(
+            "settle_item_failed_left_pending",
+            message_id=outcome.entry_id,
+            record_id=outcome.record_id,
+            action=outcome.action.name.lower(),
+            error=str(error),
+        )
+        outcome.action, outcome.fields = Action.LEAVE, ()
+        await self._try([outcome])  # pending either way; this releases the lock (a leave cannot fail on its item)
+
+    def _args(self, outcomes: list[Outcome]) -> list[FieldValue]:
         args = list(self._head)
         # An enum member read from its class is a Python call on 3.11: once per batch.
         commit, dead_letter, commit_codes = Action.COMMIT, Action.DEAD_LETTER, _COMMIT_CODES
@@ -131,14 +202,8 @@ class Settler:
                 # A StrEnum packs as its value; lower case: no lock to release (settle.lua).
                 args += (o.action if o.holds_lock else o.action.lower(), o.entry_id, o.record_id)
                 if o.action is dead_letter:
+                    if len(o.fields) > LUA_UNPACK_LIMIT:  # settle.lua unpacks them for the DLQ's XADD
+                        o.fields = minimal_dead_letter(o.fields, f"{len(o.fields)} values, over {LUA_UNPACK_LIMIT}")
                     args.append(len(o.fields))
             args.extend(o.fields)
-        delay = 0.1
-        while True:
-            try:
-                return await self._commit(args, len(outcomes))
-            except RedisError as exc:
-                # Nothing was acknowledged: the entries stay pending, so waiting for Redis loses nothing.
-                log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+        return args

@@ -120,7 +120,9 @@ class Worker:
         )
         # A processor that overrides process_batch gets each read's records in one call.
         self._batches = type(processor).process_batch is not BaseProcessor.process_batch
-        self._read_batch = min(_READ_BATCH, max(1, (settings.concurrency + 1) // 2))
+        # READ_MEMORY_BYTES: a read asks for no more entries of MAX_MESSAGE_BYTES than fit in it (docs/durability.md).
+        by_memory = settings.read_memory_bytes // settings.max_message_bytes
+        self._read_batch = max(1, min(_READ_BATCH, (settings.concurrency + 1) // 2, by_memory))
         self.in_flight: dict[str, InFlight] = {}
         # Entries handed to the settler without being in flight (dead letters, duplicates): a history read must not
         # take them a second time.
@@ -444,7 +446,7 @@ class Worker:
             if raw is None:
                 trimmed.append(entry_id)  # trimmed from the stream while pending: nothing left to process
                 continue
-            parsed = parse_entry(entry_id, raw, s.max_message_bytes)
+            parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields)
             deliveries = counts.get(entry_id, 1) if counts else 1
             if isinstance(parsed, MalformedEntry):
                 dead.append((entry_id, raw, parsed.reason, "MalformedMessage", 1))

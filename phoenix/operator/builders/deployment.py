@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubernetes.utils import parse_quantity
+
 from phoenix.crds import PhoenixStageSpec
 from phoenix.keys import StageKeys
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
@@ -21,6 +23,11 @@ DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"cpu": "1", "memory": "512Mi"},
 }
+
+
+# The share of the pod's memory limit one read may fill (READ_MEMORY_BYTES): a read's entries take two to three
+# times their size while they are decoded, beside the entries in flight and the processor's own memory.
+READ_MEMORY_SHARE = 4
 
 
 def _number(value: float) -> str:
@@ -54,6 +61,9 @@ def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[di
         plain["OUTPUT_QUEUE"] = streams.output
     if spec.output is not None and spec.output.retention is not None:
         plain["OUTPUT_RETENTION"] = spec.output.retention
+    memory_limit = worker_resources(spec).get("limits", {}).get("memory")
+    if memory_limit is not None:
+        plain["READ_MEMORY_BYTES"] = str(int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE)
     url_ref = spec.redis.url_secret_ref
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
     env.append({"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": url_ref.name, "key": url_ref.key}}})
