@@ -69,7 +69,7 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     refused = run(redis_url, "unlock", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
     assert refused.returncode == 1 and refused.stderr.startswith("refused: phoenix:s:record:slow is held by ")
     assert await locked(redis, "s", "slow")
-    forced = phoenix(redis_url, "unlock", "--service", "s", "slow", "--force")
+    forced = phoenix(redis_url, "unlock", "--service", "s", "slow", "--force", "--yes")
     assert forced.startswith("released phoenix:s:record:slow held by ")
     assert not await locked(redis, "s", "slow")
 
@@ -106,7 +106,7 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
         "(dead): it is due to be reclaimed by the next live worker's reclaim pass; `phoenix reclaim` acts now"
     )
     # The dead consumer's entry is still pending on it: reclaim puts it back to work now.
-    reclaimed = phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "2000").splitlines()
+    reclaimed = phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "2000", "--yes").splitlines()
     assert reclaimed[0].startswith(f"re-enqueued {report['entries'][0]['entry_id']} (record r1, ")
     assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 2000 ms in phoenix:s:input"
     assert inspect(redis_url, "r1", "2000")["diagnosis"].startswith("waiting for ")  # no live consumer now
@@ -132,7 +132,9 @@ async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_w
     await redis.set(record_key("s", "p"), LOCKED + "someone-else:0123456789ab")
     for _ in range(2):  # three deliveries of the poison entry
         await redis.xclaim(IN, "s-group", "dead-1", 0, [poison])
-    out = phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--max-deliveries", "3").splitlines()
+    out = phoenix(
+        redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--max-deliveries", "3", "--yes"
+    ).splitlines()
     assert out[0].startswith(f"re-enqueued {abandoned} (record a, dead-1, ") and out[0].endswith("; released its lock")
     assert out[1].startswith(f"left {poison} (record p, dead-1, ") and "dead-letters it (MAX_DELIVERIES=3)" in out[1]
     assert out[2] == "reclaimed 1 of 2 entries idle over 0 ms in phoenix:s:input"
