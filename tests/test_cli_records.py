@@ -18,7 +18,7 @@ from phoenix.worker_runtime.inspection import duration
 from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked, record_key
-from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle
+from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, idle
 from tests.fixtures.workers import FAST, WorkerPool
 
 
@@ -177,6 +177,8 @@ async def test_retrying_then_dead_lettered_then_reprocessed(
     assert await redis.xlen(DLQ) == 0
     [(_, fields)] = [e for e in await redis.xrange(IN) if e[1]["record_id"] == "gone"][-1:]
     assert not {"error", "error_type", "failed_at", "retry_count"} & fields.keys()
+    [(_, repaired)] = await redis.xrange(KEYS.audit)
+    assert (repaired["action"], repaired["record_id"], repaired["detail"]) == ("reprocess", "gone", done.strip())
 
 
 async def test_reprocess_a_committed_record_runs_it_again(
@@ -215,6 +217,8 @@ async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redi
         "deleted 1 entries from phoenix:s:dlq"
     )
     assert not await redis.exists(DLQ)
+    purges = [(f["action"], f["count"]) for _, f in await redis.xrange(KEYS.audit)]
+    assert purges == [("dlq-purge", "3"), ("dlq-purge", "1")]  # the refused one is not there
 
 
 async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> None:

@@ -22,7 +22,7 @@ from urllib.parse import urlsplit, urlunsplit
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from phoenix.cli.records import format_report
+from phoenix.cli.records import inspect_with_repairs, render_inspection
 from phoenix.cli.stage import StageSettings, confirm, redis_client, settings_from
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
@@ -32,7 +32,8 @@ from phoenix.operator.builders import resolve_streams, worker_env
 from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import MERGE_PATCH, KubeApi
-from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, inspect_record
+from phoenix.worker_runtime import audit
+from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport
 
 Json = dict[str, Any]
 _WAIT_POLL_SECONDS = 0.5
@@ -202,8 +203,7 @@ def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
     url = asyncio.run(_redis_url(stages.api, ns, spec.redis.url_secret_ref))
     if args.redis_host:
         url = _with_host(url, args.redis_host)
-    report = asyncio.run(_inspect(url, settings, args.record_id, args.scan))
-    print(json.dumps(report.as_dict()) if args.json else "\n".join(format_report(report)))
+    print(render_inspection(*asyncio.run(_inspect(url, settings, args.record_id, args.scan)), args.json))
     return 0
 
 
@@ -224,9 +224,11 @@ async def _redis_url(api: client.ApiClient, namespace: str, ref: SecretKeyRef) -
         await kube.aclose()
 
 
-async def _inspect(url: str, settings: StageSettings, record_id: str, scan: int) -> RecordReport:
+async def _inspect(
+    url: str, settings: StageSettings, record_id: str, scan: int
+) -> tuple[RecordReport, list[audit.Repair]]:
     async with redis_client(url) as redis:
-        return await inspect_record(redis, settings, record_id, scan)
+        return await inspect_with_repairs(redis, settings, record_id, scan)
 
 
 def _with_host(url: str, host_port: str) -> str:

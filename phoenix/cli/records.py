@@ -113,15 +113,24 @@ def format_repairs(repairs: list[audit.Repair]) -> list[str]:
     return ["repairs:", *(f"  {audit.format_repair(r)}" for r in repairs)] if repairs else []
 
 
+async def inspect_with_repairs(
+    redis: aioredis.Redis, settings: StageSettings, record_id: str, scan: int
+) -> tuple[RecordReport, list[audit.Repair]]:
+    """The record's report and the repairs that named it (from the stage's audit stream)."""
+    report = await inspect_record(redis, settings, record_id, scan)
+    return report, await audit.of_record(redis, settings.keys.audit, record_id, audit.AUDIT_MAXLEN)
+
+
+def render_inspection(report: RecordReport, repairs: list[audit.Repair], as_json: bool) -> str:
+    if as_json:
+        return json.dumps({**report.as_dict(), "repairs": [r.as_dict() for r in repairs]})
+    return "\n".join([*format_report(report), *format_repairs(repairs)])
+
+
 async def inspect(args: argparse.Namespace) -> int:
-    settings = stage_settings(args)
     async with client(args) as redis:
-        report = await inspect_record(redis, settings, args.record_id, args.scan)
-        repairs = await audit.of_record(redis, settings.keys.audit, args.record_id, audit.AUDIT_MAXLEN)
-    if args.json:
-        print(json.dumps({**report.as_dict(), "repairs": [r.as_dict() for r in repairs]}))
-    else:
-        print("\n".join([*format_report(report), *format_repairs(repairs)]))
+        found = await inspect_with_repairs(redis, stage_settings(args), args.record_id, args.scan)
+    print(render_inspection(*found, args.json))
     return 0
 
 
