@@ -496,3 +496,42 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     left = custom.get_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router")
     assert left["metadata"]["uid"] == created["metadata"]["uid"]
     assert left["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+
+
+@pytest.mark.parametrize("redis_db", [13], indirect=True)
+def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """Someone's own Deployment called like the stage is neither patched into a worker nor taken over."""
+    url, _ = redis_db
+    ns = kube_namespace
+    apps = client.AppsV1Api(kube_api)
+    labels = {"app": "their-app"}
+    theirs = apps.create_namespaced_deployment(
+        ns,
+        {
+            "metadata": {"name": "router", "labels": labels},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "app", "image": "their/app:1"}]},
+                },
+            },
+        },
+    )
+    kubectl_apply(kube_cluster, _stage(url, ns))
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
+    ready = condition(get_stage(kube_cluster, ns, "router"), "Ready")
+    assert ready["message"].startswith("Deployment router exists and is not owned by this PhoenixStage (owners: none)")
+    eventually(lambda: "ChildNotOwned" in _reasons(kube_api, ns, "router", "Warning"), "a Warning Event", timeout=30)
+    after = apps.read_namespaced_deployment("router", ns)
+    # Its own controller writes its status meanwhile; its spec and metadata are as its owner left them.
+    assert after.metadata.generation == theirs.metadata.generation
+    assert after.metadata.owner_references is None and after.metadata.labels == labels
+    assert after.spec.template.spec.containers[0].image == "their/app:1"
