@@ -65,6 +65,11 @@ class StageKeys:
         its idempotency marker once committed (values: worker_runtime/locks.py)."""
         return f"{PREFIX}:{self.name}:record:"
 
+    @property
+    def audit(self) -> str:
+        """Stream of the repairs done to the stage by hand or by the operator (worker_runtime/audit.py); capped."""
+        return f"{PREFIX}:{self.name}:audit"
+
     def replay_ledger(self, request_id: str) -> str:
         """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing."""
         return f"{PREFIX}:{self.name}:replay:{request_id}"

@@ -61,7 +61,7 @@ async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, worker
     assert [e["record_id"] for e in listed] == ["gone0", "gone1", "gone2"]
     assert {e["error_type"] for e in listed} == {"RecordNotFoundError"}
 
-    assert phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2").strip() == (
+    assert phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--yes").strip() == (
         "moved 2 entries back to phoenix:s:input"
     )
     assert await redis.xlen(DLQ) == 1
@@ -70,7 +70,9 @@ async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, worker
     for fields, original in zip(replayed, originals, strict=False):
         assert fields["retry_count"] == "0" and fields["original_id"] == original
         assert not {"error", "error_type", "stage", "attempts", "failed_at"} & fields.keys()
-    assert phoenix(redis_url, "dlq", "replay", "--service", "s").strip() == "moved 1 entries back to phoenix:s:input"
+    assert phoenix(redis_url, "dlq", "replay", "--service", "s", "--yes").strip() == (
+        "moved 1 entries back to phoenix:s:input"
+    )
     assert await redis.xlen(DLQ) == 0
 
 

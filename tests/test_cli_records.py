@@ -18,7 +18,7 @@ from phoenix.worker_runtime.inspection import duration
 from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked, record_key
-from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle
+from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, idle
 from tests.fixtures.workers import FAST, WorkerPool
 
 
@@ -69,7 +69,7 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     refused = run(redis_url, "unlock", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
     assert refused.returncode == 1 and refused.stderr.startswith("refused: phoenix:s:record:slow is held by ")
     assert await locked(redis, "s", "slow")
-    forced = phoenix(redis_url, "unlock", "--service", "s", "slow", "--force")
+    forced = phoenix(redis_url, "unlock", "--service", "s", "slow", "--force", "--yes")
     assert forced.startswith("released phoenix:s:record:slow held by ")
     assert not await locked(redis, "s", "slow")
 
@@ -106,7 +106,7 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
         "(dead): it is due to be reclaimed by the next live worker's reclaim pass; `phoenix reclaim` acts now"
     )
     # The dead consumer's entry is still pending on it: reclaim puts it back to work now.
-    reclaimed = phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "2000").splitlines()
+    reclaimed = phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "2000", "--yes").splitlines()
     assert reclaimed[0].startswith(f"re-enqueued {report['entries'][0]['entry_id']} (record r1, ")
     assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 2000 ms in phoenix:s:input"
     assert inspect(redis_url, "r1", "2000")["diagnosis"].startswith("waiting for ")  # no live consumer now
@@ -132,7 +132,9 @@ async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_w
     await redis.set(record_key("s", "p"), LOCKED + "someone-else:0123456789ab")
     for _ in range(2):  # three deliveries of the poison entry
         await redis.xclaim(IN, "s-group", "dead-1", 0, [poison])
-    out = phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--max-deliveries", "3").splitlines()
+    out = phoenix(
+        redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--max-deliveries", "3", "--yes"
+    ).splitlines()
     assert out[0].startswith(f"re-enqueued {abandoned} (record a, dead-1, ") and out[0].endswith("; released its lock")
     assert out[1].startswith(f"left {poison} (record p, dead-1, ") and "dead-letters it (MAX_DELIVERIES=3)" in out[1]
     assert out[2] == "reclaimed 1 of 2 entries idle over 0 ms in phoenix:s:input"
@@ -175,6 +177,8 @@ async def test_retrying_then_dead_lettered_then_reprocessed(
     assert await redis.xlen(DLQ) == 0
     [(_, fields)] = [e for e in await redis.xrange(IN) if e[1]["record_id"] == "gone"][-1:]
     assert not {"error", "error_type", "failed_at", "retry_count"} & fields.keys()
+    [(_, repaired)] = await redis.xrange(KEYS.audit)
+    assert (repaired["action"], repaired["record_id"], repaired["detail"]) == ("reprocess", "gone", done.strip())
 
 
 async def test_reprocess_a_committed_record_runs_it_again(
@@ -213,6 +217,8 @@ async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redi
         "deleted 1 entries from phoenix:s:dlq"
     )
     assert not await redis.exists(DLQ)
+    purges = [(f["action"], f["count"]) for _, f in await redis.xrange(KEYS.audit)]
+    assert purges == [("dlq-purge", "3"), ("dlq-purge", "1")]  # the refused one is not there
 
 
 async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> None:

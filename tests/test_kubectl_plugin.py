@@ -13,6 +13,7 @@ import pytest
 import redis as sync_redis
 from kubernetes import client
 
+from phoenix.operator.constants import REPLAY_ANNOTATION
 from tests.fixtures.cluster_objects import service_account_kubeconfig
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
@@ -52,6 +53,7 @@ def kubectl_phoenix(plane: ControlPlane, *args: str, kubeconfig: Path | None = N
         text=True,
         timeout=180,
         check=False,
+        stdin=subprocess.DEVNULL,  # no terminal, as in CI: questions are refused, not waited on
     )
 
 
@@ -149,6 +151,14 @@ def test_plugin_against_the_operator(
     # replay-dlq N: the operator moves one entry back and reports it.
     out = ok(kubectl_phoenix(kube_cluster, "replay-dlq", "router", "1", "-n", ns, "--wait"))
     assert out.splitlines()[-1].startswith("replayed: 1 entries moved back to the input at ")
+    # Without a count: every entry, so it asks first; without a terminal it refuses and asks nothing of the operator.
+    unasked = kubectl_phoenix(kube_cluster, "replay-dlq", "router", "-n", ns)
+    assert unasked.returncode == 1
+    assert unasked.stderr.splitlines() == [
+        f"Replay every DLQ entry of {ns}/router (2 at the last status refresh)? [y/N] refused: not a terminal; "
+        "pass --yes to confirm (nothing changed)"
+    ]
+    assert REPLAY_ANNOTATION not in (get_stage(kube_cluster, ns, "router")["metadata"].get("annotations") or {})
     bad = kubectl_phoenix(kube_cluster, "replay-dlq", "router", "zero", "-n", ns)
     assert bad.returncode == 1 and "must be `all` or a whole number" in bad.stderr
 

@@ -119,8 +119,9 @@ def test_operator_deployment_runs_two_hardened_replicas_with_leader_election() -
     assert {"--metrics-port=8080", "--leader-election"} <= set(operator["args"])
     # The Lease's namespace: the operator's own.
     assert {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in operator["env"]
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert operator[probe]["httpGet"] == {"path": "/healthz", "port": "http"}
+    # Liveness: the loop answers; readiness: the API server answers this replica (main.ApiReachability).
+    assert operator["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert operator["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
     assert {"name": "http", "containerPort": 8080, "protocol": "TCP"} in operator["ports"]
     assert pod["securityContext"] == pod_security_context()
     assert operator["securityContext"] == container_security_context()

@@ -428,7 +428,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
 
 
-@pytest.mark.parametrize("redis_db", [13], indirect=True)
+@pytest.mark.parametrize("redis_db", [9], indirect=True)
 def test_an_output_no_group_reads_shows_in_status_with_one_warning(
     operator: ServingOperator,
     kube_cluster: ControlPlane,
@@ -472,3 +472,112 @@ def test_an_output_no_group_reads_shows_in_status_with_one_warning(
     to_stage = '{"spec": {"output": {"stream": null, "stage": "parser"}}}'  # keeps the retention: refused
     refused = kube_cluster.kubectl(*patch, to_stage)
     assert refused.returncode != 0 and "output.retention is for a stream" in refused.stderr
+
+
+@pytest.mark.parametrize("redis_db", [12], indirect=True)
+def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """A ScaledObject made by hand (or by another controller) under the stage's name: the operator neither patches
+    nor deletes it, says so in AutoscalingReady and one Warning, runs the stage at replicas.min, and deleting
+    the stage leaves it where it was."""
+    url, _ = redis_db
+    ns = kube_namespace
+    custom = client.CustomObjectsApi(kube_api)
+    theirs = {
+        "apiVersion": "keda.sh/v1alpha1",
+        "kind": "ScaledObject",
+        "metadata": {"name": "router", "namespace": ns, "labels": {"team": "someone-else"}},
+        "spec": {"scaleTargetRef": {"name": "their-app"}, "minReplicaCount": 0, "maxReplicaCount": 1, "triggers": []},
+    }
+    created = custom.create_namespaced_custom_object(*KEDA, ns, "scaledobjects", theirs)
+    kubectl_apply(kube_cluster, _stage(url, ns, replicas={"min": 1, "max": 5}))
+
+    def autoscaling() -> dict[str, Any] | None:
+        found = condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady")
+        return found if found and found["reason"] == "ChildNotOwned" else None
+
+    refused = eventually(autoscaling, "AutoscalingReady=False/ChildNotOwned", timeout=60)
+    assert refused["status"] == "False"
+    assert "ScaledObject router exists and is not owned by this PhoenixStage (owners: none)" in refused["message"]
+    assert "replicas.min (1)" in refused["message"]
+    warnings = eventually(
+        lambda: [e for e in stage_events(kube_api, ns, "router") if e.reason == "ChildNotOwned"], "a Warning Event"
+    )
+    assert [e.type for e in warnings] == ["Warning"]
+    # The stage runs all the same, at replicas.min (no kubelet here: the Deployment's own count says it).
+    apps = client.AppsV1Api(kube_api)
+    deployment = eventually(lambda: _get_or_none(apps.read_namespaced_deployment, "router", ns), "the Deployment")
+    assert deployment.spec.replicas == 1
+
+    # Status refreshes and watch events meanwhile post nothing new; a spec change (a new generation) reconciles,
+    # leaves the object as it was, and tells the cause again once.
+    time.sleep(3)
+    assert len([e for e in stage_events(kube_api, ns, "router") if e.reason == "ChildNotOwned"]) == 1
+    kube_cluster.kubectl(
+        "patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":{"min":2,"max":5}}}'
+    )
+    eventually(lambda: "replicas.min (2)" in (autoscaling() or {}).get("message", ""), "the change reconciled")
+    untouched = custom.get_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router")
+    assert untouched["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+    assert "ownerReferences" not in untouched["metadata"]
+    assert untouched["spec"] == theirs["spec"]
+    assert len([e for e in stage_events(kube_api, ns, "router") if e.reason == "ChildNotOwned"]) == 2
+
+    # Deleting the stage takes its own children (garbage collection), never the foreign object.
+    assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
+
+    def own_children_gone() -> bool:
+        deployment = _get_or_none(apps.read_namespaced_deployment, "router", ns)
+        authentication = _get_or_none(
+            custom.get_namespaced_custom_object, *KEDA, ns, "triggerauthentications", "router-redis"
+        )
+        return deployment is None and authentication is None
+
+    eventually(own_children_gone, "the stage's Deployment and TriggerAuthentication garbage-collected")
+    left = custom.get_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router")
+    assert left["metadata"]["uid"] == created["metadata"]["uid"]
+    assert left["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
+
+
+@pytest.mark.parametrize("redis_db", [13], indirect=True)
+def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """Someone's own Deployment called like the stage is neither patched into a worker nor taken over."""
+    url, _ = redis_db
+    ns = kube_namespace
+    apps = client.AppsV1Api(kube_api)
+    labels = {"app": "their-app"}
+    theirs = apps.create_namespaced_deployment(
+        ns,
+        {
+            "metadata": {"name": "router", "labels": labels},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "app", "image": "their/app:1"}]},
+                },
+            },
+        },
+    )
+    kubectl_apply(kube_cluster, _stage(url, ns))
+    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
+    ready = condition(get_stage(kube_cluster, ns, "router"), "Ready")
+    assert ready["message"].startswith("Deployment router exists and is not owned by this PhoenixStage (owners: none)")
+    eventually(lambda: "ChildNotOwned" in _reasons(kube_api, ns, "router", "Warning"), "a Warning Event", timeout=30)
+    after = apps.read_namespaced_deployment("router", ns)
+    # Its own controller writes its status meanwhile; its spec and metadata are as its owner left them.
+    assert after.metadata.generation == theirs.metadata.generation
+    assert after.metadata.owner_references is None and after.metadata.labels == labels
+    assert after.spec.template.spec.containers[0].image == "their/app:1"

@@ -228,7 +228,14 @@ def test_a_replay_brings_a_dead_letter_back(
         lambda: [e.message for e in stage_events(kube_api, ns, "router") if e.reason == "DlqReplayed"],
         "a DlqReplayed Event",
     )
-    assert replayed == ["moved 1 DLQ entries back to the input (requested 1)"]
+    # The replay is a repair: recorded in the stage's audit stream, which the Event names.
+    audit = StageKeys.for_stage("router").audit
+    [message] = replayed
+    assert message.startswith("moved 1 DLQ entries back to the input (requested 1) by phoenix-operator@")
+    assert message.endswith(f", recorded in {audit}")
+    [(_, entry)] = connection.xrange(audit)
+    assert (entry["action"], entry["count"]) == ("dlq-replay", "1")
+    assert entry["actor"].startswith("phoenix-operator@") and f" by {entry['actor']}, " in message
     stage = get_stage(kube_cluster, ns, "router")
     assert REPLAY_ANNOTATION not in stage["metadata"].get("annotations", {})
     assert "replayRequest" not in stage["status"]

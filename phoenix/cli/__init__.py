@@ -8,6 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
@@ -15,10 +16,14 @@ from phoenix.cli import records, status
 from phoenix.cli.stage import add_redis_argument, confirm, fail
 from phoenix.cli.stage import client as _client
 from phoenix.cli.status import stage_queues as _stage_queues
+from phoenix.keys import StageKeys
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
-from phoenix.worker_runtime import dlq
+from phoenix.worker_runtime import audit, dlq
 from phoenix.worker_runtime.redis_client import text_range
+
+# What a dry run lists of the entries it would move, at most.
+DRY_RUN_SHOWN = 20
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
@@ -43,12 +48,36 @@ async def _dlq_list(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _audit(client: Redis, service: str, action: str, count: int, detail: str) -> None:
+    stream = StageKeys.for_stage(service).audit
+    await audit.record(client, stream, audit.Repair(audit.person(), action, count, detail))
+
+
 async def _dlq_replay(args: argparse.Namespace) -> int:
     q = _stage_queues(args.service)
+    dlq_stream, input_stream = args.dlq or q.dlq, args.input or q.input
     limit = None if args.count == "all" else int(args.count)
     async with _client(args) as client:
-        moved = await dlq.replay(client, args.dlq or q.dlq, args.input or q.input, limit)
-    print(f"moved {moved} entries back to {args.input or q.input}")
+        length = await client.xlen(dlq_stream)
+        wanted = length if limit is None else min(limit, length)
+        what = f"{wanted} of the {length} entries of {dlq_stream} (oldest first) back to {input_stream}"
+        if args.dry_run:
+            for entry_id, fields in await text_range(client, dlq_stream, count=min(wanted, DRY_RUN_SHOWN)):
+                print(f"would move {entry_id} (record {fields.get('record_id', '?')}, {fields.get('error_type', '?')})")
+            if wanted > DRY_RUN_SHOWN:
+                print(f"... and {wanted - DRY_RUN_SHOWN} more")
+            print(f"would move {what}; nothing changed")
+            return 0
+        if not wanted:
+            print(f"nothing to replay: {dlq_stream} is empty")
+            return 0
+        if not confirm(f"Move {what}?", args.yes):
+            return 1
+        moved = await dlq.replay(client, dlq_stream, input_stream, limit)
+        await _audit(
+            client, args.service, "dlq-replay", moved, f"moved {moved} entries of {dlq_stream} back to {input_stream}"
+        )
+    print(f"moved {moved} entries back to {input_stream}")
     return 0
 
 
@@ -77,7 +106,7 @@ async def _dlq_purge(args: argparse.Namespace) -> int:
     dlq_stream = args.dlq or _stage_queues(args.service).dlq
     what = f"entries of {dlq_stream} up to {args.through}" if args.through else f"every entry of {dlq_stream}"
     if not confirm(f"Delete {what}?", args.yes):
-        return fail("nothing deleted")
+        return 1
     async with _client(args) as client:
         if args.through:
             deleted = await dlq.purge_through(client, dlq_stream, args.through)
@@ -87,6 +116,7 @@ async def _dlq_purge(args: argparse.Namespace) -> int:
             pipe.xlen(dlq_stream)
             pipe.delete(dlq_stream)
             deleted, _ = await pipe.execute()
+        await _audit(client, args.service, "dlq-purge", deleted, f"deleted {what}: {deleted} entries")
     print(f"deleted {deleted} entries from {dlq_stream}")
     return 0
 
@@ -116,11 +146,12 @@ def _parser() -> argparse.ArgumentParser:
     dl.add_argument("--dlq", help="explicit DLQ stream (default phoenix:{service}:dlq)")
     dl.add_argument("--count", type=int, default=20)
     dl.set_defaults(handler=_dlq_list)
-    dr = with_redis(dsub.add_parser("replay", help="move DLQ entries back into the input, atomically"))
+    dr = with_redis(dsub.add_parser("replay", help="move DLQ entries back into the input, atomically (asks first)"))
     dr.add_argument("--service", required=True)
     dr.add_argument("--dlq")
     dr.add_argument("--input")
     dr.add_argument("--count", default="all", help="N or all")
+    records.add_safety_arguments(dr)
     dr.set_defaults(handler=_dlq_replay)
     de = with_redis(dsub.add_parser("export", help="every DLQ entry as JSON lines, oldest first"))
     de.add_argument("--service", required=True)

@@ -2,9 +2,9 @@
 
 Installed as the `kubectl-phoenix` executable, which kubectl finds on the PATH. Every call uses the caller's own
 kubeconfig and permissions: status reads PhoenixStage status; restart and replay-dlq set the annotations the
-operator acts on; pause and resume set spec.paused; inspect reads the stage's Redis URL Secret with the caller's
-rights (a caller who may not read that Secret is told so, never helped by the operator's) and inspects the record
-with the stage's own names and timings.
+operator acts on (replay-dlq without a count asks first); pause and resume set spec.paused; inspect reads the
+stage's Redis URL Secret with the caller's rights (a caller who may not read that Secret is told so, never helped
+by the operator's) and inspects the record with the stage's own names and timings.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from urllib.parse import urlsplit, urlunsplit
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
-from phoenix.cli.records import format_report
-from phoenix.cli.stage import StageSettings, redis_client, settings_from
+from phoenix.cli.records import inspect_with_repairs, render_inspection
+from phoenix.cli.stage import StageSettings, confirm, redis_client, settings_from
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
 from phoenix.keys import StageKeys
@@ -32,7 +32,8 @@ from phoenix.operator.builders import resolve_streams, worker_env
 from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import MERGE_PATCH, KubeApi
-from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, inspect_record
+from phoenix.worker_runtime import audit
+from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport
 
 Json = dict[str, Any]
 _WAIT_POLL_SECONDS = 0.5
@@ -153,16 +154,23 @@ def cmd_restart(stages: Stages, args: argparse.Namespace) -> int:
 
 
 def cmd_replay(stages: Stages, args: argparse.Namespace) -> int:
+    ns = _namespace(args)
+    status = stages.get(ns, args.stage).get("status") or {}
+    count = args.count
+    if count is None:
+        # Every entry is a lot to send back by leaving out a word: asked first, as `phoenix dlq replay` does.
+        length = (status.get("queue") or {}).get("dlqLength")
+        known = "" if length is None else f" ({length} at the last status refresh)"
+        if not confirm(f"Replay every DLQ entry of {ns}/{args.stage}{known}?", args.yes):
+            return 1
+        count = "all"
     try:
-        parse_replay_count(args.count)
+        parse_replay_count(count)
     except ReplayRequestError as exc:
         raise PluginError(str(exc)) from None
-    ns = _namespace(args)
-    before = (stages.get(ns, args.stage).get("status") or {}).get("lastReplay")
-    stages.patch(ns, args.stage, {"metadata": {"annotations": {REPLAY_ANNOTATION: args.count}}})
-    print(
-        f"asked the operator to replay {args.count} DLQ entries of {ns}/{args.stage} ({REPLAY_ANNOTATION}={args.count})"
-    )
+    before = status.get("lastReplay")
+    stages.patch(ns, args.stage, {"metadata": {"annotations": {REPLAY_ANNOTATION: count}}})
+    print(f"asked the operator to replay {count} DLQ entries of {ns}/{args.stage} ({REPLAY_ANNOTATION}={count})")
     if args.wait:
         last = stages.wait_for(
             ns, args.stage, lambda st: st.get("lastReplay") != before and st.get("lastReplay"), args.timeout
@@ -195,8 +203,7 @@ def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
     url = asyncio.run(_redis_url(stages.api, ns, spec.redis.url_secret_ref))
     if args.redis_host:
         url = _with_host(url, args.redis_host)
-    report = asyncio.run(_inspect(url, settings, args.record_id, args.scan))
-    print(json.dumps(report.as_dict()) if args.json else "\n".join(format_report(report)))
+    print(render_inspection(*asyncio.run(_inspect(url, settings, args.record_id, args.scan)), args.json))
     return 0
 
 
@@ -217,9 +224,11 @@ async def _redis_url(api: client.ApiClient, namespace: str, ref: SecretKeyRef) -
         await kube.aclose()
 
 
-async def _inspect(url: str, settings: StageSettings, record_id: str, scan: int) -> RecordReport:
+async def _inspect(
+    url: str, settings: StageSettings, record_id: str, scan: int
+) -> tuple[RecordReport, list[audit.Repair]]:
     async with redis_client(url) as redis:
-        return await inspect_record(redis, settings, record_id, scan)
+        return await inspect_with_repairs(redis, settings, record_id, scan)
 
 
 def _with_host(url: str, host_port: str) -> str:
@@ -258,7 +267,8 @@ def _parser() -> argparse.ArgumentParser:
         c = add(name, text)
         c.add_argument("stage")
         if name == "replay-dlq":
-            c.add_argument("count", nargs="?", default="all", help="N oldest entries, or all (default)")
+            c.add_argument("count", nargs="?", help="N oldest entries, or all; left out: all, after a question")
+            c.add_argument("--yes", action="store_true", help="replay all without asking when no count is given")
         if name in ("restart", "replay-dlq"):
             c.add_argument("--wait", action="store_true", help="wait until the operator reports it done")
             c.add_argument("--timeout", type=float, default=120, help="seconds to wait")

@@ -1,14 +1,18 @@
-"""One record at a time: `phoenix inspect`, and the runbook's fixes `unlock`, `reclaim` and `reprocess`."""
+"""One record at a time: `phoenix inspect`, the runbook's fixes `unlock`, `reclaim` and `reprocess` (each with
+`--dry-run`, and a question unless `--yes` where it acts on what may still be alive), and `phoenix audit`, the
+stage's record of every such repair."""
 
 from __future__ import annotations
 
 import argparse
 import json
 
-from phoenix.cli.stage import add_stage_arguments, client, confirm, fail, stage_settings
-from phoenix.worker_runtime import repair
+import redis.asyncio as aioredis
+
+from phoenix.cli.stage import StageSettings, add_stage_arguments, client, confirm, fail, stage_settings
+from phoenix.worker_runtime import audit, repair
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, duration, inspect_record
-from phoenix.worker_runtime.repair import ReprocessError, UnlockStatus
+from phoenix.worker_runtime.repair import Reclaimed, ReprocessError, UnlockResult, UnlockStatus
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -24,20 +28,39 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         sub.add_parser("unlock", help="release a record's stale lock (refused while its holder is alive)"), timings=True
     )
     u.add_argument("record_id")
-    u.add_argument("--force", action="store_true", help="release even though the holder looks alive")
+    u.add_argument("--force", action="store_true", help="release even though the holder looks alive (asks first)")
+    add_safety_arguments(u)
     u.set_defaults(handler=unlock)
 
     r = add_stage_arguments(
-        sub.add_parser("reclaim", help="re-enqueue entries idle on dead consumers now"), timings=True
+        sub.add_parser("reclaim", help="re-enqueue entries idle on dead consumers now (asks first)"), timings=True
     )
     r.add_argument("--idle-ms", type=int, help="minimum idle time of an entry (default: CLAIM_IDLE_MS)")
+    add_safety_arguments(r)
     r.set_defaults(handler=reclaim)
 
     p = add_stage_arguments(sub.add_parser("reprocess", help="clear a record's marker and enqueue it again"))
     p.add_argument("record_id")
-    p.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    add_safety_arguments(p)
     p.add_argument("--scan", type=int, default=DEFAULT_SCAN_LIMIT, help="newest entries of each stream to search")
     p.set_defaults(handler=reprocess)
+
+    a = add_stage_arguments(sub.add_parser("audit", help="the stage's repairs: who did what, how many, when"))
+    a.add_argument("--count", type=int, default=audit.DEFAULT_SHOWN, help="the newest N (default %(default)s)")
+    a.add_argument("--json", action="store_true", help="one JSON object per line")
+    a.set_defaults(handler=show_audit)
+
+
+def add_safety_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dry-run", action="store_true", help="print what would be done, change nothing")
+    parser.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+
+
+async def record_repair(
+    redis: aioredis.Redis, settings: StageSettings, action: str, count: int, detail: str, record_id: str = ""
+) -> None:
+    """Note a repair done by the person running this command in the stage's audit stream."""
+    await audit.record(redis, settings.keys.audit, audit.Repair(audit.person(), action, count, detail, record_id))
 
 
 def format_report(r: RecordReport) -> list[str]:
@@ -85,58 +108,131 @@ def format_report(r: RecordReport) -> list[str]:
     return lines
 
 
+def format_repairs(repairs: list[audit.Repair]) -> list[str]:
+    """The audit entries about a record, below its report (none: no lines)."""
+    return ["repairs:", *(f"  {audit.format_repair(r)}" for r in repairs)] if repairs else []
+
+
+async def inspect_with_repairs(
+    redis: aioredis.Redis, settings: StageSettings, record_id: str, scan: int
+) -> tuple[RecordReport, list[audit.Repair]]:
+    """The record's report and the repairs that named it (from the stage's audit stream)."""
+    report = await inspect_record(redis, settings, record_id, scan)
+    return report, await audit.of_record(redis, settings.keys.audit, record_id, audit.AUDIT_MAXLEN)
+
+
+def render_inspection(report: RecordReport, repairs: list[audit.Repair], as_json: bool) -> str:
+    if as_json:
+        return json.dumps({**report.as_dict(), "repairs": [r.as_dict() for r in repairs]})
+    return "\n".join([*format_report(report), *format_repairs(repairs)])
+
+
 async def inspect(args: argparse.Namespace) -> int:
     async with client(args) as redis:
-        report = await inspect_record(redis, stage_settings(args), args.record_id, args.scan)
-    print(json.dumps(report.as_dict()) if args.json else "\n".join(format_report(report)))
+        found = await inspect_with_repairs(redis, stage_settings(args), args.record_id, args.scan)
+    print(render_inspection(*found, args.json))
     return 0
 
 
-async def unlock(args: argparse.Namespace) -> int:
+async def show_audit(args: argparse.Namespace) -> int:
+    settings = stage_settings(args)
     async with client(args) as redis:
-        result = await repair.unlock(redis, stage_settings(args), args.record_id, force=args.force)
+        repairs = await audit.recent(redis, settings.keys.audit, args.count)
+    if args.json:
+        for r in repairs:
+            print(json.dumps(r.as_dict()))
+    elif not repairs:
+        print(f"no repairs recorded in {settings.keys.audit}")
+    else:
+        print("\n".join(audit.format_repair(r) for r in repairs))
+    return 0
+
+
+def _holder(result: UnlockResult) -> str:
     idle = (
         "is not in the consumer group"
         if result.holder_idle_seconds is None
-        else (f"idle {duration(result.holder_idle_seconds)}")
+        else f"idle {duration(result.holder_idle_seconds)}"
     )
+    return f"{result.holder} ({idle})"
+
+
+async def unlock(args: argparse.Namespace) -> int:
+    settings = stage_settings(args)
+    async with client(args) as redis:
+        preview = await repair.unlock_preview(redis, settings, args.record_id)
+        if preview.status is UnlockStatus.NOT_LOCKED:
+            print(f"{preview.key} is not locked: nothing to release")
+            return 0
+        alive = preview.status is UnlockStatus.HOLDER_ALIVE
+        if args.dry_run:
+            if alive and not args.force:
+                print(f"would refuse: {preview.key} is held by {_holder(preview)}, which is alive; nothing changed")
+            else:
+                print(f"would release {preview.key} held by {_holder(preview)}; nothing changed")
+            return 0
+        # Without --force a live holder's lock is refused by the script itself: only a forced release asks.
+        if args.force and not confirm(f"Release {preview.key} held by {_holder(preview)}?", args.yes):
+            return 1
+        result = await repair.unlock(redis, settings, args.record_id, force=args.force)
+        if result.status is UnlockStatus.RELEASED:
+            forced = ", forced" if args.force else ""
+            detail = f"released {result.key} held by {_holder(result)}{forced}"
+            await record_repair(redis, settings, "unlock", 1, detail, args.record_id)
     if result.status is UnlockStatus.NOT_LOCKED:
         print(f"{result.key} is not locked: nothing to release")
         return 0
     if result.status is UnlockStatus.CHANGED:
         return fail(f"{result.key} changed while checking (released or taken again): nothing released; look again")
     if result.status is UnlockStatus.HOLDER_ALIVE:
-        return fail(
-            f"refused: {result.key} is held by {result.holder}, which is alive ({idle}); "
-            "pass --force to release it anyway"
-        )
-    print(f"released {result.key} held by {result.holder} ({idle})")
+        return fail(f"refused: {result.key} is held by {_holder(result)}, which is alive; pass --force to release it")
+    print(f"released {result.key} held by {_holder(result)}")
     return 0
+
+
+def _reclaim_line(r: Reclaimed, settings: StageSettings, planned: bool) -> str:
+    where = (
+        f"{r.entry_id} (record {r.record_id or '?'}, {r.consumer}, idle {duration(r.idle_seconds)}, "
+        f"{r.deliveries} deliveries)"
+    )
+    would = "would " if planned else ""
+    if r.status == "moved":
+        lock = f"; {'release' if planned else 'released'} its lock" if r.lock_released else ""
+        as_new = "" if planned else f" as {r.new_entry_id}"
+        return f"{would}{'re-enqueue' if planned else 're-enqueued'} {where}{as_new}{lock}"
+    if r.status == "poison":
+        leave = "would leave" if planned else "left"
+        return f"{leave} {where}: the next worker reclaim dead-letters it (MAX_DELIVERIES={settings.max_deliveries})"
+    if r.status == "wide":
+        leave = "would leave" if planned else "left"
+        return f"{leave} {where}: too wide to copy; the next worker reclaim dead-letters it (MAX_ENTRY_FIELDS)"
+    if r.status == "trimmed":
+        return f"acknowledged {where}: it was trimmed from the stream, nothing left to process"
+    return f"left {where}: a worker touched it meanwhile"
 
 
 async def reclaim(args: argparse.Namespace) -> int:
     settings = stage_settings(args)
     async with client(args) as redis:
-        done = await repair.reclaim(redis, settings, args.idle_ms)
+        plan = await repair.plan_reclaim(redis, settings, args.idle_ms)
+        where = f"idle over {plan.min_idle_ms} ms in {settings.input_queue}"
+        if args.dry_run:
+            for r in plan.entries:
+                print(_reclaim_line(r, settings, planned=True))
+            print(f"would reclaim {plan.movable} of {len(plan.entries)} entries {where}; nothing changed")
+            return 0
+        if not plan.movable:
+            print(f"nothing to reclaim: none of the {len(plan.entries)} entries {where} can be re-enqueued")
+            return 0
+        if not confirm(f"Re-enqueue {plan.movable} entries {where}?", args.yes):
+            return 1
+        done = await repair.reclaim(redis, settings, plan)
+        moved = sum(r.status == "moved" for r in done)
+        if moved:
+            await record_repair(redis, settings, "reclaim", moved, f"re-enqueued {moved} entries {where}")
     for r in done:
-        where = (
-            f"{r.entry_id} (record {r.record_id or '?'}, {r.consumer}, idle {duration(r.idle_seconds)}, "
-            f"{r.deliveries} deliveries)"
-        )
-        if r.status == "moved":
-            lock = "; released its lock" if r.lock_released else ""
-            print(f"re-enqueued {where} as {r.new_entry_id}{lock}")
-        elif r.status == "poison":
-            print(f"left {where}: the next worker reclaim dead-letters it (MAX_DELIVERIES={settings.max_deliveries})")
-        elif r.status == "wide":
-            print(f"left {where}: too wide to copy; the next worker reclaim dead-letters it (MAX_ENTRY_FIELDS)")
-        elif r.status == "trimmed":
-            print(f"acknowledged {where}: it was trimmed from the stream, nothing left to process")
-        else:
-            print(f"left {where}: a worker touched it meanwhile")
-    moved = sum(r.status == "moved" for r in done)
-    idle_ms = settings.claim_idle_ms if args.idle_ms is None else args.idle_ms
-    print(f"reclaimed {moved} of {len(done)} entries idle over {idle_ms} ms in {settings.input_queue}")
+        print(_reclaim_line(r, settings, planned=False))
+    print(f"reclaimed {moved} of {len(done)} entries {where}")
     return 0
 
 
@@ -147,18 +243,21 @@ async def reprocess(args: argparse.Namespace) -> int:
             plan = await repair.plan_reprocess(redis, settings, args.record_id, args.scan)
             marker = f"delete {plan.record_key} (committed by {plan.committed_by}) and " if plan.committed_by else ""
             take = " and remove it from the DLQ" if plan.source == "dlq" else ""
-            question = (
-                f"Reprocess {args.record_id}: {marker}add a copy of {plan.source} entry "
-                f"{plan.source_entry_id} to {settings.input_queue}{take}?"
-            )
+            what = f"{marker}add a copy of {plan.source} entry {plan.source_entry_id} to {settings.input_queue}{take}"
+            if args.dry_run:
+                print(f"would reprocess {args.record_id}: {what}; nothing changed")
+                return 0
+            question = f"Reprocess {args.record_id}: {what}?"
             if not confirm(question, args.yes):
-                return fail("nothing changed")
+                return 1
             new_id, marker_deleted = await repair.reprocess(redis, settings, plan)
         except ReprocessError as exc:
             return fail(str(exc))
-    cleared = f"deleted {plan.record_key}; " if marker_deleted else ""
-    print(
-        f"{cleared}enqueued {args.record_id} as {new_id} in {settings.input_queue} (from {plan.source} entry "
-        f"{plan.source_entry_id})"
-    )
+        cleared = f"deleted {plan.record_key}; " if marker_deleted else ""
+        done = (
+            f"{cleared}enqueued {args.record_id} as {new_id} in {settings.input_queue} (from {plan.source} entry "
+            f"{plan.source_entry_id})"
+        )
+        await record_repair(redis, settings, "reprocess", 1, done, args.record_id)
+    print(done)
     return 0

@@ -80,13 +80,17 @@ def client(args: argparse.Namespace) -> aioredis.Redis:
 
 
 def confirm(question: str, assume_yes: bool) -> bool:
-    """Ask on the terminal; without one, only --yes confirms (a script must say so explicitly)."""
+    """Ask on the terminal; without one, only --yes confirms (a script must say so explicitly). A refusal is told
+    on one line, and means nothing was changed."""
     if assume_yes:
         return True
     if not sys.stdin.isatty():
-        print(f"{question} [y/N] refused: not a terminal; pass --yes to confirm", file=sys.stderr)
+        print(f"{question} [y/N] refused: not a terminal; pass --yes to confirm (nothing changed)", file=sys.stderr)
         return False
-    return input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    if input(f"{question} [y/N] ").strip().lower() in ("y", "yes"):
+        return True
+    print("nothing changed", file=sys.stderr)
+    return False
 
 
 def fail(message: str) -> int:

@@ -3,11 +3,13 @@
 `phoenix.io/restart: <any new value>` rolls the workers; `phoenix.io/replay-dlq: <N|all>` moves DLQ entries
 back to the input. Bookkeeping lives in status fields beside the schema's own (status keeps unknown fields):
 `handledRestart` is the restart value already acted on; `replayRequest` is a replay being carried out.
-The converger (converge.py) runs them: restart_workers and replay_dlq at the end of this module.
+The converger (converge.py) runs them: restart_workers and replay_dlq at the end of this module. A replay is a
+repair: it goes into the stage's audit stream (worker_runtime/audit.py) and its Event says so.
 """
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -28,6 +30,9 @@ from phoenix.operator.redis_ops import replay_once
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.status.registry import StageRecord
 from phoenix.operator.status.writer import StatusWriter
+from phoenix.worker_runtime import audit
+
+logger = logging.getLogger(__name__)
 
 # Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
 RESTART, REPLAY = "restart", "replay"
@@ -180,9 +185,16 @@ async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[st
             last = await replay(ctx.kube, ctx.pool, ctx.writer, record, body)
         except (RedisError, OSError) as exc:
             raise StageError("RedisUnavailable", f"DLQ replay: {scrub(str(exc), record.redis_url)}") from None
-    if last is not None:
-        await ctx.events.normal(
-            record,
-            "DlqReplayed",
-            f"moved {last['moved']} DLQ entries back to the input (requested {last['requested']})",
-        )
+    if last is None:
+        return
+    detail = f"moved {last['moved']} DLQ entries back to the input (requested {last['requested']})"
+    actor, told = audit.operator_actor(), ""
+    if record.streams is not None and record.redis_url is not None:  # always, once a replay has run
+        repair = audit.Repair(actor, "dlq-replay", last["moved"], f"{detail}, asked by {REPLAY_ANNOTATION}")
+        try:
+            await audit.record(ctx.pool.client(record.redis_url), record.streams.audit, repair)
+            told = f", recorded in {record.streams.audit}"
+        except (RedisError, OSError) as exc:
+            # The entries have moved: a missing audit line must not make the operator move them again.
+            logger.warning("could not audit the DLQ replay of %s/%s: %s", record.namespace, record.name, exc)
+    await ctx.events.normal(record, "DlqReplayed", f"{detail} by {actor}{told}")

@@ -1,5 +1,9 @@
 """The Kubernetes children of a stage: its worker Deployment and KEDA objects, created or patched where they
-differ from the spec (the objects themselves come from the pure builders)."""
+differ from the spec (the objects themselves come from the pure builders).
+
+An existing object of a child's name is touched only when its owner references name this stage's uid: one
+created by hand, by another controller or for an earlier stage of the same name is left as it is (NotOwned), and
+the stage says so in a condition and a Warning Event."""
 
 from __future__ import annotations
 
@@ -21,9 +25,10 @@ from phoenix.operator.builders import (
     trigger_authentication_name,
 )
 from phoenix.operator.drift import describe, differences
+from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.status.conditions import new_condition
-from phoenix.operator.status.readiness import KEDA_NOT_INSTALLED
+from phoenix.operator.status.readiness import CHILD_NOT_OWNED, KEDA_NOT_INSTALLED
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,25 @@ class Action:
 
     reason: str
     message: str
+
+
+class NotOwned(StageError):
+    """An object of a child's name exists and is not this stage's: the operator neither patches nor deletes it."""
+
+
+def check_owned(owner: Owner, existing: Mapping[str, Any]) -> None:
+    """Raise NotOwned unless `existing` names the stage (by uid) among its owner references."""
+    meta = existing.get("metadata") or {}
+    references = meta.get("ownerReferences") or []
+    if any(ref.get("uid") == owner.uid for ref in references):
+        return
+    kind, name = existing.get("kind", "object"), meta.get("name", "")
+    owners = ", ".join(f"{ref.get('kind')} {ref.get('name')} (uid {ref.get('uid')})" for ref in references)
+    raise NotOwned(
+        CHILD_NOT_OWNED,
+        f"{kind} {name} exists and is not owned by this PhoenixStage (owners: {owners or 'none'}): the operator "
+        f"leaves it untouched; delete or rename it to let the operator manage {kind} {name}",
+    )
 
 
 def deployment_replicas(spec: PhoenixStageSpec, current: int | None, keda_scales: bool) -> int:
@@ -69,6 +93,7 @@ async def apply_deployment(
         del watched["spec"]["replicas"]
     if existing is None:
         return await kube.create_deployment(desired), [_changed("Deployment", owner.name, None, [])], watched
+    check_owned(owner, existing)
     paths = differences(desired, existing)
     if not paths:
         return existing, [], watched
@@ -77,17 +102,19 @@ async def apply_deployment(
     return patched, [_changed("Deployment", owner.name, existing, paths)], watched
 
 
-async def apply_keda_object(kube: KubeApi, wanted: dict[str, Any]) -> list[Action]:
-    """Create the KEDA object or merge-patch it where it differs from `wanted`."""
+async def apply_keda_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]) -> list[Action]:
+    """Create the KEDA object or merge-patch it where it differs from `wanted`; NotOwned when it is another's."""
     kind, meta = wanted["kind"], wanted["metadata"]
     existing = await kube.get_keda_object(kind, meta["namespace"], meta["name"])
     if existing is None:
         await kube.create_keda_object({**wanted, "metadata": _present(meta)})
         return [_changed(kind, meta["name"], None, [])]
+    check_owned(owner, existing)
     paths = differences(wanted, existing)
     if not paths:
         return []
-    await kube.patch_keda_object(wanted)
+    # The uid in the patch makes the API server refuse it if the object was replaced since it was read.
+    await kube.patch_keda_object({**wanted, "metadata": {**meta, "uid": existing["metadata"]["uid"]}})
     return [_changed(kind, meta["name"], existing, paths)]
 
 
@@ -103,50 +130,47 @@ async def apply_autoscaling(
     kube: KubeApi, owner: Owner, stage: PhoenixStage, url: str
 ) -> tuple[Condition, list[Action], dict[str, dict[str, Any]]]:
     """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
-    the actions taken and the wanted form of each KEDA object by kind."""
+    the actions taken and the wanted form of each KEDA object by kind (none for an object the stage does not own:
+    its watch events are not the stage's drift)."""
     spec, generation = stage.spec, stage.metadata.generation
+
+    def unscaled(reason: str, message: str) -> Condition:
+        return new_condition(
+            ConditionType.AUTOSCALING_READY,
+            False,
+            reason,
+            f"{message}; the stage runs at replicas.min ({spec.replicas.min})",
+            observed_generation=generation,
+        )
+
     if not await kube.keda_installed():
-        return (
-            new_condition(
-                ConditionType.AUTOSCALING_READY,
-                False,
-                KEDA_NOT_INSTALLED,
-                "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale; the stage "
-                f"runs at replicas.min ({spec.replicas.min})",
-                observed_generation=generation,
-            ),
-            [],
-            {},
-        )
-    if not spec.autoscaling.enabled:
-        return (
-            new_condition(
-                ConditionType.AUTOSCALING_READY,
-                False,
-                "AutoscalingDisabled",
-                f"autoscaling.enabled is false: the stage runs at replicas.min ({spec.replicas.min})",
-                observed_generation=generation,
-            ),
-            await _remove_autoscaling(kube, owner),
-            {},
-        )
-    try:
-        scaled_object = build_scaled_object(owner, spec, redis_connection(url))
-    except AutoscalingConfigError as exc:
-        condition = new_condition(
-            ConditionType.AUTOSCALING_READY, False, "InvalidAutoscaling", str(exc), observed_generation=generation
-        )
-        return condition, await _remove_autoscaling(kube, owner), {}
-    wanted = {"ScaledObject": scaled_object_patch(scaled_object)}
+        message = "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale"
+        return unscaled(KEDA_NOT_INSTALLED, message), [], {}
     actions: list[Action] = []
-    authentication = build_trigger_authentication(owner, spec)
-    if authentication is None:
-        name = trigger_authentication_name(owner.name)
-        actions += await _delete_keda_object(kube, "TriggerAuthentication", owner, name)
-    else:
-        wanted["TriggerAuthentication"] = authentication
-        actions += await apply_keda_object(kube, authentication)
-    actions += await apply_keda_object(kube, wanted["ScaledObject"])
+    wanted: dict[str, dict[str, Any]] = {}
+    try:
+        if not spec.autoscaling.enabled:
+            actions += await _remove_autoscaling(kube, owner)
+            return unscaled("AutoscalingDisabled", "autoscaling.enabled is false"), actions, {}
+        try:
+            scaled_object = build_scaled_object(owner, spec, redis_connection(url))
+        except AutoscalingConfigError as exc:
+            actions += await _remove_autoscaling(kube, owner)
+            condition = new_condition(
+                ConditionType.AUTOSCALING_READY, False, "InvalidAutoscaling", str(exc), observed_generation=generation
+            )
+            return condition, actions, {}
+        authentication = build_trigger_authentication(owner, spec)
+        if authentication is None:
+            name = trigger_authentication_name(owner.name)
+            actions += await _delete_keda_object(kube, "TriggerAuthentication", owner, name)
+        else:
+            actions += await apply_keda_object(kube, owner, authentication)
+            wanted["TriggerAuthentication"] = authentication
+        wanted["ScaledObject"] = scaled_object_patch(scaled_object)
+        actions += await apply_keda_object(kube, owner, wanted["ScaledObject"])
+    except NotOwned as error:
+        return unscaled(error.reason, error.message), actions, {}
     state = "paused at 0 replicas" if spec.paused else f"{spec.replicas.min}..{spec.replicas.max} replicas"
     condition = new_condition(
         ConditionType.AUTOSCALING_READY,
@@ -159,7 +183,12 @@ async def apply_autoscaling(
 
 
 async def _delete_keda_object(kube: KubeApi, kind: str, owner: Owner, name: str) -> list[Action]:
-    if await kube.delete_keda_object(kind, owner.namespace, name):
+    """Delete the stage's own KEDA object of that name; NotOwned when it is another's."""
+    existing = await kube.get_keda_object(kind, owner.namespace, name)
+    if existing is None:
+        return []
+    check_owned(owner, existing)
+    if await kube.delete_keda_object(kind, owner.namespace, name, existing["metadata"]["uid"]):
         return [Action(f"{kind}Deleted", f"deleted {kind} {name}")]
     return []
 

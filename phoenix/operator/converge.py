@@ -1,7 +1,8 @@
 """The converger: one background loop that does each stage's pending work outside kopf's handlers.
 
 Work comes from the stage's own object (a restart or replay asked for by annotation), from drift noticed in its
-children's watch events or in Redis by the status refresh, and from a stage waiting for KEDA to be installed.
+children's watch events or in Redis by the status refresh, and from a stage waiting for KEDA to be installed
+(or for a KEDA object of its name that it does not own to go).
 kopf timers would do the same but add a finalizer to every stage they apply to, so a stage could not be deleted
 while the operator is down; this loop needs none. At most one piece of work runs per stage at a time; a failure
 waits with backoff (reconcile.backoff) before that stage's next attempt, and its Warning is posted once per cause.
@@ -20,13 +21,14 @@ from phoenix.operator import actions, reconcile
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError
 from phoenix.operator.metrics import record_drift_repair
-from phoenix.operator.status.readiness import waits_for_keda
+from phoenix.operator.status.readiness import autoscaling_rechecked
 from phoenix.operator.status.registry import StageRecord
 
 logger = logging.getLogger(__name__)
 # How often the loop looks for due work when nothing wakes it (a pending request, a backoff that ended).
 TICK_SECONDS = 1.0
-# How often a stage running without KEDA looks again whether KEDA has been installed meanwhile.
+# How often a stage running without KEDA looks again whether KEDA has been installed (or a foreign KEDA object of
+# its name removed) meanwhile.
 KEDA_RECHECK_SECONDS = 30.0
 
 Work = Callable[[OperatorContext, StageRecord, Mapping[str, Any]], Awaitable[None]]
@@ -47,7 +49,7 @@ def due_work(record: StageRecord, view: Mapping[str, Any], now: float) -> str | 
         return "restart"
     if actions.has_replay_work(view):
         return "replay"
-    if waits_for_keda(view) and now - record.keda_checked_at >= KEDA_RECHECK_SECONDS:
+    if autoscaling_rechecked(view) and now - record.keda_checked_at >= KEDA_RECHECK_SECONDS:
         return "keda"
     return None
 

@@ -10,6 +10,15 @@ import kopf
 
 from phoenix.operator.constants import FINALIZER, PREFIX
 
+# kopf's own API requests (patches of its progress annotations, finalizers): seconds until one is given up and
+# retried, instead of kopf's 300.
+REQUEST_TIMEOUT_SECONDS = 60.0
+CONNECT_TIMEOUT_SECONDS = 10.0
+# Watches: the API server ends each after this long (kopf then watches again from the last version), and kopf
+# gives up on one that has not ended a little later, so a connection that went silent is noticed.
+WATCH_SERVER_TIMEOUT_SECONDS = 300
+WATCH_CLIENT_TIMEOUT_SECONDS = WATCH_SERVER_TIMEOUT_SECONDS + 30
+
 
 def configure(settings: kopf.OperatorSettings, children: Iterable[tuple[str, str]], managed: str) -> None:
     """`children`: (group, plural) of the kinds the operator creates, watched only where labelled `managed`."""
@@ -24,6 +33,11 @@ def configure(settings: kopf.OperatorSettings, children: Iterable[tuple[str, str
     # The operator posts its own Events (events.py): one Normal per action, one Warning per cause. kopf's would
     # add one per retry and per handler run.
     settings.posting.enabled = False
+    settings.networking.request_timeout = REQUEST_TIMEOUT_SECONDS
+    settings.networking.connect_timeout = CONNECT_TIMEOUT_SECONDS
+    settings.watching.server_timeout = WATCH_SERVER_TIMEOUT_SECONDS
+    settings.watching.client_timeout = WATCH_CLIENT_TIMEOUT_SECONDS
+    settings.watching.connect_timeout = CONNECT_TIMEOUT_SECONDS
     # Children are watched for drift: ask the API server for the operator's own only (a label selector on the
     # watch), not for every Deployment of the cluster.
     for child in children:

@@ -3,6 +3,9 @@
 Calls run in threads (asyncio.to_thread) and return plain dicts read straight from the JSON: deserializing
 into the client's model classes costs more than the request itself when a cycle lists hundreds of objects.
 Status merge patches, hundreds per refresh cycle, go through StatusPatcher's aiohttp session instead.
+
+Every call has a request timeout: the official client has none by default, so an API server that accepts a
+connection and never answers would hold a reconcile (and its stage's lock) forever, and fill the thread pool.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.util.retry import Retry
 
 from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
 from phoenix.operator.builders.keda import KEDA_API_VERSION
@@ -34,8 +38,11 @@ MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 KEDA_CHECK_TTL_SECONDS = 10.0
 # The API server refuses longer Event messages.
 EVENT_MESSAGE_LIMIT = 1024
+# (connect, read) seconds per call: a list of every managed Deployment of a big cluster stays well inside.
+REQUEST_TIMEOUT_SECONDS = (10.0, 30.0)
 
 Json = dict[str, Any]
+Timeout = float | tuple[float, float]
 
 
 def _annotation_path(key: str) -> str:
@@ -52,30 +59,20 @@ def load_client(threads: int) -> client.ApiClient:
         config.load_kube_config(client_configuration=configuration)
     # One pooled connection per API thread: a smaller pool makes busy threads open (TLS-handshake) new ones.
     configuration.connection_pool_maxsize = threads
+    # A refused connection is tried again; a request that timed out is not (urllib3 would retry a read three
+    # times, making every timeout four): the caller's own retry and backoff take over.
+    configuration.retries = Retry(total=2, read=0)
     return client.ApiClient(configuration)
 
 
-async def _json(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
-    response = await asyncio.to_thread(call, *args, _preload_content=False, **kwargs)
+async def _json(timeout: Timeout, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json:
+    response = await asyncio.to_thread(call, *args, _preload_content=False, _request_timeout=timeout, **kwargs)
     return json.loads(response.data) if response.data else {}
 
 
-async def _patch_unless(
-    statuses: tuple[int, ...], call: Callable[..., Any], namespace: str, name: str, body: Any, content_type: str
-) -> bool:
-    """Patch a PhoenixStage; False instead of an error when the API server answers one of `statuses`."""
+async def _json_or_none(timeout: Timeout, call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json | None:
     try:
-        await _json(call, GROUP, VERSION, namespace, PLURAL, name, body, _content_type=content_type)
-    except ApiException as exc:
-        if exc.status in statuses:
-            return False
-        raise
-    return True
-
-
-async def _json_or_none(call: Callable[..., Any], *args: Any, **kwargs: Any) -> Json | None:
-    try:
-        return await _json(call, *args, **kwargs)
+        return await _json(timeout, call, *args, **kwargs)
     except ApiException as exc:
         if exc.status == 404:
             return None
@@ -83,7 +80,8 @@ async def _json_or_none(call: Callable[..., Any], *args: Any, **kwargs: Any) -> 
 
 
 class KubeApi:
-    def __init__(self, api_client: client.ApiClient) -> None:
+    def __init__(self, api_client: client.ApiClient, request_timeout: Timeout = REQUEST_TIMEOUT_SECONDS) -> None:
+        self._timeout = request_timeout
         self._status = StatusPatcher(api_client.configuration)
         self._core = client.CoreV1Api(api_client)
         self._apps = client.AppsV1Api(api_client)
@@ -94,9 +92,21 @@ class KubeApi:
     async def aclose(self) -> None:
         await self._status.aclose()
 
+    async def _patch_unless(
+        self, statuses: tuple[int, ...], call: Callable[..., Any], namespace: str, name: str, body: Any, content: str
+    ) -> bool:
+        """Patch a PhoenixStage; False instead of an error when the API server answers one of `statuses`."""
+        try:
+            await _json(self._timeout, call, GROUP, VERSION, namespace, PLURAL, name, body, _content_type=content)
+        except ApiException as exc:
+            if exc.status in statuses:
+                return False
+            raise
+        return True
+
     async def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
         """The decoded value of one Secret key; a missing Secret or key is a StageError naming it (not its value)."""
-        secret = await _json_or_none(self._core.read_namespaced_secret, ref.name, namespace)
+        secret = await _json_or_none(self._timeout, self._core.read_namespaced_secret, ref.name, namespace)
         if secret is None:
             raise StageError("SecretNotFound", f"Secret {ref.name!r} does not exist in namespace {namespace!r}")
         data = secret.get("data") or {}
@@ -107,23 +117,30 @@ class KubeApi:
     # -- Deployments -----------------------------------------------------------------------------------------
 
     async def get_deployment(self, namespace: str, name: str) -> Json | None:
-        return await _json_or_none(self._apps.read_namespaced_deployment, name, namespace)
+        return await _json_or_none(self._timeout, self._apps.read_namespaced_deployment, name, namespace)
 
     async def create_deployment(self, body: Json) -> Json:
-        return await _json(self._apps.create_namespaced_deployment, body["metadata"]["namespace"], body)
+        return await _json(self._timeout, self._apps.create_namespaced_deployment, body["metadata"]["namespace"], body)
 
     async def patch_deployment(self, namespace: str, name: str, patch: Json) -> Json:
         # A JSON merge patch replaces lists whole, so an env var dropped from the spec disappears from the pods;
         # a strategic merge would keep it.
-        return await _json(self._apps.patch_namespaced_deployment, name, namespace, patch, _content_type=MERGE_PATCH)
+        return await _json(
+            self._timeout, self._apps.patch_namespaced_deployment, name, namespace, patch, _content_type=MERGE_PATCH
+        )
 
     async def managed_deployments(self, namespaces: tuple[str, ...]) -> list[Json]:
         """Every worker Deployment the operator manages: one list call per watched namespace (or the cluster)."""
         if not namespaces:
-            found = await _json(self._apps.list_deployment_for_all_namespaces, label_selector=MANAGED_SELECTOR)
+            found = await _json(
+                self._timeout, self._apps.list_deployment_for_all_namespaces, label_selector=MANAGED_SELECTOR
+            )
             return found.get("items", [])
         lists = await asyncio.gather(
-            *(_json(self._apps.list_namespaced_deployment, ns, label_selector=MANAGED_SELECTOR) for ns in namespaces)
+            *(
+                _json(self._timeout, self._apps.list_namespaced_deployment, ns, label_selector=MANAGED_SELECTOR)
+                for ns in namespaces
+            )
         )
         return [item for found in lists for item in found.get("items", [])]
 
@@ -133,7 +150,7 @@ class KubeApi:
         """Whether the API serves KEDA's ScaledObject and TriggerAuthentication (API discovery, cached briefly)."""
         if time.monotonic() - self._keda_checked_at < KEDA_CHECK_TTL_SECONDS:
             return self._keda_installed
-        found = await _json_or_none(self._custom.get_api_resources, KEDA_GROUP, KEDA_VERSION)
+        found = await _json_or_none(self._timeout, self._custom.get_api_resources, KEDA_GROUP, KEDA_VERSION)
         served = {resource["name"] for resource in (found or {}).get("resources", [])}
         self._keda_installed = set(KEDA_PLURALS.values()) <= served
         self._keda_checked_at = time.monotonic()
@@ -143,16 +160,19 @@ class KubeApi:
         return (KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURALS[kind])
 
     async def get_keda_object(self, kind: str, namespace: str, name: str) -> Json | None:
-        return await _json_or_none(self._custom.get_namespaced_custom_object, *self._keda_args(kind, namespace), name)
+        return await _json_or_none(
+            self._timeout, self._custom.get_namespaced_custom_object, *self._keda_args(kind, namespace), name
+        )
 
     async def create_keda_object(self, body: Json) -> Json:
         args = self._keda_args(body["kind"], body["metadata"]["namespace"])
-        return await _json(self._custom.create_namespaced_custom_object, *args, body)
+        return await _json(self._timeout, self._custom.create_namespaced_custom_object, *args, body)
 
     async def patch_keda_object(self, patch: Json) -> Json:
         """Merge-patch the object `patch` names (kind, metadata.namespace and metadata.name)."""
         meta = patch["metadata"]
         return await _json(
+            self._timeout,
             self._custom.patch_namespaced_custom_object,
             *self._keda_args(patch["kind"], meta["namespace"]),
             meta["name"],
@@ -160,11 +180,17 @@ class KubeApi:
             _content_type=MERGE_PATCH,
         )
 
-    async def delete_keda_object(self, kind: str, namespace: str, name: str) -> bool:
-        """True when it existed and was deleted."""
+    async def delete_keda_object(self, kind: str, namespace: str, name: str, uid: str) -> bool:
+        """True when it existed and was deleted; only the object of that uid (the one checked), never a newer one
+        created under the same name meanwhile (the API server answers 409 then)."""
+        preconditions = {"preconditions": {"uid": uid}}
         try:
-            await asyncio.to_thread(
-                self._custom.delete_namespaced_custom_object, *self._keda_args(kind, namespace), name
+            await _json(
+                self._timeout,
+                self._custom.delete_namespaced_custom_object,
+                *self._keda_args(kind, namespace),
+                name,
+                body=preconditions,
             )
         except ApiException as exc:
             if exc.status != 404:
@@ -209,7 +235,7 @@ class KubeApi:
             ops.append({"op": "add", "path": "/status", "value": {}})
         ops.append({"op": "add", "path": f"/status/{field}", "value": value})
         # 422: the test failed (the value changed or is gone); 404: the stage is gone.
-        return await _patch_unless(
+        return await self._patch_unless(
             (404, 422), self._custom.patch_namespaced_custom_object_status, namespace, name, ops, JSON_PATCH
         )
 
@@ -217,6 +243,6 @@ class KubeApi:
         """Remove annotation `key` only while it still holds `expected`: a newer request is left for later."""
         path = _annotation_path(key)
         ops = [{"op": "test", "path": path, "value": expected}, {"op": "remove", "path": path}]
-        return await _patch_unless(
+        return await self._patch_unless(
             (404, 422), self._custom.patch_namespaced_custom_object, namespace, name, ops, JSON_PATCH
         )

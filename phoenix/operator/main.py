@@ -7,11 +7,14 @@ import contextlib
 import functools
 import signal
 import sys
+import time
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import kopf
 from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError, MaxRetryError
 
 from phoenix.operator import (
     handlers,  # noqa: F401  (registers the kopf handlers)
@@ -28,16 +31,51 @@ from phoenix.worker_runtime.health import start_health_server
 API_THREADS = 32
 # What makes a --namespace value one of kopf's patterns (globs, negations, lists) rather than a name.
 NAMESPACE_PATTERN_CHARACTERS = set("*?[]!,")
+# /readyz asks the API server at most this often (probes of several replicas, Prometheus, a person's curl) and
+# waits at most this long: inside the probe's own timeout (manifests/operator/deployment.yaml: 2 s).
+READY_CHECK_SECONDS = 5.0
+READY_CHECK_TIMEOUT_SECONDS = 1.5
+
+
+class ApiReachability:
+    """Whether the Kubernetes API server answers this replica (GET /version), asked at most every
+    READY_CHECK_SECONDS: an operator that cannot reach it can neither act nor take over, so it is not ready."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self._version = client.VersionApi(api_client)
+        self._lock = asyncio.Lock()
+        self._checked_at = float("-inf")
+        self._problem: str | None = None
+
+    async def problem(self) -> str | None:
+        """None when the API server answered, else why not (no secret: the error names the server only)."""
+        async with self._lock:
+            if time.monotonic() - self._checked_at >= READY_CHECK_SECONDS:
+                try:
+                    await asyncio.to_thread(
+                        self._version.get_code, _preload_content=False, _request_timeout=READY_CHECK_TIMEOUT_SECONDS
+                    )
+                    self._problem = None
+                except ApiException as exc:
+                    self._problem = f"{exc.status} {exc.reason}"
+                except MaxRetryError as exc:
+                    self._problem = type(exc.reason or exc).__name__  # ReadTimeoutError, NewConnectionError, ...
+                except (HTTPError, OSError) as exc:
+                    self._problem = type(exc).__name__
+                self._checked_at = time.monotonic()
+            return self._problem
 
 
 @contextlib.asynccontextmanager
-async def serving_metrics(port: int) -> AsyncIterator[None]:
+async def serving_metrics(port: int, api: ApiReachability) -> AsyncIterator[None]:
     """/metrics, /healthz and /readyz on `port` (0: none), on the leader and on a standby alike."""
     if not port:
         yield
         return
 
     async def role() -> tuple[bool, str]:
+        if problem := await api.problem():
+            return False, f"kubernetes API unreachable: {problem}"
         return True, "leader" if REGISTRY.get_sample_value("phoenix_operator_leader") else "standby"
 
     # Answering at all is the liveness signal: the server runs on the operator's event loop.
@@ -73,7 +111,7 @@ async def operate(
         memo=kopf.Memo(context=context),
         stop_flag=stop,
     )
-    async with serving_metrics(options.metrics_port):
+    async with serving_metrics(options.metrics_port, ApiReachability(api_client)):
         if lease is None:
             LEADER.set(1)
             await run_kopf()

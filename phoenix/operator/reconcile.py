@@ -25,14 +25,19 @@ from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import destroy, ensure_streams
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.status.conditions import new_condition
-from phoenix.operator.status.readiness import deployment_condition, replica_status, waits_for_keda
+from phoenix.operator.status.readiness import (
+    CHILD_NOT_OWNED,
+    deployment_condition,
+    replica_status,
+    waits_for_keda,
+)
 from phoenix.operator.status.registry import StageRecord
 from phoenix.worker_runtime.settings import redact_url
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 120.0
 # Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
-RECONCILE, DELETE = "reconcile", "delete"
+RECONCILE, DELETE, OWNERSHIP = "reconcile", "delete", "ownership"
 _KEEP_DATA_HINT = "set spec.deletionPolicy to Retain to keep the data and let the stage go"
 
 
@@ -199,6 +204,11 @@ async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mappin
         await ctx.writer.update(record, *reconciled_status(result, generation))
         for action in result.actions:
             await ctx.events.normal(record, action.reason, action.message)
+        if result.autoscaling.reason == CHILD_NOT_OWNED:
+            # The stage runs (at replicas.min) but leaves another's KEDA object alone: a Warning once per cause.
+            await ctx.events.warning(record, OWNERSHIP, StageError(CHILD_NOT_OWNED, result.autoscaling.message))
+        else:
+            ctx.events.resolved(record, OWNERSHIP)
 
 
 async def reconcile_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:

@@ -1,16 +1,18 @@
 """The runbook's manual fixes as single atomic steps: release a stale lock, put dead consumers' entries back to
-work, reprocess one record. Each returns what it did, for the CLI to print."""
+work, reprocess one record. Each first says what it would do (for `--dry-run` and the confirmation question),
+then returns what it did, for the CLI to print and to record in the stage's audit stream (audit.py)."""
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import FAILURE_FIELDS
-from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, entries_of
+from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, consumer_alive, entries_of
 from phoenix.worker_runtime.locks import DONE, committed_by, lock_holder, locked_by
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, RETRY_STATE_FIELDS, SCRIPT_SAFE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
@@ -43,6 +45,31 @@ class UnlockResult:
     holder_idle_seconds: float | None = None  # None: the holder is not in the consumer group
 
 
+async def unlock_preview(client: Redis, settings: WorkerSettings, record_id: str) -> UnlockResult:
+    """What `unlock` without force would do now, changing nothing: RELEASED (would release), HOLDER_ALIVE (would
+    refuse) or NOT_LOCKED. The release itself checks again, atomically."""
+    s = settings
+    key = s.record_prefix + record_id
+    token = locked_by(await _record_state(client, key))
+    if token is None:
+        return UnlockResult(UnlockStatus.NOT_LOCKED, key)
+    holder = lock_holder(token)
+    idle_ms = next(
+        (int(c["idle"]) for c in await _consumers(client, s) if text(c["name"]) == holder),
+        None,
+    )
+    alive = idle_ms is not None and consumer_alive(idle_ms, s)
+    status = UnlockStatus.HOLDER_ALIVE if alive else UnlockStatus.RELEASED
+    return UnlockResult(status, key, holder, None if idle_ms is None else idle_ms / 1000)
+
+
+async def _consumers(client: Redis, s: WorkerSettings) -> list[dict]:
+    try:
+        return await client.xinfo_consumers(s.input_queue, s.consumer_group)
+    except ResponseError:  # no stream or no group: the holder is in no group
+        return []
+
+
 async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, force: bool) -> UnlockResult:
     """Release the record's lock unless its holder is alive (consumer idle below CLAIM_IDLE_MS) or `force`."""
     s = settings
@@ -68,43 +95,58 @@ class Reclaimed:
     consumer: str
     idle_seconds: float
     deliveries: int
-    status: str  # moved | busy | poison | wide | trimmed (see repair_reclaim.lua)
+    status: str  # moved | busy | poison | wide | trimmed (see repair_reclaim.lua); in a plan: what it would be
     new_entry_id: str = ""
     lock_released: bool = False
 
 
-async def reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | None = None) -> list[Reclaimed]:
-    """Re-enqueue every entry pending for at least `min_idle_ms` (default CLAIM_IDLE_MS), oldest first."""
+@dataclass(frozen=True)
+class ReclaimPlan:
+    """The entries pending for at least `min_idle_ms`, oldest first, each with the status it would get
+    (moved or poison) and the lock value to release ('' when its consumer holds none)."""
+
+    min_idle_ms: int
+    candidates: list[tuple[Reclaimed, str]]
+
+    @property
+    def entries(self) -> list[Reclaimed]:
+        return [c for c, _ in self.candidates]
+
+    @property
+    def movable(self) -> int:
+        return sum(c.status == "moved" for c in self.entries)
+
+
+async def plan_reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | None = None) -> ReclaimPlan:
+    """What `reclaim` would do now (default idle: CLAIM_IDLE_MS), changing nothing."""
     s = settings
     min_idle = s.claim_idle_ms if min_idle_ms is None else min_idle_ms
+    candidates: list[tuple[Reclaimed, str]] = []
+    start = "-"
+    while rows := await client.xpending_range(
+        s.input_queue, s.consumer_group, min=start, max="+", count=_RECLAIM_BATCH, idle=min_idle
+    ):
+        start = "(" + text(rows[-1]["message_id"])
+        candidates += [await _candidate(client, s, row) for row in rows]
+    return ReclaimPlan(min_idle, candidates)
+
+
+async def reclaim(client: Redis, settings: WorkerSettings, plan: ReclaimPlan) -> list[Reclaimed]:
+    """Carry out the plan: each entry re-enqueued atomically if it is still pending and idle (else 'busy')."""
+    s = settings
     script = lua.register(client, "repair_reclaim.lua")
     done: list[Reclaimed] = []
-    start = "-"
-    while True:
-        rows = await client.xpending_range(
-            s.input_queue, s.consumer_group, min=start, max="+", count=_RECLAIM_BATCH, idle=min_idle
-        )
-        if not rows:
-            return done
-        start = "(" + text(rows[-1]["message_id"])
-        candidates = [await _candidate(client, s, row) for row in rows]
-        args: list[str | int] = [s.consumer_group, min_idle, s.max_deliveries, s.record_prefix, LUA_UNPACK_LIMIT]
-        for c, lock_value in candidates:
+    for first in range(0, len(plan.candidates), _RECLAIM_BATCH):
+        batch = plan.candidates[first : first + _RECLAIM_BATCH]
+        # The script's ARGV: its fixed head, then three per candidate.
+        head = (s.consumer_group, plan.min_idle_ms, s.max_deliveries, s.record_prefix, LUA_UNPACK_LIMIT)
+        args: list[str | int] = [*head]
+        for c, lock_value in batch:
             args += (c.entry_id, c.record_id, lock_value)
         replies = await script(keys=[s.input_queue], args=args)
-        for (c, _), (status, new_id, released) in zip(candidates, replies, strict=True):
-            done.append(
-                Reclaimed(
-                    c.entry_id,
-                    c.record_id,
-                    c.consumer,
-                    c.idle_seconds,
-                    c.deliveries,
-                    text(status),
-                    text(new_id),
-                    bool(released),
-                )
-            )
+        for (c, _), (status, new_id, released) in zip(batch, replies, strict=True):
+            done.append(replace(c, status=text(status), new_entry_id=text(new_id), lock_released=bool(released)))
+    return done
 
 
 async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Reclaimed, str]:
@@ -115,8 +157,23 @@ async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Recla
     value = await _record_state(client, s.record_prefix + record_id) if record_id else None
     token = locked_by(value)
     owned = token is not None and lock_holder(token) == consumer
+    deliveries = int(row["times_delivered"])
+    # As repair_reclaim.lua decides: an entry delivered MAX_DELIVERIES times is left for the worker's poison check,
+    # one too wide for an XADD (its fields and original_id over LUA_UNPACK_LIMIT values) for its packed dead letter.
+    if deliveries >= s.max_deliveries:
+        status = "poison"
+    elif entries and 2 * len(entries[0][1]) + 2 > LUA_UNPACK_LIMIT:
+        status = "wide"
+    else:
+        status = "moved"
     found = Reclaimed(
-        entry_id, record_id, consumer, int(row["time_since_delivered"]) / 1000, int(row["times_delivered"]), ""
+        entry_id,
+        record_id,
+        consumer,
+        int(row["time_since_delivered"]) / 1000,
+        deliveries,
+        status,
+        lock_released=owned and status == "moved",
     )
     return found, value if owned and value else ""
 

@@ -10,6 +10,9 @@ from phoenix.operator.status.conditions import find_condition, new_condition
 
 # The AutoscalingReady reason while KEDA is absent; such stages are reconciled again until it appears.
 KEDA_NOT_INSTALLED = "KedaNotInstalled"
+# The AutoscalingReady reason while a KEDA object of the stage's name belongs to someone else (children.NotOwned);
+# reconciled again like a missing KEDA, so removing that object hands the stage back to autoscaling.
+CHILD_NOT_OWNED = "ChildNotOwned"
 
 
 def replica_status(deployment: Mapping[str, Any] | None) -> ReplicaStatus:
@@ -95,8 +98,18 @@ def ready_condition(
     )
 
 
-def waits_for_keda(body: Mapping[str, Any], **_: Any) -> bool:
-    """The stage runs without autoscaling because KEDA was missing when it was last reconciled."""
+def _autoscaling_reason(body: Mapping[str, Any]) -> str | None:
     conditions = (body.get("status") or {}).get("conditions") or []
     found = find_condition(conditions, ConditionType.AUTOSCALING_READY)
-    return found is not None and found.get("reason") == KEDA_NOT_INSTALLED
+    return None if found is None else found.get("reason")
+
+
+def waits_for_keda(body: Mapping[str, Any], **_: Any) -> bool:
+    """The stage runs without autoscaling because KEDA was missing when it was last reconciled."""
+    return _autoscaling_reason(body) == KEDA_NOT_INSTALLED
+
+
+def autoscaling_rechecked(body: Mapping[str, Any]) -> bool:
+    """The stage runs without autoscaling for a reason outside its spec (KEDA missing, or a KEDA object of its
+    name owned by someone else), so the operator looks again from time to time."""
+    return _autoscaling_reason(body) in (KEDA_NOT_INSTALLED, CHILD_NOT_OWNED)
