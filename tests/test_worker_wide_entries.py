@@ -209,7 +209,9 @@ async def test_repair_reclaim_leaves_a_wide_entry_to_the_worker(redis: aioredis.
     wide_id = await redis.xadd(IN, _wide_fields("wide"))
     ok_id = await add(redis, "ok")
     await redis.xreadgroup(KEYS.consumer_group, "dead-pod", {IN: ">"})
-    done = {r.entry_id: r.status for r in await repair.reclaim(redis, s, min_idle_ms=0)}
+    plan = await repair.plan_reclaim(redis, s, min_idle_ms=0)
+    assert {r.entry_id: r.status for r in plan.entries} == {wide_id: "wide", ok_id: "moved"}  # the dry run says so
+    done = {r.entry_id: r.status for r in await repair.reclaim(redis, s, plan)}
     assert done == {wide_id: "wide", ok_id: "moved"}
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [wide_id]  # the worker's reclaim dead-letters it
