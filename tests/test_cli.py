@@ -3,25 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import redis.asyncio as aioredis
 
+from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.stage_s import DLQ, IN, OUT, add, idle
 from tests.fixtures.workers import WorkerPool
-
-
-def phoenix(redis_url: str, *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "phoenix", *args, "--redis-url", redis_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    return done.stdout
 
 
 async def test_enqueue_writes_the_message_format(redis: aioredis.Redis, redis_url: str) -> None:

@@ -16,26 +16,11 @@ import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.inspection import duration
 from phoenix.worker_runtime.locks import LOCKED
+from tests.fixtures.cli import phoenix, run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked, record_key
 from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, idle
 from tests.fixtures.workers import FAST, WorkerPool
-
-
-def run(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "phoenix", *args, "--redis-url", redis_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def phoenix(redis_url: str, *args: str) -> str:
-    done = run(redis_url, *args)
-    assert done.returncode == 0, done.stderr
-    return done.stdout
 
 
 def inspect(redis_url: str, record_id: str, claim_idle_ms: str = FAST["CLAIM_IDLE_MS"]) -> dict[str, Any]:
@@ -66,7 +51,7 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
         "diagnosis: in flight: "
     )
 
-    refused = run(redis_url, "unlock", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
+    refused = run_phoenix(redis_url, "unlock", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
     assert refused.returncode == 1 and refused.stderr.startswith("refused: phoenix:s:record:slow is held by ")
     assert await locked(redis, "s", "slow")
     forced = phoenix(redis_url, "unlock", "--service", "s", "slow", "--force", "--yes")
@@ -169,7 +154,7 @@ async def test_retrying_then_dead_lettered_then_reprocessed(
     )
 
     # Without a terminal and without --yes nothing happens.
-    refused = run(redis_url, "reprocess", "--service", "s", "gone")
+    refused = run_phoenix(redis_url, "reprocess", "--service", "s", "gone")
     assert refused.returncode == 1 and "pass --yes to confirm" in refused.stderr
     assert await redis.xlen(DLQ) == 1
     done = phoenix(redis_url, "reprocess", "--service", "s", "gone", "--yes")
@@ -198,17 +183,17 @@ async def test_no_trace_of_an_unknown_record(redis: aioredis.Redis, redis_url: s
     report = inspect(redis_url, "nobody")
     assert report["diagnosis"].startswith("no trace of nobody in the newest 100000 entries of phoenix:s:input")
     assert not report["group_exists"]
-    nothing = run(redis_url, "reclaim", "--service", "s")
+    nothing = run_phoenix(redis_url, "reclaim", "--service", "s")
     assert nothing.returncode == 1 and nothing.stderr.startswith("phoenix reclaim: Redis error: NOGROUP")
 
 
 async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redis, redis_url: str) -> None:
     ids = [await redis.xadd(DLQ, {"record_id": f"d{i}", "error": "boom"}) for i in range(3)]
-    exported = run(redis_url, "dlq", "export", "--service", "s")
+    exported = run_phoenix(redis_url, "dlq", "export", "--service", "s")
     assert [json.loads(line)["id"] for line in exported.stdout.splitlines()] == ids
     assert exported.stderr.strip().endswith(f"phoenix dlq purge --service s --through {ids[-1]}")
     later = await redis.xadd(DLQ, {"record_id": "late"})
-    refused = run(redis_url, "dlq", "purge", "--service", "s", "--through", ids[-1])
+    refused = run_phoenix(redis_url, "dlq", "purge", "--service", "s", "--through", ids[-1])
     assert refused.returncode == 1 and await redis.xlen(DLQ) == 4
     purged = phoenix(redis_url, "dlq", "purge", "--service", "s", "--through", ids[-1], "--yes")
     assert purged.strip() == "deleted 3 entries from phoenix:s:dlq"

@@ -19,22 +19,12 @@ import redis.asyncio as aioredis
 
 from phoenix.worker_runtime import audit as audit_log
 from phoenix.worker_runtime.locks import LOCKED
+from tests.fixtures.cli import run_phoenix
 from tests.fixtures.records import locked, record_key
 from tests.fixtures.stage_s import DLQ, IN, KEYS, add
 
 ME = f"{getpass.getuser()}@{socket.gethostname()}"
 DEAD_LOCK = LOCKED + "dead-1:0123456789ab"
-
-
-def run(redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Without a terminal (stdin is /dev/null), as a script or CI job runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "phoenix", *args, "--redis-url", redis_url],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        stdin=subprocess.DEVNULL,
-    )
 
 
 def ok(done: subprocess.CompletedProcess[str]) -> list[str]:
@@ -51,7 +41,7 @@ def refused_without_yes(done: subprocess.CompletedProcess[str], question: str) -
 
 
 def audit(redis_url: str) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in ok(run(redis_url, "audit", "--service", "s", "--json"))]
+    return [json.loads(line) for line in ok(run_phoenix(redis_url, "audit", "--service", "s", "--json"))]
 
 
 def recent(at: str) -> bool:
@@ -66,22 +56,22 @@ async def _dead_letters(redis: aioredis.Redis, n: int) -> list[str]:
 
 async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis_url: str) -> None:
     ids = await _dead_letters(redis, 3)
-    assert ok(run(redis_url, "audit", "--service", "s")) == ["no repairs recorded in phoenix:s:audit"]
+    assert ok(run_phoenix(redis_url, "audit", "--service", "s")) == ["no repairs recorded in phoenix:s:audit"]
 
-    dry = ok(run(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--dry-run"))
+    dry = ok(run_phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--dry-run"))
     assert dry == [
         f"would move {ids[0]} (record d0, RecordNotFoundError)",
         f"would move {ids[1]} (record d1, RecordNotFoundError)",
         "would move 2 of the 3 entries of phoenix:s:dlq (oldest first) back to phoenix:s:input; nothing changed",
     ]
     refused_without_yes(
-        run(redis_url, "dlq", "replay", "--service", "s", "--count", "2"),
+        run_phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2"),
         "Move 2 of the 3 entries of phoenix:s:dlq (oldest first) back to phoenix:s:input?",
     )
     assert await redis.xlen(DLQ) == 3 and not await redis.exists(IN)
     assert audit(redis_url) == []  # nothing done, nothing recorded
 
-    assert ok(run(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--yes")) == [
+    assert ok(run_phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--yes")) == [
         "moved 2 entries back to phoenix:s:input"
     ]
     assert [f["record_id"] for _, f in await redis.xrange(IN)] == ["d0", "d1"]
@@ -94,7 +84,7 @@ async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis
         "detail": "moved 2 entries of phoenix:s:dlq back to phoenix:s:input",
         "record_id": "",
     }
-    [line] = ok(run(redis_url, "audit", "--service", "s"))
+    [line] = ok(run_phoenix(redis_url, "audit", "--service", "s"))
     assert line.endswith(f"  {ME}  dlq-replay (2): moved 2 entries of phoenix:s:dlq back to phoenix:s:input")
 
 
@@ -130,24 +120,24 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
     await redis.set(record_key("s", "a"), DEAD_LOCK)
 
     # unlock: a dry run says what it would do, with and without --force.
-    [would_refuse] = ok(run(redis_url, "unlock", "--service", "s", "a", "--dry-run"))
+    [would_refuse] = ok(run_phoenix(redis_url, "unlock", "--service", "s", "a", "--dry-run"))
     assert would_refuse.startswith("would refuse: phoenix:s:record:a is held by dead-1 (idle ")
     assert would_refuse.endswith("), which is alive; nothing changed")
-    [would_release] = ok(run(redis_url, "unlock", "--service", "s", "a", "--force", "--dry-run"))
+    [would_release] = ok(run_phoenix(redis_url, "unlock", "--service", "s", "a", "--force", "--dry-run"))
     assert would_release.startswith("would release phoenix:s:record:a held by dead-1 (idle ")
-    forced = run(redis_url, "unlock", "--service", "s", "a", "--force")
+    forced = run_phoenix(redis_url, "unlock", "--service", "s", "a", "--force")
     question = forced.stderr.split(" [y/N]")[0]
     assert question.startswith("Release phoenix:s:record:a held by dead-1 (idle ")
     refused_without_yes(forced, question)
     assert await redis.get(record_key("s", "a")) == DEAD_LOCK
 
     # reclaim: the same.
-    dry = ok(run(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--dry-run"))
+    dry = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--dry-run"))
     assert dry[0].startswith(f"would re-enqueue {entry} (record a, dead-1, idle ")
     assert dry[0].endswith(", 1 deliveries); release its lock")
     assert dry[1] == "would reclaim 1 of 1 entries idle over 0 ms in phoenix:s:input; nothing changed"
     refused_without_yes(
-        run(redis_url, "reclaim", "--service", "s", "--idle-ms", "0"),
+        run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0"),
         "Re-enqueue 1 entries idle over 0 ms in phoenix:s:input?",
     )
     assert [row["message_id"] for row in await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)] == [entry]
@@ -155,10 +145,10 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
     assert audit(redis_url) == []
 
     # Confirmed: done, and recorded.
-    [released] = ok(run(redis_url, "unlock", "--service", "s", "a", "--force", "--yes"))
+    [released] = ok(run_phoenix(redis_url, "unlock", "--service", "s", "a", "--force", "--yes"))
     assert released.startswith("released phoenix:s:record:a held by dead-1 (idle ")
     assert not await locked(redis, "s", "a")
-    reclaimed = ok(run(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--yes"))
+    reclaimed = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--yes"))
     assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 0 ms in phoenix:s:input"
     assert await redis.xlen(IN) == 2
 
@@ -171,10 +161,10 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
     assert all(recent(e["at"]) for e in (unlocked, moved))
 
     # inspect shows the repairs that named the record.
-    report = ok(run(redis_url, "inspect", "--service", "s", "a"))
+    report = ok(run_phoenix(redis_url, "inspect", "--service", "s", "a"))
     assert report[-2] == "repairs:"
     assert report[-1].endswith(f"  {ME}  unlock (1): {unlocked['detail']}")
-    as_json = json.loads(ok(run(redis_url, "inspect", "--service", "s", "a", "--json"))[0])
+    as_json = json.loads(ok(run_phoenix(redis_url, "inspect", "--service", "s", "a", "--json"))[0])
     assert [r["action"] for r in as_json["repairs"]] == ["unlock"]
 
 

@@ -195,16 +195,14 @@ def _reclaim_line(r: Reclaimed, settings: StageSettings, planned: bool) -> str:
         f"{r.entry_id} (record {r.record_id or '?'}, {r.consumer}, idle {duration(r.idle_seconds)}, "
         f"{r.deliveries} deliveries)"
     )
-    would = "would " if planned else ""
     if r.status == "moved":
         lock = f"; {'release' if planned else 'released'} its lock" if r.lock_released else ""
         as_new = "" if planned else f" as {r.new_entry_id}"
-        return f"{would}{'re-enqueue' if planned else 're-enqueued'} {where}{as_new}{lock}"
+        return f"{'would re-enqueue' if planned else 're-enqueued'} {where}{as_new}{lock}"
+    leave = "would leave" if planned else "left"
     if r.status == "poison":
-        leave = "would leave" if planned else "left"
         return f"{leave} {where}: the next worker reclaim dead-letters it (MAX_DELIVERIES={settings.max_deliveries})"
     if r.status == "wide":
-        leave = "would leave" if planned else "left"
         return f"{leave} {where}: too wide to copy; the next worker reclaim dead-letters it (MAX_ENTRY_FIELDS)"
     if r.status == "trimmed":
         return f"acknowledged {where}: it was trimmed from the stream, nothing left to process"
