@@ -47,6 +47,8 @@ def _output(argv: list[str], env: dict[str, str] | None = None) -> str:
         result = subprocess.run(argv, env=env, capture_output=True, text=True, check=False, timeout=_COMMAND_TIMEOUT)
     except subprocess.TimeoutExpired:
         return f"(timed out after {_COMMAND_TIMEOUT} s)\n"
+    except OSError as exc:  # e.g. no kubectl
+        return f"({argv[0]}: {exc})\n"
     return result.stdout + (f"(exited {result.returncode}: {result.stderr.strip()})\n" if result.returncode else "")
 
 
@@ -95,14 +97,21 @@ def collect(directory: Path) -> None:
         (directory / name).write_text(text)
 
 
+# The evidence already collected, by error: a session fixture's error fails every later test the same way.
+_collected: dict[str, Path] = {}
+
+
 def record_failure(nodeid: str, when: str, message: str) -> Path:
-    """Collects a failed test's evidence and adds it to the run's summary; returns its directory."""
-    directory = failure_dir(nodeid)
-    collect(directory)
-    (directory / "failure.txt").write_text(message)
+    """Collects a failed test's evidence (once per distinct failure) and adds it to the run's summary; returns
+    where the evidence is."""
     lines = message.splitlines()
     # pytest marks the exception's own lines with "E "; the last line names the exception otherwise.
     reason = next((line[1:].strip() for line in lines if line.startswith("E ")), lines[-1] if lines else "")
+    directory = _collected.get(reason)
+    if directory is None:
+        directory = _collected[reason] = failure_dir(nodeid)
+        collect(directory)
+        (directory / "failure.txt").write_text(message)
     with (run_dir() / "summary.txt").open("a") as summary:
         summary.write(f"FAILED {nodeid} ({when}): {reason[:300]}\n    evidence: {directory}\n")
     return directory
