@@ -5,7 +5,7 @@
 # a failure or Ctrl-C. Needs Linux and root. Extra arguments go to pytest (e.g. -k scaling).
 # Every run keeps its evidence in .cache/e2e/runs/<UTC time>/: the suite's output, pytest's junit XML, the
 # components' logs, and for each failed test the cluster's state at the failure (tests/e2e/evidence.py); on failure
-# the end of the output says which test failed, why, and where its evidence is.
+# the end of the suite's output says which test failed, why, and where its evidence is.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -37,14 +37,8 @@ bash hack/build-images.sh
 run=.cache/e2e/runs/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$run"
 export PHOENIX_E2E_REPORT_DIR=$root/$run
-set +e
-.venv/bin/python hack/e2e_cluster.py run --logs "$run/logs" -- \
-  .venv/bin/python -m pytest -m e2e tests/e2e -v -p no:cacheprovider --junitxml "$run/junit.xml" "$@" \
-  2>&1 | tee -i "$run/output.log"
-code=${PIPESTATUS[0]}
-set -e
-if ((code)); then
-  echo "make e2e failed (exit $code); the run's evidence is in $run" >&2
-  [[ -f $run/summary.txt ]] && cat "$run/summary.txt" >&2
-fi
-exit "$code"
+echo "this run's evidence: $run"
+# exec keeps e2e_cluster.py the process that SIGTERM reaches (it tears the cluster down); tee -i outlives Ctrl-C.
+exec > >(tee -i "$run/output.log") 2>&1
+exec .venv/bin/python hack/e2e_cluster.py run --logs "$run/logs" -- \
+  .venv/bin/python -m pytest -m e2e tests/e2e -v -p no:cacheprovider --junitxml "$run/junit.xml" "$@"

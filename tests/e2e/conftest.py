@@ -53,6 +53,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
         report.sections.append(("e2e evidence", f"the cluster at the failure: {directory}"))
 
 
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the end of a run with failures: which tests failed, why, and where their evidence is."""
+    summary = evidence.run_dir() / "summary.txt"
+    if summary.exists():
+        terminalreporter.section("e2e evidence")
+        terminalreporter.write(summary.read_text())
+
+
 @pytest.fixture(scope="session")
 def phoenix_image() -> str:
     return os.environ.get("PHOENIX_E2E_IMAGE", f"{PHOENIX_IMAGE}:0.1.0")
