@@ -4,7 +4,8 @@ each failed test the cluster as it was at the failure, so that a failure seen on
 A failed test's directory (`<run>/failures/<test>/`) holds: the pods of every namespace, Events, the stages
 (`kubectl get phx -o yaml`), ScaledObjects and HPAs, the stages' queue state (`phoenix status --json` through a
 port-forward to the pipeline's Valkey), and the logs of the workers, the operator and KEDA (current and previous
-containers). `summary.txt` in the run directory lists the failures with their first line, printed by hack/e2e.sh.
+containers). `summary.txt` in the run directory lists the failures with their first line; the suite prints it at
+the end (tests/e2e/conftest.py).
 """
 
 from __future__ import annotations
