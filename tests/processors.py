@@ -104,3 +104,38 @@ class ScriptedBatchProcessor(BaseProcessor):
                     results.append({**r.data, "seen_by": stage})
             await pipe.execute()
         return results
+
+
+class SecretQuotingProcessor(BaseProcessor):
+    """Fails quoting every secret within its reach: the user's API key, the Redis URL and its password (as written
+    and decoded), BILLING_MASTER_KEY; and logs the failure with its traceback first. data["permanent"]: a
+    PermanentError (DLQ), else a transient error (retried)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        from urllib.parse import unquote, urlsplit
+
+        from phoenix.worker_runtime.billing import current_api_key
+
+        url = self.settings.redis_url.get_secret_value()
+        quoted = (
+            f"key={current_api_key()} url={url} password={unquote(urlsplit(url).password or '')} "
+            f"master={os.environ.get('BILLING_MASTER_KEY')}"
+        )
+        error = InvalidInputError(quoted) if data.get("permanent") else ConnectionError(quoted)
+        try:
+            raise error
+        except Exception:
+            self.logger.exception("llm_call_failed", detail=quoted)
+            raise
+
+
+class KeyRefusingProcessor(BaseProcessor):
+    """Refuses the first API key it is given for a record, as an LLM service refuses a revoked key (HTTP 401), and
+    writes down every key it was given in the list `keys-given:{record_id}`."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        from phoenix.worker_runtime.billing import ApiKeyRejectedError, current_api_key
+
+        if await self.redis.rpush(f"keys-given:{record_id}", current_api_key() or "") == 1:
+            raise ApiKeyRejectedError("the LLM service refused the API key (HTTP 401)")
+        return {"ok": True}

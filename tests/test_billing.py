@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 import structlog
+from cryptography.fernet import Fernet
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
 from phoenix.worker_runtime.billing import (
     API_KEY_ENV,
     ApiKeyProvider,
+    ApiKeyRejectedError,
     BillingConfigError,
     BillingUnavailableError,
     api_key_scope,
@@ -66,7 +68,14 @@ async def providers(redis: aioredis.Redis, key_service: KeyService, stage: str) 
 @pytest.fixture
 def billing_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
     """No billing variables or OPENAI_API_KEY from the surrounding environment leak into a test."""
-    for name in ("BILLING_URL", "BILLING_MASTER_KEY", "BILLING_SWAP_ENV", API_KEY_ENV):
+    for name in (
+        "BILLING_URL",
+        "BILLING_MASTER_KEY",
+        "BILLING_SWAP_ENV",
+        "BILLING_CACHE_KEY",
+        "BILLING_CACHE_MAX_AGE",
+        API_KEY_ENV,
+    ):
         monkeypatch.delenv(name, raising=False)
     return monkeypatch
 
@@ -87,16 +96,18 @@ async def outlive_ttl(client: aioredis.Redis, name: str) -> None:
     assert not await client.exists(name)
 
 
-async def test_cached_key_is_used_without_billing_call_and_its_ttl_refreshed(
+async def test_cached_key_is_used_without_billing_call_and_its_age_never_extended(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, stage: str
 ) -> None:
-    await redis.set("api_key:user:alice", "sk-cached-alice", ex=100)
+    key = secret(await providers().key_for("alice"))
+    left = await redis.pttl("api_key:user:alice")
+    await asyncio.sleep(0.05)
 
-    assert secret(await providers().key_for("alice")) == "sk-cached-alice"
+    assert secret(await providers().key_for("alice")) == key  # another worker, from the cache
 
-    assert key_service.calls == 0
-    assert await redis.ttl("api_key:user:alice") > 100
-    assert (lookups(stage, "hit"), lookups(stage, "miss")) == (1, 0)
+    assert key_service.calls == 1
+    assert await redis.pttl("api_key:user:alice") < left  # reading it did not renew it
+    assert (lookups(stage, "hit"), lookups(stage, "miss")) == (1, 1)
 
 
 async def test_miss_fetches_once_with_master_key_and_caches_for_a_day(
@@ -111,10 +122,97 @@ async def test_miss_fetches_once_with_master_key_and_caches_for_a_day(
     assert first == second == key_service.issued[0]
     assert key_service.requests[0]["user_id"] == "bob"
     assert key_service.requests[0]["metadata"]["phoenix_stage"] == stage
-    assert await redis.get("api_key:user:bob") == first
+    assert await redis.exists("api_key:user:bob")
     assert 86000 < await redis.ttl("api_key:user:bob") <= 86400
     assert not await redis.exists("fetching_key:bob")
     assert (lookups(stage, "hit"), lookups(stage, "miss")) == (1, 1)
+
+
+async def _every_value(client: aioredis.Redis) -> str:
+    """Everything Redis holds, as one text: each key's name and its DUMP (any type)."""
+    return "\n".join([f"{name}={await client.dump(name)!r}" async for name in client.scan_iter()])
+
+
+async def test_keys_are_encrypted_at_rest_with_the_cache_key(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    cache_key = Fernet.generate_key().decode()
+
+    key = secret(await providers(cache_key=SecretStr(cache_key)).key_for("bea"))
+
+    assert key not in await _every_value(redis)
+    assert Fernet(cache_key).decrypt(await redis.get("api_key:user:bea")).decode() == key
+
+
+async def test_without_a_cache_key_the_fleet_shares_a_key_derived_from_the_master_key(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    key = secret(await providers().key_for("cleo"))
+
+    assert key not in await _every_value(redis)
+    assert secret(await providers().key_for("cleo")) == key  # another worker reads it
+    assert key_service.calls == 1
+
+
+@pytest.mark.parametrize("entry", ["plaintext", "other cache key"])
+async def test_an_unreadable_entry_is_dropped_and_the_key_fetched_anew(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, entry: str
+) -> None:
+    # A plaintext entry cached before encryption, or one written with a cache key this worker does not have.
+    value = "sk-plain-old" if entry == "plaintext" else Fernet(Fernet.generate_key()).encrypt(b"sk-x").decode()
+    await redis.set("api_key:user:dina", value, ex=100)
+
+    key = secret(await providers().key_for("dina"))
+
+    assert key == key_service.issued[0] and key_service.calls == 1
+    assert await redis.get("api_key:user:dina") not in (value, None)
+    assert secret(await providers().key_for("dina")) == key
+
+
+async def test_the_cache_has_a_hard_maximum_age(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    provider = providers(cache_max_age=1)
+    first = secret(await provider.key_for("edna"))
+    assert 0 < await redis.pttl("api_key:user:edna") <= 1000
+    # Kept past its expiry (PERSIST, a restored dump): its own creation time still ends it.
+    await redis.persist("api_key:user:edna")
+    await asyncio.sleep(2.1)  # Fernet's timestamps have a resolution of one second
+
+    second = secret(await provider.key_for("edna"))
+
+    assert (first, second) == tuple(key_service.issued) and key_service.calls == 2
+
+
+async def test_a_refused_key_is_dropped_and_the_next_attempt_fetches_a_new_one(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    worker, other = providers(), providers()
+    refused = await worker.key_for("fay")
+
+    with pytest.raises(ApiKeyRejectedError), api_key_scope(refused, swap_env=False):
+        raise ApiKeyRejectedError("HTTP 401")
+    # The drop is one Redis call started as the processor's call ends; the worker's own next lookup waits for it,
+    # another worker's comes after the retry's backoff.
+    fresh = secret(await worker.key_for("fay"))
+
+    assert fresh != secret(refused) and (secret(refused), fresh) == tuple(key_service.issued)
+    assert secret(await other.key_for("fay")) == fresh and key_service.calls == 2
+
+
+async def test_a_late_refusal_does_not_drop_the_newer_key(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    worker, other = providers(), providers()
+    old = await worker.key_for("gail")
+    await redis.delete("api_key:user:gail")  # expired, say, and fetched again by another worker
+    newer = secret(await other.key_for("gail"))
+
+    with pytest.raises(ApiKeyRejectedError), api_key_scope(old, swap_env=False):
+        raise ApiKeyRejectedError("HTTP 403")
+    await worker.aclose()  # waits for the drop
+
+    assert secret(await other.key_for("gail")) == newer and key_service.calls == 2
 
 
 async def test_concurrent_workers_fetch_a_users_key_once(
@@ -189,7 +287,7 @@ async def test_waiter_takes_over_a_guard_left_by_a_crashed_worker(
     key = secret(await providers().key_for("frank"))
 
     assert key_service.calls == 1
-    assert await redis.get("api_key:user:frank") == key
+    assert secret(await providers().key_for("frank")) == key
 
 
 async def test_waiter_gives_up_as_transient_when_the_guard_never_frees(
@@ -225,7 +323,7 @@ async def test_slow_fetch_past_guard_expiry_keeps_the_new_owners_guard_and_conve
     second_key = secret(await second)
 
     assert first_key == second_key == key_service.issued[0]
-    assert await redis.get("api_key:user:hank") == first_key
+    assert secret(await providers().key_for("hank")) == first_key and key_service.calls == 2
     assert not await redis.exists("fetching_key:hank")
 
 
@@ -338,6 +436,8 @@ def test_env_swap_with_concurrency_is_refused_at_start(billing_env: pytest.Monke
     [
         ({"BILLING_URL": "litellm:4000"}, "BILLING_URL"),
         ({"BILLING_URL": "http://litellm:4000", "BILLING_SWAP_ENV": "sometimes"}, "BILLING_SWAP_ENV"),
+        ({"BILLING_URL": "http://litellm:4000", "BILLING_CACHE_KEY": "sk-master-do-not-echo"}, "BILLING_CACHE_KEY"),
+        ({"BILLING_URL": "http://litellm:4000", "BILLING_CACHE_MAX_AGE": "0"}, "BILLING_CACHE_MAX_AGE"),
     ],
 )
 def test_bad_settings_name_the_variable_and_not_the_master_key(

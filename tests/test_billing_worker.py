@@ -1,17 +1,22 @@
-"""Per-user billing inside a real worker: the user's key reaches the processor, never the logs."""
+"""Per-user billing inside a real worker: the user's key reaches the processor, never the logs, the DLQ or the
+retry entries; a key the LLM service refuses is replaced on the next attempt."""
 
 from __future__ import annotations
 
 import json
+import secrets
 from collections.abc import AsyncIterator
+from urllib.parse import quote, urlsplit
 
 import pytest
 import redis.asyncio as aioredis
+from pydantic import SecretStr
 
+from phoenix.worker_runtime.billing import ApiKeyProvider
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import KeyService, running_key_service
 from tests.fixtures.records import committed
-from tests.fixtures.stage_s import DLQ, IN, OUT
+from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY
 from tests.fixtures.workers import WorkerPool
 
 PROCESS_KEY = "sk-process-own-key"
@@ -41,9 +46,10 @@ async def test_processor_sees_the_users_key_and_logs_never_do(
         await redis.xadd(IN, {"record_id": record, "user_id": user, "data": "{}"})
     w = workers.start("s", **billing_env(key_service))
     await wait_until(lambda: committed(redis, "s", "s1"), "all four processed")
-    alice, bob = await redis.get("api_key:user:alice"), await redis.get("api_key:user:bob")
+    alice, bob = (await redis.hgetall("seen-key:a1"))["context"], (await redis.hgetall("seen-key:b1"))["context"]
     assert key_service.calls == 2 and sorted(key_service.issued) == sorted([alice, bob])  # alice fetched once
     assert 86000 < await redis.ttl("api_key:user:alice") <= 86400
+    assert alice not in await redis.get("api_key:user:alice")  # cached encrypted
     for record, key in (("a1", alice), ("a2", alice), ("b1", bob)):
         # The context variable and, with CONCURRENCY=1, the environment both carry the user's key.
         assert await redis.hgetall(f"seen-key:{record}") == {"context": key, "environ": key}
@@ -76,8 +82,85 @@ async def test_environment_swap_needs_concurrency_one(workers: WorkerPool, key_s
     assert key_service.master_key not in text
 
 
+async def test_a_bad_cache_key_stops_the_worker_with_one_line(workers: WorkerPool, key_service: KeyService) -> None:
+    w = workers.start("s", **billing_env(key_service, BILLING_CACHE_KEY="sk-not-a-fernet-key"))
+    assert w.process.popen.wait(timeout=30) == 2
+    [line] = w.process.log_path.read_text().splitlines()
+    assert line.startswith("phoenix worker: invalid configuration: BILLING_CACHE_KEY: must be one or more Fernet")
+    assert "sk-not-a-fernet-key" not in line
+
+
 async def _retried(w: object) -> bool:
     events = w.events()  # type: ignore[attr-defined]
     return any(
         e["event"] == "processing_failed_will_retry" and e["error_type"] == "BillingUnavailableError" for e in events
     )
+
+
+@pytest.fixture
+async def password_url(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[tuple[str, str]]:
+    """(REDIS_URL with a user and password, the password) for an ACL user of the test's Valkey. The password holds
+    characters the URL must percent-encode and JSON and repr escape, the forms it takes in errors and log lines."""
+    user, password = "phx-scrub", f'pw"{secrets.token_hex(8)}\\/'
+    await redis.acl_setuser(
+        user, enabled=True, passwords=[f"+{password}"], keys=["*"], channels=["*"], commands=["+@all"]
+    )
+    parts = urlsplit(redis_url)
+    netloc = f"{user}:{quote(password, safe='')}@{parts.hostname}:{parts.port}"
+    try:
+        yield parts._replace(netloc=netloc).geturl(), password
+    finally:
+        await redis.acl_deluser(user)
+
+
+async def test_secrets_in_processor_errors_never_reach_the_dlq_the_retries_or_the_logs(
+    redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService, password_url: tuple[str, str]
+) -> None:
+    url, password = password_url
+    await redis.xadd(IN, {"record_id": "p1", "user_id": "alice", "data": json.dumps({"permanent": True})})
+    await redis.xadd(IN, {"record_id": "t1", "user_id": "alice", "data": "{}"})
+    env = billing_env(key_service, REDIS_URL=url, PROCESSOR="tests.processors:SecretQuotingProcessor")
+    w = workers.start("s", **env)
+    await wait_until(lambda: redis.xlen(DLQ), "the permanent failure dead-lettered")
+    await wait_until(
+        lambda: _count(w, "processing_failed_will_retry", 2), "the transient failure retried twice", timeout=30
+    )
+    w.stop()
+
+    [(_, dead)] = await redis.xrange(DLQ)
+    waiting = await redis.zrange(RETRY, 0, -1)
+    promoted = [fields for _, fields in await redis.xrange(IN) if "last_error" in fields]
+    log = w.process.log_path.read_text()
+    assert dead["error"].startswith("key=*** url=redis://phx-scrub:***@") and "master=***" in dead["error"]
+    assert waiting and all("key=***" in member for member in waiting)
+    assert promoted and all(f["last_error"].startswith("ConnectionError: key=***") for f in promoted)
+    assert "Traceback" in log and "password=***" in log
+    stored = json.dumps([dead, waiting, promoted])
+    [user_key] = key_service.issued
+    secret_forms = [user_key, key_service.master_key, password, quote(password, safe="")]
+    secret_forms += [json.dumps(value)[1:-1] for value in secret_forms]
+    for value in secret_forms:
+        assert value not in stored
+        assert value not in log
+
+
+async def test_a_key_the_llm_service_refuses_is_replaced_on_the_next_attempt(
+    redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService
+) -> None:
+    await redis.xadd(IN, {"record_id": "r1", "user_id": "dora", "data": "{}"})
+    workers.start("s", **billing_env(key_service, PROCESSOR="tests.processors:KeyRefusingProcessor"))
+    await wait_until(lambda: committed(redis, "s", "r1"), "processed on the second attempt", timeout=30)
+
+    assert key_service.calls == 2
+    assert await redis.lrange("keys-given:r1", 0, -1) == key_service.issued  # the refused one, then a new one
+    reader = ApiKeyProvider(redis, stage="s", billing_url=key_service.url, master_key=SecretStr(key_service.master_key))
+    try:
+        cached = await reader.key_for("dora")
+    finally:
+        await reader.aclose()
+    assert cached is not None and cached.get_secret_value() == key_service.issued[1]
+    assert key_service.calls == 2  # from the cache
+
+
+async def _count(w: object, event: str, at_least: int) -> bool:
+    return w.event_names().count(event) >= at_least  # type: ignore[attr-defined]

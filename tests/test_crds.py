@@ -9,9 +9,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from phoenix.crds import RUNTIME_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
+from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
 from phoenix.crds.definition import custom_resource_definition
 from phoenix.crds.generate import CRD_PATH, main, render_crd
+from tests.fixtures.control_plane import ControlPlane
 
 MINIMAL_SPEC: dict[str, Any] = {
     "processor": "router",
@@ -192,7 +193,7 @@ def test_cel_rules_guard_cross_field_constraints() -> None:
     assert props["retry"]["x-kubernetes-validations"][0]["rule"] == "self.baseSeconds <= self.maxSeconds"
     assert props["output"]["x-kubernetes-validations"][0]["rule"] == "has(self.stream) != has(self.stage)"
     env_rule = props["env"]["x-kubernetes-validations"][0]["rule"]
-    assert all(f"'{name}'" in env_rule for name in RUNTIME_ENV_NAMES)
+    assert all(f"'{name}'" in env_rule for name in RESERVED_ENV_NAMES)
     # CEL cost is estimated from bounds: every list and string a rule walks must be bounded.
     assert props["env"]["maxItems"] and props["env"]["items"]["properties"]["name"]["maxLength"]
 
@@ -234,7 +235,10 @@ def test_wire_names_are_camel_case() -> None:
         ({"output": {"stream": "a", "stage": "b"}}, "set exactly one of output.stream or output.stage"),
         ({"output": {}}, "set exactly one of output.stream or output.stage"),
         ({"retry": {"baseSeconds": 10, "maxSeconds": 5}}, "retry.baseSeconds (10.0) must not exceed"),
-        ({"env": [{"name": "REDIS_URL", "value": "redis://x"}]}, "must not set variables the operator derives"),
+        (
+            {"env": [{"name": "REDIS_URL", "value": "redis://x"}]},
+            "must not set variables the operator or the worker derive",
+        ),
         ({"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}, "names must be unique (repeated: A)"),
         ({"env": [{"name": "A"}]}, "env A: set exactly one of value or secretKeyRef"),
         ({"env": [{"name": "1BAD", "value": "x"}]}, "String should match pattern"),
@@ -322,3 +326,56 @@ def test_status_reads_back_kopf_bookkeeping_and_timestamps() -> None:
     assert status.conditions[0].last_transition_time.year == 2025
     assert status.queue is not None and status.queue.lag == 3
     assert "kopf" not in status.to_k8s()
+
+
+_SECRET_REF = {"secretKeyRef": {"name": "llm", "key": "api-key"}}
+# (env, worker tuning) -> the part of the refusal both the models and the API server give; None: admitted.
+ENV_ADMISSION: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str | None]] = {
+    # The worker reads its settings case-insensitively: `redis_url` would point it at another Redis.
+    "reserved lower case": ([{"name": "redis_url", "value": "redis://elsewhere:6379"}], {}, "in any letter case"),
+    "reserved mixed case": ([{"name": "Input_Queue", "value": "other"}], {}, "in any letter case"),
+    "reserved concurrency": ([{"name": "concurrency", "value": "64"}], {}, "in any letter case"),
+    "reserved consumer name": ([{"name": "CONSUMER_NAME", "value": "same-for-all"}], {}, "in any letter case"),
+    "api key in plain text": ([{"name": "OPENAI_API_KEY", "value": "sk-plain"}], {}, "use secretKeyRef"),
+    "password in plain text": ([{"name": "db_password", "value": "hunter2"}], {}, "use secretKeyRef"),
+    "token in plain text": ([{"name": "GITHUB_TOKEN", "value": "ghp_x"}], {}, "use secretKeyRef"),
+    "secret in plain text": ([{"name": "ClientSecretValue", "value": "x"}], {}, "use secretKeyRef"),
+    "billing in lower case": (
+        [{"name": "billing_url", "value": "http://litellm:4000"}],
+        {"concurrency": 4},
+        "only safe with worker.concurrency 1",
+    ),
+    "api key from a secret": ([{"name": "OPENAI_API_KEY", **_SECRET_REF}], {}, None),
+    "empty api key": ([{"name": "OPENAI_API_KEY", "value": ""}], {}, None),
+    "ordinary values": ([{"name": "LOG_LEVEL", "value": "debug"}, {"name": "KEYBOARD", "value": "us"}], {}, None),
+}
+
+
+@pytest.mark.parametrize("case", list(ENV_ADMISSION))
+def test_env_admission_by_the_models(case: str) -> None:
+    env, worker, refusal = ENV_ADMISSION[case]
+    spec = {**MINIMAL_SPEC, "env": env, "worker": worker}
+    if refusal is None:
+        assert PhoenixStageSpec.model_validate(spec).env
+        return
+    with pytest.raises(ValidationError) as caught:
+        PhoenixStageSpec.model_validate(spec)
+    assert refusal in str(caught.value)
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(ENV_ADMISSION))
+def test_env_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, kube_namespace: str) -> None:
+    """The CEL rules of the installed CRD refuse what the models refuse, with the same message."""
+    env, worker, refusal = ENV_ADMISSION[case]
+    stage = {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": "envcheck", "namespace": kube_namespace},
+        "spec": {**MINIMAL_SPEC, "env": env, "worker": worker},
+    }
+    result = kube_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(stage))
+    if refusal is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode != 0 and refusal in result.stderr, result.stderr

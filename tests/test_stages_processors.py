@@ -26,7 +26,7 @@ from phoenix.stages.parser import ParserProcessor
 from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
-from phoenix.worker_runtime.billing import api_key_scope
+from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
 
 P = TypeVar("P", bound=BaseProcessor)
 
@@ -284,6 +284,18 @@ async def test_llm_failures_are_transient_keep_the_pages_and_hide_the_key(
     assert "process-key" not in str(caught.value)
     assert await redis.exists("pages:rec-9") == 1
     assert await redis.exists("parsed:rec-9") == 0
+
+
+@pytest.mark.parametrize("status", [401, 403])
+async def test_a_refused_llm_key_is_signalled_to_the_runtime(
+    router: RouterProcessor, llm_parser: tuple[ParserProcessor, FakeOpenAI], samples: dict[str, Path], status: int
+) -> None:
+    parser, fake = llm_parser
+    fake.status = status
+    routed = await router.process("rec-12", "user-12", {"document_url": samples[CT_CHEST].as_uri()})
+    with pytest.raises(ApiKeyRejectedError, match=f"refused the API key \\(HTTP {status}\\)") as caught:
+        await parser.process("rec-12", "user-12", routed)
+    assert "process-key" not in str(caught.value)
 
 
 async def test_llm_mode_does_not_call_the_model_for_pages_without_findings(

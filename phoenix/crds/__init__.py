@@ -13,6 +13,7 @@ from phoenix.crds.resource import (
     StageMetadata,
 )
 from phoenix.crds.spec import (
+    RESERVED_ENV_NAMES,
     RUNTIME_ENV_NAMES,
     Autoscaling,
     CircuitBreaker,
@@ -41,6 +42,7 @@ __all__ = [
     "GROUP",
     "KIND",
     "PLURAL",
+    "RESERVED_ENV_NAMES",
     "RUNTIME_ENV_NAMES",
     "SHORT_NAMES",
     "SINGULAR",

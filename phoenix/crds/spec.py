@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
@@ -32,6 +33,10 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SHUTDOWN_GRACE",
     "HEALTH_PORT",
 )
+# What spec.env may not set: those, and CONSUMER_NAME, which each worker derives from its pod name (one name shared
+# by all pods would make them take each other's pending entries for their own). The worker reads its settings
+# case-insensitively (`redis_url` sets REDIS_URL), so names are compared in upper case.
+RESERVED_ENV_NAMES: tuple[str, ...] = (*RUNTIME_ENV_NAMES, "CONSUMER_NAME")
 
 STAGE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A PhoenixStage name becomes a label value and a Deployment name: a DNS-1123 label.
@@ -193,19 +198,41 @@ class CircuitBreaker(CamelModel):
     )
 
 
+# Names that look like they hold a secret (upper-cased first): their value must come from a Secret, since a literal
+# `value` is shown to anyone who may read the PhoenixStage (`kubectl get -o yaml`). RE2 (CEL) and Python agree on it.
+SECRET_NAME_PATTERN = r"_KEY$|PASSWORD|TOKEN|SECRET"
+_SECRET_VALUE_MESSAGE = (
+    "a variable whose name looks secret (*_KEY, *PASSWORD*, *TOKEN*, *SECRET*) must not have a literal value, "
+    "which anyone who can read the PhoenixStage sees: put it in a Secret and use secretKeyRef (valueFrom)"
+)
+
+
 class EnvVar(CamelModel):
     """An extra environment variable for the processor: a literal `value`, or a `secretKeyRef` for secrets."""
 
-    model_config = cel(("has(self.value) != has(self.secretKeyRef)", "set exactly one of value or secretKeyRef"))
+    model_config = cel(
+        ("has(self.value) != has(self.secretKeyRef)", "set exactly one of value or secretKeyRef"),
+        (
+            f"!has(self.value) || self.value == '' || !self.name.upperAscii().matches('{SECRET_NAME_PATTERN}')",
+            _SECRET_VALUE_MESSAGE,
+        ),
+    )
 
     name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Variable name.")
-    value: str | None = Field(default=None, max_length=32768, description="Literal value; never put a secret here.")
+    value: str | None = Field(
+        default=None,
+        max_length=32768,
+        description="Literal value; never a secret. Refused (unless empty) for names that look secret: *_KEY, "
+        "*PASSWORD*, *TOKEN*, *SECRET*.",
+    )
     secret_key_ref: SecretKeyRef | None = Field(default=None, description="Take the value from a Secret key.")
 
     @model_validator(mode="after")
     def _one_source(self) -> EnvVar:
         if (self.value is None) == (self.secret_key_ref is None):
             raise ValueError(f"env {self.name}: set exactly one of value or secretKeyRef")
+        if self.value and re.search(SECRET_NAME_PATTERN, self.name.upper()):
+            raise ValueError(f"env {self.name}: {_SECRET_VALUE_MESSAGE}")
         return self
 
 
@@ -213,9 +240,10 @@ def _cel_list(words: tuple[str, ...]) -> str:
     return "[" + ", ".join(f"'{word}'" for word in words) + "]"
 
 
-_RESERVED_CEL_LIST = _cel_list(RUNTIME_ENV_NAMES)
-_RESERVED_MESSAGE = "spec.env must not set variables the operator derives from the spec: " + ", ".join(
-    RUNTIME_ENV_NAMES
+_RESERVED_CEL_LIST = _cel_list(RESERVED_ENV_NAMES)
+_RESERVED_MESSAGE = (
+    "spec.env must not set variables the operator or the worker derive, in any letter case: "
+    + ", ".join(RESERVED_ENV_NAMES)
 )
 
 
@@ -235,8 +263,9 @@ _FALSE_WORDS = ("false", "0", "no", "off", "f", "n")
 # before any pod could crash-loop on it.
 _BILLING_CEL = (
     "!has(self.env)"
-    " || !self.env.exists(e, e.name == 'BILLING_URL' && (has(e.secretKeyRef) || (has(e.value) && e.value != '')))"
-    " || self.env.exists(e, e.name == 'BILLING_SWAP_ENV' && has(e.value)"
+    " || !self.env.exists(e, e.name.upperAscii() == 'BILLING_URL'"
+    " && (has(e.secretKeyRef) || (has(e.value) && e.value != '')))"
+    " || self.env.exists(e, e.name.upperAscii() == 'BILLING_SWAP_ENV' && has(e.value)"
     f" && e.value.lowerAscii() in {_cel_list(_FALSE_WORDS)})"
     " || !has(self.worker) || self.worker.concurrency <= 1"
 )
@@ -281,12 +310,13 @@ class PhoenixStageSpec(CamelModel):
         default_factory=list,
         max_length=64,
         description="Extra environment variables for the processor (e.g. LOG_LEVEL, BILLING_URL). Variables the "
-        "operator derives from the spec (" + ", ".join(RUNTIME_ENV_NAMES) + ") cannot be set here.",
+        "operator or the worker derive (" + ", ".join(RESERVED_ENV_NAMES) + ", in any letter case) cannot be set "
+        "here.",
         json_schema_extra={
             "x-kubernetes-list-type": "map",
             "x-kubernetes-list-map-keys": ["name"],
             "x-kubernetes-validations": [
-                {"rule": f"self.all(e, !(e.name in {_RESERVED_CEL_LIST}))", "message": _RESERVED_MESSAGE}
+                {"rule": f"self.all(e, !(e.name.upperAscii() in {_RESERVED_CEL_LIST}))", "message": _RESERVED_MESSAGE}
             ],
         },
     )
@@ -308,7 +338,7 @@ class PhoenixStageSpec(CamelModel):
     @classmethod
     def _env_not_reserved(cls, env: list[EnvVar]) -> list[EnvVar]:
         names = [var.name for var in env]
-        if clashes := sorted(set(names) & set(RUNTIME_ENV_NAMES)):
+        if clashes := sorted(name for name in names if name.upper() in RESERVED_ENV_NAMES):
             raise ValueError(f"{_RESERVED_MESSAGE} (got {', '.join(clashes)})")
         if duplicates := sorted({name for name in names if names.count(name) > 1}):
             raise ValueError(f"spec.env names must be unique (repeated: {', '.join(duplicates)})")
@@ -316,7 +346,7 @@ class PhoenixStageSpec(CamelModel):
 
     @model_validator(mode="after")
     def _billing_needs_one_at_a_time(self) -> PhoenixStageSpec:
-        env = {var.name: var for var in self.env}
+        env = {var.name.upper(): var for var in self.env}  # the worker reads them case-insensitively too
         billing = env.get("BILLING_URL")
         swap = env.get("BILLING_SWAP_ENV")
         billing_on = billing is not None and (billing.secret_key_ref is not None or bool(billing.value))

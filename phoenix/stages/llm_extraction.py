@@ -8,6 +8,7 @@ import aiohttp
 from pydantic import ValidationError
 
 from phoenix.stages.models import Category, Findings, Page
+from phoenix.worker_runtime.billing import ApiKeyRejectedError
 
 INSTRUCTIONS = (
     "You extract structured findings from medical report pages. Reply with one JSON object that follows this "
@@ -56,6 +57,8 @@ class LLMExtractor:
             async with self.session.post(
                 self.url, json=build_request(pages, self.model), headers={"Authorization": f"Bearer {api_key}"}
             ) as response:
+                if response.status in (401, 403):  # the runtime drops the user's cached key before the retry
+                    raise ApiKeyRejectedError(f"POST {self.url} refused the API key (HTTP {response.status})")
                 if response.status != 200:
                     raise LLMExtractionError(f"POST {self.url} returned {response.status}")
                 reply = await response.json()

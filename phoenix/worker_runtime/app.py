@@ -11,7 +11,8 @@ from collections.abc import Callable
 
 import structlog
 
-from phoenix.worker_runtime.billing import ApiKeyProvider, BillingSettings, load_billing_settings
+from phoenix.worker_runtime import scrub
+from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingSettings, load_billing_settings
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
@@ -57,6 +58,9 @@ def main() -> int:
     except (ConfigurationError, ProcessorLoadError) as exc:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    # Before anything is logged; the billing keys register themselves (ApiKeyProvider), users' keys per task.
+    scrub.register_url_password(settings.redis_url.get_secret_value())
+    scrub.register(os.environ.get(API_KEY_ENV))
     configure_logging(settings.service_name, settings.log_level, settings.log_format)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         return runner.run(_serve(settings, billing, processor_class))
@@ -73,7 +77,12 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
     processor.logger = structlog.get_logger(processor_class.name or processor_class.__name__)
     processor.settings = settings
     keys = ApiKeyProvider(
-        app_client, stage=settings.service_name, billing_url=billing.billing_url, master_key=billing.billing_master_key
+        app_client,
+        stage=settings.service_name,
+        billing_url=billing.billing_url,
+        master_key=billing.billing_master_key,
+        cache_key=billing.billing_cache_key,
+        cache_max_age=billing.billing_cache_max_age,
     )
     runner = None
     try:
@@ -82,7 +91,10 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
         except Exception as exc:
             # A stage that cannot start (its own settings, a model file) says why in one line, not a traceback.
             log.error("processor_initialize_failed", error=str(exc), error_type=type(exc).__name__)
-            print(f"phoenix worker: {processor_class.__name__}.initialize() failed: {exc}", file=sys.stderr)
+            print(
+                f"phoenix worker: {processor_class.__name__}.initialize() failed: {scrub.scrub(str(exc))}",
+                file=sys.stderr,
+            )
             return 3
         worker = Worker(settings, processor, stream_client, keys, swap_env_key=billing.swap_env)
         loop = asyncio.get_running_loop()

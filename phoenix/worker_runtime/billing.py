@@ -1,38 +1,48 @@
 """Per-user LLM billing: a message's LLM calls run on its user's own API key, fetched once, cached in Redis.
 
-Keys: `api_key:user:{user_id}` caches the key for 24 h (the TTL is refreshed on every use);
+Keys: `api_key:user:{user_id}` caches the key, encrypted (Fernet: AES-CBC + HMAC, with its creation time), for at
+most BILLING_CACHE_MAX_AGE seconds after it was fetched: reading it never extends its life. An entry that cannot be
+read (another cache key, a plaintext entry from before encryption, too old) is dropped and the key fetched anew.
 `fetching_key:{user_id}` is a short guard so that only one worker of the whole fleet asks the billing service
-(LiteLLM-compatible `POST /key/generate`) while the others wait for the cache.
+(LiteLLM-compatible `POST /key/generate`) while the others wait for the cache. A processor whose LLM service refuses
+the user's key (HTTP 401/403) raises ApiKeyRejectedError: the cached key is dropped at once, for the whole fleet,
+and the retried message runs on a newly fetched one.
 
 Keys are kept in `SecretStr` until the moment a library needs the plain string, so they never show up in
-logs, exception messages, reprs or the locals of a rendered traceback.
+logs, exception messages, reprs or the locals of a rendered traceback; and every key handed to a processor is
+masked out of the error strings the runtime stores or logs (scrub.py).
 """
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
 import aiohttp
 import structlog
-from pydantic import SecretStr, ValidationError, field_validator
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+from pydantic import Field, SecretStr, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from yarl import URL
 
-from phoenix.worker_runtime import lua
+from phoenix.worker_runtime import lua, scrub
 from phoenix.worker_runtime.metrics import BILLING_KEY_LOOKUPS
 from phoenix.worker_runtime.redis_client import text
 from phoenix.worker_runtime.settings import ConfigurationError, describe_validation_error
 
 API_KEY_ENV = "OPENAI_API_KEY"
-KEY_TTL_SECONDS = 86400
+KEY_MAX_AGE_SECONDS = 86400
 GUARD_TTL_SECONDS = 10
 # Below the guard TTL, so a slow but answering service never lets a second worker take over the guard.
 REQUEST_TIMEOUT_SECONDS = 8.0
@@ -52,12 +62,41 @@ class BillingUnavailableError(Exception):
     """
 
 
+class ApiKeyRejectedError(Exception):
+    """Raised by a processor when its LLM service refuses the API key in scope (HTTP 401/403).
+
+    Transient: the runtime drops the user's cached key (for every worker), so the retried message runs on a key
+    fetched anew. Raise it from the processor call (process, or process_batch as a whole), not as a batch result.
+    """
+
+
 class BillingConfigError(ConfigurationError):
     """Billing settings that cannot work; raised at worker start."""
 
 
+def _cache_cipher(keys: str) -> MultiFernet:
+    """The cipher of BILLING_CACHE_KEY: Fernet keys separated by commas; the first encrypts, any decrypts."""
+    try:
+        return MultiFernet([Fernet(key.strip()) for key in keys.split(",") if key.strip()])
+    except ValueError:  # also for no key at all; the message never quotes the value
+        raise ValueError(
+            "must be one or more Fernet keys separated by commas (32 url-safe base64-encoded bytes each, e.g. "
+            "from `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`)"
+        ) from None
+
+
+def _derived_cache_cipher(master_key: SecretStr) -> MultiFernet:
+    """Without BILLING_CACHE_KEY: a key derived from BILLING_MASTER_KEY, which every worker of the fleet has, so the
+    cache stays shared; whoever can read it could have asked the billing service for the keys anyway."""
+    derived = HKDF(algorithm=SHA256(), length=32, salt=None, info=b"phoenix billing cache v1").derive(
+        master_key.get_secret_value().encode()
+    )
+    return MultiFernet([Fernet(base64.urlsafe_b64encode(derived))])
+
+
 class BillingSettings(BaseSettings):
-    """BILLING_URL (unset = billing off), BILLING_MASTER_KEY, BILLING_SWAP_ENV (true/false; unset = auto)."""
+    """BILLING_URL (unset = billing off), BILLING_MASTER_KEY, BILLING_SWAP_ENV (true/false; unset = auto),
+    BILLING_CACHE_KEY (unset = derived from the master key), BILLING_CACHE_MAX_AGE (seconds)."""
 
     # Empty variables count as unset: manifests often render an absent optional value as "".
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True, env_ignore_empty=True)
@@ -65,12 +104,21 @@ class BillingSettings(BaseSettings):
     billing_url: str | None = None
     billing_master_key: SecretStr | None = None
     billing_swap_env: bool | None = None
+    billing_cache_key: SecretStr | None = None
+    billing_cache_max_age: int = Field(KEY_MAX_AGE_SECONDS, ge=1)
 
     @field_validator("billing_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
         if value is not None and (URL(value).scheme not in ("http", "https") or not URL(value).host):
             raise ValueError("must be an http(s) URL such as http://litellm:4000")
+        return value
+
+    @field_validator("billing_cache_key")
+    @classmethod
+    def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is not None:
+            _cache_cipher(value.get_secret_value())
         return value
 
     @property
@@ -109,6 +157,7 @@ class ApiKeyProvider:
     """Finds the API key of a message's user: from the Redis cache, else fetched once for the whole fleet.
 
     `redis` must be a decoded client (decode_responses=True). One aiohttp session per provider; `aclose()` it.
+    `cache_key`: BILLING_CACHE_KEY (None: derived from the master key); `cache_max_age`: BILLING_CACHE_MAX_AGE.
     """
 
     def __init__(
@@ -118,12 +167,22 @@ class ApiKeyProvider:
         stage: str,
         billing_url: str | None,
         master_key: SecretStr | None,
+        cache_key: SecretStr | None = None,
+        cache_max_age: int = KEY_MAX_AGE_SECONDS,
         guard_ttl: int = GUARD_TTL_SECONDS,
         request_timeout: float = REQUEST_TIMEOUT_SECONDS,
         max_wait: float | None = None,
     ) -> None:
         if billing_url is not None and (master_key is None or not master_key.get_secret_value()):
             raise BillingConfigError("BILLING_URL is set but BILLING_MASTER_KEY is not")
+        for secret in (master_key, cache_key):
+            scrub.register(secret.get_secret_value() if secret is not None else None)
+        self._cipher: MultiFernet | None = None
+        if cache_key is not None:
+            self._cipher = _cache_cipher(cache_key.get_secret_value())
+        elif master_key is not None and master_key.get_secret_value():
+            self._cipher = _derived_cache_cipher(master_key)
+        self._max_age = cache_max_age
         self._redis = redis
         self._stage = stage
         self._endpoint = URL(billing_url) / "key/generate" if billing_url is not None else None
@@ -132,8 +191,10 @@ class ApiKeyProvider:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout)
         # Long enough to outlast one crashed guard owner and one full fetch by the next owner.
         self._max_wait = max_wait if max_wait is not None else guard_ttl + request_timeout
-        self._release_guard = lua.register(redis, "billing_release_guard.lua")
+        self._delete_if = lua.register(redis, "billing_delete_if.lua")
         self._session: aiohttp.ClientSession | None = None
+        # Drops of refused keys under way: a later lookup in this process waits for them.
+        self._drops: set[asyncio.Task[None]] = set()
 
     @property
     def enabled(self) -> bool:
@@ -149,6 +210,8 @@ class ApiKeyProvider:
         """
         if self._endpoint is None or not user_id:
             return None
+        if self._drops:
+            await asyncio.gather(*self._drops)
         cache_key, guard_key = f"api_key:user:{user_id}", f"fetching_key:{user_id}"
         deadline = asyncio.get_running_loop().time() + self._max_wait
         while True:
@@ -163,7 +226,7 @@ class ApiKeyProvider:
                     BILLING_KEY_LOOKUPS.labels(stage=self._stage, result="miss").inc()
                     return await self._fetch_and_cache(user_id, cache_key)
                 finally:
-                    await self._release_guard(keys=[guard_key], args=[token])
+                    await self._delete_if(keys=[guard_key], args=[token])
             if asyncio.get_running_loop().time() >= deadline:
                 raise BillingUnavailableError(
                     f"gave up after {self._max_wait:g}s waiting for another worker to fetch the API key of "
@@ -172,23 +235,61 @@ class ApiKeyProvider:
             await asyncio.sleep(POLL_SECONDS)
 
     async def aclose(self) -> None:
+        if self._drops:
+            await asyncio.gather(*self._drops)
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    async def _cached(self, cache_key: str) -> SecretStr | None:
-        value = await self._redis.getex(cache_key, ex=KEY_TTL_SECONDS)
-        if value is None:
+    def _open(self, entry: str) -> str | None:
+        """The key in a cache entry; None when it cannot be trusted (another cache key, plaintext, too old)."""
+        assert self._cipher is not None
+        try:
+            # Beside the entry's expiry: an entry kept longer (PERSIST, a restored dump) is refused all the same.
+            return self._cipher.decrypt(entry, ttl=self._max_age).decode()
+        except InvalidToken:
+            return None
+
+    def _user_key(self, key: str, cache_key: str, entry: str) -> UserApiKey:
+        return UserApiKey(key, lambda: self._drop_later(cache_key, entry))
+
+    async def _cached(self, cache_key: str) -> UserApiKey | None:
+        entry = await self._redis.get(cache_key)
+        if entry is None:
+            return None
+        if (key := self._open(text(entry))) is None:
+            await self._delete_if(keys=[cache_key], args=[entry])
+            log.info("billing_cache_entry_dropped", cache_key=cache_key, reason="unreadable or too old")
             return None
         BILLING_KEY_LOOKUPS.labels(stage=self._stage, result="hit").inc()
-        return SecretStr(text(value))
+        return self._user_key(key, cache_key, text(entry))
 
-    async def _fetch_and_cache(self, user_id: str, cache_key: str) -> SecretStr:
-        fetched = await self._fetch(user_id)
+    async def _fetch_and_cache(self, user_id: str, cache_key: str) -> UserApiKey:
+        fetched = (await self._fetch(user_id)).get_secret_value()
+        assert self._cipher is not None
+        entry = self._cipher.encrypt(fetched.encode()).decode()
         # NX GET: if a worker whose guard expired mid-fetch cached its key first, everyone adopts that one.
-        earlier = await self._redis.set(cache_key, fetched.get_secret_value(), nx=True, get=True, ex=KEY_TTL_SECONDS)
-        log.info("billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=earlier is not None)
-        return SecretStr(text(earlier)) if earlier is not None else fetched
+        earlier = await self._redis.set(cache_key, entry, nx=True, get=True, ex=self._max_age)
+        adopted = self._open(text(earlier)) if earlier is not None else None
+        log.info("billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=adopted is not None)
+        if adopted is not None:
+            return self._user_key(adopted, cache_key, text(earlier))
+        # Not cached when another worker's entry is there but unreadable here (a cache key rotation under way).
+        return self._user_key(fetched, cache_key, entry)
+
+    def _drop_later(self, cache_key: str, entry: str) -> None:
+        """Drop a refused key's cache entry; called when a processor leaves api_key_scope, which cannot wait."""
+        task = asyncio.get_running_loop().create_task(self._drop(cache_key, entry))
+        self._drops.add(task)
+        task.add_done_callback(self._drops.discard)
+
+    async def _drop(self, cache_key: str, entry: str) -> None:
+        try:
+            dropped = await self._delete_if(keys=[cache_key], args=[entry])
+        except RedisError as exc:  # the next refusal tries again; meanwhile the key ages out
+            log.warning("billing_key_drop_failed", cache_key=cache_key, error=str(exc))
+            return
+        log.info("billing_key_dropped", cache_key=cache_key, reason="refused by the LLM service", dropped=dropped)
 
     async def _fetch(self, user_id: str) -> SecretStr:
         assert self._endpoint is not None and self._master_key is not None
@@ -221,6 +322,17 @@ class ApiKeyProvider:
         return SecretStr(key)
 
 
+class UserApiKey(SecretStr):
+    """A user's key as it came from the cache: `rejected()` drops that very cache entry, not a newer one."""
+
+    def __init__(self, key: str, on_rejected: Callable[[], None]) -> None:
+        super().__init__(key)
+        self._on_rejected = on_rejected
+
+    def rejected(self) -> None:
+        self._on_rejected()
+
+
 def current_api_key() -> str | None:
     """The API key LLM calls must use now: the user's key inside `api_key_scope`, else the process's own.
 
@@ -236,7 +348,11 @@ def api_key_scope(key: SecretStr | None, *, swap_env: bool) -> Iterator[None]:
 
     With `swap_env`, OPENAI_API_KEY is also set in os.environ and restored (or unset again) on exit, even when
     the processor raises. Only one swap may be active at a time (CONCURRENCY=1, see BillingSettings.check).
+    The key is masked out of this task's error strings from now on (scrub.expose); an ApiKeyRejectedError
+    leaving the block drops the user's cached key.
     """
+    if key is not None:
+        scrub.expose(key.get_secret_value())
     context_token = _current_key.set(key)
     swapping = swap_env and key is not None
     if swapping and not _env_swap.acquire(blocking=False):
@@ -250,6 +366,10 @@ def api_key_scope(key: SecretStr | None, *, swap_env: bool) -> Iterator[None]:
             assert key is not None
             os.environ[API_KEY_ENV] = key.get_secret_value()
         yield
+    except ApiKeyRejectedError:
+        if isinstance(key, UserApiKey):
+            key.rejected()
+        raise
     finally:
         if swapping:
             _restore_env_key(saved)

@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.messages import RawFields
 from phoenix.worker_runtime.redis_client import text_range
+from phoenix.worker_runtime.scrub import scrub
 
 _REPLAY_BATCH = 1000
 # Fields the runtime adds to a DLQ entry; the original fields are kept beside them.
@@ -21,12 +22,14 @@ _FAILURE_KEYS = frozenset(f.encode() for f in FAILURE_FIELDS)
 def dead_letter_fields(
     raw: RawFields, entry_id: str, *, error: str, error_type: str, stage: str, attempts: int
 ) -> list[str | bytes]:
-    """The original fields (bytes kept as they came, even undecodable ones) plus why and where it failed."""
+    """The original fields (bytes kept as they came, even undecodable ones) plus why and where it failed.
+
+    Known secrets are masked out of `error` (before it is cut, so no secret's beginning is left at the cut)."""
     fields: dict[bytes, str | bytes] = {k: v for k, v in raw.items() if k not in _FAILURE_KEYS}
     original_id = raw.get(b"original_id", entry_id.encode())
     fields.update(
         {
-            b"error": error[:2000],
+            b"error": scrub(error)[:2000],
             b"error_type": error_type,
             b"stage": stage,
             b"attempts": str(attempts),

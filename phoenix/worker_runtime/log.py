@@ -12,6 +12,7 @@ import structlog
 from structlog.typing import EventDict
 
 from phoenix.worker_runtime import jsoncodec
+from phoenix.worker_runtime.scrub import scrub
 
 _log = structlog.get_logger("phoenix.worker")
 
@@ -37,6 +38,12 @@ def add_message_context(_logger: Any, _method: str, event_dict: EventDict) -> Ev
     return event_dict
 
 
+def scrub_line(_logger: Any, _method: str, line: Any) -> str:
+    """structlog processor after the renderer (so `line` is the rendered str): known secrets masked out of the
+    whole line, wherever they are (an error, a traceback, a repr), so that no field needs to be known in advance."""
+    return scrub(line)
+
+
 def _encode_line(event_dict: dict[str, Any], **_options: Any) -> str:
     return jsoncodec.dumps(event_dict, repr)
 
@@ -60,6 +67,8 @@ def log_info_lines(lines: list[dict[str, Any]]) -> None:
     # As in the chain: a line's own fields win over context variables; level and timestamp are set over both.
     context = structlog.contextvars.get_contextvars()
     stamp = {"level": "info", "timestamp": datetime.now(tz=UTC).isoformat().replace("+00:00", "Z")}
+    # Not scrubbed, unlike the chain's lines: these carry ids and timings only, and masking would cost a tenth of a
+    # message's handling when a Redis password is set.
     _json_output.write("".join(jsoncodec.dumps({**context, **fields, **stamp}, repr) + "\n" for fields in lines))
     _json_output.flush()
 
@@ -78,6 +87,7 @@ def configure_logging(service: str, level: str = "info", fmt: str = "json") -> N
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
             structlog.processors.format_exc_info,
             renderer,
+            scrub_line,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         logger_factory=structlog.WriteLoggerFactory(sys.stdout),

@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.messages import Message, retry_fields
+from phoenix.worker_runtime.scrub import scrub
 from phoenix.worker_runtime.settings import WorkerSettings
 
 
@@ -17,9 +18,9 @@ def backoff_seconds(attempt: int, base: float, cap: float) -> float:
 
 
 def retry_member(message: Message, first_failed_at: float, error: str, settings: WorkerSettings) -> tuple[int, str]:
-    """(delay in ms, retry-set member) for settle.lua's R action."""
+    """(delay in ms, retry-set member) for settle.lua's R action; known secrets are masked out of `error`."""
     delay = backoff_seconds(message.retry_count, settings.retry_base_seconds, settings.retry_max_seconds)
-    return int(delay * 1000), json.dumps(retry_fields(message, first_failed_at, error))
+    return int(delay * 1000), json.dumps(retry_fields(message, first_failed_at, scrub(error)))
 
 
 def retry_member_fields(member: str | bytes) -> dict[str, str]:

@@ -130,7 +130,7 @@ class ConfigurationError(Exception):
     """Raised with one readable line that names the offending variable."""
 
 
-_SECRET_FIELDS = {"redis_url", "billing_master_key"}
+_SECRET_FIELDS = {"redis_url", "billing_master_key", "billing_cache_key"}
 
 
 def describe_validation_error(exc: ValidationError) -> str:
