@@ -55,7 +55,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     """At the end of a run with failures: which tests failed, why, and where their evidence is."""
-    summary = evidence.run_dir() / "summary.txt"
+    summary = evidence.run_path() / "summary.txt"
     if summary.exists():
         terminalreporter.section("e2e evidence")
         terminalreporter.write(summary.read_text())

@@ -29,10 +29,14 @@ _STARTED = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 _COMMAND_TIMEOUT = 60
 
 
-def run_dir() -> Path:
+def run_path() -> Path:
     """PHOENIX_E2E_REPORT_DIR (hack/e2e.sh sets it per run), else .cache/e2e/runs/<this session's start>."""
-    default = REPO_ROOT / ".cache" / "e2e" / "runs" / _STARTED
-    directory = Path(os.environ.get("PHOENIX_E2E_REPORT_DIR", default))
+    return Path(os.environ.get("PHOENIX_E2E_REPORT_DIR", REPO_ROOT / ".cache" / "e2e" / "runs" / _STARTED))
+
+
+def run_dir() -> Path:
+    """run_path(), created: only when something is written to it."""
+    directory = run_path()
     directory.mkdir(parents=True, exist_ok=True)
     return directory
 
