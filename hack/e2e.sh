@@ -3,6 +3,9 @@
 # packages it needs when missing, builds or reuses (cached in .cache/ by version or input hash) the control plane,
 # the node's binaries, KEDA and the images, starts the node, runs the suite, and tears everything down, also after
 # a failure or Ctrl-C. Needs Linux and root. Extra arguments go to pytest (e.g. -k scaling).
+# Every run keeps its evidence in .cache/e2e/runs/<UTC time>/: the suite's output, pytest's junit XML, the
+# components' logs, and for each failed test the cluster's state at the failure (tests/e2e/evidence.py); on failure
+# the end of the suite's output says which test failed, why, and where its evidence is.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -31,5 +34,11 @@ bash hack/build-kube.sh
 bash hack/build-node.sh
 bash hack/build-keda.sh
 bash hack/build-images.sh
-exec .venv/bin/python hack/e2e_cluster.py run --logs .cache/e2e/logs -- \
-  .venv/bin/python -m pytest -m e2e tests/e2e -v -p no:cacheprovider "$@"
+run=.cache/e2e/runs/$(date -u +%Y%m%dT%H%M%SZ)
+mkdir -p "$run"
+export PHOENIX_E2E_REPORT_DIR=$root/$run
+echo "this run's evidence: $run"
+# exec keeps e2e_cluster.py the process that SIGTERM reaches (it tears the cluster down); tee -i outlives Ctrl-C.
+exec > >(tee -i "$run/output.log") 2>&1
+exec .venv/bin/python hack/e2e_cluster.py run --logs "$run/logs" -- \
+  .venv/bin/python -m pytest -m e2e tests/e2e -v -p no:cacheprovider --junitxml "$run/junit.xml" "$@"

@@ -6,6 +6,9 @@ cluster with KEDA installed and the images loaded works, e.g. kind):
   the sample PDFs from; the test's overlay shortens KEDA's polling and cooldown and the reclaim timings.
 - `redis`: a client for that Valkey through `kubectl port-forward`.
 
+Evidence: a failed test (or fixture) leaves the cluster's state at that moment under the run's directory
+(tests/e2e/evidence.py: PHOENIX_E2E_REPORT_DIR, which hack/e2e.sh sets per run, else .cache/e2e/runs/<start>).
+
 Images: PHOENIX_E2E_IMAGE (default ghcr.io/phoenix/phoenix:0.1.0) and PHOENIX_E2E_VALKEY_IMAGE (default the
 manifests' valkey/valkey:8.1).
 """
@@ -15,13 +18,14 @@ from __future__ import annotations
 import base64
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 import redis as redis_client
 
 from phoenix.stages.samples import ensure_samples
+from tests.e2e import evidence
 from tests.e2e.kube import (
     MANIFESTS,
     PHOENIX_IMAGE,
@@ -36,7 +40,25 @@ from tests.e2e.kube import (
 )
 from tests.e2e.pipeline import NAMESPACE, Pipeline, documents_server, stage_patch
 
-OPERATOR_NAMESPACE = "phoenix-system"
+OPERATOR_NAMESPACE = evidence.OPERATOR_NAMESPACE
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+    """A failure's evidence is collected at once, while the cluster still shows what went wrong."""
+    outcome = yield
+    report: pytest.TestReport = outcome.get_result()
+    if report.failed and "KUBECONFIG" in os.environ:
+        directory = evidence.record_failure(report.nodeid, report.when, report.longreprtext)
+        report.sections.append(("e2e evidence", f"the cluster at the failure: {directory}"))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """At the end of a run with failures: which tests failed, why, and where their evidence is."""
+    summary = evidence.run_path() / "summary.txt"
+    if summary.exists():
+        terminalreporter.section("e2e evidence")
+        terminalreporter.write(summary.read_text())
 
 
 @pytest.fixture(scope="session")
@@ -121,7 +143,5 @@ def redis(pipeline: Pipeline) -> Iterator[redis_client.Redis]:
 
 @pytest.fixture(scope="session")
 def report_dir() -> Path:
-    """Where tests write what they observed (the scaling timeline): PHOENIX_E2E_REPORT_DIR or .cache/e2e."""
-    directory = Path(os.environ.get("PHOENIX_E2E_REPORT_DIR", MANIFESTS.parent / ".cache" / "e2e"))
-    directory.mkdir(parents=True, exist_ok=True)
-    return directory
+    """Where tests write what they observed (the scaling timeline): the run's evidence directory."""
+    return evidence.run_dir()

@@ -160,13 +160,20 @@ def test_paused_stage_holds_zero_pods_and_resumes(scaler: None, pipeline: Pipeli
 
 
 def timeline_wait_paused() -> dict[str, Any]:
+    """The ScaledObject once KEDA has carried out the pause, not only once the operator asked for it: KEDA marks it
+    Paused before it stops its scale loop and deletes the HPA after, so until the HPA is gone a poll of the old
+    loop can still wake the stage."""
     deadline = time.monotonic() + 60
     while True:
         scaled_object = kubectl_json("get", "scaledobject", "-n", NAMESPACE, STAGE)
-        if (scaled_object["metadata"].get("annotations") or {}).get("autoscaling.keda.sh/paused") == "true":
+        asked = (scaled_object["metadata"].get("annotations") or {}).get("autoscaling.keda.sh/paused") == "true"
+        conditions = (scaled_object.get("status") or {}).get("conditions") or []
+        paused = any(c["type"] == "Paused" and c["status"] == "True" for c in conditions)
+        hpa = (scaled_object.get("status") or {}).get("hpaName") or f"keda-hpa-{STAGE}"
+        if asked and paused and not kubectl("get", "hpa", "-n", NAMESPACE, hpa, "--ignore-not-found").strip():
             return scaled_object
         if time.monotonic() > deadline:
-            raise AssertionError(f"the ScaledObject was not paused: {scaled_object['metadata']}")
+            raise AssertionError(f"KEDA did not pause the ScaledObject: {scaled_object['metadata']}, {conditions}")
         time.sleep(1)
 
 
