@@ -166,6 +166,18 @@ async def test_an_output_no_group_reads_is_warned_about_at_start_and_stops_the_s
     assert a.alive
 
 
+async def test_a_start_trims_nothing_before_trim_interval(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    """A stage that keeps what it acknowledged (a long TRIM_INTERVAL, as the e2e suite's stages do to read exactly
+    once back) keeps it across a restart: the start-up look at the output trims nothing."""
+    await enqueue(redis, A_IN, ["r1", "r2", "r3"])
+    first = workers.start("a", OUTPUT_QUEUE=SINK, TRIM_INTERVAL="3600")
+    await wait_until(lambda: _length(redis, SINK, 3), "three records forwarded")
+    first.stop()
+    second = workers.start("a", OUTPUT_QUEUE=SINK, TRIM_INTERVAL="3600")
+    await wait_until(lambda: second.logged("output_unread"), "the second worker's start-up lines")
+    assert await redis.xlen(A_IN) == 3  # all acknowledged, none trimmed
+
+
 async def test_output_retention_keeps_a_stage_with_an_unread_output_flowing(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:

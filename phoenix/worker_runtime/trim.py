@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from phoenix.keys import dlq_trimmed_key
 from phoenix.worker_runtime import lua, metrics
@@ -22,6 +23,7 @@ log = structlog.get_logger("phoenix.trim")
 class Trimmer:
     def __init__(self, client: Redis, settings: WorkerSettings) -> None:
         self._script = lua.register(client, "trim.lua")
+        self._client = client
         s = settings
         self._keys = [s.input_queue, s.dlq_name, dlq_trimmed_key(s.dlq_name)]
         self._args: list[str | int] = [s.dlq_maxlen, "", 0]
@@ -49,6 +51,17 @@ class Trimmer:
             self._m_retention_trimmed.inc(output_trimmed)
         if self._output and bool(unread) != self.output_unread:
             self._note_unread(bool(unread))
+
+    async def look_at_output(self) -> None:
+        """Whether a consumer group reads the output, trimming nothing: the start-up line. A start must not trim
+        ahead of TRIM_INTERVAL (a stage may keep what it acknowledged on purpose, for a long interval)."""
+        if not self._output:
+            return
+        try:
+            groups = await self._client.xinfo_groups(self._output)
+        except ResponseError:  # no stream yet: nobody reads it, as trim.lua counts it
+            groups = []
+        self._note_unread(not groups)
 
     def _note_unread(self, unread: bool) -> None:
         """Log when the output starts or stops being read by a consumer group (a group may come later)."""

@@ -217,8 +217,8 @@ class Worker:
             redis=s.redis_url_redacted,
         )
         await self._report_redis_risk()
-        # A first trim now, not after TRIM_INTERVAL: an output no group reads is warned about among the start lines.
-        await self.trimmer.trim()
+        # Now, not after TRIM_INTERVAL: an output no group reads is warned about among the start lines.
+        await self.trimmer.look_at_output()
         # Lock renewal, the timeout watchdog and the committer keep running while in-flight work drains.
         background = [
             asyncio.create_task(self.settler.run(), name="settler"),
