@@ -422,10 +422,10 @@ class Worker:
             elif flight.deadline + s.timeout_grace < now:
                 limits = f"PROCESSING_TIMEOUT={s.processing_timeout:g}s + TIMEOUT_GRACE={s.timeout_grace:g}s"
                 error = TimeoutError(f"processing outlived {limits} and was given up")
+                running = now - flight.deadline + s.processing_timeout
                 CURRENT_MESSAGE.set(flight.message)
-                log.error("processing_given_up", seconds=round(now - flight.deadline + s.processing_timeout, 1))
-                started = time.time() - (now - flight.deadline + s.processing_timeout)
-                self._give_up(flight, self._failure_outcome(flight.message, error, started))
+                log.error("processing_given_up", seconds=round(running, 1))
+                self._give_up(flight, self._failure_outcome(flight.message, error, time.time() - running))
                 CURRENT_MESSAGE.set(None)
 
     # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
