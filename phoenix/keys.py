@@ -72,6 +72,7 @@ class StageKeys:
         cls,
         name: str,
         namespace: str = DEFAULT_NAMESPACE,
+        *,
         input: str | None = None,
         group: str | None = None,
         dlq: str | None = None,

@@ -50,7 +50,10 @@ def test_streams_default_from_the_stage_name() -> None:
 
 
 def test_output_stage_resolves_to_its_input_stream() -> None:
-    assert resolve_streams("parser", "default", make_spec(output={"stage": "grouper"})).output == "phoenix:{default}:grouper:input"
+    assert (
+        resolve_streams("parser", "default", make_spec(output={"stage": "grouper"})).output
+        == "phoenix:{default}:grouper:input"
+    )
 
 
 def test_explicit_names_win() -> None:

@@ -101,7 +101,11 @@ class WorkerSettings(BaseSettings):
     def _derive_defaults(self) -> WorkerSettings:
         # Names derived from SERVICE_NAME (phoenix.keys); frozen, so set through __dict__ once.
         keys = StageKeys.for_stage(
-            self.service_name, self.key_namespace, self.input_queue, self.consumer_group, self.dlq_name
+            self.service_name,
+            self.key_namespace,
+            input=self.input_queue,
+            group=self.consumer_group,
+            dlq=self.dlq_name,
         )
         derived = {
             "input_queue": keys.input,
@@ -133,10 +137,10 @@ class WorkerSettings(BaseSettings):
         return StageKeys.for_stage(
             self.service_name,
             self.key_namespace,
-            self.input_queue,
-            self.consumer_group,
-            self.dlq_name,
-            self.output_queue,
+            input=self.input_queue,
+            group=self.consumer_group,
+            dlq=self.dlq_name,
+            output=self.output_queue,
         )
 
     @property

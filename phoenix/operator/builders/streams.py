@@ -14,7 +14,9 @@ def resolve_streams(name: str, namespace: str, spec: PhoenixStageSpec) -> StageK
     another object.
     """
     output = _output_stream(spec.output, namespace)
-    return StageKeys.for_stage(name, namespace, spec.input, spec.consumer_group, spec.dlq, output)
+    return StageKeys.for_stage(
+        name, namespace, input=spec.input, group=spec.consumer_group, dlq=spec.dlq, output=output
+    )
 
 
 def _output_stream(output: Output | None, namespace: str) -> str | None:
