@@ -44,10 +44,11 @@ local function server_now_ms()
 end
 
 local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 9, #ARGV
--- Positions in ARGV of the R and D items, written after the commits, and their record keys.
-local retries, retry_keys, dead, dead_keys = {}, {}, {}, {}
-local function release(code, key)
+-- Positions in ARGV of the R and D items, written after the commits, and their item numbers.
+local retries, retry_items, dead, dead_items = {}, {}, {}, {}
+local function release(code, n)
   if code == 'D' or code == 'R' or code == 'L' then
+    local key = KEYS[4 + n]
     if redis.call('GET', key) == lock_value then
       redis.call('DEL', key)
     end
@@ -84,17 +85,17 @@ while i <= argc do
     n_acked = n_acked + 1
     acked[n_acked] = entry_id
   elseif code == 'R' or code == 'r' then
-    retry_keys[#retries + 1] = key
+    retry_items[#retries + 1] = item
     retries[#retries + 1] = i
   elseif code == 'D' or code == 'd' then
-    dead_keys[#dead + 1] = key
+    dead_items[#dead + 1] = item
     dead[#dead + 1] = i
   else
     if code == 's' then
       n_acked = n_acked + 1
       acked[n_acked] = entry_id
     end
-    release(code, key)
+    release(code, item)
   end
   i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
 end
@@ -103,13 +104,13 @@ for r, j in ipairs(retries) do
   redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[j + 3]), ARGV[j + 4])
   n_acked = n_acked + 1
   acked[n_acked] = ARGV[j + 1]
-  release(ARGV[j], retry_keys[r])
+  release(ARGV[j], retry_items[r])
 end
 for d, j in ipairs(dead) do
   redis.call('XADD', dlq, '*', unpack(ARGV, j + 4, j + 3 + tonumber(ARGV[j + 3])))
   n_acked = n_acked + 1
   acked[n_acked] = ARGV[j + 1]
-  release(ARGV[j], dead_keys[d])
+  release(ARGV[j], dead_items[d])
 end
 -- One XACK for the batch; chunked to stay far below Lua's limit on unpacked values.
 for j = 1, n_acked, 4000 do
