@@ -181,6 +181,14 @@ async def test_parser_without_pages_is_record_not_found(parser: ParserProcessor)
         await parser.process("rec-4", "user-1", {"pages_key": pages_key(NS, "rec-4")})
 
 
+async def test_parser_reads_no_pages_of_another_namespace(redis: aioredis.Redis, parser: ParserProcessor) -> None:
+    foreign = pages_key("lab-b", "rec-4")
+    await redis.set(foreign, "[]")
+    with pytest.raises(PermanentError, match=re.escape(f"pages_key '{foreign}' of record rec-4 is not a pages key")):
+        await parser.process("rec-4", "user-1", {"pages_key": foreign})
+    assert await redis.get(foreign) == "[]"  # neither read into a result nor deleted
+
+
 async def test_parser_redelivery_after_success_returns_the_stored_result(
     router: RouterProcessor, parser: ParserProcessor, samples: dict[str, Path]
 ) -> None:
