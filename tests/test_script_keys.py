@@ -321,9 +321,9 @@ def _sha(script: str) -> str:
     return hashlib.sha1((PACKAGE / script).read_text().encode()).hexdigest()
 
 
-def check_calls(monitor: ScriptMonitor, scripts: set[str], namespace_slot: int | None) -> None:
+def check_calls(monitor: ScriptMonitor, scripts: set[str], namespace_slot: int) -> None:
     """Each of `scripts` (paths under phoenix/) was called and ran; each of their calls has KEYS that hash to one
-    slot (that of the namespace, unless None), and every key its commands touched is among them."""
+    slot, the namespace's, and every key its commands touched is among them."""
     by_sha = {_sha(s): s for s in scripts}
     assert monitor.strays == []
     assert monitor.shas() <= {_sha(str(path.relative_to(PACKAGE))) for path in SCRIPTS}, "a script not of the package"
@@ -334,7 +334,7 @@ def check_calls(monitor: ScriptMonitor, scripts: set[str], namespace_slot: int |
     for call in (c for c in monitor.calls if c.sha in by_sha):
         name = by_sha[call.sha]
         slots = {key_slot(key) for key in call.keys}
-        if len(slots) != 1 or (namespace_slot is not None and slots != {namespace_slot}):
+        if slots != {namespace_slot}:
             problems.append(f"{name}: KEYS {call.keys} hash to slots {sorted(slots)}")
         if undeclared := call.touched - set(call.keys):
             problems.append(f"{name}: touched {sorted(undeclared)} not in its KEYS {call.keys}")
@@ -477,7 +477,11 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
         assert await replay_once(cluster, STAGE.replay_ledger("r1"), STAGE.dlq, STAGE.input, None) == 1
         # Billing: a fetch under the single-fetch guard, which is released with the compare-and-delete script.
         provider = ApiKeyProvider(
-            cluster, stage=STAGE.name, billing_url=key_service.url, master_key=SecretStr(key_service.master_key)
+            cluster,
+            stage=STAGE.name,
+            namespace=NAMESPACE,
+            billing_url=key_service.url,
+            master_key=SecretStr(key_service.master_key),
         )
         try:
             assert await provider.key_for("u1") is not None
@@ -485,10 +489,7 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
             await provider.aclose()
     await monitor_client.aclose()
 
-    stage_scripts = DIRECT_SCRIPTS - {"worker_runtime/billing_delete_if.lua"}
-    check_calls(monitor, stage_scripts, key_slot(STAGE.input.encode()))
-    # The billing cache is keyed by user, not by stage: one key per call, in whatever slot it hashes to.
-    check_calls(monitor, {"worker_runtime/billing_delete_if.lua"}, None)
+    check_calls(monitor, DIRECT_SCRIPTS, key_slot(STAGE.input.encode()))
     reclaim = _sha("worker_runtime/repair_reclaim.lua")
     reclaim_keys = [c.keys for c in monitor.calls if c.sha == reclaim and c.inner]  # a NOSCRIPT attempt runs nothing
     assert reclaim_keys == [[STAGE.input.encode(), STAGE.record("a").encode(), STAGE.record("b").encode()]]
