@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
-from phoenix.cli import records, status
+from phoenix.cli import migrate, records, status
 from phoenix.cli.stage import add_redis_argument, confirm, fail, stage_keys
 from phoenix.cli.stage import client as _client
 from phoenix.operator.options import OperatorOptions
@@ -164,6 +164,7 @@ def _parser() -> argparse.ArgumentParser:
 
     status.add_command(sub)
     records.add_commands(sub)
+    migrate.add_command(sub)
     return p
 
 
