@@ -6,6 +6,7 @@ import json
 
 import redis.asyncio as aioredis
 
+from phoenix.keys import StageKeys
 from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.stage_s import DLQ, IN, OUT, add, idle
@@ -75,6 +76,31 @@ async def test_status_table(redis: aioredis.Redis, redis_url: str) -> None:
     row = lines[1].split()
     assert row[:2] == ["default", "s"] and row[2:5] == ["4", "1", "3"] and row[6:] == ["1", "1"]
     assert float(row[5]) >= 0
+
+
+async def test_status_shows_every_namespace_or_the_one_given(redis: aioredis.Redis, redis_url: str) -> None:
+    """Two tenants' stages of one name on one database: a row each, told apart by NAMESPACE; --namespace picks one."""
+    for namespace, waiting in (("team-a", 2), ("team-b", 1)):
+        keys = StageKeys.for_stage("shared", namespace)
+        await redis.xgroup_create(keys.input, keys.consumer_group, id="0", mkstream=True)
+        for i in range(waiting):
+            await redis.xadd(keys.input, {"record_id": f"{namespace}-{i}"})
+    await redis.xgroup_create(StageKeys.for_stage("solo", "team-b").input, "solo-group", id="0", mkstream=True)
+
+    def rows(*args: str) -> list[list[str]]:
+        lines = phoenix(redis_url, "status", *args).splitlines()
+        assert lines[0].split()[:3] == ["NAMESPACE", "STAGE", "LENGTH"]
+        return [line.split()[:3] for line in lines[1:]]
+
+    assert rows() == [["team-a", "shared", "2"], ["team-b", "shared", "1"], ["team-b", "solo", "0"]]
+    assert rows("--namespace", "team-b") == [["team-b", "shared", "1"], ["team-b", "solo", "0"]]
+    assert rows("--namespace", "team-a", "--service", "shared") == [["team-a", "shared", "2"]]
+    assert [(r["namespace"], r["stage"]) for r in json.loads(phoenix(redis_url, "status", "--json"))] == [
+        ("team-a", "shared"),
+        ("team-b", "shared"),
+        ("team-b", "solo"),
+    ]
+    assert "default: every namespace" in " ".join(phoenix(redis_url, "status", "--help").split())
 
 
 async def _dlq_length(redis: aioredis.Redis, n: int) -> bool:

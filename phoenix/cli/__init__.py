@@ -139,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
     dsub = d.add_subparsers(dest="dlq_command", required=True)
     dl = with_redis(dsub.add_parser("list"))
     dl.add_argument("--service", required=True)
-    dl.add_argument("--dlq", help="explicit DLQ stream (default phoenix:{service}:dlq)")
+    dl.add_argument("--dlq", help="explicit DLQ stream (default phoenix:{namespace}:service:dlq)")
     dl.add_argument("--count", type=int, default=20)
     dl.set_defaults(handler=_dlq_list)
     dr = with_redis(dsub.add_parser("replay", help="move DLQ entries back into the input, atomically (asks first)"))
