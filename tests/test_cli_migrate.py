@@ -238,3 +238,13 @@ async def test_custom_input_and_dlq_keep_their_names(redis: aioredis.Redis, redi
         "migrated stage s to namespace team-a: start its workers of the new version",
     ]
     assert await redis.xlen("orders") == 1 and await redis.xlen("orders-dead") == 1
+
+
+async def test_a_namespace_its_workers_would_refuse_stops_at_once(redis: aioredis.Redis, redis_url: str) -> None:
+    await redis.xadd(OLD.input, _entry("w1"))
+    done = run_phoenix(redis_url, "migrate", "--service", "s", "--namespace", "Team_A", "--yes")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.splitlines() == [
+        "phoenix migrate: --namespace: String should match pattern '^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$'"
+    ]
+    assert await _keys(redis, "phoenix:s:*") == [OLD.input]

@@ -5,11 +5,13 @@ script passes `--yes`; the move is recorded in the stage's audit stream."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 
 from phoenix.cli.records import add_safety_arguments
-from phoenix.cli.stage import add_redis_argument, confirm, fail
+from phoenix.cli.stage import StageSettings, add_redis_argument, confirm, fail
 from phoenix.worker_runtime import audit
 from phoenix.worker_runtime.migrate import (
     DEFAULT_ALIVE_IDLE_MS,
@@ -51,6 +53,13 @@ def _lines(plan: MigrationPlan, records: int, moves: tuple[Move, ...], done: boo
 
 
 async def run(args: argparse.Namespace) -> int:
+    try:  # the names its workers will accept, checked as they check them
+        StageSettings(service_name=args.service, key_namespace=args.namespace)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        option = "--namespace" if error["loc"][0] == "key_namespace" else "--service"
+        print(f"phoenix migrate: {option}: {error['msg']}", file=sys.stderr)
+        return 2
     # Not the decoding client of the other commands: keys are renamed by their exact bytes (migrate.py).
     async with aioredis.Redis.from_url(args.redis_url) as redis:
         plan = await plan_migration(
