@@ -15,6 +15,7 @@ from redis.typing import EncodableT, FieldT
 from phoenix.cli import migrate, records, status
 from phoenix.cli.stage import add_redis_argument, confirm, fail, stage_keys
 from phoenix.cli.stage import client as _client
+from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.worker_runtime import audit, dlq
@@ -89,6 +90,7 @@ async def _dlq_export(args: argparse.Namespace) -> int:
         f"exported {count} entries of {dlq_stream}"
         + (
             f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
+            f"{f' --namespace {args.namespace}' if args.namespace != DEFAULT_NAMESPACE else ''}"
             f"{f' --dlq {args.dlq}' if args.dlq else ''} --through {last}"
             if last
             else ""
