@@ -199,8 +199,9 @@ async def test_an_interrupted_move_is_finished_by_the_next_run(redis: aioredis.R
         "refused: a move of stage s to namespace team-a was interrupted: run phoenix migrate again with --namespace "
         "team-a to finish it (nothing changed)"
     ]
+    assert _migrate(redis_url, "--dry-run")[0] == "would continue the interrupted move of stage s to namespace team-a"
     assert _migrate(redis_url, "--yes") == [
-        "continuing the interrupted move of stage s to namespace team-a",
+        "continued the interrupted move of stage s to namespace team-a",
         "moved the DLQ phoenix:s:dlq to phoenix:{team-a}:s:dlq",
         "moved the DLQ trimmed counter phoenix:s:dlq:trimmed to phoenix:{team-a}:s:dlq-trimmed",
         "moved the audit stream phoenix:s:audit to phoenix:{team-a}:s:audit",

@@ -41,9 +41,9 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 def _lines(plan: MigrationPlan, records: int, moves: tuple[Move, ...], done: bool) -> list[str]:
-    move, write = ("moved", "wrote") if done else ("would move", "would write")
+    move, write, go_on = ("moved", "wrote", "continued") if done else ("would move", "would write", "would continue")
     old, new = plan.old, plan.new
-    lines = [f"continuing the interrupted move of stage {new.name} to namespace {new.namespace}"] * plan.resuming
+    lines = [f"{go_on} the interrupted move of stage {new.name} to namespace {new.namespace}"] * plan.resuming
     if records:
         lines.append(f"{move} {records} record keys (locks and markers) {old.record_prefix}* to {new.record_prefix}*")
     lines += [f"{move} the {m.what} {m.source} to {m.target}" for m in moves]
