@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
@@ -101,6 +102,19 @@ async def test_status_shows_every_namespace_or_the_one_given(redis: aioredis.Red
         ("team-b", "solo"),
     ]
     assert "default: every namespace" in " ".join(phoenix(redis_url, "status", "--help").split())
+
+
+async def test_commands_default_to_key_namespace(
+    redis: aioredis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell set up for a hand-run worker's tenant (KEY_NAMESPACE) reaches that tenant's keys; --namespace wins."""
+    monkeypatch.setenv("KEY_NAMESPACE", "team-a")
+    phoenix(redis_url, "enqueue", "--service", "s", "--record-id", "r1")
+    phoenix(redis_url, "enqueue", "--service", "s", "--record-id", "r2", "--namespace", "team-b")
+    for namespace, record in (("team-a", "r1"), ("team-b", "r2")):
+        [(_, fields)] = await redis.xrange(StageKeys.for_stage("s", namespace).input)
+        assert fields["record_id"] == record
+    assert not await redis.exists(IN)
 
 
 async def _dlq_length(redis: aioredis.Redis, n: int) -> bool:
