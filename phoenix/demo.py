@@ -32,7 +32,7 @@ from phoenix.keys import StageKeys, input_stream
 from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
-from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_client import text_range
 from phoenix.worker_runtime.settings import WorkerSettings, redact_url
 
@@ -52,8 +52,8 @@ class DemoStage:
     output: str  # next stage's input stream; "" for the last stage
 
     @property
-    def queues(self) -> StageQueues:
-        return StageQueues.of(StageKeys.for_stage(self.name))
+    def queues(self) -> StageKeys:
+        return StageKeys.for_stage(self.name)
 
 
 PIPELINE = (

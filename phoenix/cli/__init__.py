@@ -13,10 +13,8 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from phoenix.cli import records, status
-from phoenix.cli.stage import add_redis_argument, confirm, fail
+from phoenix.cli.stage import add_redis_argument, confirm, fail, stage_keys
 from phoenix.cli.stage import client as _client
-from phoenix.cli.status import stage_queues as _stage_queues
-from phoenix.keys import StageKeys
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.worker_runtime import audit, dlq
@@ -27,7 +25,7 @@ DRY_RUN_SHOWN = 20
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
-    stream = args.stream or _stage_queues(args.service).input
+    stream = args.stream or stage_keys(args).input
     fields: dict[FieldT, EncodableT] = {"record_id": args.record_id, "user_id": args.user_id}
     data = json.loads(args.data) if args.data else {}
     for item in args.field:
@@ -42,19 +40,19 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 async def _dlq_list(args: argparse.Namespace) -> int:
     async with _client(args) as client:
-        entries = await text_range(client, args.dlq or _stage_queues(args.service).dlq, count=args.count)
+        entries = await text_range(client, args.dlq or stage_keys(args).dlq, count=args.count)
     for entry_id, fields in entries:
         print(json.dumps({"id": entry_id, **fields}))
     return 0
 
 
-async def _audit(client: Redis, service: str, action: str, count: int, detail: str) -> None:
-    stream = StageKeys.for_stage(service).audit
+async def _audit(client: Redis, args: argparse.Namespace, action: str, count: int, detail: str) -> None:
+    stream = stage_keys(args).audit
     await audit.record(client, stream, audit.Repair(audit.person(), action, count, detail))
 
 
 async def _dlq_replay(args: argparse.Namespace) -> int:
-    q = _stage_queues(args.service)
+    q = stage_keys(args)
     dlq_stream, input_stream = args.dlq or q.dlq, args.input or q.input
     limit = None if args.count == "all" else int(args.count)
     async with _client(args) as client:
@@ -74,15 +72,13 @@ async def _dlq_replay(args: argparse.Namespace) -> int:
         if not confirm(f"Move {what}?", args.yes):
             return 1
         moved = await dlq.replay(client, dlq_stream, input_stream, limit)
-        await _audit(
-            client, args.service, "dlq-replay", moved, f"moved {moved} entries of {dlq_stream} back to {input_stream}"
-        )
+        await _audit(client, args, "dlq-replay", moved, f"moved {moved} entries of {dlq_stream} back to {input_stream}")
     print(f"moved {moved} entries back to {input_stream}")
     return 0
 
 
 async def _dlq_export(args: argparse.Namespace) -> int:
-    dlq_stream = args.dlq or _stage_queues(args.service).dlq
+    dlq_stream = args.dlq or stage_keys(args).dlq
     count, last = 0, None
     async with _client(args) as client:
         async for entry_id, fields in dlq.entries(client, dlq_stream):
@@ -103,7 +99,7 @@ async def _dlq_export(args: argparse.Namespace) -> int:
 
 
 async def _dlq_purge(args: argparse.Namespace) -> int:
-    dlq_stream = args.dlq or _stage_queues(args.service).dlq
+    dlq_stream = args.dlq or stage_keys(args).dlq
     what = f"entries of {dlq_stream} up to {args.through}" if args.through else f"every entry of {dlq_stream}"
     if not confirm(f"Delete {what}?", args.yes):
         return 1
@@ -116,7 +112,7 @@ async def _dlq_purge(args: argparse.Namespace) -> int:
             pipe.xlen(dlq_stream)
             pipe.delete(dlq_stream)
             deleted, _ = await pipe.execute()
-        await _audit(client, args.service, "dlq-purge", deleted, f"deleted {what}: {deleted} entries")
+        await _audit(client, args, "dlq-purge", deleted, f"deleted {what}: {deleted} entries")
     print(f"deleted {deleted} entries from {dlq_stream}")
     return 0
 
@@ -131,7 +127,7 @@ def _parser() -> argparse.ArgumentParser:
 
     e = with_redis(sub.add_parser("enqueue", help="add a record to a stage's input stream"))
     target = e.add_mutually_exclusive_group(required=True)
-    target.add_argument("--service", help="stage name: writes to phoenix:{service}:input")
+    target.add_argument("--service", help="stage name: writes to phoenix:{namespace}:service:input")
     target.add_argument("--stream", help="explicit stream key")
     e.add_argument("--record-id", required=True)
     e.add_argument("--user-id", default="")

@@ -10,6 +10,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
 from phoenix.worker_runtime.settings import WorkerSettings
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -48,6 +49,12 @@ def add_redis_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), help="default: $REDIS_URL"
     )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("KEY_NAMESPACE", DEFAULT_NAMESPACE),
+        help="the stage's namespace (its Kubernetes namespace, or the KEY_NAMESPACE of a worker run by hand); "
+        "default: $KEY_NAMESPACE, else default",
+    )
     return parser
 
 
@@ -55,9 +62,9 @@ def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = Fals
     """--service plus the worker variables to pass when the stage does not use the defaults."""
     add_redis_argument(parser)
     parser.add_argument("--service", required=True, help="stage name (SERVICE_NAME)")
-    parser.add_argument("--input", help="INPUT_QUEUE, default phoenix:{service}:input")
-    parser.add_argument("--group", help="CONSUMER_GROUP, default {service}-group")
-    parser.add_argument("--dlq", help="DLQ_NAME, default phoenix:{service}:dlq")
+    parser.add_argument("--input", help="INPUT_QUEUE, default phoenix:{namespace}:service:input")
+    parser.add_argument("--group", help="CONSUMER_GROUP, default service-group")
+    parser.add_argument("--dlq", help="DLQ_NAME, default phoenix:{namespace}:service:dlq")
     if timings:
         parser.add_argument("--output", help="OUTPUT_QUEUE, to show what the next stage got")
         parser.add_argument("--claim-idle-ms", type=int, help="CLAIM_IDLE_MS of the stage (default 300000)")
@@ -67,7 +74,12 @@ def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = Fals
 
 def stage_settings(args: argparse.Namespace) -> StageSettings:
     given = {field: getattr(args, option) for option, field in _OVERRIDES.items() if getattr(args, option, None)}
-    return StageSettings(service_name=args.service, **given)
+    return StageSettings(service_name=args.service, key_namespace=args.namespace, **given)
+
+
+def stage_keys(args: argparse.Namespace) -> StageKeys:
+    """The default names of the stage --service in --namespace."""
+    return StageKeys.for_stage(args.service, args.namespace)
 
 
 def redis_client(url: str) -> aioredis.Redis:

@@ -34,7 +34,7 @@ from phoenix.operator.status.durability import (
 )
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.operator.status.registry import StageKey, StageRecord
-from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 from phoenix.worker_runtime.settings import redact_url
 
@@ -78,7 +78,7 @@ def queue_status(stats: QueueStats) -> dict[str, int]:
 
 async def _sample(pool: RedisPool, url: str, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
     # group_by_redis kept only reconciled stages (streams set); zip(strict=True) below checks none was dropped.
-    queues = [StageQueues.of(s) for r in records if (s := r.streams) is not None]
+    queues = [s for r in records if (s := r.streams) is not None]
     try:
         stats = await collect(pool.client(url), queues)
     except (RedisError, OSError) as exc:
