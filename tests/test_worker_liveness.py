@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from urllib.parse import urlsplit
 
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 
+from phoenix.embedded import embedded_valkey
 from phoenix.worker_runtime.settings import WorkerSettings, describe_validation_error
 from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
@@ -194,6 +196,37 @@ async def test_an_intake_hung_on_a_blackholed_connection_fails_liveness_within_t
             await add(redis, "after")
             await wait_until(lambda: _forwarded_at_least(redis, 1), "a record read after the outage", 30)
     assert await _forwarded(redis) == Counter(["after"])
+
+
+async def test_an_intake_on_a_primary_demoted_by_a_failover_fails_liveness_within_the_limit() -> None:
+    """A failover's other face: the connection still works, but the server behind it became a replica, so every
+    XREADGROUP is refused (READONLY) and retried forever. Without Sentinel (a DNS name that moved to the new
+    primary) only a new connection helps: the restart."""
+    with embedded_valkey() as primary_url, embedded_valkey() as new_primary_url:
+        demoted = aioredis.Redis.from_url(primary_url, decode_responses=True)
+        async with running_worker(primary_url, processor=OffRedisProcessor, liveness_timeout=LIMIT) as worker:
+
+            async def reading() -> bool:
+                return bool(await demoted.exists(worker.settings.input_queue)) and worker.alive()[0]
+
+            async def failure() -> str | None:
+                return _failure(worker)
+
+            await wait_until(reading, "the worker reading", 30)
+            new_primary = urlsplit(new_primary_url)
+            await demoted.replicaof(new_primary.hostname, new_primary.port)
+            demoted_at = time.monotonic()
+            reason = await wait_until(failure, "liveness to fail", LIMIT + 30)
+            elapsed = time.monotonic() - demoted_at
+            assert reason.startswith("intake stalled: no Redis read has returned for "), reason
+            assert LIMIT - BLOCK - 0.5 <= elapsed <= LIMIT + SLACK, f"failed {elapsed:.1f}s after the demotion"
+            await demoted.replicaof("NO", "ONE")  # a primary again, emptied by the sync: the group is made anew
+
+            async def alive() -> bool:
+                return worker.alive() == (True, "ok")
+
+            await wait_until(alive, "the intake reading again", 30)
+        await demoted.aclose()
 
 
 def test_liveness_timeout_is_derived_from_the_longest_call_and_refused_below_it() -> None:

@@ -62,10 +62,11 @@ _REDIS_REFUSALS = (
 )
 
 
-def _refused_by_item(exc: RedisError) -> bool:
-    """True when the script itself failed on its arguments (e.g. a field list Lua cannot unpack): the same
+def refused_by_item(exc: RedisError) -> bool:
+    """True when the call itself failed on its arguments or keys (e.g. a field list Lua cannot unpack): the same
     batch would fail again forever, so the failing item is isolated instead. Subclasses of ResponseError are
-    Redis refusing (out of memory, read-only replica, no permission), never one item."""
+    Redis refusing (out of memory, read-only replica, no permission), never one item; nor is a lost connection.
+    The intake's liveness asks the same: anything else means Redis cannot be worked with for now."""
     return type(exc) is ResponseError and not str(exc).removeprefix("ERR ").startswith(_REDIS_REFUSALS)
 
 
@@ -177,7 +178,7 @@ class Settler:
                 self._progress_at = time.monotonic()  # the one liveness cost: a clock read per script call
                 return written
             except RedisError as exc:
-                if _refused_by_item(exc):
+                if refused_by_item(exc):
                     return exc
                 log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=delay)
                 await asyncio.sleep(delay)

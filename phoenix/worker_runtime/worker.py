@@ -40,7 +40,7 @@ from phoenix.worker_runtime.redis_client import Entry, read_group
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.settle import Action, Outcome, Settler, refused_by_item
 from phoenix.worker_runtime.tracing import MessageTracing
 from phoenix.worker_runtime.trim import Trimmer
 
@@ -370,7 +370,9 @@ class Worker:
                         await self.ensure_group()
                     continue
                 # Redis down, or the key is not a stream: say so and keep trying, never crash-loop.
-                failed = not isinstance(exc, ResponseError)  # an error reply still shows Redis answering
+                # Redis not answering, or refusing every call for now (a read-only replica after a failover): no
+                # beat. An error about the call itself (the key is no stream) is an answer; a restart cannot cure it.
+                failed = not refused_by_item(exc)
                 log.warning("redis_read_failed", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
