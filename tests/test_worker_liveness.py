@@ -118,10 +118,11 @@ async def test_a_worker_on_a_blackholed_connection_fails_healthz_and_a_fresh_wor
 async def test_a_settler_that_cannot_commit_fails_liveness_within_the_limit(
     redis: aioredis.Redis, redis_url: str, socket_timeout: float | None
 ) -> None:
-    """Four records in flight, all slots taken: the intake only waits for a slot (healthy), the records finish off
-    Redis after the blackhole and their outcomes wait for a settler that cannot commit."""
-    hold = 2.0  # each record's processing: the blackhole comes while all four run
-    records = [f"r{i}" for i in range(4)]
+    """A record in flight, the one slot taken: the intake only waits for a slot (healthy), the record finishes off
+    Redis after the blackhole and its outcome waits for a settler that cannot commit. One slot, so one read took
+    it: a second read could hang on the blackhole too."""
+    hold = 2.0  # the record's processing: the blackhole comes while it runs
+    records = ["r0"]
     for record_id in records:
         await add(redis, record_id, sleep=hold)
     with tcp_proxy(redis_url) as proxy:
@@ -129,25 +130,24 @@ async def test_a_settler_that_cannot_commit_fails_liveness_within_the_limit(
             proxy.url,
             processor=OffRedisProcessor,
             output_queue=OUT,
-            concurrency=4,
             liveness_timeout=LIMIT,
             socket_timeout=socket_timeout,
         ) as worker:
 
-            async def all_in_flight() -> bool:
-                return len(worker.in_flight) == len(records)
+            async def in_flight() -> bool:
+                return bool(worker.in_flight)
 
             async def failure() -> str | None:
                 return _failure(worker)
 
-            await wait_until(all_in_flight, "every record in flight", 30)
+            await wait_until(in_flight, "the record in flight", 30, interval=0.02)
             proxy.blackhole()
             blackholed = time.monotonic()
             reason = await wait_until(failure, "liveness to fail", hold + LIMIT + 30)
             elapsed = time.monotonic() - blackholed
             assert reason.startswith("settle stalled: no commit has succeeded for "), reason
             assert "intake" not in reason
-            # Not before the limit (the outcomes waited from when they came), not much after it.
+            # Not before the limit (the outcome waited from when it came), not much after it.
             assert LIMIT <= elapsed <= hold + LIMIT + SLACK, f"failed {elapsed:.1f}s after the blackhole"
             proxy.resume()  # the connection comes back before the kubelet gave up: the same worker goes on
 
@@ -186,7 +186,7 @@ async def test_an_intake_hung_on_a_blackholed_connection_fails_liveness_within_t
             assert reason.startswith("intake stalled: no Redis read has returned for "), reason
             assert "settle" not in reason
             # The last read began at most one BLOCK_MS before the blackhole.
-            assert LIMIT - BLOCK - 0.5 <= elapsed <= LIMIT + SLACK, f"failed {elapsed:.1f}s after the blackhole"
+            assert LIMIT - BLOCK - 1.5 <= elapsed <= LIMIT + SLACK, f"failed {elapsed:.1f}s after the blackhole"
             proxy.resume()
 
             async def alive() -> bool:
@@ -219,7 +219,7 @@ async def test_an_intake_on_a_primary_demoted_by_a_failover_fails_liveness_withi
             reason = await wait_until(failure, "liveness to fail", LIMIT + 30)
             elapsed = time.monotonic() - demoted_at
             assert reason.startswith("intake stalled: no Redis read has returned for "), reason
-            assert LIMIT - BLOCK - 0.5 <= elapsed <= LIMIT + SLACK, f"failed {elapsed:.1f}s after the demotion"
+            assert LIMIT - BLOCK - 1.5 <= elapsed <= LIMIT + SLACK, f"failed {elapsed:.1f}s after the demotion"
             await demoted.replicaof("NO", "ONE")  # a primary again, emptied by the sync: the group is made anew
 
             async def alive() -> bool:
