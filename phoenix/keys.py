@@ -56,6 +56,16 @@ def shared_data_key(namespace: str, kind: str, ident: str) -> str:
     return f"{scope(namespace)}:_{kind}:{ident}"
 
 
+def billing_cache_key(namespace: str, user_id: str) -> str:
+    """The user's API key, encrypted, cached for every stage of `namespace` (worker_runtime/billing.py)."""
+    return shared_data_key(namespace, "billing-key", user_id)
+
+
+def billing_guard_key(namespace: str, user_id: str) -> str:
+    """While set: one worker of `namespace` is fetching the user's API key from the billing service."""
+    return shared_data_key(namespace, "billing-fetching", user_id)
+
+
 @dataclass(frozen=True)
 class StageKeys:
     """The streams, consumer group and keys of stage `name` in `namespace`."""
