@@ -103,6 +103,11 @@ class StageKeys:
         return f"{scope(self.namespace)}:{self.name}"
 
     @property
+    def pattern(self) -> str:
+        """SCAN MATCH pattern of every key of the stage named after it (all but a custom input or DLQ)."""
+        return f"{self._stage}:*"
+
+    @property
     def retry(self) -> str:
         """Sorted set of records waiting for their next attempt (score = due time in ms)."""
         return f"{self._stage}:retry"
@@ -149,6 +154,7 @@ class LegacyStageKeys:
     `phoenix migrate` to move a stage's data to StageKeys."""
 
     name: str
+    custom_dlq: str = ""  # the stage's DLQ_NAME when it set one: its trimmed counter was named after it
 
     @property
     def input(self) -> str:
@@ -172,4 +178,10 @@ class LegacyStageKeys:
 
     @property
     def dlq_trimmed(self) -> str:
-        return f"{self.dlq}:trimmed"
+        return f"{self.custom_dlq or self.dlq}:trimmed"
+
+    @property
+    def migrating(self) -> str:
+        """While `phoenix migrate` moves the stage (value: the namespace it moves to), so that a run interrupted
+        half-way is continued by the next, and only to the same namespace."""
+        return f"{PREFIX}:{self.name}:migrating"
