@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -63,7 +64,6 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
         ({"redis_mode": "sentinel"}, "REDIS_MODE=sentinel needs REDIS_SENTINEL_MASTER"),
         ({"redis_sentinel_master": "mymaster"}, "REDIS_SENTINEL_* settings apply only with REDIS_MODE=sentinel"),
         ({"redis_tls_ca_file": "/etc/ssl/certs/ca-certificates.crt"}, "REDIS_TLS_* settings need a rediss:// URL"),
-        ({"redis_url": "rediss://127.0.0.1:6379/0", "redis_tls_ca_file": "/nonexistent/ca.pem"}, "REDIS_TLS_CA_FILE"),
         ({"redis_url": "rediss://127.0.0.1:6379/0", "redis_tls_cert_file": "/x.pem"}, "needs both"),
         ({"block_ms": 5000, "redis_socket_timeout": 6}, "REDIS_SOCKET_TIMEOUT (6 s) must exceed BLOCK_MS (5 s)"),
         (
@@ -77,6 +77,19 @@ def test_connection_settings_are_checked_at_start(variables: dict[str, object], 
         WorkerSettings(service_name="s", processor="p", **variables)
     line = describe_validation_error(caught.value)
     assert message in line and "\n" not in line
+
+
+def test_tls_files_the_worker_cannot_read_stop_it_with_one_line(workers: WorkerPool, tmp_path: Path) -> None:
+    not_pem = tmp_path / "ca.pem"
+    not_pem.write_text("not a certificate")
+    told = {
+        "/nonexistent/ca.pem": "REDIS_TLS_CA_FILE: no such file: /nonexistent/ca.pem",
+        str(not_pem): f"REDIS_TLS_CA_FILE: cannot load the CA bundle {not_pem}: NO_CERTIFICATE_OR_CRL_FOUND",
+    }
+    for ca, problem in told.items():
+        w = workers.start("s", REDIS_URL="rediss://127.0.0.1:6379/0", REDIS_TLS_CA_FILE=ca)
+        assert w.process.popen.wait(timeout=30) == 2
+        assert w.process.log_path.read_text() == f"phoenix worker: invalid configuration: {problem}\n"
 
 
 def test_the_worker_socket_timeout_outlasts_its_blocking_reads() -> None:
