@@ -50,18 +50,21 @@ def env_of(deployment: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_streams_default_from_the_stage_name() -> None:
-    streams = resolve_streams("parser", make_spec())
-    assert (streams.input, streams.output) == ("phoenix:parser:input", None)
-    assert (streams.consumer_group, streams.dlq) == ("parser-group", "phoenix:parser:dlq")
+    streams = resolve_streams("parser", "default", make_spec())
+    assert (streams.input, streams.output) == ("phoenix:{default}:parser:input", None)
+    assert (streams.consumer_group, streams.dlq) == ("parser-group", "phoenix:{default}:parser:dlq")
 
 
 def test_output_stage_resolves_to_its_input_stream() -> None:
-    assert resolve_streams("parser", make_spec(output={"stage": "grouper"})).output == "phoenix:grouper:input"
+    assert (
+        resolve_streams("parser", "default", make_spec(output={"stage": "grouper"})).output
+        == "phoenix:{default}:grouper:input"
+    )
 
 
 def test_explicit_names_win() -> None:
     spec = make_spec(input="in", output={"stream": "out"}, consumerGroup="g", dlq="dead")
-    assert StreamsStatus.of(resolve_streams("parser", spec)).to_k8s() == {
+    assert StreamsStatus.of(resolve_streams("parser", "default", spec)).to_k8s() == {
         "input": "in",
         "output": "out",
         "consumerGroup": "g",
@@ -88,10 +91,11 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
     )
     assert env_of(build_deployment(OWNER, spec)) == {
         "SERVICE_NAME": "parser",
-        "INPUT_QUEUE": "phoenix:parser:input",
-        "OUTPUT_QUEUE": "phoenix:grouper:input",
+        "KEY_NAMESPACE": "docs",
+        "INPUT_QUEUE": "phoenix:{docs}:parser:input",
+        "OUTPUT_QUEUE": "phoenix:{docs}:grouper:input",
         "CONSUMER_GROUP": "parser-group",
-        "DLQ_NAME": "phoenix:parser:dlq",
+        "DLQ_NAME": "phoenix:{docs}:parser:dlq",
         "PROCESSOR": "parser",
         "LOCK_TIMEOUT": "120",
         "IDEMPOTENCY_TTL": "3600",
@@ -246,7 +250,7 @@ def test_scaled_object_scales_on_lag_and_stays_up_for_pending_entries_and_retrie
     assert (body["minReplicaCount"], body["maxReplicaCount"]) == (0, 7)
     assert (body["pollingInterval"], body["cooldownPeriod"]) == (5, 60)
     connection = {"address": "redis.docs:6380", "databaseIndex": "3", "enableTLS": "false"}
-    group = {"stream": "phoenix:parser:input", "consumerGroup": "parser-group"}
+    group = {"stream": "phoenix:{docs}:parser:input", "consumerGroup": "parser-group"}
     auth = {"authenticationRef": {"name": "parser-redis"}}
     assert body["triggers"] == [
         {
@@ -260,7 +264,7 @@ def test_scaled_object_scales_on_lag_and_stays_up_for_pending_entries_and_retrie
         # The retry set only wakes the stage (ZCARD / a target no set reaches asks for one pod).
         {
             "type": "redis",
-            "metadata": {**connection, "listName": "phoenix:parser:retry", "listLength": "1000000000"},
+            "metadata": {**connection, "listName": "phoenix:{docs}:parser:retry", "listLength": "1000000000"},
             **auth,
         },
     ]

@@ -63,7 +63,7 @@ def stage_model(body: Mapping[str, Any]) -> PhoenixStage:
 def parse_stage(body: Mapping[str, Any]) -> PhoenixStage:
     """The validated stage, ready to run; rules the schema cannot express fail as a permanent InvalidSpec error."""
     stage = stage_model(body)
-    check_stream_names(resolve_streams(stage.metadata.name, stage.spec))
+    check_stream_names(resolve_streams(stage.metadata.name, stage.namespace, stage.spec))
     return stage
 
 
@@ -85,7 +85,7 @@ def check_stream_names(streams: StageKeys) -> None:
 
 async def redis_of(kube: KubeApi, stage: PhoenixStage) -> RedisSpec:
     """The stage's Redis as the operator and KEDA reach it from their own namespaces."""
-    namespace = stage.metadata.namespace or "default"
+    namespace = stage.namespace
     url = await kube.secret_value(namespace, stage.spec.redis.url_secret_ref)
     try:
         spec = RedisSpec.from_url(url)
@@ -135,7 +135,7 @@ async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: M
     spec. Raises StageError when the stage cannot run."""
     stage = parse_stage(body)
     owner = Owner.from_body(body)
-    streams = resolve_streams(owner.name, stage.spec)
+    streams = resolve_streams(owner.name, owner.namespace, stage.spec)
     redis = await redis_of(kube, stage)
     existed_before = record.streams is not None or bool(record.status.get("streams"))
     actions = await prepare_streams(pool, redis, streams, existed_before)
@@ -271,7 +271,7 @@ async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Ma
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
     redis = record.redis or await redis_of(ctx.kube, stage)
-    streams = resolve_streams(stage.metadata.name, stage.spec)
+    streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     try:
         await destroy(ctx.pool.client(redis), streams)
     except (RedisError, OSError) as exc:

@@ -49,7 +49,7 @@ def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) 
       such an entry, and with no pod left to reclaim it, it would wait for the next new entry;
     - the retry set (records waiting for their next attempt), wake-only: only workers move due retries back.
     KEDA trigger metadata values are all strings."""
-    streams = resolve_streams(owner.name, spec)
+    streams = resolve_streams(owner.name, owner.namespace, spec)
     connection_metadata = {
         "address": connection.address,
         "databaseIndex": str(connection.database_index),
