@@ -7,17 +7,19 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from phoenix.cli import migrate, records, status
-from phoenix.cli.stage import add_redis_argument, confirm, fail, stage_keys
+from phoenix.cli.stage import add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
 from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
+from phoenix.redis_spec import RedisSpecError
 from phoenix.worker_runtime import audit, dlq
 from phoenix.worker_runtime.redis_client import text_range
 
@@ -170,6 +172,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+async def _run(args: argparse.Namespace) -> int:
+    asyncio.get_running_loop().set_exception_handler(_quiet_reset_writes)
+    code: int = await args.handler(args)
+    return code
+
+
+def _quiet_reset_writes(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    # A server that resets the connection (a TLS server refusing a client without a certificate) fails asyncio's
+    # pending write too, a future nobody awaits: its traceback at exit would follow the one line that already
+    # told the error the read got.
+    if isinstance(context.get("exception"), ConnectionError) and "never retrieved" in context.get("message", ""):
+        return
+    loop.default_exception_handler(context)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "worker":
@@ -181,12 +198,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_operator(OperatorOptions.from_args(args))
     try:
-        return asyncio.run(args.handler(args))
+        if hasattr(args, "redis_url"):
+            redis_spec(args)  # checked before anything runs: a bad option is one line and exit 2
+        return asyncio.run(_run(args))
+    except RedisSpecError as exc:
+        print(f"phoenix {args.command}: invalid Redis configuration: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except RedisError as exc:
         # redis-py names host and port, never the password.
-        return fail(f"phoenix {args.command}: Redis error: {exc}")
+        return fail(f"phoenix {args.command}: Redis error: {redis_spec(args).explain(exc)}")
 
 
 if __name__ == "__main__":
