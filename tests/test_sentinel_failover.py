@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable
 from itertools import pairwise
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -20,6 +21,7 @@ from redis.exceptions import RedisError
 
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.cli import run_phoenix
+from tests.fixtures.docs import DOCS, marked_block
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.sentinel import MASTER_NAME, Address, SentinelSet
 from tests.fixtures.workers import WorkerPool
@@ -80,6 +82,7 @@ async def _run_through_failover(
         for stage in STAGES:
             assert await client.xlen(f"phoenix:{stage}:dlq") == 0
         assert [w.process.name for w in pool.workers if not w.alive] == []
+        assert all("worker_started" in w.event_names() for w in pool.workers)  # and every line is JSON
         pauses = {stage: await _pause(client, output, failed_at, elected) for stage, (_, output) in STAGES.items()}
         print(
             f"\n{what}: primary {old} -> {new}, elected {elected - failed_at:.1f} s after; pause (last commit "
@@ -179,3 +182,26 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     bad = run_phoenix(url, "enqueue", "--service", "a", "--record-id", "r-3")
     assert bad.returncode == 2
     assert "--min-replicas-ack: not a whole number >= 0: 'two'" in bad.stderr
+
+
+async def test_documented_producer_waits_for_replicas(sentinels: SentinelSet) -> None:
+    """docs/durability.md's producer, run as written, through the Sentinels."""
+    args, code = marked_block("producer", DOCS / "durability.md")
+    namespace: dict[str, Any] = {}
+    exec(compile(code, args.removeprefix("file="), "exec"), namespace)
+    produce = namespace["produce"]
+    client = sentinels.master()
+    try:
+        entry_id = await produce(client, "a", "r-1", {"n": 1}, replicas=2)
+        replicas = await sentinels.replicas(await sentinels.primary())
+        for address in replicas:
+            copy = sentinels.client(address)
+            try:
+                assert [e for e, _ in await copy.xrange(A_IN)] == [entry_id]
+            finally:
+                await copy.aclose()
+        async with sentinels.frozen(replicas[0]):
+            with pytest.raises(RuntimeError, match=r"^\S+ is on 1 of 2 replicas: a failover could lose it$"):
+                await produce(client, "a", "r-2", {"n": 2}, replicas=2)
+    finally:
+        await client.aclose()
