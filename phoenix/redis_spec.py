@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretBytes, SecretStr, Valid
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.utils import HIREDIS_AVAILABLE
 
 if HIREDIS_AVAILABLE:
@@ -53,6 +54,8 @@ SecretPem = Path | SecretBytes
 _HOST = re.compile(r"(?:\[(?P<v6>[0-9A-Fa-f:.]+)\]|(?P<name>[A-Za-z0-9_.-]+))(?::(?P<port>[0-9]*))?")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _OPTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
+# How a TLS server's refusal of a client without a certificate reaches the client (RedisSpec.explain).
+_REFUSED_CLIENT = ("CERTIFICATE_REQUIRED", "Connection reset by peer")
 
 
 class RedisSpecError(ValueError):
@@ -130,6 +133,20 @@ class RedisSpec(BaseModel):
         return tuple(
             {form for v in values if v for form in (v.get_secret_value(), quote(v.get_secret_value(), safe=""))}
         )
+
+    def explain(self, exc: BaseException) -> str:
+        """A client error as one line, with what to check when a TLS connection was refused. Under TLS 1.3 a
+        server that wants a client certificate refuses after the handshake, so the client sees either its alert or
+        a bare reset, depending on timing: both get the same hint."""
+        text = " ".join(str(exc).split())
+        if not self.tls or not isinstance(exc, RedisConnectionError):
+            return text
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            where = "REDIS_TLS_CA_FILE" if self.tls_ca is not None else "the system's CAs (set REDIS_TLS_CA_FILE)"
+            return f"{text} (the server's certificate is not signed by a CA in {where}, or names another host)"
+        if self.tls_cert is None and any(sign in text for sign in _REFUSED_CLIENT):
+            return f"{text} (the server requires a client certificate: set REDIS_TLS_CERT_FILE and REDIS_TLS_KEY_FILE)"
+        return text
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context (None without TLS): the server's certificate and host name are always verified.

@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except RedisError as exc:
         # redis-py names host and port, never the password.
-        return fail(f"phoenix {args.command}: Redis error: {exc}")
+        return fail(f"phoenix {args.command}: Redis error: {redis_spec(args).explain(exc)}")
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ async def prepare_streams(pool: RedisPool, redis: RedisSpec, streams: StageKeys,
         # WRONGTYPE: a key of that name exists and is not a stream; retrying will not change that by itself.
         raise StageError("StreamConflict", scrub(str(exc), *redis.secrets())) from None
     except (RedisError, OSError) as exc:
-        detail = f"{type(exc).__name__}: {scrub(str(exc), *redis.secrets())}"
+        detail = f"{type(exc).__name__}: {scrub(redis.explain(exc), *redis.secrets())}"
         raise StageError("RedisUnavailable", f"cannot reach Redis at {redis.redacted}: {detail}") from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []
