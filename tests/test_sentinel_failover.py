@@ -147,10 +147,12 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     sentinels: SentinelSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     primary = await sentinels.primary()
-    url = f"redis://{primary[0]}:{primary[1]}/0"
     replicas = await sentinels.replicas(primary)
     assert len(replicas) == 2
-    done = run_phoenix(url, "enqueue", "--service", "a", "--record-id", "r-1", "--min-replicas-ack", "2")
+    # Through the Sentinels, with the flag.
+    sentinel = ("--redis-mode", "sentinel", "--redis-sentinel-master", MASTER_NAME)
+    enqueue_r1 = ("enqueue", "--service", "a", "--record-id", "r-1", "--min-replicas-ack", "2")
+    done = run_phoenix(sentinels.url, *enqueue_r1, *sentinel)
     assert done.returncode == 0, done.stderr
     entry_id = done.stdout.strip()
     for address in replicas:  # on both replicas by the time the command returned
@@ -160,8 +162,9 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
         finally:
             await copy.aclose()
 
-    # The same option from the environment, with one replica frozen: the entry stands, and the command says it
-    # may not survive a failover.
+    # The same option from the environment, against the primary itself, with one replica frozen: the entry stands,
+    # and the command says it may not survive a failover.
+    url = f"redis://{primary[0]}:{primary[1]}/0"
     monkeypatch.setenv("MIN_REPLICAS_ACK", "2")
     monkeypatch.setenv("MIN_REPLICAS_TIMEOUT_MS", "300")
     async with sentinels.frozen(replicas[0]):
