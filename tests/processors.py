@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis.asyncio
+
 from phoenix.worker_runtime import BaseProcessor, BatchResult, PermanentError, Record, RecordNotFoundError
 
 
@@ -55,6 +57,16 @@ class ScriptedProcessor(BaseProcessor):
         if action == "none":
             return None
         return {**data, "seen_by": stage}
+
+
+class UnreachableRedisProcessor(BaseProcessor):
+    """Calls a Redis that refuses connections (data["port"], nothing listening): what a processor's Redis calls do
+    while a failover's election runs."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        async with redis.asyncio.Redis(port=int(data["port"]), retry=None) as client:
+            await client.get(record_id)
+        return None
 
 
 class AlwaysCrashProcessor(BaseProcessor):
