@@ -83,6 +83,8 @@ async def _run_through_failover(
             assert await client.xlen(f"phoenix:{stage}:dlq") == 0
         assert [w.process.name for w in pool.workers if not w.alive] == []
         assert all("worker_started" in w.event_names() for w in pool.workers)  # and every line is JSON
+        # The processors' Redis calls failed during the election: retried, without opening any circuit.
+        assert not [w.process.name for w in pool.workers if "circuit_state_changed" in w.event_names()]
         pauses = {stage: await _pause(client, output, failed_at, elected) for stage, (_, output) in STAGES.items()}
         print(
             f"\n{what}: primary {old} -> {new}, elected {elected - failed_at:.1f} s after; pause (last commit "
