@@ -357,6 +357,11 @@ class Worker:
                     continue
                 # Redis down, or the key is not a stream: say so and keep trying, never crash-loop.
                 log.warning("redis_read_failed", error=str(exc), retry_in=delay)
+                if not isinstance(exc, ResponseError):
+                    # A broken connection (a failover): a read may have delivered entries whose reply never came,
+                    # or the claim after a read failed. They are pending on this consumer: read them again first,
+                    # as at start, instead of leaving them to a reclaim after CLAIM_IDLE_MS.
+                    self._reread_own_pending = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
             finally:
