@@ -24,7 +24,7 @@ from tests.fixtures.workers import WorkerPool
 RECORDS = 20
 WRONG_CA = "certificate verify failed"
 WRONG_CA_HINT = "the server's certificate is not signed by a CA in REDIS_TLS_CA_FILE"
-NO_CERTIFICATE = "the server requires a client certificate: set REDIS_TLS_CERT_FILE and REDIS_TLS_KEY_FILE"
+NO_CERTIFICATE = "client certificate: set REDIS_TLS_CERT_FILE and REDIS_TLS_KEY_FILE"
 
 
 @pytest.fixture(scope="module")

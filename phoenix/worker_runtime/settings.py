@@ -158,7 +158,7 @@ class WorkerSettings(BaseSettings):
             "tls_key": self.redis_tls_key_file,
         }
         try:
-            spec = RedisSpec.from_url(
+            return RedisSpec.from_url(
                 self.redis_url.get_secret_value(),
                 mode=self.redis_mode.strip().lower(),
                 sentinel_master=self.redis_sentinel_master,
@@ -168,10 +168,8 @@ class WorkerSettings(BaseSettings):
                 socket_timeout=socket_timeout,
                 **{name: Path(path) for name, path in files.items() if path},
             )
-            spec.ssl_context()  # unreadable TLS files stop the worker now, not at its first connection
         except RedisSpecError as exc:
             raise ValueError(str(exc)) from None
-        return spec
 
     @property
     def redis(self) -> RedisSpec:
