@@ -79,6 +79,7 @@ class RecordLocks:
             self.lock_value,
             math.ceil(s.lock_timeout),
             s.record_prefix,
+            DONE,
         ]
         for m in messages:
             args += (m.entry_id, m.record_id)
