@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from phoenix.embedded import embedded_valkey
 from tests.fixtures.workers import WorkerPool
 
-pytest_plugins = ["tests.fixtures.kube"]
+pytest_plugins = ["tests.fixtures.kube", "tests.fixtures.sentinel"]
 
 
 @pytest.fixture(scope="session")

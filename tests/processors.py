@@ -16,6 +16,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import redis.asyncio
+
 from phoenix.worker_runtime import BaseProcessor, BatchResult, PermanentError, Record, RecordNotFoundError
 
 
@@ -80,6 +82,16 @@ class OffRedisProcessor(BaseProcessor):
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
         await asyncio.sleep(float(data.get("sleep", 0)))
         return {**data, "seen_by": self.settings.service_name}
+
+
+class UnreachableRedisProcessor(BaseProcessor):
+    """Calls a Redis that refuses connections (data["port"], nothing listening): what a processor's Redis calls do
+    while a failover's election runs."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        async with redis.asyncio.Redis(port=int(data["port"]), retry=None) as client:
+            await client.get(record_id)
+        return None
 
 
 class AlwaysCrashProcessor(BaseProcessor):

@@ -7,9 +7,13 @@ import asyncio
 import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
+from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
-from tests.fixtures.stage_s import DLQ, OUT, RETRY, add, idle, outputs
+from tests.fixtures.inprocess import running_worker
+from tests.fixtures.processes import free_loopback_port
+from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool
+from tests.processors import UnreachableRedisProcessor
 
 
 class Clock:
@@ -100,3 +104,30 @@ async def test_worker_with_open_circuit_leaves_messages_queued_then_recovers(
 
 async def _processed(redis: aioredis.Redis, n: int) -> bool:
     return await redis.xlen(OUT) == n and await idle(redis)
+
+
+async def test_redis_unreachable_from_a_processor_does_not_open_the_circuit(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """A failover's election fails a processor's Redis calls; each such record is retried, but Redis being away is not
+    the processor's dependency failing: an open circuit would idle the worker for CIRCUIT_RESET_TIMEOUT after Redis is
+    back (measured in the failover tests before: two of three workers of a stage)."""
+    port = free_loopback_port()
+    for i in range(4):
+        await add(redis, f"r{i}", port=port)
+    async with running_worker(
+        redis_url,
+        processor=UnreachableRedisProcessor,
+        concurrency=4,
+        circuit_failure_threshold=2,
+        retry_base_seconds=60,  # the retries stay in the retry set until the test has looked
+        retry_max_seconds=60,
+    ) as worker:
+        await wait_until(lambda: _settled_all(redis, worker), "every record failed and settled")
+        assert worker.breaker.state is CircuitState.CLOSED
+    assert await redis.zcard(RETRY) == 4  # each retried, none left pending by an open circuit
+
+
+async def _settled_all(redis: aioredis.Redis, worker: Worker) -> bool:
+    groups = await redis.xinfo_groups(IN)
+    return bool(groups) and groups[0]["lag"] == 0 and groups[0]["pending"] == 0 and not worker.in_flight

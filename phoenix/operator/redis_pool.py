@@ -1,35 +1,29 @@
-"""One Redis client per distinct URL, shared by every stage that uses it."""
+"""One Redis client per distinct connection spec, shared by every stage that uses it."""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-# An unreachable Redis must fail a reconcile or a refresh within seconds, not hang it.
-CONNECT_TIMEOUT_SECONDS = 5.0
-COMMAND_TIMEOUT_SECONDS = 10.0
+from phoenix.redis_spec import RedisSpec, connect
 
 
 class RedisPool:
     def __init__(self) -> None:
-        self._clients: dict[str, aioredis.Redis] = {}
+        self._clients: dict[RedisSpec, aioredis.Redis] = {}
 
-    def client(self, url: str) -> aioredis.Redis:
-        found = self._clients.get(url)
+    def client(self, spec: RedisSpec) -> aioredis.Redis:
+        """The client of `spec`, built on first use. Its timeouts are the spec's: the operator sends no blocking
+        command, so the defaults (phoenix.redis_spec) let an unreachable Redis fail a reconcile within seconds.
+        Raises RedisSpecError when its TLS material cannot be loaded."""
+        found = self._clients.get(spec)
         if found is None:
-            found = aioredis.Redis.from_url(
-                url,
-                decode_responses=True,
-                socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
-                socket_timeout=COMMAND_TIMEOUT_SECONDS,
-                health_check_interval=30,
-            )
-            self._clients[url] = found
+            found = self._clients[spec] = connect(spec, decode_responses=True)
         return found
 
-    async def retain(self, urls: set[str]) -> None:
-        """Close the clients of URLs no stage uses any more (a rotated Secret, deleted stages)."""
-        for url in set(self._clients) - urls:
-            await self._clients.pop(url).aclose()
+    async def retain(self, specs: set[RedisSpec]) -> None:
+        """Close the clients no stage uses any more (a rotated Secret, deleted stages)."""
+        for spec in set(self._clients) - specs:
+            await self._clients.pop(spec).aclose()
 
     async def close(self) -> None:
         await self.retain(set())

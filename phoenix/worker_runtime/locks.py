@@ -75,7 +75,7 @@ class RecordLocks:
         s = self._settings
         prefix = s.record_prefix
         keys = [s.input_queue, *(prefix + m.record_id for m in messages)]
-        args: list[str | int] = [s.consumer_group, s.consumer_name, self.lock_value, math.ceil(s.lock_timeout)]
+        args: list[str | int] = [s.consumer_group, s.consumer_name, self.lock_value, math.ceil(s.lock_timeout), DONE]
         for m in messages:
             args += (m.entry_id, m.record_id)
         lost = await self._renew(keys=keys, args=args)

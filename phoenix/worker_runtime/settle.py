@@ -141,10 +141,12 @@ class Settler:
         # MIN_REPLICAS_ACK: WAIT counts the writes of the connection it runs on, so it follows the script on the
         # same connection, in one pipeline. The commit stands either way (Redis cannot undo it); a short count
         # is logged, since a failover now could lose this batch.
-        pipe = self._client.pipeline(transaction=False)
-        await self._script(keys=keys, args=args, client=pipe)
-        pipe.wait(self._replicas, self._replicas_timeout_ms)
-        result, acked = await pipe.execute()
+        # `async with`: a pipeline whose execute fails before it sends (its scripts checked on a primary that is
+        # gone) keeps its connection otherwise, and redis-py prints "Unclosed Pipeline client" into the JSON logs.
+        async with self._client.pipeline(transaction=False) as pipe:
+            await self._script(keys=keys, args=args, client=pipe)
+            pipe.wait(self._replicas, self._replicas_timeout_ms)
+            result, acked = await pipe.execute()
         if acked < self._replicas:
             log.warning(
                 "replicas_behind",

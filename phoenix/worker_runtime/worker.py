@@ -16,7 +16,9 @@ from typing import Any
 
 import structlog
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.backpressure import Backpressure
@@ -84,6 +86,8 @@ _RECLAIM_BATCH = 100
 # settled: Redis and Python then work at the same time instead of taking turns. Hence also at most half of
 # CONCURRENCY per read: with one read filling every slot, the next read would wait for its whole settle.
 _READ_BATCH = 200
+# What a processor's Redis calls raise while Redis cannot be reached (MasterNotFoundError is a ConnectionError).
+_REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 
 
 class Worker:
@@ -212,7 +216,8 @@ class Worker:
                 await self.ensure_group()
                 return True
             except RedisError as exc:
-                log.warning("redis_unavailable", error=str(exc), redis=self.settings.redis_url_redacted, retry_in=delay)
+                redis = self.settings.redis
+                log.warning("redis_unavailable", error=redis.explain(exc), redis=redis.redacted, retry_in=delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 delay = min(delay * 2, 10.0)
@@ -230,7 +235,7 @@ class Worker:
             group=s.consumer_group,
             consumer=s.consumer_name,
             concurrency=s.concurrency,
-            redis=s.redis_url_redacted,
+            redis=s.redis.redacted,
         )
         await self._report_redis_risk()
         # Now, not after TRIM_INTERVAL: an output no group reads is warned about among the start lines.
@@ -374,6 +379,11 @@ class Worker:
                 # beat. An error about the call itself (the key is no stream) is an answer; a restart cannot cure it.
                 failed = not refused_by_item(exc)
                 log.warning("redis_read_failed", error=str(exc), retry_in=delay)
+                if not isinstance(exc, ResponseError):
+                    # A broken connection (a failover): a read may have delivered entries whose reply never came,
+                    # or the claim after a read failed. They are pending on this consumer: read them again first,
+                    # as at start, instead of leaving them to a reclaim after CLAIM_IDLE_MS.
+                    self._reread_own_pending = True
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
             finally:
@@ -691,7 +701,10 @@ class Worker:
         """PermanentError: DLQ at once, named by its type. Anything else: transient, retried with backoff."""
         self._m_duration.observe(time.time() - started)
         if not isinstance(exc, PermanentError):
-            self.breaker.record_failure()
+            # Redis unreachable (a failover's election) is not the processor's dependency failing: the settler waits
+            # for Redis anyway, and an open circuit would idle the worker for CIRCUIT_RESET_TIMEOUT once it is back.
+            if not isinstance(exc, _REDIS_UNREACHABLE):
+                self.breaker.record_failure()
             return self._retry_outcome(m, exc)
         return self._dead_letter_outcome(m, m.raw, _error_text(exc), type(exc).__name__, m.retry_count + 1)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from phoenix.crds import Condition
 from phoenix.keys import StageKeys
+from phoenix.redis_spec import RedisSpec
 
 StageKey = tuple[str, str]  # (namespace, name)
 
@@ -20,7 +21,7 @@ class StageRecord:
     generation: int | None = None
     streams: StageKeys | None = None
     # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
-    redis_url: str | None = field(default=None, repr=False)
+    redis: RedisSpec | None = field(default=None, repr=False)
     # The reconcile failure that keeps the stage not Ready, if any.
     error: Condition | None = None
     # The status as last written or read: the refresh patches only fields that differ from it.
