@@ -27,6 +27,8 @@ class WorkerSettings(BaseSettings):
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
     # The tenant every key of the stage is scoped by (phoenix/keys.py); the operator sets the stage's namespace.
     key_namespace: str = Field(DEFAULT_NAMESPACE, pattern=NAMESPACE_PATTERN)
+    # The PhoenixStage's uid (the operator sets it): proves to the keys' ownership marker that this is its worker.
+    stage_uid: str = ""
 
     input_queue: str = ""
     output_queue: str = ""
