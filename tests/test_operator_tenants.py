@@ -160,7 +160,8 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     kubectl_apply(kube_cluster, _stage(url, ns, "shared", deletionPolicy="Delete"))
     eventually(lambda: _ready(kube_cluster, ns, "shared").get("reason") == "StageReady", "shared Ready")
     connection.xadd(shared_input, {"record_id": "r1", "user_id": "u1", "data": "{}"})
-    before = {key: connection.type(key) for key in connection.scan_iter()}
+    mine = f"phoenix:{{{ns}}}:*"  # the other tests' stages may still be going away, in other namespaces
+    before = {key: connection.type(key) for key in connection.scan_iter(match=mine)}
 
     kubectl_apply(kube_cluster, _stage(url, ns, "intruder", input=shared_input, consumerGroup="shared-group"))
     refused = _refused(kube_cluster, ns, "intruder")
@@ -170,7 +171,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     assert [e.reason for e in warnings] == ["KeysHeldByAnotherStage"]
     assert f"{ns}/shared" in warnings[0].message
     # Nothing created or changed in Redis, no Deployment for it.
-    assert {key: connection.type(key) for key in connection.scan_iter()} == before
+    assert {key: connection.type(key) for key in connection.scan_iter(match=mine)} == before
     assert list(_groups(connection, shared_input)) == ["shared-group"]
     assert not _deployment_exists(kube_api, ns, "intruder")
 
@@ -206,7 +207,7 @@ def test_a_hand_run_workers_keys_are_refused_and_deleting_the_refused_stage_keep
     assert "no ownership marker" in refused["message"] and f"--namespace {ns} --service router" in refused["message"]
     eventually(lambda: _events(kube_api, ns, "router", "Warning"), "a Warning Event")
     assert not _deployment_exists(kube_api, ns, "router")
-    assert sorted(connection.scan_iter()) == [own_input]
+    assert list(connection.scan_iter(match=f"phoenix:{{{ns}}}:*")) == [own_input]
 
     # Deleting the refused stage is not blocked, and deletes none of the keys it never held.
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
