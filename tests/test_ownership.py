@@ -82,6 +82,8 @@ async def test_a_marker_written_by_phoenix_migrate_is_adopted_with_its_group(red
     """`phoenix migrate` writes only `stage` and `uid` = "" when it knows no more (ownership.py's contract)."""
     await redis.xgroup_create(A.input, A.consumer_group, id="0", mkstream=True)
     await redis.hset(A.owner, mapping={"stage": "team-a/shared", "uid": ""})
+    with pytest.raises(KeysHeld, match="moved by phoenix migrate, not adopted"):
+        await claim(redis, A, UID_A, adopt=False)  # the stage's pods wait for the operator to adopt the keys
     assert await claim(redis, A, UID_A, adopt=True) == Claimed(group=False, dlq=True, adopted_from="")
     assert (await _marker(redis, A))["created"] == "input,dlq,group"
 

@@ -20,7 +20,10 @@ local held, held_uid, held_input, held_group, held_dlq, held_created =
 if held and held ~= stage then return {'refused', held} end
 local mine = held ~= false
 held_uid = held_uid or ''
-if mine and held_uid ~= uid and not adopt then return {'refused', held .. ' (uid ' .. held_uid .. ')'} end
+if mine and held_uid ~= uid and not adopt then
+  if held_uid == '' then return {'refused', held .. ' (moved by phoenix migrate, not adopted by its PhoenixStage yet)'} end
+  return {'refused', held .. ' (uid ' .. held_uid .. ')'}
+end
 for _, key in ipairs({input, dlq}) do
   local kind = redis.call('TYPE', key)['ok']
   if kind ~= 'none' and kind ~= 'stream' then return {'wrongtype', key, kind} end
