@@ -231,10 +231,16 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     eventually(lambda: _ready(kube_cluster, ns, "router").get("reason") == "StageReady", "router Ready")
     connection.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": "r1", "user_id": "u1", "data": "{}"})
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
+    # Its Deployment goes by garbage collection (until then the successor leaves it alone: ChildNotOwned).
+    eventually(lambda: not _deployment_exists(kube_api, ns, "router"), "the old Deployment gone", CONVERGE_SECONDS)
 
     # Its successor of the same name takes the retained keys over, and says so.
     kubectl_apply(kube_cluster, _stage(url, ns, "router"))
-    eventually(lambda: _ready(kube_cluster, ns, "router").get("reason") == "StageReady", "the successor Ready")
+    eventually(
+        lambda: _ready(kube_cluster, ns, "router").get("reason") == "StageReady",
+        "the successor Ready",
+        timeout=CONVERGE_SECONDS,
+    )
     adopted = eventually(
         lambda: [e for e in stage_events(kube_api, ns, "router") if e.reason == "RedisKeysAdopted"], "adopted"
     )

@@ -181,21 +181,25 @@ def _transitions(record: StageRecord, stage: PhoenixStage, autoscaling: Conditio
     return actions
 
 
-async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any]) -> Reconciled:
+async def reconcile(
+    kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any], actions: list[Action]
+) -> Reconciled:
     """Idempotent: safe on create, update, drift and operator restart, and writes only what differs from the
-    spec. Raises StageError when the stage cannot run."""
+    spec. Raises StageError when the stage cannot run. `actions` gets what was done as it is done, so that a
+    failure further on still reports it (keys adopted are adopted only once)."""
     stage = parse_stage(body)
     owner = Owner.from_body(body)
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
     url = await redis_url_of(kube, stage)
     existed_before = record.streams is not None or bool(record.status.get("streams"))
-    actions = await prepare_streams(pool, url, streams, owner.uid, existed_before)
+    actions += await prepare_streams(pool, url, streams, owner.uid, existed_before)
     record.streams, record.redis_url = streams, url
     async with record.deployment_lock:
         autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, url)
+        actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(kube, owner, stage, keda_scales)
-    actions += keda_actions + deployment_actions + _transitions(record, stage, autoscaling)
+    actions += deployment_actions + _transitions(record, stage, autoscaling)
     record.children, record.paused = watched, stage.spec.paused
     return Reconciled(streams, deployment, autoscaling, actions)
 
@@ -244,12 +248,15 @@ async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mappin
     """Reconcile the stage with `body`; writes status and Events; raises StageError when it cannot run."""
     async with record.reconcile_lock:
         generation = record.generation
+        done: list[Action] = []
         try:
             async with ctx.events.reporting(record, RECONCILE):
-                result = await reconcile(ctx.kube, ctx.pool, record, body)
+                result = await reconcile(ctx.kube, ctx.pool, record, body, done)
         except StageError as error:
             record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
             await ctx.writer.update(record, *failed_status(error, generation))
+            for action in done:
+                await ctx.events.normal(record, action.reason, action.message)
             raise
         record.error = None
         await ctx.writer.update(record, *reconciled_status(result, generation))
