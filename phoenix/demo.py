@@ -28,7 +28,7 @@ from redis.exceptions import RedisError
 
 from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
-from phoenix.keys import StageKeys, input_stream
+from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_stream
 from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
@@ -228,7 +228,7 @@ async def enqueue(client: aioredis.Redis, stream: str, records: Sequence[Record]
 
 async def finished_records(client: aioredis.Redis, records: Sequence[Record], since_id: str) -> tuple[int, int]:
     """(grouped, dead-lettered) among `records`: every record ends in exactly one of the two."""
-    grouped = await client.exists(*(grouped_key(r.record_id) for r in records))
+    grouped = await client.exists(*(grouped_key(DEFAULT_NAMESPACE, r.record_id) for r in records))
     ours = {r.record_id for r in records}
     dead = 0
     for stage in PIPELINE:
@@ -305,9 +305,9 @@ def render_groups(groups: Sequence[BiomarkerGroup]) -> list[str]:
 
 
 async def print_grouped(client: aioredis.Redis, record: Record, out: TextIO) -> None:
-    raw = await client.get(grouped_key(record.record_id))
-    if raw is None:
-        raise DemoError(f"no grouped biomarkers at {grouped_key(record.record_id)}")
+    key = grouped_key(DEFAULT_NAMESPACE, record.record_id)
+    if (raw := await client.get(key)) is None:
+        raise DemoError(f"no grouped biomarkers at {key}")
     groups = GroupList.validate_json(raw)
     mixed = sum(g.mixed_units for g in groups)
     out.write(
@@ -321,12 +321,12 @@ async def print_unparsed(client: aioredis.Redis, records: Sequence[Record], out:
     """Lines that look like results but fit no grammar: the parser keeps them, the summary shows them."""
     found: Counter[tuple[str, int, str]] = Counter()
     for record in records:
-        if (raw := await client.get(parsed_key(record.record_id))) is not None:
+        if (raw := await client.get(parsed_key(DEFAULT_NAMESPACE, record.record_id))) is not None:
             rows = Findings.model_validate_json(raw).unparsed
             found.update((record.document.name, row.page, row.text) for row in rows)
     out.write(
-        f"\nUnparsed result-like lines: {found.total()} (kept in parsed:<record_id>, counted in "
-        "phoenix_parser_unparsed_rows_total)\n"
+        f"\nUnparsed result-like lines: {found.total()} (kept in {parsed_key(DEFAULT_NAMESPACE, '<record_id>')}, "
+        "counted in phoenix_parser_unparsed_rows_total)\n"
     )
     for (document, page, text), count in found.most_common(5):
         out.write(f"  {document} page {page} ({count} records): {text}\n")

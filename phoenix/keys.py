@@ -63,6 +63,16 @@ def shared_data_key(namespace: str, kind: str, ident: str) -> str:
     return f"{scope(namespace)}:_{kind}:{ident}"
 
 
+def billing_cache_key(namespace: str, user_id: str) -> str:
+    """The user's API key, encrypted, cached for every stage of `namespace` (worker_runtime/billing.py)."""
+    return shared_data_key(namespace, "billing-key", user_id)
+
+
+def billing_guard_key(namespace: str, user_id: str) -> str:
+    """While set: one worker of `namespace` is fetching the user's API key from the billing service."""
+    return shared_data_key(namespace, "billing-fetching", user_id)
+
+
 @dataclass(frozen=True)
 class StageKeys:
     """The streams, consumer group and keys of stage `name` in `namespace`."""
@@ -98,6 +108,11 @@ class StageKeys:
     @property
     def _stage(self) -> str:
         return f"{scope(self.namespace)}:{self.name}"
+
+    @property
+    def pattern(self) -> str:
+        """SCAN MATCH pattern of every key of the stage named after it (all but a custom input or DLQ)."""
+        return f"{self._stage}:*"
 
     @property
     def retry(self) -> str:
@@ -159,6 +174,7 @@ class LegacyStageKeys:
     `phoenix migrate` to move a stage's data to StageKeys."""
 
     name: str
+    custom_dlq: str = ""  # the stage's DLQ_NAME when it set one: its trimmed counter was named after it
 
     @property
     def input(self) -> str:
@@ -182,4 +198,10 @@ class LegacyStageKeys:
 
     @property
     def dlq_trimmed(self) -> str:
-        return f"{self.dlq}:trimmed"
+        return f"{self.custom_dlq or self.dlq}:trimmed"
+
+    @property
+    def migrating(self) -> str:
+        """While `phoenix migrate` moves the stage (value: the namespace it moves to), so that a run interrupted
+        half-way is continued by the next, and only to the same namespace."""
+        return f"{PREFIX}:{self.name}:migrating"

@@ -57,6 +57,15 @@ class ScriptedProcessor(BaseProcessor):
         return {**data, "seen_by": stage}
 
 
+class OffRedisProcessor(BaseProcessor):
+    """A stage whose work happens outside Redis (an HTTP or LLM call): waits data["sleep"] seconds and forwards, so
+    its records finish, and wait for the settler, while the worker's own Redis connection hangs."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        await asyncio.sleep(float(data.get("sleep", 0)))
+        return {**data, "seen_by": self.settings.service_name}
+
+
 class AlwaysCrashProcessor(BaseProcessor):
     """Kills its worker on every call: a poison message."""
 

@@ -18,6 +18,7 @@ from cryptography.fernet import Fernet
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
+from phoenix.keys import billing_cache_key, billing_guard_key
 from phoenix.worker_runtime.billing import (
     API_KEY_ENV,
     ApiKeyProvider,
@@ -31,6 +32,15 @@ from phoenix.worker_runtime.billing import (
 from tests.fixtures.key_service import KeyService, running_key_service
 
 MakeProvider = Callable[..., ApiKeyProvider]
+NS = "tenant-a"  # the KEY_NAMESPACE of the providers below
+
+
+def cache_entry(user_id: str) -> str:
+    return billing_cache_key(NS, user_id)
+
+
+def guard(user_id: str) -> str:
+    return billing_guard_key(NS, user_id)
 
 
 @pytest.fixture
@@ -53,6 +63,7 @@ async def providers(redis: aioredis.Redis, key_service: KeyService, stage: str) 
     def make(client: aioredis.Redis | None = None, **overrides: Any) -> ApiKeyProvider:
         kwargs: dict[str, Any] = {
             "stage": stage,
+            "namespace": NS,
             "billing_url": key_service.url,
             "master_key": SecretStr(key_service.master_key),
         }
@@ -100,13 +111,13 @@ async def test_cached_key_is_used_without_billing_call_and_its_age_never_extende
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, stage: str
 ) -> None:
     key = secret(await providers().key_for("alice"))
-    left = await redis.pttl("api_key:user:alice")
+    left = await redis.pttl(cache_entry("alice"))
     await asyncio.sleep(0.05)
 
     assert secret(await providers().key_for("alice")) == key  # another worker, from the cache
 
     assert key_service.calls == 1
-    assert await redis.pttl("api_key:user:alice") < left  # reading it did not renew it
+    assert await redis.pttl(cache_entry("alice")) < left  # reading it did not renew it
     assert (lookups(stage, "hit"), lookups(stage, "miss")) == (1, 1)
 
 
@@ -121,11 +132,27 @@ async def test_miss_fetches_once_with_master_key_and_caches_for_a_day(
     assert key_service.calls == 1
     assert first == second == key_service.issued[0]
     assert key_service.requests[0]["user_id"] == "bob"
-    assert key_service.requests[0]["metadata"]["phoenix_stage"] == stage
-    assert await redis.exists("api_key:user:bob")
-    assert 86000 < await redis.ttl("api_key:user:bob") <= 86400
-    assert not await redis.exists("fetching_key:bob")
+    assert key_service.requests[0]["metadata"] == {"source": "phoenix", "phoenix_stage": stage, "phoenix_namespace": NS}
+    assert await redis.exists(cache_entry("bob"))
+    assert 86000 < await redis.ttl(cache_entry("bob")) <= 86400
+    assert not await redis.exists(guard("bob"))
     assert (lookups(stage, "hit"), lookups(stage, "miss")) == (1, 1)
+
+
+async def test_each_namespace_has_its_own_cache_of_a_users_key(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    """Two tenants on one Redis, the same user id: neither reads or fills the other's cache."""
+    ours, theirs = providers(), providers(namespace="tenant-b")
+
+    mine = secret(await ours.key_for("ann"))
+    other = secret(await theirs.key_for("ann"))
+
+    assert key_service.calls == 2 and mine != other
+    assert [r["metadata"]["phoenix_namespace"] for r in key_service.requests] == [NS, "tenant-b"]
+    assert secret(await ours.key_for("ann")) == mine and secret(await theirs.key_for("ann")) == other
+    assert key_service.calls == 2  # both from their own cache
+    assert sorted(await redis.keys("*ann*")) == sorted([cache_entry("ann"), billing_cache_key("tenant-b", "ann")])
 
 
 async def _every_value(client: aioredis.Redis) -> str:
@@ -141,7 +168,7 @@ async def test_keys_are_encrypted_at_rest_with_the_cache_key(
     key = secret(await providers(cache_key=SecretStr(cache_key)).key_for("bea"))
 
     assert key not in await _every_value(redis)
-    assert Fernet(cache_key).decrypt(await redis.get("api_key:user:bea")).decode() == key
+    assert Fernet(cache_key).decrypt(await redis.get(cache_entry("bea"))).decode() == key
 
 
 async def test_without_a_cache_key_the_fleet_shares_a_key_derived_from_the_master_key(
@@ -160,12 +187,12 @@ async def test_an_unreadable_entry_is_dropped_and_the_key_fetched_anew(
 ) -> None:
     # A plaintext entry cached before encryption, or one written with a cache key this worker does not have.
     value = "sk-plain-old" if entry == "plaintext" else Fernet(Fernet.generate_key()).encrypt(b"sk-x").decode()
-    await redis.set("api_key:user:dina", value, ex=100)
+    await redis.set(cache_entry("dina"), value, ex=100)
 
     key = secret(await providers().key_for("dina"))
 
     assert key == key_service.issued[0] and key_service.calls == 1
-    assert await redis.get("api_key:user:dina") not in (value, None)
+    assert await redis.get(cache_entry("dina")) not in (value, None)
     assert secret(await providers().key_for("dina")) == key
 
 
@@ -174,9 +201,9 @@ async def test_the_cache_has_a_hard_maximum_age(
 ) -> None:
     provider = providers(cache_max_age=1)
     first = secret(await provider.key_for("edna"))
-    assert 0 < await redis.pttl("api_key:user:edna") <= 1000
+    assert 0 < await redis.pttl(cache_entry("edna")) <= 1000
     # Kept past its expiry (PERSIST, a restored dump): its own creation time still ends it.
-    await redis.persist("api_key:user:edna")
+    await redis.persist(cache_entry("edna"))
     await asyncio.sleep(2.1)  # Fernet's timestamps have a resolution of one second
 
     second = secret(await provider.key_for("edna"))
@@ -205,7 +232,7 @@ async def test_a_late_refusal_does_not_drop_the_newer_key(
 ) -> None:
     worker, other = providers(), providers()
     old = await worker.key_for("gail")
-    await redis.delete("api_key:user:gail")  # expired, say, and fetched again by another worker
+    await redis.delete(cache_entry("gail"))  # expired, say, and fetched again by another worker
     newer = secret(await other.key_for("gail"))
 
     with pytest.raises(ApiKeyRejectedError), api_key_scope(old, swap_env=False):
@@ -267,8 +294,8 @@ async def test_billing_outage_is_transient_caches_nothing_and_frees_the_guard(
     with pytest.raises(BillingUnavailableError, match="billing service"):
         await providers(**setup).key_for("dave")
 
-    assert not await redis.exists("api_key:user:dave")
-    assert not await redis.exists("fetching_key:dave")
+    assert not await redis.exists(cache_entry("dave"))
+    assert not await redis.exists(guard("dave"))
     # Once the service is healthy again, the retried message gets its key.
     key_service.fail_status, key_service.raw_reply, key_service.delay = None, None, 0.0
     assert secret(await providers().key_for("dave")) == key_service.issued[-1]
@@ -282,7 +309,7 @@ async def test_rejected_master_key_is_named_in_the_error(providers: MakeProvider
 async def test_waiter_takes_over_a_guard_left_by_a_crashed_worker(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
 ) -> None:
-    await redis.set("fetching_key:frank", "crashed-worker-token", ex=1)
+    await redis.set(guard("frank"), "crashed-worker-token", ex=1)
 
     key = secret(await providers().key_for("frank"))
 
@@ -293,13 +320,13 @@ async def test_waiter_takes_over_a_guard_left_by_a_crashed_worker(
 async def test_waiter_gives_up_as_transient_when_the_guard_never_frees(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
 ) -> None:
-    await redis.set("fetching_key:gina", "stuck-worker-token", ex=60)
+    await redis.set(guard("gina"), "stuck-worker-token", ex=60)
 
     with pytest.raises(BillingUnavailableError, match="waiting for another worker"):
         await providers(max_wait=0.3).key_for("gina")
 
     assert key_service.calls == 0
-    assert await redis.get("fetching_key:gina") == "stuck-worker-token"
+    assert await redis.get(guard("gina")) == "stuck-worker-token"
 
 
 async def test_slow_fetch_past_guard_expiry_keeps_the_new_owners_guard_and_converges_on_one_key(
@@ -311,20 +338,20 @@ async def test_slow_fetch_past_guard_expiry_keeps_the_new_owners_guard_and_conve
 
     first = asyncio.create_task(slow.key_for("hank"))
     await key_service.wait_for_calls(1)
-    await outlive_ttl(redis, "fetching_key:hank")  # the slow worker's guard expires mid-fetch
+    await outlive_ttl(redis, guard("hank"))  # the slow worker's guard expires mid-fetch
     second = asyncio.create_task(patient.key_for("hank"))
     await key_service.wait_for_calls(2)
-    second_guard = await redis.get("fetching_key:hank")
+    second_guard = await redis.get(guard("hank"))
 
     key_service.release(1)  # the slow worker's reply arrives first
     first_key = secret(await first)
-    assert await redis.get("fetching_key:hank") == second_guard  # released by its owner only
+    assert await redis.get(guard("hank")) == second_guard  # released by its owner only
     key_service.release()
     second_key = secret(await second)
 
     assert first_key == second_key == key_service.issued[0]
     assert secret(await providers().key_for("hank")) == first_key and key_service.calls == 2
-    assert not await redis.exists("fetching_key:hank")
+    assert not await redis.exists(guard("hank"))
 
 
 async def test_no_user_or_billing_off_means_the_process_key(
@@ -456,7 +483,7 @@ def test_bad_settings_name_the_variable_and_not_the_master_key(
 def test_billing_url_without_master_key_is_refused(redis: aioredis.Redis) -> None:
     for master_key in (None, SecretStr("")):
         with pytest.raises(BillingConfigError, match="BILLING_MASTER_KEY"):
-            ApiKeyProvider(redis, stage="s", billing_url="http://litellm:4000", master_key=master_key)
+            ApiKeyProvider(redis, stage="s", namespace=NS, billing_url="http://litellm:4000", master_key=master_key)
 
 
 @pytest.fixture

@@ -12,11 +12,12 @@ import pytest
 import redis.asyncio as aioredis
 from pydantic import SecretStr
 
+from phoenix.keys import billing_cache_key
 from phoenix.worker_runtime.billing import ApiKeyProvider
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import KeyService, running_key_service
 from tests.fixtures.records import committed
-from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY
+from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY
 from tests.fixtures.workers import WorkerPool
 
 PROCESS_KEY = "sk-process-own-key"
@@ -48,8 +49,9 @@ async def test_processor_sees_the_users_key_and_logs_never_do(
     await wait_until(lambda: committed(redis, "s", "s1"), "all four processed")
     alice, bob = (await redis.hgetall("seen-key:a1"))["context"], (await redis.hgetall("seen-key:b1"))["context"]
     assert key_service.calls == 2 and sorted(key_service.issued) == sorted([alice, bob])  # alice fetched once
-    assert 86000 < await redis.ttl("api_key:user:alice") <= 86400
-    assert alice not in await redis.get("api_key:user:alice")  # cached encrypted
+    cached = billing_cache_key(KEYS.namespace, "alice")
+    assert 86000 < await redis.ttl(cached) <= 86400
+    assert alice not in await redis.get(cached)  # cached encrypted
     for record, key in (("a1", alice), ("a2", alice), ("b1", bob)):
         # The context variable and, with CONCURRENCY=1, the environment both carry the user's key.
         assert await redis.hgetall(f"seen-key:{record}") == {"context": key, "environ": key}
@@ -153,7 +155,13 @@ async def test_a_key_the_llm_service_refuses_is_replaced_on_the_next_attempt(
 
     assert key_service.calls == 2
     assert await redis.lrange("keys-given:r1", 0, -1) == key_service.issued  # the refused one, then a new one
-    reader = ApiKeyProvider(redis, stage="s", billing_url=key_service.url, master_key=SecretStr(key_service.master_key))
+    reader = ApiKeyProvider(
+        redis,
+        stage="s",
+        namespace=KEYS.namespace,
+        billing_url=key_service.url,
+        master_key=SecretStr(key_service.master_key),
+    )
     try:
         cached = await reader.key_for("dora")
     finally:

@@ -21,6 +21,7 @@ from phoenix.operator.builders import (
     scaled_object_patch,
 )
 from phoenix.operator.status.conditions import new_condition, set_condition
+from phoenix.worker_runtime.settings import WorkerSettings
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
@@ -155,6 +156,20 @@ def test_container_runs_the_worker_with_probes_on_the_health_port() -> None:
     assert worker["ports"] == [{"name": "http", "containerPort": 8080, "protocol": "TCP"}]
     assert worker["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert worker["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_the_liveness_probe_restarts_a_hung_worker_before_its_peers_would_reclaim_its_entries() -> None:
+    """docs/durability.md: a worker whose Redis calls hang fails /healthz LIVENESS_TIMEOUT after its last progress
+    (the worker's default: the operator sets neither it nor BLOCK_MS); the kubelet restarts it at most
+    periodSeconds x failureThreshold later."""
+    deployment = build_deployment(OWNER, make_spec())
+    probe, env = container(deployment)["livenessProbe"], env_of(deployment)
+    assert "LIVENESS_TIMEOUT" not in env and "BLOCK_MS" not in env
+    worker = WorkerSettings(service_name=OWNER.name, processor="parser", claim_idle_ms=int(env["CLAIM_IDLE_MS"]))
+    assert worker.liveness_timeout is not None
+    restarted_within = worker.liveness_timeout + probe["periodSeconds"] * probe["failureThreshold"]
+    assert restarted_within == 90
+    assert restarted_within < worker.claim_idle_ms / 1000
 
 
 def test_pod_is_hardened() -> None:

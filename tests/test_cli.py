@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis.asyncio as aioredis
 
+from phoenix.keys import StageKeys
 from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.stage_s import DLQ, IN, OUT, add, idle
@@ -75,6 +77,44 @@ async def test_status_table(redis: aioredis.Redis, redis_url: str) -> None:
     row = lines[1].split()
     assert row[:2] == ["default", "s"] and row[2:5] == ["4", "1", "3"] and row[6:] == ["1", "1"]
     assert float(row[5]) >= 0
+
+
+async def test_status_shows_every_namespace_or_the_one_given(redis: aioredis.Redis, redis_url: str) -> None:
+    """Two tenants' stages of one name on one database: a row each, told apart by NAMESPACE; --namespace picks one."""
+    for namespace, waiting in (("team-a", 2), ("team-b", 1)):
+        keys = StageKeys.for_stage("shared", namespace)
+        await redis.xgroup_create(keys.input, keys.consumer_group, id="0", mkstream=True)
+        for i in range(waiting):
+            await redis.xadd(keys.input, {"record_id": f"{namespace}-{i}"})
+    await redis.xgroup_create(StageKeys.for_stage("solo", "team-b").input, "solo-group", id="0", mkstream=True)
+
+    def rows(*args: str) -> list[list[str]]:
+        lines = phoenix(redis_url, "status", *args).splitlines()
+        assert lines[0].split()[:3] == ["NAMESPACE", "STAGE", "LENGTH"]
+        return [line.split()[:3] for line in lines[1:]]
+
+    assert rows() == [["team-a", "shared", "2"], ["team-b", "shared", "1"], ["team-b", "solo", "0"]]
+    assert rows("--namespace", "team-b") == [["team-b", "shared", "1"], ["team-b", "solo", "0"]]
+    assert rows("--namespace", "team-a", "--service", "shared") == [["team-a", "shared", "2"]]
+    assert [(r["namespace"], r["stage"]) for r in json.loads(phoenix(redis_url, "status", "--json"))] == [
+        ("team-a", "shared"),
+        ("team-b", "shared"),
+        ("team-b", "solo"),
+    ]
+    assert "default: every namespace" in " ".join(phoenix(redis_url, "status", "--help").split())
+
+
+async def test_commands_default_to_key_namespace(
+    redis: aioredis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shell set up for a hand-run worker's tenant (KEY_NAMESPACE) reaches that tenant's keys; --namespace wins."""
+    monkeypatch.setenv("KEY_NAMESPACE", "team-a")
+    phoenix(redis_url, "enqueue", "--service", "s", "--record-id", "r1")
+    phoenix(redis_url, "enqueue", "--service", "s", "--record-id", "r2", "--namespace", "team-b")
+    for namespace, record in (("team-a", "r1"), ("team-b", "r2")):
+        [(_, fields)] = await redis.xrange(StageKeys.for_stage("s", namespace).input)
+        assert fields["record_id"] == record
+    assert not await redis.exists(IN)
 
 
 async def _dlq_length(redis: aioredis.Redis, n: int) -> bool:

@@ -14,6 +14,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
+from phoenix.keys import StageKeys
 from phoenix.worker_runtime.inspection import duration
 from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import phoenix, run_phoenix
@@ -211,6 +212,18 @@ async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redi
     assert purges == [("dlq-purge", "3"), ("dlq-purge", "1")]  # the refused one is not there
 
 
+async def test_dlq_export_names_the_namespace_in_its_purge_command(redis: aioredis.Redis, redis_url: str) -> None:
+    """Another tenant's DLQ: the purge command export prints deletes that namespace's entries, not default's."""
+    theirs = StageKeys.for_stage("s", "team-a").dlq
+    exported_id = await redis.xadd(theirs, {"record_id": "d0", "error": "boom"})
+    await redis.xadd(DLQ, {"record_id": "mine", "error": "boom"})
+    exported = run_phoenix(redis_url, "dlq", "export", "--service", "s", "--namespace", "team-a")
+    hint = exported.stderr.strip().partition("delete exactly these with: ")[2]
+    assert hint == f"phoenix dlq purge --service s --namespace team-a --through {exported_id}"
+    phoenix(redis_url, *hint.split()[1:], "--yes")
+    assert await redis.xlen(theirs) == 0 and await redis.xlen(DLQ) == 1
+
+
 async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.xgroup_create(IN, "s-group", id="0", mkstream=True)
     await add(redis, "r1")
@@ -247,11 +260,11 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
 
     try:
         first = await snapshot()  # not a terminal: plain lines, one snapshot per change
-        assert first[0].startswith("--- ") and first[1].split()[0] == "STAGE"
-        assert first[2].split()[:4] == ["s", "1", "0", "1"]
+        assert first[0].startswith("--- ") and first[1].split()[:2] == ["NAMESPACE", "STAGE"]
+        assert first[2].split()[:5] == ["default", "s", "1", "0", "1"]
         await add(redis, "r2")
         second = await snapshot()
-        assert second[2].split()[:4] == ["s", "2", "0", "2"]
+        assert second[2].split()[:5] == ["default", "s", "2", "0", "2"]
     finally:
         watch.terminate()
         await watch.wait()

@@ -15,6 +15,9 @@ from urllib.parse import urlsplit
 import psutil
 import redis
 
+from phoenix.keys import DEFAULT_NAMESPACE
+from phoenix.stages.keys import grouped_key
+
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("router", "parser", "grouper")
 SAMPLE_COUNT = 5  # phoenix.stages.samples writes five reports
@@ -109,7 +112,7 @@ def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> Non
     result = run_demo(tmp_path, "--redis-url", redis_url)
     assert result.returncode == 0, result.stderr
     assert "Using Redis at" in result.stdout and "embedded" not in result.stdout
-    grouped = client.keys("grouped:demo-*")
+    grouped = client.keys(grouped_key(DEFAULT_NAMESPACE, "demo-*"))
     assert len(grouped) == SAMPLE_COUNT * COPIES  # the results stay in your Redis
     # Every record reached the grouper once (its input is trimmed as it is acknowledged: count what was read).
     [group] = client.xinfo_groups("phoenix:{default}:grouper:input")

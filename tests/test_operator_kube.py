@@ -20,6 +20,7 @@ from kubernetes import client
 from phoenix.keys import StageKeys
 from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION, STAGE_LABEL
 from phoenix.operator.status.durability import redis_risk_condition
+from phoenix.stages.keys import grouped_key
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 from tests.fixtures.cluster_objects import ensure_namespace, install_keda_crds
@@ -142,7 +143,9 @@ def processed(pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.A
     client.AppsV1Api(kube_api).patch_namespaced_deployment_scale("parser", ns, {"spec": {"replicas": 1}})
     try:
         eventually(
-            lambda: all(pipeline.connection.exists(f"grouped:rec-{i}") for i in range(len(pipeline.documents))),
+            lambda: all(
+                pipeline.connection.exists(grouped_key(ns, f"rec-{i}")) for i in range(len(pipeline.documents))
+            ),
             "every record grouped",
             timeout=120,
         )
@@ -223,7 +226,7 @@ def test_a_replay_brings_a_dead_letter_back(
     eventually(lambda: _columns(kube_cluster, ns)["router"]["DLQ"] == "1", "the DLQ column at 1", timeout=60)
     missing.write_bytes(processed.documents[0].read_bytes())
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, f"{REPLAY_ANNOTATION}=all")
-    eventually(lambda: connection.exists("grouped:late"), "the replayed record processed", timeout=60)
+    eventually(lambda: connection.exists(grouped_key(ns, "late")), "the replayed record processed", timeout=60)
     last = eventually(lambda: stage_status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
     assert (last["requested"], last["moved"]) == (1, 1)
     replayed = eventually(

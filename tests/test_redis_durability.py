@@ -17,7 +17,9 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from phoenix.embedded import embedded_valkey, start_valkey
+from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.status.durability import redis_risk_condition
+from phoenix.stages.keys import grouped_key, pages_key, parsed_key
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import assess_redis
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
@@ -124,18 +126,21 @@ async def test_parser_down_for_long_loses_no_record(redis: aioredis.Redis, worke
     workers.start("router", processor="router", OUTPUT_QUEUE="phoenix:{default}:parser:input")
     workers.start("grouper", processor="grouper")
     await wait_until(lambda: _length_at_least(redis, "phoenix:{default}:parser:input", len(ids)), "every record routed")
-    assert [await redis.ttl(f"pages:{record_id}") for record_id in ids] == [-1] * len(ids)
+    assert [await redis.ttl(pages_key(DEFAULT_NAMESPACE, record_id)) for record_id in ids] == [-1] * len(ids)
     await asyncio.sleep(2)  # the parser stays down; nothing expires meanwhile
     workers.start("parser", processor="parser", OUTPUT_QUEUE="phoenix:{default}:grouper:input")
-    await wait_until(lambda: _all_exist(redis, [f"grouped:{r}" for r in ids]), "every record grouped", timeout=60)
+    await wait_until(
+        lambda: _all_exist(redis, [grouped_key(DEFAULT_NAMESPACE, r) for r in ids]), "every record grouped", timeout=60
+    )
     await wait_until(lambda: _settled(redis, "phoenix:{default}:grouper:input", "grouper-group"), "the grouper settled")
     [group] = await redis.xinfo_groups("phoenix:{default}:grouper:input")
     assert group["entries-read"] == len(ids)  # each record reached the grouper once
     assert (
         await redis.xlen("phoenix:{default}:parser:dlq") == 0 and await redis.xlen("phoenix:{default}:grouper:dlq") == 0
     )
-    assert not await redis.keys("pages:*")  # used up by the parser
-    assert all(0 < ttl <= 86400 for ttl in [await redis.ttl(f"parsed:{r}") for r in ids])  # expire with the groups
+    assert not await redis.keys(pages_key(DEFAULT_NAMESPACE, "*"))  # used up by the parser
+    ttls = [await redis.ttl(parsed_key(DEFAULT_NAMESPACE, r)) for r in ids]
+    assert all(0 < ttl <= 86400 for ttl in ttls)  # expire with the groups
 
 
 async def _length_at_least(redis: aioredis.Redis, stream: str, n: int) -> bool:

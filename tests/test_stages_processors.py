@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -17,8 +18,10 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
+from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.stages.corpus import CORPUS, faxed_scan
 from phoenix.stages.grouper import GrouperProcessor
+from phoenix.stages.keys import grouped_key, pages_key, parsed_key
 from phoenix.stages.llm_extraction import LLMExtractionError, LLMReplyError
 from phoenix.stages.models import Category, Findings, Page, PageList
 from phoenix.stages.ocr import ocr_unavailable_reason
@@ -27,6 +30,7 @@ from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
 from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
+from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.stage_s import DLQ, add
@@ -35,6 +39,7 @@ P = TypeVar("P", bound=BaseProcessor)
 
 DIABETES = "02-diabetes-follow-up.pdf"
 CT_CHEST = "05-ct-chest.pdf"
+NS = "lab-a"  # the KEY_NAMESPACE the stages below run in: their hand-offs are scoped by it
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +48,9 @@ def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 async def started(processor: P, redis: aioredis.Redis) -> P:
-    """What the runtime does before the first message (the stages read no WorkerSettings)."""
+    """What the runtime does before the first message (the stages read only KEY_NAMESPACE of the WorkerSettings)."""
     processor.redis = redis
+    processor.settings = WorkerSettings(service_name="stage", processor="unused", key_namespace=NS)
     processor.logger = structlog.get_logger()
     await processor.initialize()
     return processor
@@ -77,10 +83,12 @@ async def test_pipeline_from_pdf_to_grouped_biomarkers(
     samples: dict[str, Path],
 ) -> None:
     routed = await router.process("rec-1", "user-1", {"document_url": samples[DIABETES].as_uri()})
-    assert routed == {"pages_key": "pages:rec-1", "document_name": DIABETES, "page_count": 3}
-    pages = json.loads(await redis.get("pages:rec-1"))
+    assert routed == {"pages_key": pages_key(NS, "rec-1"), "document_name": DIABETES, "page_count": 3}
+    pages = json.loads(await redis.get(pages_key(NS, "rec-1")))
     assert [page["categories"] for page in pages] == [["labs"], ["labs"], ["diagnoses", "procedures"]]
-    assert await redis.ttl("pages:rec-1") == -1  # no expiry: the pages wait for the parser however long it is down
+    assert (
+        await redis.ttl(pages_key(NS, "rec-1")) == -1
+    )  # no expiry: the pages wait for the parser however long it is down
 
     parsed = await parser.process("rec-1", "user-1", routed)
     assert parsed == {
@@ -91,15 +99,15 @@ async def test_pipeline_from_pdf_to_grouped_biomarkers(
         "unparsed_count": 0,
         "status": "parsed",
     }
-    assert await redis.exists("pages:rec-1") == 0
-    findings = Findings.model_validate_json(await redis.get("parsed:rec-1"))
+    assert await redis.exists(pages_key(NS, "rec-1")) == 0
+    findings = Findings.model_validate_json(await redis.get(parsed_key(NS, "rec-1")))
     assert [d.icd10 for d in findings.diagnoses] == ["E11.65", "E78.5", "I10"]
-    assert await redis.ttl("parsed:rec-1") == -1  # a hand-off too, until the grouper has used it
+    assert await redis.ttl(parsed_key(NS, "rec-1")) == -1  # a hand-off too, until the grouper has used it
 
     grouped = await grouper.process("rec-1", "user-1", parsed)
-    assert grouped == {"grouped_key": "grouped:rec-1", "group_count": 7, "mixed_unit_groups": 3}
-    assert 0 < await redis.ttl("parsed:rec-1") <= 86400  # now it expires with the groups
-    groups = {group["name"]: group for group in json.loads(await redis.get("grouped:rec-1"))}
+    assert grouped == {"grouped_key": grouped_key(NS, "rec-1"), "group_count": 7, "mixed_unit_groups": 3}
+    assert 0 < await redis.ttl(parsed_key(NS, "rec-1")) <= 86400  # now it expires with the groups
+    groups = {group["name"]: group for group in json.loads(await redis.get(grouped_key(NS, "rec-1")))}
     assert list(groups) == [
         "HbA1c",
         "Fasting glucose",
@@ -121,7 +129,7 @@ async def test_router_keeps_the_textless_scanned_page(
     redis: aioredis.Redis, router: RouterProcessor, samples: dict[str, Path]
 ) -> None:
     await router.process("rec-ct", "user-1", {"document_url": samples[CT_CHEST].as_uri()})
-    first, scan = json.loads(await redis.get("pages:rec-ct"))
+    first, scan = json.loads(await redis.get(pages_key(NS, "rec-ct")))
     assert first["categories"] == ["diagnoses", "procedures", "imaging"]
     assert scan == {"number": 2, "text": "", "categories": ["other"]}
 
@@ -145,8 +153,8 @@ async def test_router_reads_from_the_records_api(
                 await router.process("rec-unknown", "user-1", {})
         finally:
             await router.cleanup()
-    assert routed == {"pages_key": "pages:rec/api", "document_name": "document", "page_count": 2}
-    assert await redis.exists("pages:rec-unknown") == 0
+    assert routed == {"pages_key": pages_key(NS, "rec/api"), "document_name": "document", "page_count": 2}
+    assert await redis.exists(pages_key(NS, "rec-unknown")) == 0
 
 
 async def test_router_missing_file_is_record_not_found(
@@ -154,7 +162,7 @@ async def test_router_missing_file_is_record_not_found(
 ) -> None:
     with pytest.raises(RecordNotFoundError, match="no document at"):
         await router.process("rec-2", "user-1", {"document_url": (tmp_path / "nope.pdf").as_uri()})
-    assert await redis.exists("pages:rec-2") == 0
+    assert await redis.exists(pages_key(NS, "rec-2")) == 0
 
 
 async def test_router_corrupt_pdf_is_dead_lettered_not_retried(
@@ -165,12 +173,20 @@ async def test_router_corrupt_pdf_is_dead_lettered_not_retried(
     with pytest.raises(UnreadableDocumentError, match=r"corrupt\.pdf: not a readable PDF") as caught:
         await router.process("rec-3", "user-1", {"document_url": corrupt.as_uri()})
     assert isinstance(caught.value, PermanentError)  # the runtime's signal for "dead-letter at once"
-    assert await redis.exists("pages:rec-3") == 0
+    assert await redis.exists(pages_key(NS, "rec-3")) == 0
 
 
 async def test_parser_without_pages_is_record_not_found(parser: ParserProcessor) -> None:
-    with pytest.raises(RecordNotFoundError, match="no pages for record rec-4 at pages:rec-4"):
-        await parser.process("rec-4", "user-1", {"pages_key": "pages:rec-4"})
+    with pytest.raises(RecordNotFoundError, match=re.escape(f"no pages for record rec-4 at {pages_key(NS, 'rec-4')}")):
+        await parser.process("rec-4", "user-1", {"pages_key": pages_key(NS, "rec-4")})
+
+
+async def test_parser_reads_no_pages_of_another_namespace(redis: aioredis.Redis, parser: ParserProcessor) -> None:
+    foreign = pages_key("lab-b", "rec-4")
+    await redis.set(foreign, "[]")
+    with pytest.raises(PermanentError, match=re.escape(f"pages_key '{foreign}' of record rec-4 is not a pages key")):
+        await parser.process("rec-4", "user-1", {"pages_key": foreign})
+    assert await redis.get(foreign) == "[]"  # neither read into a result nor deleted
 
 
 async def test_parser_redelivery_after_success_returns_the_stored_result(
@@ -244,7 +260,9 @@ async def test_llm_mode_bills_the_users_key_and_stores_the_models_findings(
         "unparsed_count": 0,
         "status": "parsed",
     }
-    assert Findings.model_validate_json(await redis.get("parsed:rec-7")) == Findings.model_validate(LLM_FINDINGS)
+    assert Findings.model_validate_json(await redis.get(parsed_key(NS, "rec-7"))) == Findings.model_validate(
+        LLM_FINDINGS
+    )
     ((authorization, body),) = fake.requests
     assert authorization == "Bearer user-7-key"
     assert body["model"] == "test-model"
@@ -285,8 +303,8 @@ async def test_llm_failures_are_transient_keep_the_pages_and_hide_the_key(
         await parser.process("rec-9", "user-9", routed)
     assert not isinstance(caught.value, RecordNotFoundError)
     assert "process-key" not in str(caught.value)
-    assert await redis.exists("pages:rec-9") == 1
-    assert await redis.exists("parsed:rec-9") == 0
+    assert await redis.exists(pages_key(NS, "rec-9")) == 1
+    assert await redis.exists(parsed_key(NS, "rec-9")) == 0
 
 
 @pytest.mark.parametrize(
@@ -303,8 +321,8 @@ async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_l
     app = web.Application()
     app.router.add_post("/v1/chat/completions", fake.chat_completions)
     labs = Page(number=1, text="HbA1c 6.1 % (4.0-5.6) H", categories=[Category.LABS])
-    await redis.set("pages:rec-12", PageList.dump_json([labs]))
-    await add(redis, "rec-12", pages_key="pages:rec-12")
+    await redis.set(pages_key(DEFAULT_NAMESPACE, "rec-12"), PageList.dump_json([labs]))
+    await add(redis, "rec-12", pages_key=pages_key(DEFAULT_NAMESPACE, "rec-12"))
 
     async def requests(n: int) -> bool:
         return len(fake.requests) >= n
@@ -317,7 +335,7 @@ async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_l
                 await wait_until(lambda: redis.xlen(DLQ), "the dead letter", 20)
             else:
                 await wait_until(lambda: requests(5), "five attempts", 20)
-    assert await redis.exists("pages:rec-12") == 1  # kept for a replay
+    assert await redis.exists(pages_key(DEFAULT_NAMESPACE, "rec-12")) == 1  # kept for a replay
     if not limited:
         assert await redis.xlen(DLQ) == 0
         return
@@ -346,8 +364,8 @@ async def test_llm_mode_does_not_call_the_model_for_pages_without_findings(
 ) -> None:
     parser, fake = llm_parser
     scan = Page(number=1, text="", categories=[Category.OTHER])
-    await redis.set("pages:rec-10", PageList.dump_json([scan]))
-    parsed = await parser.process("rec-10", "user-10", {"pages_key": "pages:rec-10"})
+    await redis.set(pages_key(NS, "rec-10"), PageList.dump_json([scan]))
+    parsed = await parser.process("rec-10", "user-10", {"pages_key": pages_key(NS, "rec-10")})
     assert parsed["status"] == "empty"
     assert fake.requests == []
 
@@ -365,7 +383,7 @@ async def test_llm_mode_without_any_key_is_a_clear_transient_error(
     with pytest.raises(LLMExtractionError, match="no API key"):
         await parser.process("rec-11", "user-11", routed)
     assert fake.requests == []
-    assert await redis.exists("pages:rec-11") == 1
+    assert await redis.exists(pages_key(NS, "rec-11")) == 1
 
 
 @pytest.fixture
@@ -380,7 +398,7 @@ async def test_scanned_page_is_read_by_ocr_and_parsed(
     redis: aioredis.Redis, router: RouterProcessor, parser: ParserProcessor, scan_pdf: Path
 ) -> None:
     routed = await router.process("rec-fax", "user-1", {"document_url": scan_pdf.as_uri()})
-    cover, scan = json.loads(await redis.get("pages:rec-fax"))
+    cover, scan = json.loads(await redis.get(pages_key(NS, "rec-fax")))
     assert (cover["categories"], scan["categories"]) == (["other"], ["labs"])
     parsed = await parser.process("rec-fax", "user-1", routed)
     assert (parsed["biomarker_count"], parsed["unparsed_count"]) == (6, 0)
@@ -400,7 +418,7 @@ async def test_router_without_tesseract_says_so_once_and_keeps_scanned_pages_emp
     (warning,) = [log for log in logs if log["log_level"] == "warning"]
     assert warning["event"] == "ocr_unavailable"
     assert "tesseract binary is not installed" in warning["reason"]
-    _, scan = json.loads(await redis.get("pages:rec-fax2"))
+    _, scan = json.loads(await redis.get(pages_key(NS, "rec-fax2")))
     assert (scan["text"], scan["categories"]) == ("", ["other"])
 
 
@@ -408,10 +426,10 @@ async def test_parser_keeps_unparsed_result_lines_and_counts_them(
     redis: aioredis.Redis, parser: ParserProcessor
 ) -> None:
     page = Page(number=2, text="Sodium 139 mmol/L 136-145\nLipase 1O2 U/L 13-60", categories=[Category.LABS])
-    await redis.set("pages:rec-12", PageList.dump_json([page]))
+    await redis.set(pages_key(NS, "rec-12"), PageList.dump_json([page]))
     before = REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") or 0.0
-    parsed = await parser.process("rec-12", "user-12", {"pages_key": "pages:rec-12"})
+    parsed = await parser.process("rec-12", "user-12", {"pages_key": pages_key(NS, "rec-12")})
     assert (parsed["biomarker_count"], parsed["unparsed_count"]) == (1, 1)
-    findings = Findings.model_validate_json(await redis.get("parsed:rec-12"))
+    findings = Findings.model_validate_json(await redis.get(parsed_key(NS, "rec-12")))
     assert [(row.text, row.page) for row in findings.unparsed] == [("Lipase 1O2 U/L 13-60", 2)]
     assert REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") == before + 1

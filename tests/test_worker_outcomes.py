@@ -20,6 +20,7 @@ from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.health import probe
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed, locked_records
@@ -166,15 +167,8 @@ async def test_a_stuck_thread_fails_healthz_and_does_not_hold_up_the_exit(
     )
     async with aiohttp.ClientSession() as http:
 
-        async def healthz() -> tuple[int, str] | None:
-            try:
-                async with http.get(f"http://127.0.0.1:{port}/healthz") as response:
-                    return response.status, await response.text()
-            except aiohttp.ClientConnectionError:
-                return None  # not serving yet
-
         async def unhealthy() -> tuple[int, str] | None:
-            answer = await healthz()
+            answer = await probe(http, port)
             return answer if answer and answer[0] == 503 else None
 
         assert await wait_until(unhealthy, "/healthz to ask for a restart", 20) == (

@@ -12,9 +12,10 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
-from phoenix.cli import records, status
+from phoenix.cli import migrate, records, status
 from phoenix.cli.stage import add_redis_argument, confirm, fail, stage_keys
 from phoenix.cli.stage import client as _client
+from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.worker_runtime import audit, dlq
@@ -89,6 +90,7 @@ async def _dlq_export(args: argparse.Namespace) -> int:
         f"exported {count} entries of {dlq_stream}"
         + (
             f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
+            f"{f' --namespace {args.namespace}' if args.namespace != DEFAULT_NAMESPACE else ''}"
             f"{f' --dlq {args.dlq}' if args.dlq else ''} --through {last}"
             if last
             else ""
@@ -139,7 +141,7 @@ def _parser() -> argparse.ArgumentParser:
     dsub = d.add_subparsers(dest="dlq_command", required=True)
     dl = with_redis(dsub.add_parser("list"))
     dl.add_argument("--service", required=True)
-    dl.add_argument("--dlq", help="explicit DLQ stream (default phoenix:{service}:dlq)")
+    dl.add_argument("--dlq", help="explicit DLQ stream (default phoenix:{namespace}:service:dlq)")
     dl.add_argument("--count", type=int, default=20)
     dl.set_defaults(handler=_dlq_list)
     dr = with_redis(dsub.add_parser("replay", help="move DLQ entries back into the input, atomically (asks first)"))
@@ -164,6 +166,7 @@ def _parser() -> argparse.ArgumentParser:
 
     status.add_command(sub)
     records.add_commands(sub)
+    migrate.add_command(sub)
     return p
 
 

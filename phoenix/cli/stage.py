@@ -45,16 +45,22 @@ _OVERRIDES = {
 }
 
 
-def add_redis_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+def add_redis_argument(parser: argparse.ArgumentParser, *, every_namespace: bool = False) -> argparse.ArgumentParser:
+    """--redis-url and --namespace; `every_namespace`: no --namespace means every namespace (phoenix status)."""
     parser.add_argument(
         "--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), help="default: $REDIS_URL"
     )
-    parser.add_argument(
-        "--namespace",
-        default=os.environ.get("KEY_NAMESPACE", DEFAULT_NAMESPACE),
-        help="the stage's namespace (its Kubernetes namespace, or the KEY_NAMESPACE of a worker run by hand); "
-        "default: $KEY_NAMESPACE, else default",
-    )
+    where = "its Kubernetes namespace, or the KEY_NAMESPACE of a worker run by hand"
+    if every_namespace:
+        parser.add_argument(
+            "--namespace", help=f"only the stages of this namespace ({where}); default: every namespace"
+        )
+    else:
+        parser.add_argument(
+            "--namespace",
+            default=os.environ.get("KEY_NAMESPACE", DEFAULT_NAMESPACE),
+            help=f"the stage's namespace ({where}); default: $KEY_NAMESPACE, else default",
+        )
     return parser
 
 

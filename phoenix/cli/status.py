@@ -28,10 +28,12 @@ _COLUMNS = {
 
 def add_command(sub: argparse._SubParsersAction) -> None:
     st = sub.add_parser("status", help="length, pending, lag, oldest unfinished, DLQ per stage")
-    add_redis_argument(st)
-    # Unlike the other commands, no namespace given means every namespace.
-    st.set_defaults(namespace=None)
-    st.add_argument("--service", action="append", help="stage name (repeatable); default: every stage found")
+    add_redis_argument(st, every_namespace=True)
+    st.add_argument(
+        "--service",
+        action="append",
+        help="stage name (repeatable), of --namespace, else of default; default: every stage found",
+    )
     st.add_argument("--json", action="store_true", help="one JSON array of stages (one per snapshot with --watch)")
     st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C (redrawn on a terminal)")
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")

@@ -83,7 +83,7 @@ class Output(CamelModel):
     stage: StageName | None = Field(
         default=None,
         description="The name of the next PhoenixStage in the same namespace; results go to its input "
-        "stream (`phoenix:{stage}:input` unless that stage sets `input`, so set `stream` then).",
+        "stream (`phoenix:{<namespace>}:<stage>:input` unless that stage sets `input`, so set `stream` then).",
     )
     retention: str | None = Field(
         default=None,
@@ -316,14 +316,17 @@ class PhoenixStageSpec(CamelModel):
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         default="IfNotPresent", description="When the kubelet pulls the image."
     )
-    input: RedisName | None = Field(default=None, description="Stream to consume. Default: `phoenix:{name}:input`.")
+    input: RedisName | None = Field(
+        default=None, description="Stream to consume. Default: `phoenix:{<namespace>}:<name>:input`."
+    )
     output: Output | None = Field(
         default=None, description="Where results go; omit for a final stage whose results are not forwarded."
     )
     consumer_group: RedisName | None = Field(default=None, description="Consumer group name. Default: `{name}-group`.")
     dlq: RedisName | None = Field(
         default=None,
-        description="Dead-letter stream for records that cannot be processed. Default: `phoenix:{name}:dlq`.",
+        description="Dead-letter stream for records that cannot be processed. "
+        "Default: `phoenix:{<namespace>}:<name>:dlq`.",
     )
     redis: RedisSpec = Field(description="Redis connection, by Secret reference.")
     replicas: Replicas = Field(default_factory=Replicas, description="Bounds on the number of worker pods.")

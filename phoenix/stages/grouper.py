@@ -26,7 +26,8 @@ class GrouperProcessor(BaseProcessor):
         self.config = GrouperSettings()
 
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
-        source = parsed_key(record_id)
+        namespace = self.settings.key_namespace
+        source = parsed_key(namespace, record_id)
         raw = await self.redis.get(source)
         if raw is None:
             raise RecordNotFoundError(
@@ -34,7 +35,7 @@ class GrouperProcessor(BaseProcessor):
                 "GROUPED_TTL after an earlier grouping"
             )
         groups = group_biomarkers(Findings.model_validate_json(raw).biomarkers)
-        key = grouped_key(record_id)
+        key = grouped_key(namespace, record_id)
         # One transaction: the findings get their lifetime only together with the groups made from them.
         async with self.redis.pipeline(transaction=True) as pipe:
             pipe.set(key, GroupList.dump_json(groups), ex=self.config.grouped_ttl)

@@ -1,21 +1,27 @@
 """Redis key names shared by the stages, so a reader of one stage's output knows where to look.
 
+Each is scoped by the worker's KEY_NAMESPACE (`phoenix.keys.shared_data_key`: `phoenix:{<namespace>}:_pages:<id>`),
+so two copies of the pipeline on one Redis, even with the same record ids, never read each other's documents,
+and the data a stage hands over stays in the pipeline's hash tag.
+
 A key one stage writes for the next (pages, parsed) has no expiry of its own: it lives as long as the record is
 unfinished, so no stage outage, however long, can make a record unrecoverable. The stage that consumes it
 deletes it (pages) or gives it its lifetime then (parsed expires with grouped, GROUPED_TTL after grouping).
 """
 
+from phoenix.keys import shared_data_key
 
-def pages_key(record_id: str) -> str:
+
+def pages_key(namespace: str, record_id: str) -> str:
     """Router -> Parser: the document's pages with their text and categories."""
-    return f"pages:{record_id}"
+    return shared_data_key(namespace, "pages", record_id)
 
 
-def parsed_key(record_id: str) -> str:
+def parsed_key(namespace: str, record_id: str) -> str:
     """Parser -> Grouper (and readers): the findings extracted from the document."""
-    return f"parsed:{record_id}"
+    return shared_data_key(namespace, "parsed", record_id)
 
 
-def grouped_key(record_id: str) -> str:
+def grouped_key(namespace: str, record_id: str) -> str:
     """Grouper -> readers: biomarkers grouped under canonical names."""
-    return f"grouped:{record_id}"
+    return shared_data_key(namespace, "grouped", record_id)

@@ -16,11 +16,11 @@ from phoenix.stages.extraction import extract_findings
 from phoenix.stages.keys import pages_key, parsed_key
 from phoenix.stages.llm_extraction import LLMExtractor
 from phoenix.stages.models import Findings, Page, PageList
-from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
 from phoenix.worker_runtime.billing import current_api_key
 
 UNPARSED_ROWS = Counter(
-    "phoenix_parser_unparsed_rows", "Lines that look like results but fit no row grammar (kept in parsed:{record_id})."
+    "phoenix_parser_unparsed_rows", "Lines that look like results but fit no row grammar (kept in the parsed findings)."
 )
 
 
@@ -61,7 +61,11 @@ class ParserProcessor(BaseProcessor):
             await self.llm.close()
 
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
-        source, target = data.get("pages_key") or pages_key(record_id), parsed_key(record_id)
+        namespace = self.settings.key_namespace
+        source, target = data.get("pages_key") or pages_key(namespace, record_id), parsed_key(namespace, record_id)
+        if not source.startswith(pages_key(namespace, "")):
+            # The key comes with the message: read (and delete) no other tenant's pages, nor any other key.
+            raise PermanentError(f"pages_key {source!r} of record {record_id} is not a pages key of {namespace}")
         raw_pages = await self.redis.get(source)
         if raw_pages is None:
             # A redelivery after this stage already succeeded (a crash before the ack) finds its own result.

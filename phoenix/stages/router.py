@@ -55,7 +55,7 @@ class RouterProcessor(BaseProcessor):
         except UnreadablePdfError as exc:
             raise UnreadableDocumentError(f"{document.name}: {exc}") from exc
         pages = tag_pages(texts)
-        key = pages_key(record_id)
+        key = pages_key(self.settings.key_namespace, record_id)
         await self.redis.set(key, PageList.dump_json(pages))
         self.logger.info("document_routed", record_id=record_id, document=document.name, pages=len(pages))
         return {"pages_key": key, "document_name": document.name, "page_count": len(pages)}

@@ -89,6 +89,7 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
     keys = ApiKeyProvider(
         app_client,
         stage=settings.service_name,
+        namespace=settings.key_namespace,
         billing_url=billing.billing_url,
         master_key=billing.billing_master_key,
         cache_key=billing.billing_cache_key,

@@ -40,7 +40,7 @@ def operator_actor() -> str:
 
 @dataclass(frozen=True)
 class Repair:
-    """One audit entry. `action`: dlq-replay, dlq-purge, reclaim, unlock, reprocess."""
+    """One audit entry. `action`: dlq-replay, dlq-purge, reclaim, unlock, reprocess, migrate."""
 
     actor: str
     action: str

@@ -1,12 +1,13 @@
 """Per-user LLM billing: a message's LLM calls run on its user's own API key, fetched once, cached in Redis.
 
-Keys: `api_key:user:{user_id}` caches the key, encrypted (Fernet: AES-CBC + HMAC, with its creation time), for at
-most BILLING_CACHE_MAX_AGE seconds after it was fetched: reading it never extends its life. An entry that cannot be
-read (another cache key, a plaintext entry from before encryption, too old) is dropped and the key fetched anew.
-`fetching_key:{user_id}` is a short guard so that only one worker of the whole fleet asks the billing service
-(LiteLLM-compatible `POST /key/generate`) while the others wait for the cache. A processor whose LLM service refuses
-the user's key (HTTP 401/403) raises ApiKeyRejectedError: the cached key is dropped at once, for the whole fleet,
-and the retried message runs on a newly fetched one.
+Keys, scoped by the stage's KEY_NAMESPACE (phoenix/keys.py) so that no tenant reads or fills another's cache:
+`billing_cache_key` (`phoenix:{<namespace>}:_billing-key:<user id>`) caches the key, encrypted (Fernet: AES-CBC +
+HMAC, with its creation time), for at most BILLING_CACHE_MAX_AGE seconds after it was fetched: reading it never
+extends its life. An entry that cannot be read (another cache key, a plaintext entry from before encryption, too
+old) is dropped and the key fetched anew. `billing_guard_key` is a short guard so that only one worker of the
+namespace asks the billing service (LiteLLM-compatible `POST /key/generate`) while the others wait for the cache.
+A processor whose LLM service refuses the user's key (HTTP 401/403) raises ApiKeyRejectedError: the cached key is
+dropped at once, for the whole namespace, and the retried message runs on a newly fetched one.
 
 Keys are kept in `SecretStr` until the moment a library needs the plain string, so they never show up in
 logs, exception messages, reprs or the locals of a rendered traceback; and every key handed to a processor is
@@ -36,6 +37,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from yarl import URL
 
+from phoenix.keys import billing_cache_key, billing_guard_key
 from phoenix.worker_runtime import lua, scrub
 from phoenix.worker_runtime.metrics import BILLING_KEY_LOOKUPS
 from phoenix.worker_runtime.redis_client import text
@@ -154,9 +156,10 @@ def load_billing_settings() -> BillingSettings:
 
 
 class ApiKeyProvider:
-    """Finds the API key of a message's user: from the Redis cache, else fetched once for the whole fleet.
+    """Finds the API key of a message's user: from its namespace's Redis cache, else fetched once for them all.
 
     `redis` must be a decoded client (decode_responses=True). One aiohttp session per provider; `aclose()` it.
+    `namespace`: the stage's KEY_NAMESPACE, whose cache it reads and fills (one per tenant).
     `cache_key`: BILLING_CACHE_KEY (None: derived from the master key); `cache_max_age`: BILLING_CACHE_MAX_AGE.
     """
 
@@ -165,6 +168,7 @@ class ApiKeyProvider:
         redis: Redis,
         *,
         stage: str,
+        namespace: str,
         billing_url: str | None,
         master_key: SecretStr | None,
         cache_key: SecretStr | None = None,
@@ -185,6 +189,7 @@ class ApiKeyProvider:
         self._max_age = cache_max_age
         self._redis = redis
         self._stage = stage
+        self._namespace = namespace
         self._endpoint = URL(billing_url) / "key/generate" if billing_url is not None else None
         self._master_key = master_key
         self._guard_ttl = guard_ttl
@@ -212,7 +217,7 @@ class ApiKeyProvider:
             return None
         if self._drops:
             await asyncio.gather(*self._drops)
-        cache_key, guard_key = f"api_key:user:{user_id}", f"fetching_key:{user_id}"
+        cache_key, guard_key = billing_cache_key(self._namespace, user_id), billing_guard_key(self._namespace, user_id)
         deadline = asyncio.get_running_loop().time() + self._max_wait
         while True:
             if (cached := await self._cached(cache_key)) is not None:
@@ -294,7 +299,8 @@ class ApiKeyProvider:
     async def _fetch(self, user_id: str) -> SecretStr:
         assert self._endpoint is not None and self._master_key is not None
         shown = self._endpoint.with_user(None)  # credentials in BILLING_URL stay out of messages
-        body = {"user_id": user_id, "metadata": {"source": "phoenix", "phoenix_stage": self._stage}}
+        metadata = {"source": "phoenix", "phoenix_stage": self._stage, "phoenix_namespace": self._namespace}
+        body = {"user_id": user_id, "metadata": metadata}
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         try:

@@ -1,5 +1,5 @@
-"""A record's state in one key, `phoenix:{stage}:record:{record_id}` (StageKeys.record_prefix): locked by the
-worker processing it, then its idempotency marker once committed.
+"""A record's state in one key, `phoenix:{<namespace>}:<stage>:record:<record id>` (StageKeys.record_prefix):
+locked by the worker processing it, then its idempotency marker once committed.
 
 One key instead of a lock and a marker: the claim is one SET NX GET, the commit one SET GET that turns the lock
 into the marker, so a record costs Redis one key and two writes where it cost two keys and four calls. The value

@@ -16,6 +16,12 @@ from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
+# The longest wait between two attempts of a failed Redis call, in the intake and the settler.
+REDIS_RETRY_MAX_DELAY = 5.0
+# LIVENESS_TIMEOUT's floor: longer than a Sentinel failover takes with its defaults (down-after-milliseconds 30 s,
+# then the election), so a failover the clients ride out restarts no pod.
+_LIVENESS_FLOOR = 60.0
+
 
 class WorkerSettings(BaseSettings):
     """One stage worker. Environment variable names follow the original design (SERVICE_NAME, INPUT_QUEUE, ...)."""
@@ -78,6 +84,9 @@ class WorkerSettings(BaseSettings):
     timeout_grace: PositiveSeconds = 30
     # /healthz fails while this many run_blocking threads outlive the calls that started them (blocking.py).
     max_leaked_threads: int = Field(4, ge=1)
+    # /healthz fails when the intake has read nothing, or the settler committed nothing while work waits, this
+    # long: their Redis calls hang or keep failing. Unset: derived (_derive_defaults; docs/configuration.md).
+    liveness_timeout: float | None = Field(None, gt=0)
 
     circuit_failure_threshold: int = Field(5, ge=1)
     circuit_reset_timeout: PositiveSeconds = 60
@@ -132,6 +141,17 @@ class WorkerSettings(BaseSettings):
             raise ValueError("OUTPUT_LOW_WATER must be below OUTPUT_HIGH_WATER")
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("RETRY_MAX_SECONDS must be at least RETRY_BASE_SECONDS")
+        # A healthy call may last this long: an XREADGROUP blocks BLOCK_MS, a commit's WAIT MIN_REPLICAS_TIMEOUT_MS.
+        longest_call = max(self.block_ms, self.min_replicas_timeout_ms if self.min_replicas_ack else 0) / 1000
+        if self.liveness_timeout is None:
+            # Three failed attempts of the longest call, each followed by the longest retry delay.
+            three_attempts = 3 * (longest_call + REDIS_RETRY_MAX_DELAY)
+            self.__dict__["liveness_timeout"] = max(_LIVENESS_FLOOR, three_attempts)
+        elif self.liveness_timeout <= longest_call:
+            raise ValueError(
+                "LIVENESS_TIMEOUT must exceed BLOCK_MS and, with MIN_REPLICAS_ACK, MIN_REPLICAS_TIMEOUT_MS: "
+                "a healthy read or commit may take that long"
+            )
         return self
 
     @property

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -16,7 +17,7 @@ from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import minimal_dead_letter
 from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
-from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
 
@@ -61,10 +62,11 @@ _REDIS_REFUSALS = (
 )
 
 
-def _refused_by_item(exc: RedisError) -> bool:
-    """True when the script itself failed on its arguments (e.g. a field list Lua cannot unpack): the same
+def refused_by_item(exc: RedisError) -> bool:
+    """True when the call itself failed on its arguments or keys (e.g. a field list Lua cannot unpack): the same
     batch would fail again forever, so the failing item is isolated instead. Subclasses of ResponseError are
-    Redis refusing (out of memory, read-only replica, no permission), never one item."""
+    Redis refusing (out of memory, read-only replica, no permission), never one item; nor is a lost connection.
+    The intake's liveness asks the same: anything else means Redis cannot be worked with for now."""
     return type(exc) is ResponseError and not str(exc).removeprefix("ERR ").startswith(_REDIS_REFUSALS)
 
 
@@ -72,6 +74,7 @@ class Settler:
     """Queues outcomes and writes everything queued since the last write in one script call.
 
     `on_settled` gets each written batch, once it is durable in Redis; the worker frees slots there.
+    `stalled_for` tells liveness how long work has waited without any commit succeeding.
     """
 
     _MAX_BATCH = 512
@@ -97,12 +100,20 @@ class Settler:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
+        # While work waits: when the settler last made progress (a commit returned, or work came to an idle settler).
+        self._progress_at = time.monotonic()
 
     def submit(self, outcome: Outcome) -> None:
         self._queue.append(outcome)
         if len(self._queue) == 1:  # the first since the committer took the queue: it may be asleep
+            if self._idle.is_set():  # work after a rest: its wait starts now, not at the last commit
+                self._progress_at = time.monotonic()
             self._idle.clear()
             self._wake.set()
+
+    def stalled_for(self, now: float) -> float:
+        """Seconds work has waited while no commit succeeded (its calls hang or keep failing); 0 when idle."""
+        return 0.0 if self._idle.is_set() else now - self._progress_at
 
     async def flush(self) -> None:
         """Wait until everything submitted so far is written."""
@@ -163,13 +174,15 @@ class Settler:
         delay = 0.1
         while True:
             try:
-                return await self._commit(self._args(outcomes), len(outcomes))
+                written = await self._commit(self._args(outcomes), len(outcomes))
+                self._progress_at = time.monotonic()  # the one liveness cost: a clock read per script call
+                return written
             except RedisError as exc:
-                if _refused_by_item(exc):
+                if refused_by_item(exc):
                     return exc
                 log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
 
     async def _write_alone(self, outcome: Outcome, error: RedisError) -> None:
         """An item the script fails on alone: a dead letter is written again in its minimal form; anything else,

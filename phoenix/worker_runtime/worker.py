@@ -39,8 +39,8 @@ from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
-from phoenix.worker_runtime.settings import WorkerSettings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
+from phoenix.worker_runtime.settle import Action, Outcome, Settler, refused_by_item
 from phoenix.worker_runtime.tracing import MessageTracing
 from phoenix.worker_runtime.trim import Trimmer
 
@@ -84,7 +84,6 @@ _RECLAIM_BATCH = 100
 # settled: Redis and Python then work at the same time instead of taking turns. Hence also at most half of
 # CONCURRENCY per read: with one read filling every slot, the next read would wait for its whole settle.
 _READ_BATCH = 200
-_ALIVE_WITHIN_SECONDS = 60.0
 
 
 class Worker:
@@ -136,7 +135,10 @@ class Worker:
         # Per-message success lines are info; skipping their arguments matters at tens of thousands a second.
         self._log_each_message = settings.log_level in ("debug", "info")
         self._reread_own_pending = True  # at start: own pending entries first (id 0), then new ones (>)
+        # The intake's last sign of health: an iteration whose Redis calls returned, or that waited on purpose.
         self.last_beat = time.monotonic()
+        self._liveness_timeout = settings.liveness_timeout or 0.0  # always derived when unset (settings.py)
+        self._liveness_failed = False  # the failure is logged once, when /healthz first reports it
         self._m_outcome = {
             o: metrics.MESSAGES.labels(stage, o)
             for o in ("processed", "skipped_duplicate", "retried", "dead_lettered", "deferred")
@@ -161,13 +163,27 @@ class Worker:
         return self._stopping.is_set()
 
     def alive(self) -> tuple[bool, str]:
-        """/healthz: False, with the reason, when only a restart helps."""
-        if time.monotonic() - self.last_beat >= _ALIVE_WITHIN_SECONDS:
-            return False, "worker loop stalled"
+        """/healthz: False, with the reasons, when only a restart helps; the first failure is logged."""
+        now, limit = time.monotonic(), self._liveness_timeout
+        reasons = []
+        if (quiet := now - self.last_beat) >= limit:
+            reasons.append(f"intake stalled: no Redis read has returned for {quiet:.0f}s (LIVENESS_TIMEOUT={limit:g}s)")
+        if (stalled := self.settler.stalled_for(now)) >= limit:
+            reasons.append(
+                f"settle stalled: no commit has succeeded for {stalled:.0f}s while outcomes wait "
+                f"(LIVENESS_TIMEOUT={limit:g}s)"
+            )
         if (leaked := BLOCKING_THREADS.leaked) >= self.settings.max_leaked_threads:
-            limit = self.settings.max_leaked_threads
-            return False, f"{leaked} run_blocking threads outlived their calls (MAX_LEAKED_THREADS={limit})"
-        return True, "ok"
+            limit_threads = self.settings.max_leaked_threads
+            reasons.append(f"{leaked} run_blocking threads outlived their calls (MAX_LEAKED_THREADS={limit_threads})")
+        if not reasons:
+            self._liveness_failed = False
+            return True, "ok"
+        reason = "; ".join(reasons)
+        if not self._liveness_failed:
+            self._liveness_failed = True
+            log.error("liveness_failed", reason=reason, in_flight=len(self.in_flight))
+        return False, reason
 
     async def ready(self) -> tuple[bool, str]:
         if self.breaker.state is CircuitState.OPEN:
@@ -334,8 +350,11 @@ class Worker:
         cursor = "0"
         next_claim = time.monotonic()
         delay = 0.1
+        failed = False
         while not self._stopping.is_set():
-            self.last_beat = time.monotonic()
+            if not failed:  # a read Redis keeps not answering (a socket timeout, retried) is no beat
+                self.last_beat = time.monotonic()
+            failed = False
             if self._reread_own_pending:
                 self._reread_own_pending, cursor = False, "0"
             trial_slots = self.breaker.trial_slots()
@@ -366,9 +385,12 @@ class Worker:
                         await self.ensure_group()
                     continue
                 # Redis down, or the key is not a stream: say so and keep trying, never crash-loop.
+                # Redis not answering, or refusing every call for now (a read-only replica after a failover): no
+                # beat. An error about the call itself (the key is no stream) is an answer; a restart cannot cure it.
+                failed = not refused_by_item(exc)
                 log.warning("redis_read_failed", error=str(exc), retry_in=delay)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
             finally:
                 self._release(n - started)
 

@@ -129,7 +129,7 @@ def record_counts(redis: redis_client.Redis, stream: str, ids: list[str]) -> Cou
 def grouped_count(redis: redis_client.Redis, ids: list[str]) -> int:
     pipe = redis.pipeline(transaction=False)
     for record_id in ids:
-        pipe.exists(grouped_key(record_id))
+        pipe.exists(grouped_key(NAMESPACE, record_id))
     return sum(pipe.execute())
 
 
@@ -137,7 +137,7 @@ def wait_all_grouped(redis: redis_client.Redis, ids: list[str], timeout: float) 
     deadline = time.monotonic() + timeout
     while (done := grouped_count(redis, ids)) < len(ids):
         if time.monotonic() > deadline:
-            missing = [record_id for record_id in ids if not redis.exists(grouped_key(record_id))]
+            missing = [record_id for record_id in ids if not redis.exists(grouped_key(NAMESPACE, record_id))]
             whereabouts = "\n".join(f"  {record_id}: {_whereabouts(redis, record_id)}" for record_id in missing[:5])
             raise AssertionError(
                 f"only {done} of {len(ids)} records reached the grouper within {timeout:.0f} s; where they are:\n"

@@ -46,5 +46,5 @@ def test_sample_pdfs_flow_through_every_stage_exactly_once(pipeline: Pipeline, r
     # The parser and grouper start at zero pods: KEDA wakes them up when their input has entries.
     wait_all_grouped(redis, ids, timeout=300)
     assert_exactly_once(redis, ids)
-    grouped = json.loads(redis.get(grouped_key(ids[1])) or "{}")
-    assert grouped, f"grouped:{ids[1]} is empty"
+    grouped = json.loads(redis.get(grouped_key(NAMESPACE, ids[1])) or "{}")
+    assert grouped, f"{grouped_key(NAMESPACE, ids[1])} is empty"

@@ -133,7 +133,9 @@ def test_replay_dlq_brings_a_record_through_once_its_cause_is_fixed(redis: redis
     )
     kubectl("annotate", "phoenixstage", "-n", NAMESPACE, "router", "phoenix.io/replay-dlq=all", "--overwrite")
 
-    eventually(lambda: redis.exists(grouped_key(record_id)), "the replayed record to be grouped", timeout=240)
+    eventually(
+        lambda: redis.exists(grouped_key(NAMESPACE, record_id)), "the replayed record to be grouped", timeout=240
+    )
     assert record_counts(redis, router["dlq"], [record_id])[record_id] == 0
     assert record_counts(redis, streams("parser")["input"], [record_id])[record_id] == 1
     # The operator removes the annotation and then writes status.lastReplay (phoenix/operator/actions.replay): wait

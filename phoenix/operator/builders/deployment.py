@@ -102,7 +102,9 @@ def _container(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any]:
         "command": ["phoenix", "worker"],
         "env": worker_env(owner.name, spec, resolve_streams(owner.name, owner.namespace, spec), owner.uid),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
-        # Liveness: the event loop answers. Readiness: Redis reachable and the consumer loop running.
+        # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s
+        # by default); 3 failures 10 s apart restart a hung worker 80-90 s after its last progress, well before its
+        # peers would reclaim its entries (CLAIM_IDLE_MS). Readiness: Redis reachable and the consumer loop running.
         "livenessProbe": _probe("/healthz", period=10, failures=3),
         "readinessProbe": _probe("/readyz", period=5, failures=2),
         "resources": worker_resources(spec),
