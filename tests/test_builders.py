@@ -93,6 +93,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
     assert env_of(build_deployment(OWNER, spec)) == {
         "SERVICE_NAME": "parser",
         "KEY_NAMESPACE": "docs",
+        "STAGE_UID": "uid-1",  # by which its workers prove to the keys' ownership marker that they are its own
         "INPUT_QUEUE": "phoenix:{docs}:parser:input",
         "OUTPUT_QUEUE": "phoenix:{docs}:grouper:input",
         "CONSUMER_GROUP": "parser-group",

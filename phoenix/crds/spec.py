@@ -15,6 +15,7 @@ from phoenix.retention import RETENTION_PATTERN
 RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
     "KEY_NAMESPACE",
+    "STAGE_UID",
     "INPUT_QUEUE",
     "OUTPUT_QUEUE",
     "OUTPUT_RETENTION",

@@ -35,11 +35,13 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[dict[str, Any]]:
-    """The container env: runtime variables derived from the spec, then the spec's own extra variables."""
+def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys, uid: str = "") -> list[dict[str, Any]]:
+    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid`: the
+    PhoenixStage's, by which its workers prove they are its own to the keys' ownership marker."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
         "KEY_NAMESPACE": streams.namespace,
+        **({"STAGE_UID": uid} if uid else {}),
         "INPUT_QUEUE": streams.input,
         "CONSUMER_GROUP": streams.consumer_group,
         "DLQ_NAME": streams.dlq,
@@ -98,7 +100,7 @@ def _container(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any]:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["phoenix", "worker"],
-        "env": worker_env(owner.name, spec, resolve_streams(owner.name, owner.namespace, spec)),
+        "env": worker_env(owner.name, spec, resolve_streams(owner.name, owner.namespace, spec), owner.uid),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s
         # by default); 3 failures 10 s apart restart a hung worker 80-90 s after its last progress, well before its
