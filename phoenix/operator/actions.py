@@ -24,7 +24,7 @@ from phoenix.operator.constants import (
     RESTARTED_AT_ANNOTATION,
 )
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError, scrub
+from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import replay_once
 from phoenix.operator.redis_pool import RedisPool
@@ -155,11 +155,11 @@ async def replay(
         pending = {"id": uuid.uuid4().hex, "count": requested}
         if not await writer.claim(record, REPLAY_REQUEST_FIELD, pending, REPLAY_ANNOTATION, requested):
             return None  # the annotation was already handled and removed: `body` was stale
-    if record.streams is None or record.redis_url is None:
+    if record.streams is None or record.redis is None:
         raise StageError("NotReconciled", "the stage has not been reconciled yet; the replay waits for it")
     limit = parse_replay_count(pending["count"])
     moved = await replay_once(
-        pool.client(record.redis_url),
+        pool.client(record.redis),
         record.streams.replay_ledger(pending["id"]),
         record.streams.dlq,
         record.streams.input,
@@ -184,15 +184,16 @@ async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[st
         try:
             last = await replay(ctx.kube, ctx.pool, ctx.writer, record, body)
         except (RedisError, OSError) as exc:
-            raise StageError("RedisUnavailable", f"DLQ replay: {scrub(str(exc), record.redis_url)}") from None
+            told = record.redis.scrub(str(exc)) if record.redis is not None else str(exc)
+            raise StageError("RedisUnavailable", f"DLQ replay: {told}") from None
     if last is None:
         return
     detail = f"moved {last['moved']} DLQ entries back to the input (requested {last['requested']})"
     actor, told = audit.operator_actor(), ""
-    if record.streams is not None and record.redis_url is not None:  # always, once a replay has run
+    if record.streams is not None and record.redis is not None:  # always, once a replay has run
         repair = audit.Repair(actor, "dlq-replay", last["moved"], f"{detail}, asked by {REPLAY_ANNOTATION}")
         try:
-            await audit.record(ctx.pool.client(record.redis_url), record.streams.audit, repair)
+            await audit.record(ctx.pool.client(record.redis), record.streams.audit, repair)
             told = f", recorded in {record.streams.audit}"
         except (RedisError, OSError) as exc:
             # The entries have moved: a missing audit line must not make the operator move them again.

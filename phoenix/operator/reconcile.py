@@ -15,15 +15,16 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.keys import StageKeys
-from phoenix.operator.builders import Owner, RedisUrlError, in_namespace, redis_connection, resolve_streams
+from phoenix.operator.builders import Owner, resolve_streams
 from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import StageError, scrub
+from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import destroy, ensure_streams
 from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.redis_target import RedisTarget, read_redis_target
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import (
     CHILD_NOT_OWNED,
@@ -32,7 +33,6 @@ from phoenix.operator.status.readiness import (
     waits_for_keda,
 )
 from phoenix.operator.status.registry import StageRecord
-from phoenix.worker_runtime.settings import redact_url
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 120.0
@@ -83,27 +83,23 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_url_of(kube: KubeApi, stage: PhoenixStage) -> str:
-    """The stage's Redis URL as the operator and KEDA reach it from their own namespaces."""
-    namespace = stage.metadata.namespace or "default"
-    url = await kube.secret_value(namespace, stage.spec.redis.url_secret_ref)
-    try:
-        redis_connection(url)
-    except RedisUrlError as exc:
-        ref = stage.spec.redis.url_secret_ref
-        raise StageError("InvalidRedisUrl", f"Secret {ref.name!r} key {ref.key!r}: {exc}") from None
-    return in_namespace(url, namespace)
+async def redis_target_of(kube: KubeApi, stage: PhoenixStage) -> RedisTarget:
+    """The stage's Redis as the operator and KEDA reach it from their own namespaces."""
+    return await read_redis_target(kube, stage.metadata.namespace or "default", stage.spec.redis)
 
 
-async def prepare_streams(pool: RedisPool, url: str, streams: StageKeys, existed_before: bool) -> list[Action]:
+async def prepare_streams(
+    pool: RedisPool, target: RedisTarget, streams: StageKeys, existed_before: bool
+) -> list[Action]:
     """The stream, group and DLQ; an Action for each that had to be created (after a Redis flush: again)."""
     try:
-        created = await ensure_streams(pool.client(url), streams)
+        created = await ensure_streams(pool.client(target), streams)
     except ResponseError as exc:
         # WRONGTYPE: a key of that name exists and is not a stream; retrying will not change that by itself.
-        raise StageError("StreamConflict", scrub(str(exc), url)) from None
+        raise StageError("StreamConflict", target.scrub(str(exc))) from None
     except (RedisError, OSError) as exc:
-        message = f"cannot reach Redis at {redact_url(url)}: {type(exc).__name__}: {scrub(str(exc), url)}"
+        pool.failed(target, exc)
+        message = f"cannot reach Redis at {target.redacted}: {type(exc).__name__}: {target.scrub(str(exc))}"
         raise StageError("RedisUnavailable", message) from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []
@@ -136,14 +132,17 @@ async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: M
     stage = parse_stage(body)
     owner = Owner.from_body(body)
     streams = resolve_streams(owner.name, stage.spec)
-    url = await redis_url_of(kube, stage)
+    # Kept before Redis is reached: the Secret check watches these Secrets also while Redis refuses them.
+    record.redis = target = await redis_target_of(kube, stage)
     existed_before = record.streams is not None or bool(record.status.get("streams"))
-    actions = await prepare_streams(pool, url, streams, existed_before)
-    record.streams, record.redis_url = streams, url
+    actions = await prepare_streams(pool, target, streams, existed_before)
+    record.streams = streams
     async with record.deployment_lock:
-        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, url)
+        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, target.url)
         keda_scales = autoscaling.status == "True"
-        deployment, deployment_actions, watched["Deployment"] = await apply_deployment(kube, owner, stage, keda_scales)
+        deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
+            kube, owner, stage, keda_scales, target.digest(owner.uid)
+        )
     actions += keda_actions + deployment_actions + _transitions(record, stage, autoscaling)
     record.children, record.paused = watched, stage.spec.paused
     return Reconciled(streams, deployment, autoscaling, actions)
@@ -201,6 +200,7 @@ async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mappin
             await ctx.writer.update(record, *failed_status(error, generation))
             raise
         record.error = None
+        await retain_clients(ctx)
         await ctx.writer.update(record, *reconciled_status(result, generation))
         for action in result.actions:
             await ctx.events.normal(record, action.reason, action.message)
@@ -264,16 +264,22 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
         f"deleted consumer group {streams.consumer_group}, streams {streams.input} and {streams.dlq}",
     )
     ctx.registry.forget(record.key)
-    await ctx.pool.retain({r.redis_url for r in ctx.registry.records() if r.redis_url is not None})
+    await retain_clients(ctx)
+
+
+async def retain_clients(ctx: OperatorContext) -> None:
+    """Close the Redis clients no stage uses any more: after a deletion, or a rotation that made a new target."""
+    await ctx.pool.retain({r.redis for r in ctx.registry.records() if r.redis is not None})
 
 
 async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> StageKeys:
     stage = stage_model(body)
-    # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
-    url = record.redis_url or await redis_url_of(ctx.kube, stage)
+    # The Secret may already be gone (a namespace being deleted): the target of the last reconcile still works.
+    target = record.redis or await redis_target_of(ctx.kube, stage)
     streams = resolve_streams(stage.metadata.name, stage.spec)
     try:
-        await destroy(ctx.pool.client(url), streams)
+        await destroy(ctx.pool.client(target), streams)
     except (RedisError, OSError) as exc:
-        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), url)}") from None
+        ctx.pool.failed(target, exc)
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {target.scrub(str(exc))}") from None
     return streams

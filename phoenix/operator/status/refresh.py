@@ -22,9 +22,10 @@ from redis.exceptions import RedisError
 from phoenix.crds import Condition, ConditionType
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError, scrub
+from phoenix.operator.errors import StageError
 from phoenix.operator.metrics import STAGES, stage_figures
 from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.redis_target import RedisTarget
 from phoenix.operator.status.conditions import find_condition
 from phoenix.operator.status.durability import (
     OUTPUT_NEVER_TRIMMED,
@@ -36,7 +37,6 @@ from phoenix.operator.status.readiness import deployment_condition, replica_stat
 from phoenix.operator.status.registry import StageKey, StageRecord
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
-from phoenix.worker_runtime.settings import redact_url
 
 logger = logging.getLogger(__name__)
 PATCH_CONCURRENCY = 32
@@ -62,12 +62,12 @@ class CycleReport:
         return asdict(self)
 
 
-def group_by_redis(records: Iterable[StageRecord]) -> dict[str, list[StageRecord]]:
-    """Stages that share a Redis URL, so that each Redis is asked once per cycle."""
-    groups: dict[str, list[StageRecord]] = defaultdict(list)
+def group_by_redis(records: Iterable[StageRecord]) -> dict[RedisTarget, list[StageRecord]]:
+    """Stages that share a Redis, so that each Redis is asked once per cycle."""
+    groups: dict[RedisTarget, list[StageRecord]] = defaultdict(list)
     for record in records:
-        if record.redis_url is not None and record.streams is not None:
-            groups[record.redis_url].append(record)
+        if record.redis is not None and record.streams is not None:
+            groups[record.redis].append(record)
     return dict(groups)
 
 
@@ -76,30 +76,34 @@ def queue_status(stats: QueueStats) -> dict[str, int]:
     return {key: round(value) for key, value in stats.as_status().items() if value is not None}
 
 
-async def _sample(pool: RedisPool, url: str, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
+async def _sample(
+    pool: RedisPool, target: RedisTarget, records: list[StageRecord]
+) -> dict[StageKey, QueueStats] | None:
     # group_by_redis kept only reconciled stages (streams set); zip(strict=True) below checks none was dropped.
     queues = [StageQueues.of(s) for r in records if (s := r.streams) is not None]
     try:
-        stats = await collect(pool.client(url), queues)
+        stats = await collect(pool.client(target), queues)
     except (RedisError, OSError) as exc:
-        logger.warning("queue refresh: Redis at %s failed: %s", redact_url(url), scrub(str(exc), url))
+        pool.failed(target, exc)
+        logger.warning("queue refresh: Redis at %s failed: %s", target.redacted, target.scrub(str(exc)))
         return None
     return {record.key: stat for record, stat in zip(records, stats, strict=True)}
 
 
-async def _redis_risk(ctx: OperatorContext, url: str) -> RedisRisk | None:
-    """The cached check of the Redis at `url`, renewed every REDIS_RISK_CHECK_SECONDS; None while unreachable."""
-    cached = ctx.redis_risks.get(url)
+async def _redis_risk(ctx: OperatorContext, target: RedisTarget) -> RedisRisk | None:
+    """The cached check of the Redis `target` names, renewed every REDIS_RISK_CHECK_SECONDS; None while
+    unreachable."""
+    cached = ctx.redis_risks.get(target)
     if cached is not None and time.monotonic() - cached[0] < REDIS_RISK_CHECK_SECONDS:
         return cached[1]
     try:
-        await ctx.pool.client(url).ping()
+        await ctx.pool.client(target).ping()
     except (RedisError, OSError):
         return None  # unreachable is not "could not be checked"; the queue sample reports the outage
-    risk = await assess_redis(ctx.pool.client(url))
-    ctx.redis_risks[url] = (time.monotonic(), risk)
+    risk = await assess_redis(ctx.pool.client(target))
+    ctx.redis_risks[target] = (time.monotonic(), risk)
     if risk.at_risk:
-        logger.warning("Redis at %s may lose acknowledged data: %s", redact_url(url), risk.describe())
+        logger.warning("Redis at %s may lose acknowledged data: %s", target.redacted, risk.describe())
     return risk
 
 
@@ -150,11 +154,11 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
     records = ctx.registry.records()
     groups = group_by_redis(records)
     samples, risks, deployments = await asyncio.gather(
-        asyncio.gather(*(_sample(ctx.pool, url, members) for url, members in groups.items())),
-        asyncio.gather(*(_redis_risk(ctx, url) for url in groups)),
+        asyncio.gather(*(_sample(ctx.pool, target, members) for target, members in groups.items())),
+        asyncio.gather(*(_redis_risk(ctx, target) for target in groups)),
         ctx.kube.managed_deployments(ctx.namespaces),
     )
-    risk_by_url = dict(zip(groups, risks, strict=True))
+    risk_by_target = dict(zip(groups, risks, strict=True))
     read_seconds = time.perf_counter() - started
     queues: dict[StageKey, QueueStats] = {}
     for sample in samples:
@@ -172,7 +176,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
             changes["queue"] = queue_status(stats)
             conditions.append(backpressure_condition(stats.backpressure, record.generation))
             conditions.append(await _output_unread(ctx, record, stats))
-        if record.redis_url is not None and (risk := risk_by_url.get(record.redis_url)) is not None:
+        if record.redis is not None and (risk := risk_by_target.get(record.redis)) is not None:
             conditions.append(redis_risk_condition(risk, record.generation))
         async with limit:
             return await ctx.writer.update(record, changes, conditions)

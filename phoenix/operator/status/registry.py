@@ -9,6 +9,7 @@ from typing import Any
 
 from phoenix.crds import Condition
 from phoenix.keys import StageKeys
+from phoenix.operator.redis_target import RedisTarget
 
 StageKey = tuple[str, str]  # (namespace, name)
 
@@ -19,8 +20,8 @@ class StageRecord:
     name: str
     generation: int | None = None
     streams: StageKeys | None = None
-    # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
-    redis_url: str | None = field(default=None, repr=False)
+    # Read from the stage's Secrets at its last reconcile; its secret values never print.
+    redis: RedisTarget | None = None
     # The reconcile failure that keeps the stage not Ready, if any.
     error: Condition | None = None
     # The status as last written or read: the refresh patches only fields that differ from it.
