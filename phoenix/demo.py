@@ -26,15 +26,17 @@ from typing import TextIO
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from phoenix.cli.stage import add_redis_argument, redis_env, redis_spec
 from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
 from phoenix.keys import StageKeys, input_stream
+from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
 from phoenix.worker_runtime.redis_client import text_range
-from phoenix.worker_runtime.settings import WorkerSettings, redact_url
+from phoenix.worker_runtime.settings import WorkerSettings
 
 SHOWCASE_SAMPLE = "02-diabetes-follow-up.pdf"  # the report whose biomarkers come in several names and units
 REFRESH_SECONDS = 0.25
@@ -73,14 +75,15 @@ class Record:
 # -- worker processes ---------------------------------------------------------------------------------------------
 
 
-def worker_env(stage: DemoStage, redis_url: str, base: dict[str, str]) -> dict[str, str]:
+def worker_env(stage: DemoStage, redis: dict[str, str], base: dict[str, str]) -> dict[str, str]:
+    """`redis`: REDIS_URL and the other connection variables the demo itself was given."""
     # A worker variable left in the caller's shell (INPUT_QUEUE, CONCURRENCY, ...) must not rewire the demo.
     worker_vars = {name.upper() for name in WorkerSettings.model_fields}
     env = {k: v for k, v in base.items() if k.upper() not in worker_vars}
     env.update(
         SERVICE_NAME=stage.name,
         PROCESSOR=stage.name,
-        REDIS_URL=redis_url,
+        **redis,
         HEALTH_PORT="0",  # several workers on one host: no probe ports to collide
         LOG_FORMAT="json",
     )
@@ -96,7 +99,7 @@ class WorkerProcess:
     log_path: Path
 
     @classmethod
-    def start(cls, stage: DemoStage, redis_url: str, log_dir: Path) -> WorkerProcess:
+    def start(cls, stage: DemoStage, redis: dict[str, str], log_dir: Path) -> WorkerProcess:
         log_path = log_dir / f"{stage.name}.log"
         with log_path.open("wb") as log:
             # Own session: Ctrl-C reaches only the demo, which then stops the workers in order.
@@ -105,7 +108,7 @@ class WorkerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=worker_env(stage, redis_url, dict(os.environ)),
+                env=worker_env(stage, redis, dict(os.environ)),
                 start_new_session=True,
             )
         return cls(stage, popen, log_path)
@@ -131,12 +134,12 @@ def stop_workers(workers: Sequence[WorkerProcess]) -> None:
 
 
 @contextlib.contextmanager
-def running_workers(redis_url: str, log_dir: Path) -> Iterator[list[WorkerProcess]]:
+def running_workers(redis: dict[str, str], log_dir: Path) -> Iterator[list[WorkerProcess]]:
     log_dir.mkdir(parents=True, exist_ok=True)
     workers: list[WorkerProcess] = []
     try:
         for stage in PIPELINE:
-            workers.append(WorkerProcess.start(stage, redis_url, log_dir))
+            workers.append(WorkerProcess.start(stage, redis, log_dir))
         yield workers
     finally:
         stop_workers(workers)
@@ -336,9 +339,9 @@ async def print_unparsed(client: aioredis.Redis, records: Sequence[Record], out:
 
 
 async def demo(
-    redis_url: str, workers: Sequence[WorkerProcess], records: Sequence[Record], timeout: float, out: TextIO
+    redis: RedisSpec, workers: Sequence[WorkerProcess], records: Sequence[Record], timeout: float, out: TextIO
 ) -> None:
-    async with aioredis.Redis.from_url(redis_url, decode_responses=True) as client:
+    async with connect(redis, decode_responses=True) as client:
         await run_pipeline(client, workers, records, timeout, out)
         showcase = next((r for r in records if r.document.name == SHOWCASE_SAMPLE), records[0])
         await print_grouped(client, showcase, out)
@@ -347,7 +350,9 @@ async def demo(
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m phoenix.demo", description=__doc__.splitlines()[0])
-    p.add_argument("--redis-url", help="use this Redis 7+ / Valkey instead of starting an embedded Valkey")
+    # --redis-url: this Redis 7+ / Valkey instead of an embedded Valkey; the other options (or their variables,
+    # which the workers read too) say how to reach it.
+    add_redis_argument(p).set_defaults(redis_url=None)  # not $REDIS_URL: the demo starts its own Valkey
     p.add_argument("--work-dir", type=Path, default=Path(".cache/demo"), help="sample PDFs and worker logs")
     p.add_argument("--copies", type=int, default=10, help="times each of the 5 sample reports is enqueued")
     p.add_argument("--timeout", type=float, default=120, help="seconds to wait for the pipeline to drain")
@@ -368,18 +373,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with contextlib.ExitStack() as stack:
             if args.redis_url:
-                url = args.redis_url
-                out.write(f"Using Redis at {redact_url(url)}\n")
+                redis = redis_spec(args)
+                out.write(f"Using Redis at {redis.redacted}\n")
             else:
-                url = stack.enter_context(embedded_valkey())
-                out.write(f"Started embedded Valkey at {url}\n")
-            workers = stack.enter_context(running_workers(url, log_dir))
+                args.redis_url = stack.enter_context(embedded_valkey())
+                redis = RedisSpec.from_url(args.redis_url)
+                out.write(f"Started embedded Valkey at {args.redis_url}\n")
+            workers = stack.enter_context(running_workers(redis_env(args), log_dir))
             out.write(
                 f"Workers: {' -> '.join(s.name for s in PIPELINE)} (logs in {log_dir}/)\n"
                 f"Enqueueing {len(records)} records ({len(samples)} sample reports x {args.copies})\n\n"
             )
             out.flush()
-            asyncio.run(demo(url, workers, records, args.timeout, out))
+            asyncio.run(demo(redis, workers, records, args.timeout, out))
             out.write("\nStopping workers...\n")
             out.flush()
     except KeyboardInterrupt:
@@ -388,6 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DemoError as exc:
         print(f"\ndemo failed: {exc}", file=sys.stderr)
         return 1
+    except RedisSpecError as exc:
+        print(f"demo: invalid Redis configuration: {exc}", file=sys.stderr)
+        return 2
     except RedisError as exc:
         # The message names host and port, never the password.
         print(f"\ndemo failed: Redis error: {exc}", file=sys.stderr)

@@ -11,7 +11,7 @@ from phoenix.crds import RUNTIME_ENV_NAMES, ConditionType, PhoenixStageSpec, Str
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
-    RedisUrlError,
+    RedisConnection,
     build_deployment,
     build_scaled_object,
     build_trigger_authentication,
@@ -21,6 +21,7 @@ from phoenix.operator.builders import (
     scaled_object_patch,
 )
 from phoenix.operator.status.conditions import new_condition, set_condition
+from phoenix.redis_spec import RedisSpec, RedisSpecError
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
@@ -42,6 +43,10 @@ REDIS_SENTINEL_MTLS = {
 
 def make_spec(**changes: Any) -> PhoenixStageSpec:
     return PhoenixStageSpec.model_validate({"processor": "parser", "image": "img:1", "redis": REDIS, **changes})
+
+
+def connection_of(url: str) -> RedisConnection:
+    return redis_connection(RedisSpec.from_url(url))
 
 
 def container(deployment: dict[str, Any]) -> dict[str, Any]:
@@ -307,7 +312,7 @@ def test_scaled_object_scales_on_lag_and_stays_up_for_pending_entries_and_retrie
         autoscaling={"lagCount": 25, "activationLagCount": 2, "pollingInterval": 5, "cooldownPeriod": 60},
         worker={"concurrency": 16},
     )
-    scaled = build_scaled_object(OWNER, spec, redis_connection("redis://:pw@redis.docs:6380/3"))
+    scaled = build_scaled_object(OWNER, spec, connection_of("redis://:pw@redis.docs:6380/3"))
     assert (scaled["apiVersion"], scaled["kind"]) == ("keda.sh/v1alpha1", "ScaledObject")
     assert scaled["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert "annotations" not in scaled["metadata"]
@@ -347,20 +352,20 @@ def test_trigger_authentication_reads_the_password_from_the_secret() -> None:
 def test_passwordless_redis_needs_no_trigger_authentication() -> None:
     spec = make_spec()
     assert build_trigger_authentication(OWNER, spec) is None
-    triggers = build_scaled_object(OWNER, spec, redis_connection("redis://redis:6379"))["spec"]["triggers"]
+    triggers = build_scaled_object(OWNER, spec, connection_of("redis://redis:6379"))["spec"]["triggers"]
     assert all("authenticationRef" not in trigger for trigger in triggers)
 
 
 def test_password_in_url_without_secret_ref_is_a_clear_error_without_the_password() -> None:
     with pytest.raises(AutoscalingConfigError) as caught:
-        build_scaled_object(OWNER, make_spec(), redis_connection("redis://:hunter2@redis:6379/0"))
+        build_scaled_object(OWNER, make_spec(), connection_of("redis://:hunter2@redis:6379/0"))
     assert "spec.redis.passwordSecretRef" in str(caught.value)
     assert "hunter2" not in str(caught.value)
 
 
 def test_paused_stage_pauses_keda_at_zero_replicas() -> None:
     spec = make_spec(paused=True, redis=REDIS_WITH_PASSWORD)
-    scaled = build_scaled_object(OWNER, spec, redis_connection("redis://:pw@redis:6379"))
+    scaled = build_scaled_object(OWNER, spec, connection_of("redis://:pw@redis:6379"))
     assert scaled["metadata"]["annotations"] == {
         "autoscaling.keda.sh/paused": "true",
         "autoscaling.keda.sh/paused-replicas": "0",
@@ -369,7 +374,7 @@ def test_paused_stage_pauses_keda_at_zero_replicas() -> None:
 
 def test_tls_and_acl_user_reach_the_trigger() -> None:
     spec = make_spec(redis=REDIS_WITH_PASSWORD)
-    triggers = build_scaled_object(OWNER, spec, redis_connection("rediss://app:pw@cache:6379/1"))["spec"]["triggers"]
+    triggers = build_scaled_object(OWNER, spec, connection_of("rediss://app:pw@cache:6379/1"))["spec"]["triggers"]
     assert {(t["metadata"]["enableTLS"], t["metadata"]["username"]) for t in triggers} == {("true", "app")}
 
 
@@ -378,9 +383,10 @@ def test_sentinel_mode_scales_through_the_sentinels() -> None:
     `sentinelMaster`; the Sentinels' own user is metadata, their password comes through the TriggerAuthentication."""
     spec = make_spec(redis=REDIS_SENTINEL_MTLS, worker={"concurrency": 4})
     url = "rediss://app:pw@sentinel-0.redis:26379,sentinel-1.redis:26379/2"
-    triggers = build_scaled_object(OWNER, spec, redis_connection(url))["spec"]["triggers"]
+    connection = redis_connection(RedisSpec.from_url(url, mode="sentinel", sentinel_master="mymaster"))
+    triggers = build_scaled_object(OWNER, spec, connection)["spec"]["triggers"]
     assert [t["type"] for t in triggers] == ["redis-sentinel-streams", "redis-sentinel-streams", "redis-sentinel"]
-    connection = {
+    metadata = {
         "addresses": "sentinel-0.redis:26379,sentinel-1.redis:26379",
         "databaseIndex": "2",
         "enableTLS": "true",
@@ -389,7 +395,7 @@ def test_sentinel_mode_scales_through_the_sentinels() -> None:
         "sentinelUsername": "watcher",
     }
     for trigger in triggers:
-        assert {key: trigger["metadata"][key] for key in connection} == connection
+        assert {key: trigger["metadata"][key] for key in metadata} == metadata
         assert "address" not in trigger["metadata"]
         assert trigger["authenticationRef"] == {"name": "parser-redis"}
 
@@ -412,7 +418,7 @@ def test_a_private_ca_alone_needs_a_trigger_authentication() -> None:
     assert auth is not None and auth["spec"]["secretTargetRef"] == [
         {"parameter": "ca", "name": "redis-ca", "key": "ca.crt"}
     ]
-    triggers = build_scaled_object(OWNER, spec, redis_connection("rediss://cache:6379"))["spec"]["triggers"]
+    triggers = build_scaled_object(OWNER, spec, connection_of("rediss://cache:6379"))["spec"]["triggers"]
     assert all(t["authenticationRef"] == {"name": "parser-redis"} for t in triggers)
 
 
@@ -431,7 +437,7 @@ def test_a_private_ca_alone_needs_a_trigger_authentication() -> None:
 def test_redis_connection_facts(
     url: str, address: str, db: int, tls: bool, user: str | None, has_password: bool
 ) -> None:
-    connection = redis_connection(url)
+    connection = connection_of(url)
     assert (connection.address, connection.database_index, connection.tls) == (address, db, tls)
     assert (connection.username, connection.has_password) == (user, has_password)
     assert "secret" not in repr(connection)
@@ -441,31 +447,44 @@ def test_redis_connection_facts(
     ("url", "message"),
     [
         ("http://:topsecret@redis:6379", "must start with redis:// or rediss://"),
-        ("redis://:topsecret@redis:port/0", "port is not a number"),
-        ("redis://:topsecret@/0", "has no host"),
+        ("redis://:topsecret@redis:port/0", "host list is not host[:port]"),
+        ("redis://:topsecret@redis:99999/0", "port is not a number from 1 to 65535"),
+        ("redis://:topsecret@/0", "host list is not host[:port]"),
         ("redis://:topsecret@redis:6379/zero", "database must be a number"),
+        ("redis://:top#secret@redis:6379/0", "unescaped '#'"),
+        ("redis://:top@secret@redis:6379/0", "more than one '@'"),
+        ("redis://:top/secret@redis:6379/0", "unescaped '/'"),
+        ("redis://:top?secret@redis:6379/0", "unescaped '?'"),
+        ("redis://:top%secret@redis:6379/0", "'%' that is no %XX escape"),
+        ("redis://:topsecret@redis:6379/0?ssl_cert_reqs=none", "'ssl_cert_reqs', which Phoenix does not read"),
+        ("redis://:topsecret@a:6379,b:6379/0", "needs REDIS_MODE=sentinel"),
+        # No '@': what looks like the host may be the password, so the host is not quoted either.
+        ("redis://:topsecret/0", "host list is not host[:port]"),
     ],
 )
 def test_bad_redis_urls_are_explained_without_echoing_them(url: str, message: str) -> None:
-    with pytest.raises(RedisUrlError) as caught:
-        redis_connection(url)
+    with pytest.raises(RedisSpecError) as caught:
+        RedisSpec.from_url(url)
     assert message in str(caught.value)
-    assert "topsecret" not in str(caught.value)
+    for fragment in ("top", "secret", "opsec"):
+        assert fragment not in str(caught.value)
 
 
 @pytest.mark.parametrize(
     ("url", "seen_from_elsewhere"),
     [
-        ("redis://:p%40ss@redis:6379/0", "redis://:p%40ss@redis.docs.svc:6379/0"),
-        ("rediss://app:pw@cache/2?x=1", "rediss://app:pw@cache.docs.svc/2?x=1"),
-        ("redis://redis.other.svc:6379", "redis://redis.other.svc:6379"),
-        ("redis://localhost:6379", "redis://localhost:6379"),
-        ("redis://10.0.0.7:6379", "redis://10.0.0.7:6379"),
-        ("redis://[::1]:6379", "redis://[::1]:6379"),
+        ("redis://:p%40ss@redis:6379/0", "redis://:***@redis.docs.svc:6379/0"),
+        ("rediss://app:pw@cache/2?db=2", "rediss://app:***@cache.docs.svc:6379/2"),
+        ("redis://redis.other.svc:6379", "redis://redis.other.svc:6379/0"),
+        ("redis://localhost:6379", "redis://localhost:6379/0"),
+        ("redis://10.0.0.7:6379", "redis://10.0.0.7:6379/0"),
+        ("redis://[::1]:6379", "redis://[::1]:6379/0"),
     ],
 )
 def test_one_label_redis_hosts_are_services_of_the_stage_namespace(url: str, seen_from_elsewhere: str) -> None:
-    assert in_namespace(url, "docs") == seen_from_elsewhere
+    seen = in_namespace(RedisSpec.from_url(url), "docs")
+    assert seen.redacted == seen_from_elsewhere
+    assert seen.password == RedisSpec.from_url(url).password  # credentials kept, for the operator's own client
 
 
 # --- conditions ----------------------------------------------------------------------------------------
@@ -507,7 +526,7 @@ def test_changed_status_moves_the_transition_time_in_place() -> None:
 
 
 def test_unpausing_patch_removes_the_pause_annotations() -> None:
-    connection = redis_connection("redis://:pw@redis:6379/0")
+    connection = connection_of("redis://:pw@redis:6379/0")
     unpaused = build_scaled_object(OWNER, make_spec(redis=REDIS_WITH_PASSWORD), connection)
     patch = scaled_object_patch(unpaused)
     assert patch["metadata"]["annotations"] == {

@@ -25,6 +25,7 @@ from phoenix.operator.status.readiness import deployment_condition, ready_condit
 from phoenix.operator.status.refresh import group_by_redis
 from phoenix.operator.status.registry import StageRecord
 from phoenix.operator.status.writer import merged_status, status_patch
+from phoenix.redis_spec import RedisSpec
 
 
 def _spec(**overrides: Any) -> PhoenixStageSpec:
@@ -135,20 +136,21 @@ def test_request_filters() -> None:
 def test_refresh_groups_stages_by_redis_url() -> None:
     def record(name: str, url: str | None) -> StageRecord:
         streams = StageKeys.for_stage(name, input=f"{name}:in", group="g", dlq=f"{name}:dlq")
-        return StageRecord("ns", name, streams=streams, redis_url=url)
+        return StageRecord("ns", name, streams=streams, redis=RedisSpec.from_url(url) if url else None)
 
     groups = group_by_redis(
-        [record("a", "redis://r1"), record("b", "redis://r2"), record("c", "redis://r1"), record("d", None)]
+        [record("a", "redis://r1"), record("b", "redis://r2"), record("c", "redis://r1/0"), record("d", None)]
     )
-    assert {url: [r.name for r in members] for url, members in groups.items()} == {
-        "redis://r1": ["a", "c"],
-        "redis://r2": ["b"],
+    assert {redis.redacted: [r.name for r in members] for redis, members in groups.items()} == {
+        "redis://r1:6379/0": ["a", "c"],
+        "redis://r2:6379/0": ["b"],
     }
 
 
 def test_scrub_and_records_hide_the_password() -> None:
     assert scrub("Error connecting to redis://:pw@h:1", "redis://:pw@h:1") == "Error connecting to ***"
-    assert "pw" not in repr(StageRecord("ns", "a", redis_url="redis://:pw@h:1/0"))
+    assert "pw" not in repr(StageRecord("ns", "a", redis=RedisSpec.from_url("redis://:pw@h:1/0")))
+    assert "pw" not in repr(RedisSpec.from_url("redis://:pw@h:1/0"))
 
 
 def test_only_stages_that_missed_keda_are_rechecked() -> None:

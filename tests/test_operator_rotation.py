@@ -19,7 +19,7 @@ from kubernetes import client
 from phoenix.keys import StageKeys
 from phoenix.operator.constants import REDIS_SECRETS_ANNOTATION
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.redis_target import RedisTarget
+from phoenix.redis_spec import RedisSpec
 from tests.fixtures.chain import enqueue
 from tests.fixtures.control_plane import REPO_ROOT, ControlPlane
 from tests.fixtures.eventually import eventually
@@ -172,14 +172,14 @@ async def test_a_client_refused_for_its_credentials_is_built_again(redis_url: st
     """A rotation on the server's side before the Secret moves: the operator drops the refused client, so that
     the next use connects afresh instead of failing on a cached connection for ever."""
     pool = RedisPool()
-    target = RedisTarget(url=_url(redis_url, "nobody", "wrong"))
+    target = RedisSpec.from_url(_url(redis_url, "nobody", "wrong"))
     refused = pool.client(target)
     with pytest.raises(sync_redis.AuthenticationError) as caught:
         await refused.ping()
     assert pool.failed(target, caught.value)
     assert pool.client(target) is not refused
     # Any other failure keeps the client: it reconnects by itself once Redis answers again.
-    unreachable = RedisTarget(url="redis://127.0.0.1:1/0")
+    unreachable = RedisSpec.from_url("redis://127.0.0.1:1/0")
     kept = pool.client(unreachable)
     with pytest.raises(sync_redis.ConnectionError) as caught_unreachable:
         await kept.ping()

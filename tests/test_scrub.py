@@ -6,6 +6,7 @@ import asyncio
 import json
 import secrets
 
+from phoenix.redis_spec import RedisSpec
 from phoenix.worker_runtime import scrub
 
 
@@ -20,7 +21,7 @@ def test_registered_values_are_masked_in_every_form_a_log_line_gives_them() -> N
 
 def test_the_url_password_is_masked_as_written_and_decoded() -> None:
     token = secrets.token_hex(6)
-    scrub.register_url_password(f"redis://app:{token}%2Fx@redis:6379/0")
+    scrub.register(*RedisSpec.from_url(f"redis://app:{token}%2Fx@redis:6379/0").secrets())
 
     assert (
         scrub.scrub(f"AUTH {token}/x failed for redis://app:{token}%2Fx@redis")

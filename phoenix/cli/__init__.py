@@ -13,12 +13,13 @@ from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from phoenix.cli import records, status
-from phoenix.cli.stage import add_redis_argument, confirm, fail
+from phoenix.cli.stage import add_redis_argument, confirm, fail, redis_spec
 from phoenix.cli.stage import client as _client
 from phoenix.cli.status import stage_queues as _stage_queues
 from phoenix.keys import StageKeys
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
+from phoenix.redis_spec import RedisSpecError
 from phoenix.worker_runtime import audit, dlq
 from phoenix.worker_runtime.redis_client import text_range
 
@@ -182,7 +183,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return run_operator(OperatorOptions.from_args(args))
     try:
+        if hasattr(args, "redis_url"):
+            redis_spec(args)  # checked before anything runs: a bad option is one line and exit 2
         return asyncio.run(args.handler(args))
+    except RedisSpecError as exc:
+        print(f"phoenix {args.command}: invalid Redis configuration: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except RedisError as exc:

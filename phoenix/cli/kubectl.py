@@ -17,7 +17,6 @@ import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Any, cast
-from urllib.parse import urlsplit, urlunsplit
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -32,6 +31,7 @@ from phoenix.operator.builders import resolve_streams, worker_env
 from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import MERGE_PATCH, KubeApi
+from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime import audit
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport
 
@@ -201,9 +201,14 @@ def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
     plain = {var["name"]: var["value"] for var in worker_env(name, spec, streams) if "value" in var}
     settings = settings_from(plain)
     url = asyncio.run(_redis_url(stages.api, ns, spec.redis.url_secret_ref))
-    if args.redis_host:
-        url = _with_host(url, args.redis_host)
-    print(render_inspection(*asyncio.run(_inspect(url, settings, args.record_id, args.scan)), args.json))
+    try:
+        redis = RedisSpec.from_url(url)
+        if args.redis_host:
+            # Another host:port (a `kubectl port-forward`), keeping credentials and database.
+            redis = redis.model_copy(update={"hosts": RedisSpec.from_url(f"redis://{args.redis_host}").hosts})
+    except RedisSpecError as exc:
+        raise PluginError(f"the stage's Redis URL (Secret {spec.redis.url_secret_ref.name!r}): {exc}") from None
+    print(render_inspection(*asyncio.run(_inspect(redis, settings, args.record_id, args.scan)), args.json))
     return 0
 
 
@@ -225,17 +230,10 @@ async def _redis_url(api: client.ApiClient, namespace: str, ref: SecretKeyRef) -
 
 
 async def _inspect(
-    url: str, settings: StageSettings, record_id: str, scan: int
+    spec: RedisSpec, settings: StageSettings, record_id: str, scan: int
 ) -> tuple[RecordReport, list[audit.Repair]]:
-    async with redis_client(url) as redis:
+    async with redis_client(spec) as redis:
         return await inspect_with_repairs(redis, settings, record_id, scan)
-
-
-def _with_host(url: str, host_port: str) -> str:
-    """The URL with another host:port (a `kubectl port-forward`), keeping credentials and database."""
-    parts = urlsplit(url)
-    credentials = parts.netloc.rpartition("@")[0]
-    return urlunsplit(parts._replace(netloc=f"{credentials}@{host_port}" if credentials else host_port))
 
 
 def _namespace(args: argparse.Namespace) -> str:

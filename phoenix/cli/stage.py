@@ -5,14 +5,31 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, SOCKET_TIMEOUT_SECONDS, RedisSpec, RedisSpecError, connect
 from phoenix.worker_runtime.settings import WorkerSettings
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
+# The connection options besides --redis-url, by RedisSpec field: each a flag, defaulting to the worker's variable.
+# The commands send no blocking reads, so the socket timeout only has to outlast a slow scan.
+_REDIS_OPTIONS = {
+    "mode": ("REDIS_MODE", "standalone (default) or sentinel: then the URL's hosts are the Sentinels"),
+    "sentinel_master": ("REDIS_SENTINEL_MASTER", "the master's name the Sentinels monitor"),
+    "sentinel_username": ("REDIS_SENTINEL_USERNAME", "the Sentinels' own user, when they have one"),
+    "sentinel_password": ("REDIS_SENTINEL_PASSWORD", "the Sentinels' own password (prefer the variable)"),
+    "tls_ca": ("REDIS_TLS_CA_FILE", "PEM bundle of the CA(s) that signed the server's certificate"),
+    "tls_cert": ("REDIS_TLS_CERT_FILE", "client certificate (PEM), for servers that require one"),
+    "tls_key": ("REDIS_TLS_KEY_FILE", "the client certificate's private key (PEM)"),
+    "connect_timeout": ("REDIS_CONNECT_TIMEOUT", f"seconds (default {CONNECT_TIMEOUT_SECONDS:g})"),
+    "socket_timeout": ("REDIS_SOCKET_TIMEOUT", f"seconds a reply may take (default {SOCKET_TIMEOUT_SECONDS:g})"),
+}
+_PATHS = {"tls_ca", "tls_cert", "tls_key"}
+_SECONDS = {"connect_timeout", "socket_timeout"}
 
 
 class StageSettings(WorkerSettings):
@@ -44,11 +61,38 @@ _OVERRIDES = {
 }
 
 
-def add_redis_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    parser.add_argument(
-        "--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), help="default: $REDIS_URL"
-    )
+def add_redis_argument(
+    parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_REDIS_URL
+) -> argparse.ArgumentParser:
+    """--redis-url and the other connection options, as the worker's variables name them (docs/configuration.md)."""
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", url_default), help="default: $REDIS_URL")
+    for field, (variable, help_text) in _REDIS_OPTIONS.items():
+        flag = "--" + variable.lower().replace("_", "-")
+        parser.add_argument(
+            flag, dest=f"redis_{field}", default=os.environ.get(variable, ""), help=f"{help_text}; default: ${variable}"
+        )
     return parser
+
+
+def redis_env(args: argparse.Namespace) -> dict[str, str]:
+    """The options as the worker's variables, for workers a tool starts (the demo)."""
+    given = {variable: getattr(args, f"redis_{field}") for field, (variable, _) in _REDIS_OPTIONS.items()}
+    return {"REDIS_URL": args.redis_url} | {name: value for name, value in given.items() if value}
+
+
+def redis_spec(args: argparse.Namespace) -> RedisSpec:
+    """The connection the options describe. Raises RedisSpecError (one line, no secret)."""
+    given: dict[str, object] = {}
+    for field in _REDIS_OPTIONS:
+        value = getattr(args, f"redis_{field}").strip()
+        if value and field in _SECONDS:
+            try:
+                given[field] = float(value)
+            except ValueError:
+                raise RedisSpecError(f"{_REDIS_OPTIONS[field][0]} must be a number of seconds") from None
+        elif value:
+            given[field] = Path(value) if field in _PATHS else value
+    return RedisSpec.from_url(args.redis_url, **given)
 
 
 def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = False) -> argparse.ArgumentParser:
@@ -70,13 +114,13 @@ def stage_settings(args: argparse.Namespace) -> StageSettings:
     return StageSettings(service_name=args.service, **given)
 
 
-def redis_client(url: str) -> aioredis.Redis:
+def redis_client(spec: RedisSpec) -> aioredis.Redis:
     # Entries may hold bytes that are not UTF-8 (they are dead-lettered as malformed): shown escaped, not fatal.
-    return aioredis.Redis.from_url(url, decode_responses=True, encoding_errors="backslashreplace")
+    return connect(spec, decode_responses=True, encoding_errors="backslashreplace")
 
 
 def client(args: argparse.Namespace) -> aioredis.Redis:
-    return redis_client(args.redis_url)
+    return redis_client(redis_spec(args))
 
 
 def confirm(question: str, assume_yes: bool) -> bool:

@@ -24,7 +24,7 @@ from phoenix.operator.constants import (
     RESTARTED_AT_ANNOTATION,
 )
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError
+from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import replay_once
 from phoenix.operator.redis_pool import RedisPool
@@ -184,8 +184,8 @@ async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[st
         try:
             last = await replay(ctx.kube, ctx.pool, ctx.writer, record, body)
         except (RedisError, OSError) as exc:
-            told = record.redis.scrub(str(exc)) if record.redis is not None else str(exc)
-            raise StageError("RedisUnavailable", f"DLQ replay: {told}") from None
+            secrets = record.redis.secrets() if record.redis else ()
+            raise StageError("RedisUnavailable", f"DLQ replay: {scrub(str(exc), *secrets)}") from None
     if last is None:
         return
     detail = f"moved {last['moved']} DLQ entries back to the input (requested {last['requested']})"

@@ -29,6 +29,7 @@ from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import CHILD_NOT_OWNED, KEDA_NOT_INSTALLED
+from phoenix.redis_spec import RedisSpec
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,7 @@ def _present(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def apply_autoscaling(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, url: str
+    kube: KubeApi, owner: Owner, stage: PhoenixStage, redis: RedisSpec
 ) -> tuple[Condition, list[Action], dict[str, dict[str, Any]]]:
     """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
     the actions taken and the wanted form of each KEDA object by kind (none for an object the stage does not own:
@@ -154,7 +155,7 @@ async def apply_autoscaling(
             actions += await _remove_autoscaling(kube, owner)
             return unscaled("AutoscalingDisabled", "autoscaling.enabled is false"), actions, {}
         try:
-            scaled_object = build_scaled_object(owner, spec, redis_connection(url))
+            scaled_object = build_scaled_object(owner, spec, redis_connection(redis))
         except AutoscalingConfigError as exc:
             actions += await _remove_autoscaling(kube, owner)
             condition = new_condition(

@@ -9,9 +9,9 @@ from typing import Any
 from phoenix.operator.events import EventRecorder
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.redis_target import RedisTarget
 from phoenix.operator.status.registry import StageRegistry
 from phoenix.operator.status.writer import StatusWriter
+from phoenix.redis_spec import RedisSpec
 from phoenix.worker_runtime.redis_risk import RedisRisk
 
 
@@ -29,8 +29,8 @@ class OperatorContext:
     # Figures of the last status refresh cycle and of the last one that patched something (refresh.CycleReport),
     # served on the liveness endpoint.
     refresh_reports: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # Per Redis: (monotonic time checked, what the check found); see refresh.REDIS_RISK_CHECK_SECONDS.
-    redis_risks: dict[RedisTarget, tuple[float, RedisRisk]] = field(default_factory=dict)
+    # Per Redis URL: (monotonic time checked, what the check found); see refresh.REDIS_RISK_CHECK_SECONDS.
+    redis_risks: dict[RedisSpec, tuple[float, RedisRisk]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.writer = StatusWriter(self.kube)

@@ -19,9 +19,11 @@ class StageError(Exception):
         return f"{self.reason}: {self.message}"
 
 
-def scrub(text: str, secret: str | None) -> str:
-    """`text` with every occurrence of `secret` masked: driver errors may echo parts of a URL."""
-    return text.replace(secret, "***") if secret else text
+def scrub(text: str, *secrets: str | None) -> str:
+    """`text` with every occurrence of each secret masked: driver errors may echo parts of a URL."""
+    for secret in sorted(filter(None, secrets), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def api_error(exc: ApiException) -> StageError:

@@ -20,7 +20,7 @@ from phoenix.operator.children import Action, apply_autoscaling, apply_deploymen
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import StageError
+from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import destroy, ensure_streams
 from phoenix.operator.redis_pool import RedisPool
@@ -33,6 +33,7 @@ from phoenix.operator.status.readiness import (
     waits_for_keda,
 )
 from phoenix.operator.status.registry import StageRecord
+from phoenix.redis_spec import RedisSpec, RedisSpecError
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 120.0
@@ -83,24 +84,25 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_target_of(kube: KubeApi, stage: PhoenixStage) -> RedisTarget:
-    """The stage's Redis as the operator and KEDA reach it from their own namespaces."""
-    return await read_redis_target(kube, stage.metadata.namespace or "default", stage.spec.redis)
+async def redis_of(kube: KubeApi, stage: PhoenixStage, uid: str) -> RedisTarget:
+    """The stage's Redis as the operator and KEDA reach it from their own namespaces, read from its Secrets."""
+    return await read_redis_target(kube, stage.metadata.namespace or "default", stage.spec.redis, uid)
 
 
-async def prepare_streams(
-    pool: RedisPool, target: RedisTarget, streams: StageKeys, existed_before: bool
-) -> list[Action]:
+async def prepare_streams(pool: RedisPool, redis: RedisSpec, streams: StageKeys, existed_before: bool) -> list[Action]:
     """The stream, group and DLQ; an Action for each that had to be created (after a Redis flush: again)."""
     try:
-        created = await ensure_streams(pool.client(target), streams)
+        created = await ensure_streams(pool.client(redis), streams)
+    except RedisSpecError as exc:
+        # The CA or client certificate of spec.redis.tls cannot be loaded: the Secret must change.
+        raise StageError("InvalidSecret", f"spec.redis.tls: {exc}") from None
     except ResponseError as exc:
         # WRONGTYPE: a key of that name exists and is not a stream; retrying will not change that by itself.
-        raise StageError("StreamConflict", target.scrub(str(exc))) from None
+        raise StageError("StreamConflict", scrub(str(exc), *redis.secrets())) from None
     except (RedisError, OSError) as exc:
-        pool.failed(target, exc)
-        message = f"cannot reach Redis at {target.redacted}: {type(exc).__name__}: {target.scrub(str(exc))}"
-        raise StageError("RedisUnavailable", message) from None
+        pool.failed(redis, exc)
+        detail = f"{type(exc).__name__}: {scrub(str(exc), *redis.secrets())}"
+        raise StageError("RedisUnavailable", f"cannot reach Redis at {redis.redacted}: {detail}") from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []
     if created.group:
@@ -132,16 +134,17 @@ async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: M
     stage = parse_stage(body)
     owner = Owner.from_body(body)
     streams = resolve_streams(owner.name, stage.spec)
-    # Kept before Redis is reached: the Secret check watches these Secrets also while Redis refuses them.
-    record.redis = target = await redis_target_of(kube, stage)
+    target = await redis_of(kube, stage, owner.uid)
+    # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
+    record.redis_versions, redis = target.versions, target.spec
     existed_before = record.streams is not None or bool(record.status.get("streams"))
-    actions = await prepare_streams(pool, target, streams, existed_before)
-    record.streams = streams
+    actions = await prepare_streams(pool, redis, streams, existed_before)
+    record.streams, record.redis = streams, redis
     async with record.deployment_lock:
-        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, target.url)
+        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis)
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
-            kube, owner, stage, keda_scales, target.digest(owner.uid)
+            kube, owner, stage, keda_scales, target.digest
         )
     actions += keda_actions + deployment_actions + _transitions(record, stage, autoscaling)
     record.children, record.paused = watched, stage.spec.paused
@@ -268,18 +271,18 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
 
 
 async def retain_clients(ctx: OperatorContext) -> None:
-    """Close the Redis clients no stage uses any more: after a deletion, or a rotation that made a new target."""
+    """Close the Redis clients no stage uses any more: after a deletion, or a rotation that made a new spec."""
     await ctx.pool.retain({r.redis for r in ctx.registry.records() if r.redis is not None})
 
 
 async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> StageKeys:
     stage = stage_model(body)
-    # The Secret may already be gone (a namespace being deleted): the target of the last reconcile still works.
-    target = record.redis or await redis_target_of(ctx.kube, stage)
+    # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
+    redis = record.redis or (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
     streams = resolve_streams(stage.metadata.name, stage.spec)
     try:
-        await destroy(ctx.pool.client(target), streams)
+        await destroy(ctx.pool.client(redis), streams)
     except (RedisError, OSError) as exc:
-        ctx.pool.failed(target, exc)
-        raise StageError("RedisUnavailable", f"cannot reach Redis: {target.scrub(str(exc))}") from None
+        ctx.pool.failed(redis, exc)
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
     return streams

@@ -11,17 +11,19 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from kubernetes.client.exceptions import ApiException
+from pydantic import SecretBytes
 
-from phoenix.crds import RedisMode, RedisSpec, SecretKeyRef
-from phoenix.operator.builders import RedisUrlError, in_namespace, redis_connection
+from phoenix.crds import RedisSpec as StageRedisSpec
+from phoenix.crds import SecretKeyRef
+from phoenix.operator.builders import in_namespace
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE
-from phoenix.operator.errors import StageError, scrub
+from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi, secret_key
-from phoenix.worker_runtime.settings import redact_url
+from phoenix.redis_spec import RedisSpec, RedisSpecError
 
 if TYPE_CHECKING:
     from phoenix.operator.context import OperatorContext
@@ -34,43 +36,26 @@ SECRET_CHECK_SECONDS = 10.0
 
 @dataclass(frozen=True)
 class RedisTarget:
-    """Everything the operator connects with; equal targets share one client. Secret values never print."""
+    """What reading spec.redis's Secrets found: the connection spec the operator connects with, the digest of the
+    values read, and the resourceVersion of each Secret read (by name), for the Secret check."""
 
-    url: str = field(repr=False)  # as seen from outside the stage's namespace (builders.in_namespace)
-    mode: RedisMode = RedisMode.STANDALONE
-    sentinel_master: str | None = None
-    sentinel_username: str | None = None
-    sentinel_password: str | None = field(default=None, repr=False)
-    ca: bytes | None = field(default=None, repr=False)
-    client_cert: bytes | None = field(default=None, repr=False)
-    client_key: bytes | None = field(default=None, repr=False)
-    # Secret name -> resourceVersion of each Secret read; not part of the identity (same values, same client).
-    versions: tuple[tuple[str, str], ...] = field(default=(), compare=False)
-
-    def digest(self, salt: str) -> str:
-        """A salted SHA-256 of every value read from the Secrets (the pod template's phoenix.io/redis-secrets).
-
-        The values are told apart by their position and length; `salt` (the stage's uid) keeps two stages with the
-        same Secrets from showing the same digest."""
-        hashed = hashlib.sha256(salt.encode())
-        for value in (self.url, self.sentinel_password, self.ca, self.client_cert, self.client_key):
-            raw = b"" if value is None else value.encode() if isinstance(value, str) else value
-            hashed.update(len(raw).to_bytes(8, "big") + raw)
-        return hashed.hexdigest()[:32]
-
-    @property
-    def redacted(self) -> str:
-        """The address as logs and status may show it."""
-        return redact_url(self.url)
-
-    def scrub(self, text: str) -> str:
-        """`text` with the URL and the Sentinel password masked: driver errors may echo them."""
-        for secret in (self.url, self.sentinel_password):
-            text = scrub(text, secret)
-        return text
+    spec: RedisSpec
+    digest: str
+    versions: tuple[tuple[str, str], ...]
 
 
-async def read_redis_target(kube: KubeApi, namespace: str, redis: RedisSpec) -> RedisTarget:
+def secrets_digest(salt: str, values: tuple[str | bytes | None, ...]) -> str:
+    """A salted SHA-256 of the values read from the Secrets (the pod template's phoenix.io/redis-secrets): values
+    are told apart by position and length; `salt` (the stage's uid) keeps two stages with the same Secrets from
+    showing the same digest. 128 bits of it are plenty to notice a change."""
+    hashed = hashlib.sha256(salt.encode())
+    for value in values:
+        raw = b"" if value is None else value.encode() if isinstance(value, str) else value
+        hashed.update(len(raw).to_bytes(8, "big") + raw)
+    return hashed.hexdigest()[:32]
+
+
+async def read_redis_target(kube: KubeApi, namespace: str, redis: StageRedisSpec, salt: str) -> RedisTarget:
     """Read the Secrets spec.redis names (each once) and check that they fit together; a StageError otherwise."""
     read: dict[str, dict[str, Any]] = {}
 
@@ -84,12 +69,8 @@ async def read_redis_target(kube: KubeApi, namespace: str, redis: RedisSpec) -> 
 
     url_ref = redis.url_secret_ref
     url = (await value(url_ref)).decode()
-    try:
-        connection = redis_connection(url)
-    except RedisUrlError as exc:
-        raise StageError("InvalidRedisUrl", f"Secret {url_ref.name!r} key {url_ref.key!r}: {exc}") from None
     sentinel, tls = redis.sentinel, redis.tls
-    if tls is not None and not connection.tls:
+    if tls is not None and not url.strip().lower().startswith("rediss://"):
         raise StageError(
             "InvalidRedisUrl",
             f"spec.redis.tls is set but the URL in Secret {url_ref.name!r} key {url_ref.key!r} is not rediss://: "
@@ -111,15 +92,22 @@ async def read_redis_target(kube: KubeApi, namespace: str, redis: RedisSpec) -> 
     sentinel_password = None
     if sentinel is not None and sentinel.password_secret_ref is not None:
         sentinel_password = (await value(sentinel.password_secret_ref)).decode()
+    try:
+        spec = RedisSpec.from_url(
+            url,
+            mode=redis.mode.value,
+            sentinel_master=None if sentinel is None else sentinel.master_name,
+            sentinel_username=None if sentinel is None else sentinel.username,
+            sentinel_password=sentinel_password,
+            tls_ca=ca,
+            tls_cert=cert,
+            tls_key=None if key is None else SecretBytes(key),
+        )
+    except RedisSpecError as exc:
+        raise StageError("InvalidRedisUrl", f"Secret {url_ref.name!r} key {url_ref.key!r}: {exc}") from None
     return RedisTarget(
-        url=in_namespace(url, namespace),
-        mode=redis.mode,
-        sentinel_master=None if sentinel is None else sentinel.master_name,
-        sentinel_username=None if sentinel is None else sentinel.username,
-        sentinel_password=sentinel_password,
-        ca=ca,
-        client_cert=cert,
-        client_key=key,
+        spec=in_namespace(spec, namespace),
+        digest=secrets_digest(salt, (url, sentinel_password, ca, cert, key)),
         versions=tuple(sorted((name, found["metadata"]["resourceVersion"]) for name, found in read.items())),
     )
 
@@ -141,11 +129,10 @@ async def check_secrets_once(ctx: OperatorContext) -> int:
     """Mark every stage whose Redis Secrets changed for a reconcile (converge.py's repair); returns how many."""
     marked = 0
     for record in ctx.registry.records():
-        target = record.redis
-        if target is None:
+        if not record.redis_versions:
             continue
         try:
-            changed = await rotated_secrets(ctx.kube, record.namespace, target.versions)
+            changed = await rotated_secrets(ctx.kube, record.namespace, record.redis_versions)
         except ApiException as exc:
             logger.warning("Secret check of %s/%s failed: %s %s", record.namespace, record.name, exc.status, exc.reason)
             continue

@@ -11,13 +11,13 @@ from collections.abc import Callable
 
 import structlog
 
+from phoenix.redis_spec import connect
 from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingSettings, load_billing_settings
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
-from phoenix.worker_runtime.redis_client import connect
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.worker import Worker
 
@@ -60,7 +60,7 @@ def main() -> int:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
     # Before anything is logged; the billing keys register themselves (ApiKeyProvider), users' keys per task.
-    scrub.register_url_password(settings.redis_url.get_secret_value())
+    scrub.register(*settings.redis.secrets())
     scrub.register(os.environ.get(API_KEY_ENV))
     configure_logging(settings.service_name, settings.log_level, settings.log_format)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
@@ -77,10 +77,9 @@ def main() -> int:
 
 async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_class: type[BaseProcessor]) -> int:
     log = structlog.get_logger("phoenix.worker")
-    url = settings.redis_url.get_secret_value()
     # Two pools: the runtime decodes entries itself (bytes), processors get the friendlier str client.
-    stream_client = connect(url, decode_responses=False)
-    app_client = connect(url, decode_responses=True)
+    stream_client = connect(settings.redis, decode_responses=False, hiredis_packing=True)
+    app_client = connect(settings.redis, decode_responses=True, hiredis_packing=True)
     processor = processor_class()
     processor.redis = app_client
     processor.logger = structlog.get_logger(processor_class.name or processor_class.__name__)

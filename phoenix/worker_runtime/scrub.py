@@ -3,7 +3,8 @@
 A processor's exception text is the processor's business and may quote anything it had: the Redis URL with its
 password, the billing master key, the user's API key. Two kinds of known secrets are masked:
 
-- the process's own (`register`): the Redis password, BILLING_MASTER_KEY, BILLING_CACHE_KEY, OPENAI_API_KEY;
+- the process's own (`register`): the Redis passwords (RedisSpec.secrets), BILLING_MASTER_KEY, BILLING_CACHE_KEY,
+  OPENAI_API_KEY;
 - the users' API keys a task has put in scope (`expose`, by `billing.api_key_scope`), held in a context variable,
   so each message's task masks exactly the keys its processor call was given (every user of a batch) and nothing
   grows with the number of users. The error strings must be built in the message's task, as the worker's outcome
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 from contextvars import ContextVar
-from urllib.parse import unquote, urlsplit
 
 MASK = "***"
 MIN_LENGTH = 4
@@ -39,13 +39,6 @@ def register(*values: str | None) -> None:
         if value:
             _registered.update(_forms(value))
     _ordered = tuple(sorted(_registered, key=len, reverse=True))
-
-
-def register_url_password(url: str) -> None:
-    """Mask the password of a Redis URL, as written (percent-encoded) and as the server gets it (decoded)."""
-    password = urlsplit(url).password
-    if password:
-        register(password, unquote(password))
 
 
 def expose(value: str) -> None:

@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Annotated, Literal
-from urllib.parse import urlsplit, urlunsplit
 
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from phoenix.keys import StageKeys
+from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
+# The Redis client's socket timeout must outlast its longest blocking command (XREADGROUP BLOCK, WAIT) by this much:
+# the reply of a command that blocked for its full time still has to arrive (docs/configuration.md).
+REDIS_TIMEOUT_MARGIN_SECONDS = 2.0
+# Unset REDIS_SOCKET_TIMEOUT: the longest blocking command plus this.
+REDIS_SOCKET_TIMEOUT_SLACK_SECONDS = 10.0
 
 
 class WorkerSettings(BaseSettings):
@@ -25,6 +31,16 @@ class WorkerSettings(BaseSettings):
     service_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     processor: str = Field(min_length=1, description="package.module:Class or an entry point in phoenix.processors")
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    # How to reach Redis beyond the URL (phoenix.redis_spec): checked together, once, into `redis`.
+    redis_mode: str = "standalone"
+    redis_sentinel_master: str = ""
+    redis_sentinel_username: str = ""
+    redis_sentinel_password: SecretStr = SecretStr("")
+    redis_tls_ca_file: str = ""
+    redis_tls_cert_file: str = ""
+    redis_tls_key_file: str = ""
+    redis_connect_timeout: PositiveSeconds = CONNECT_TIMEOUT_SECONDS
+    redis_socket_timeout: PositiveSeconds | None = None  # None: the longest blocking command + 10 s
 
     input_queue: str = ""
     output_queue: str = ""
@@ -84,6 +100,8 @@ class WorkerSettings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 
+    _redis: RedisSpec = PrivateAttr()
+
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
     def _lowercase(cls, value: object) -> object:
@@ -122,7 +140,43 @@ class WorkerSettings(BaseSettings):
             raise ValueError("OUTPUT_LOW_WATER must be below OUTPUT_HIGH_WATER")
         if self.retry_max_seconds < self.retry_base_seconds:
             raise ValueError("RETRY_MAX_SECONDS must be at least RETRY_BASE_SECONDS")
+        self._redis = self._redis_spec()
         return self
+
+    def _redis_spec(self) -> RedisSpec:
+        longest = max(self.block_ms, self.min_replicas_timeout_ms if self.min_replicas_ack else 0) / 1000
+        socket_timeout = self.redis_socket_timeout or longest + REDIS_SOCKET_TIMEOUT_SLACK_SECONDS
+        if socket_timeout < longest + REDIS_TIMEOUT_MARGIN_SECONDS:
+            raise ValueError(
+                f"REDIS_SOCKET_TIMEOUT ({socket_timeout:g} s) must exceed BLOCK_MS"
+                f"{' and MIN_REPLICAS_TIMEOUT_MS' if self.min_replicas_ack else ''} ({longest:g} s) by at least "
+                f"{REDIS_TIMEOUT_MARGIN_SECONDS:g} s, or every blocking read would time out"
+            )
+        files = {
+            "tls_ca": self.redis_tls_ca_file,
+            "tls_cert": self.redis_tls_cert_file,
+            "tls_key": self.redis_tls_key_file,
+        }
+        try:
+            spec = RedisSpec.from_url(
+                self.redis_url.get_secret_value(),
+                mode=self.redis_mode.strip().lower(),
+                sentinel_master=self.redis_sentinel_master,
+                sentinel_username=self.redis_sentinel_username,
+                sentinel_password=self.redis_sentinel_password.get_secret_value(),
+                connect_timeout=self.redis_connect_timeout,
+                socket_timeout=socket_timeout,
+                **{name: Path(path) for name, path in files.items() if path},
+            )
+            spec.ssl_context()  # unreadable TLS files stop the worker now, not at its first connection
+        except RedisSpecError as exc:
+            raise ValueError(str(exc)) from None
+        return spec
+
+    @property
+    def redis(self) -> RedisSpec:
+        """How to reach Redis, parsed and checked once (phoenix.redis_spec.connect builds the clients)."""
+        return self._redis
 
     @property
     def keys(self) -> StageKeys:
@@ -143,25 +197,12 @@ class WorkerSettings(BaseSettings):
     def record_prefix(self) -> str:
         return self.keys.record_prefix
 
-    @property
-    def redis_url_redacted(self) -> str:
-        return redact_url(self.redis_url.get_secret_value())
-
-
-def redact_url(url: str) -> str:
-    """The URL with any password replaced, safe for logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
 
 class ConfigurationError(Exception):
     """Raised with one readable line that names the offending variable."""
 
 
-_SECRET_FIELDS = {"redis_url", "billing_master_key", "billing_cache_key"}
+_SECRET_FIELDS = {"redis_url", "redis_sentinel_password", "billing_master_key", "billing_cache_key"}
 
 
 def describe_validation_error(exc: ValidationError) -> str:

@@ -196,7 +196,7 @@ class Worker:
                 await self.ensure_group()
                 return True
             except RedisError as exc:
-                log.warning("redis_unavailable", error=str(exc), redis=self.settings.redis_url_redacted, retry_in=delay)
+                log.warning("redis_unavailable", error=str(exc), redis=self.settings.redis.redacted, retry_in=delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 delay = min(delay * 2, 10.0)
@@ -214,7 +214,7 @@ class Worker:
             group=s.consumer_group,
             consumer=s.consumer_name,
             concurrency=s.concurrency,
-            redis=s.redis_url_redacted,
+            redis=s.redis.redacted,
         )
         await self._report_redis_risk()
         # Now, not after TRIM_INTERVAL: an output no group reads is warned about among the start lines.

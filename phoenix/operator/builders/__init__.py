@@ -15,7 +15,7 @@ from phoenix.operator.builders.keda import (
     trigger_authentication_name,
 )
 from phoenix.operator.builders.meta import Owner, owner_reference, stage_labels
-from phoenix.operator.builders.redis_address import RedisConnection, RedisUrlError, in_namespace, redis_connection
+from phoenix.operator.builders.redis_address import RedisConnection, in_namespace, redis_connection
 from phoenix.operator.builders.streams import resolve_streams
 
 __all__ = [
@@ -24,7 +24,6 @@ __all__ = [
     "AutoscalingConfigError",
     "Owner",
     "RedisConnection",
-    "RedisUrlError",
     "build_deployment",
     "build_scaled_object",
     "build_trigger_authentication",

@@ -70,7 +70,8 @@ def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) 
     streams = resolve_streams(owner.name, spec)
     sentinel = spec.redis.sentinel if spec.redis.mode is RedisMode.SENTINEL else None
     connection_metadata = {
-        "address" if sentinel is None else "addresses": connection.address,
+        # KEDA reads a comma-separated list of host:port from either key.
+        "address" if sentinel is None else "addresses": ",".join(connection.addresses),
         "databaseIndex": str(connection.database_index),
         "enableTLS": str(connection.tls).lower(),
     }

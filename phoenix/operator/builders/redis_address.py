@@ -1,4 +1,5 @@
-"""Non-secret connection facts of a Redis URL, for KEDA (which wants host:port, not a URL).
+"""Non-secret connection facts of a stage's Redis, for KEDA (which wants host:port, not a URL), derived from the
+one parsed connection spec (phoenix.redis_spec).
 
 The password is never kept: only whether there is one, so callers cannot leak it into objects or logs.
 """
@@ -7,64 +8,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from ipaddress import ip_address
-from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
-DEFAULT_PORT = 6379
-
-
-class RedisUrlError(ValueError):
-    """The Redis URL is unusable. Messages never quote the URL, which may hold a password."""
+from phoenix.redis_spec import RedisSpec
 
 
 @dataclass(frozen=True)
 class RedisConnection:
-    address: str
+    # host:port of each server: one in standalone mode, the Sentinels in sentinel mode.
+    addresses: tuple[str, ...]
     database_index: int
     tls: bool
     username: str | None
     has_password: bool
 
-
-def _database_index(path: str, query: str) -> int:
-    raw = path.lstrip("/") or parse_qs(query).get("db", ["0"])[0]
-    if not raw.isdigit():
-        raise RedisUrlError("the Redis URL's database must be a number (redis://host:port/0)")
-    return int(raw)
+    @property
+    def address(self) -> str:
+        return self.addresses[0]
 
 
-def redis_connection(url: str) -> RedisConnection:
-    """Parse `redis://[user[:password]@]host[:port][/db]` or `rediss://...` (TLS)."""
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("redis", "rediss"):
-        raise RedisUrlError("the Redis URL must start with redis:// or rediss://")
-    try:
-        host, port = parts.hostname, parts.port or DEFAULT_PORT
-    except ValueError:
-        raise RedisUrlError("the Redis URL's port is not a number") from None
-    if not host:
-        raise RedisUrlError("the Redis URL has no host")
+def redis_connection(spec: RedisSpec) -> RedisConnection:
     return RedisConnection(
-        address=f"[{host}]:{port}" if ":" in host else f"{host}:{port}",
-        database_index=_database_index(parts.path, parts.query),
-        tls=parts.scheme == "rediss",
-        username=unquote(parts.username) if parts.username else None,
-        has_password=bool(parts.password),
+        addresses=tuple(f"[{host}]:{port}" if ":" in host else f"{host}:{port}" for host, port in spec.hosts),
+        database_index=spec.db,
+        tls=spec.tls,
+        username=spec.username,
+        has_password=spec.password is not None,
     )
 
 
-def in_namespace(url: str, namespace: str) -> str:
-    """The URL as seen from outside the stage's namespace. A one-label host (`redis://:pw@redis:6379/0`, as in the
+def in_namespace(spec: RedisSpec, namespace: str) -> RedisSpec:
+    """The spec as seen from outside the stage's namespace. A one-label host (`redis://:pw@redis:6379/0`, as in the
     samples) is a Service in the stage's own namespace for the workers; the operator and KEDA run in other
     namespaces, where it would not resolve, so it becomes `redis.<namespace>.svc`. Other hosts are kept as they are.
     """
-    parts = urlsplit(url.strip())
-    host = parts.hostname or ""
-    if not host or "." in host or host == "localhost" or _is_ip(host):
-        return url
-    userinfo, at, host_port = parts.netloc.rpartition("@")
-    _, colon, port = host_port.partition(":")
-    netloc = f"{userinfo}{at}{host}.{namespace}.svc{colon}{port}"
-    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    hosts = tuple((_qualified(host, namespace), port) for host, port in spec.hosts)
+    return spec if hosts == spec.hosts else spec.model_copy(update={"hosts": hosts})
+
+
+def _qualified(host: str, namespace: str) -> str:
+    return host if "." in host or host == "localhost" or _is_ip(host) else f"{host}.{namespace}.svc"
 
 
 def _is_ip(host: str) -> bool:

@@ -22,10 +22,9 @@ from redis.exceptions import RedisError
 from phoenix.crds import Condition, ConditionType
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError
+from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.metrics import STAGES, stage_figures
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.redis_target import RedisTarget
 from phoenix.operator.status.conditions import find_condition
 from phoenix.operator.status.durability import (
     OUTPUT_NEVER_TRIMMED,
@@ -35,6 +34,7 @@ from phoenix.operator.status.durability import (
 )
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.operator.status.registry import StageKey, StageRecord
+from phoenix.redis_spec import RedisSpec
 from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 
@@ -62,9 +62,9 @@ class CycleReport:
         return asdict(self)
 
 
-def group_by_redis(records: Iterable[StageRecord]) -> dict[RedisTarget, list[StageRecord]]:
+def group_by_redis(records: Iterable[StageRecord]) -> dict[RedisSpec, list[StageRecord]]:
     """Stages that share a Redis, so that each Redis is asked once per cycle."""
-    groups: dict[RedisTarget, list[StageRecord]] = defaultdict(list)
+    groups: dict[RedisSpec, list[StageRecord]] = defaultdict(list)
     for record in records:
         if record.redis is not None and record.streams is not None:
             groups[record.redis].append(record)
@@ -76,34 +76,31 @@ def queue_status(stats: QueueStats) -> dict[str, int]:
     return {key: round(value) for key, value in stats.as_status().items() if value is not None}
 
 
-async def _sample(
-    pool: RedisPool, target: RedisTarget, records: list[StageRecord]
-) -> dict[StageKey, QueueStats] | None:
+async def _sample(pool: RedisPool, redis: RedisSpec, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
     # group_by_redis kept only reconciled stages (streams set); zip(strict=True) below checks none was dropped.
     queues = [StageQueues.of(s) for r in records if (s := r.streams) is not None]
     try:
-        stats = await collect(pool.client(target), queues)
+        stats = await collect(pool.client(redis), queues)
     except (RedisError, OSError) as exc:
-        pool.failed(target, exc)
-        logger.warning("queue refresh: Redis at %s failed: %s", target.redacted, target.scrub(str(exc)))
+        pool.failed(redis, exc)
+        logger.warning("queue refresh: Redis at %s failed: %s", redis.redacted, scrub(str(exc), *redis.secrets()))
         return None
     return {record.key: stat for record, stat in zip(records, stats, strict=True)}
 
 
-async def _redis_risk(ctx: OperatorContext, target: RedisTarget) -> RedisRisk | None:
-    """The cached check of the Redis `target` names, renewed every REDIS_RISK_CHECK_SECONDS; None while
-    unreachable."""
-    cached = ctx.redis_risks.get(target)
+async def _redis_risk(ctx: OperatorContext, redis: RedisSpec) -> RedisRisk | None:
+    """The cached check of `redis`, renewed every REDIS_RISK_CHECK_SECONDS; None while unreachable."""
+    cached = ctx.redis_risks.get(redis)
     if cached is not None and time.monotonic() - cached[0] < REDIS_RISK_CHECK_SECONDS:
         return cached[1]
     try:
-        await ctx.pool.client(target).ping()
+        await ctx.pool.client(redis).ping()
     except (RedisError, OSError):
         return None  # unreachable is not "could not be checked"; the queue sample reports the outage
-    risk = await assess_redis(ctx.pool.client(target))
-    ctx.redis_risks[target] = (time.monotonic(), risk)
+    risk = await assess_redis(ctx.pool.client(redis))
+    ctx.redis_risks[redis] = (time.monotonic(), risk)
     if risk.at_risk:
-        logger.warning("Redis at %s may lose acknowledged data: %s", target.redacted, risk.describe())
+        logger.warning("Redis at %s may lose acknowledged data: %s", redis.redacted, risk.describe())
     return risk
 
 
@@ -154,11 +151,11 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
     records = ctx.registry.records()
     groups = group_by_redis(records)
     samples, risks, deployments = await asyncio.gather(
-        asyncio.gather(*(_sample(ctx.pool, target, members) for target, members in groups.items())),
-        asyncio.gather(*(_redis_risk(ctx, target) for target in groups)),
+        asyncio.gather(*(_sample(ctx.pool, redis, members) for redis, members in groups.items())),
+        asyncio.gather(*(_redis_risk(ctx, redis) for redis in groups)),
         ctx.kube.managed_deployments(ctx.namespaces),
     )
-    risk_by_target = dict(zip(groups, risks, strict=True))
+    risk_by_redis = dict(zip(groups, risks, strict=True))
     read_seconds = time.perf_counter() - started
     queues: dict[StageKey, QueueStats] = {}
     for sample in samples:
@@ -176,7 +173,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
             changes["queue"] = queue_status(stats)
             conditions.append(backpressure_condition(stats.backpressure, record.generation))
             conditions.append(await _output_unread(ctx, record, stats))
-        if record.redis is not None and (risk := risk_by_target.get(record.redis)) is not None:
+        if record.redis is not None and (risk := risk_by_redis.get(record.redis)) is not None:
             conditions.append(redis_risk_condition(risk, record.generation))
         async with limit:
             return await ctx.writer.update(record, changes, conditions)

@@ -9,7 +9,7 @@ from typing import Any
 
 from phoenix.crds import Condition
 from phoenix.keys import StageKeys
-from phoenix.operator.redis_target import RedisTarget
+from phoenix.redis_spec import RedisSpec
 
 StageKey = tuple[str, str]  # (namespace, name)
 
@@ -20,8 +20,11 @@ class StageRecord:
     name: str
     generation: int | None = None
     streams: StageKeys | None = None
-    # Read from the stage's Secrets at its last reconcile; its secret values never print.
-    redis: RedisTarget | None = None
+    # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
+    redis: RedisSpec | None = field(default=None, repr=False)
+    # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
+    # Secret check (redis_target.check_secrets_once) compares them with the current ones.
+    redis_versions: tuple[tuple[str, str], ...] = ()
     # The reconcile failure that keeps the stage not Ready, if any.
     error: Condition | None = None
     # The status as last written or read: the refresh patches only fields that differ from it.
