@@ -147,7 +147,7 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
             return bool(pods) and not {pod.metadata.name for pod in pods} & old_pods
 
         eventually(rolled, "the workers rolled", timeout=120)
-        admin.acl_setuser(user, enabled=True, passwords=["<old-password"])
+        admin.acl_setuser(user, enabled=True, passwords=["-old-password"])
         admin.execute_command("CLIENT", "KILL", "USER", user)  # connections made with the old password go too
         _enqueue(new_url, [f"c-{i}" for i in range(50)])
 
