@@ -115,7 +115,7 @@ def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(ca
     started = time.monotonic()
     primary = wait_primary(ca, 60)
     with primary_client(ca, primary) as redis:
-        first = enqueue_documents(redis, keys.input, pipeline.documents, copies=40)
+        first = enqueue_documents(redis, keys.input, pipeline.documents, copies=40, server=DOCUMENTS)
     _until(lambda: _replicas()[1] >= 1, "KEDA to wake the stage through the Sentinels", 180)
     scaled_up_after = time.monotonic() - started
     with primary_client(ca, primary) as redis:
@@ -128,7 +128,7 @@ def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(ca
     failover_seconds = time.monotonic() - deleted
     assert promoted in DATA_NODES and promoted != primary
     with primary_client(ca, promoted) as redis:
-        second = enqueue_documents(redis, keys.input, pipeline.documents, copies=20)
+        second = enqueue_documents(redis, keys.input, pipeline.documents, copies=20, server=DOCUMENTS)
         ids = first + second
 
         def done() -> bool:
