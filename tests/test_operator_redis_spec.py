@@ -103,6 +103,7 @@ def test_secrets_that_do_not_fit_spec_redis_become_conditions_and_events(
             _secret(ns, "plain", {"url": f"redis://:{password}@127.0.0.1:1/0"}),
             _secret(ns, "tls-url", {"url": f"rediss://:{password}@127.0.0.1:1/0"}),
             _secret(ns, "not-tls", {"tls.crt": "x", "tls.key": password}),
+            _secret(ns, "bad-ca", {"ca.crt": "-----BEGIN CERTIFICATE-----\nnot a certificate\n"}),
             # TLS asked for, but the URL is redis://: the workers would refuse to start, so the stage says why.
             _stage(ns, "plain-url", {**url_ref, "tls": {"caSecretRef": {"name": "plain", "key": "url"}}}),
             # A client certificate must be a kubernetes.io/tls Secret (tls.crt and tls.key).
@@ -112,6 +113,15 @@ def test_secrets_that_do_not_fit_spec_redis_become_conditions_and_events(
                 {
                     "urlSecretRef": {"name": "tls-url", "key": "url"},
                     "tls": {"clientCertSecretRef": {"name": "not-tls"}},
+                },
+            ),
+            # A CA that does not load: the operator cannot build its client, and neither could the workers.
+            _stage(
+                ns,
+                "bad-ca",
+                {
+                    "urlSecretRef": {"name": "tls-url", "key": "url"},
+                    "tls": {"caSecretRef": {"name": "bad-ca", "key": "ca.crt"}},
                 },
             ),
             # A CA Secret that does not exist (yet): the stage waits for it like for a missing URL Secret.
@@ -130,7 +140,12 @@ def test_secrets_that_do_not_fit_spec_redis_become_conditions_and_events(
         found = condition(get_stage(kube_cluster, ns, name), "Ready")
         return found and found["reason"]
 
-    expected = {"plain-url": "InvalidRedisUrl", "opaque-cert": "InvalidSecret", "missing-ca": "SecretNotFound"}
+    expected = {
+        "plain-url": "InvalidRedisUrl",
+        "opaque-cert": "InvalidSecret",
+        "bad-ca": "InvalidSecret",
+        "missing-ca": "SecretNotFound",
+    }
     for name, wanted in expected.items():
         eventually(lambda name=name, wanted=wanted: reason(name) == wanted, f"{name}: Ready=False/{wanted}")
         eventually(

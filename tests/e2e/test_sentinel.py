@@ -103,7 +103,9 @@ def _until(condition: Any, what: str, timeout: float) -> None:
         time.sleep(1)
 
 
-def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(ca: Path, pipeline: Pipeline) -> None:
+def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(
+    ca: Path, pipeline: Pipeline, report_dir: Path
+) -> None:
     scaled_object = kubectl_json("get", "scaledobject", "-n", NAMESPACE, STAGE)
     assert {t["type"] for t in scaled_object["spec"]["triggers"]} == {"redis-sentinel-streams", "redis-sentinel"}
     assert all(t["metadata"]["sentinelMaster"] == MASTER for t in scaled_object["spec"]["triggers"])
@@ -142,7 +144,8 @@ def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(ca
     _until(lambda: _replicas() == (0, 0), "KEDA to scale back to zero after the cooldown", 240)
     peak = max(_DESIRED_SEEN)
     assert 1 <= peak <= MAX_REPLICAS
-    print(
-        f"sentinel e2e: woke after {scaled_up_after:.0f} s, at most {peak} pods, "
-        f"failover named a new primary {failover_seconds:.0f} s after the pod's deletion"
+    (report_dir / "sentinel.txt").write_text(
+        f"{len(ids)} records, exactly once; a pod ready {scaled_up_after:.0f} s after the first enqueue (from 0), at "
+        f"most {peak} pods, back to 0; the Sentinels named {promoted} {failover_seconds:.0f} s after {primary}'s "
+        "pod was deleted\n"
     )
