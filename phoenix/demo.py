@@ -26,7 +26,7 @@ from typing import TextIO
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from phoenix.cli.stage import add_redis_argument, redis_env, redis_spec
+from phoenix.cli.stage import add_connection_arguments, redis_env, redis_spec
 from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
 from phoenix.keys import StageKeys, input_stream
@@ -34,7 +34,7 @@ from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
-from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_client import text_range
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -54,8 +54,8 @@ class DemoStage:
     output: str  # next stage's input stream; "" for the last stage
 
     @property
-    def queues(self) -> StageQueues:
-        return StageQueues.of(StageKeys.for_stage(self.name))
+    def queues(self) -> StageKeys:
+        return StageKeys.for_stage(self.name)
 
 
 PIPELINE = (
@@ -352,7 +352,7 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m phoenix.demo", description=__doc__.splitlines()[0])
     # --redis-url: this Redis 7+ / Valkey instead of an embedded Valkey; the other options (or their variables,
     # which the workers read too) say how to reach it.
-    add_redis_argument(p).set_defaults(redis_url=None)  # not $REDIS_URL: the demo starts its own Valkey
+    add_connection_arguments(p).set_defaults(redis_url=None)  # not $REDIS_URL: the demo starts its own Valkey
     p.add_argument("--work-dir", type=Path, default=Path(".cache/demo"), help="sample PDFs and worker logs")
     p.add_argument("--copies", type=int, default=10, help="times each of the 5 sample reports is enqueued")
     p.add_argument("--timeout", type=float, default=120, help="seconds to wait for the pipeline to drain")

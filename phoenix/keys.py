@@ -1,36 +1,67 @@
-"""The Redis key names of a stage, spelled once for the worker runtime, the operator and the tools.
+"""The Redis key names of Phoenix, spelled once for the worker runtime, the operator, the stages and the tools.
 
-The operator creates and deletes these keys and the workers use them, so both sides must derive the same names
-from a stage's name: change a format here and both move together. The Lua scripts receive the names (or the
-prefixes) as KEYS/ARGV and spell none of them.
+Layout (v2): `phoenix:{<namespace>}:<stage>:<kind>`, for example `phoenix:{team-a}:parser:input`.
+
+- **Tenants.** Every key of a stage is scoped by its namespace: the stage's Kubernetes namespace when the operator
+  runs it (it sets KEY_NAMESPACE), KEY_NAMESPACE (default `default`) for a worker run by hand. Two stages of the
+  same name in two namespaces share no key, on one Redis database.
+- **Slots.** `{<namespace>}` is a Redis Cluster hash tag: every key of a namespace hashes to one slot, so one atomic
+  script may touch a stage's streams, retry set and record keys and the next stage's input (`output.stage` stays
+  in the namespace). The Redis Cluster work adds partitions inside the tag (`{<namespace>~<p>}`, see `scope`)
+  without renaming anything else.
+- **Data the stages share** (the example pipeline's pages, the billing cache) sits in the same scope under a
+  segment no stage name can take (stage names start with a letter or digit): `phoenix:{ns}:_pages:<record id>`.
+
+The operator creates and deletes these keys and the workers use them, so both sides derive the same names from a
+stage's namespace and name: change a format here and both move together. The Lua scripts receive every key they
+touch in KEYS (tests/test_script_keys.py checks it) and spell none of them.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 PREFIX = "phoenix"
+DEFAULT_NAMESPACE = "default"
+# A Kubernetes namespace name (a DNS label): no `{`, `}` or `:`, so the hash tag and the segments stay unambiguous.
+NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+_SCOPED = re.compile(r"^phoenix:\{(?P<namespace>[^{}:]+)\}:(?P<stage>[^:]+):input$")
 
 
-def input_stream(stage: str) -> str:
-    """A stage's default input stream; also what `output.stage: <next>` resolves to."""
-    return f"{PREFIX}:{stage}:input"
+def scope(namespace: str) -> str:
+    """The common start of every key of `namespace`, hash tag included. The one place the tag is spelled."""
+    return f"{PREFIX}:{{{namespace}}}"
 
 
-# Matches the default input stream of every stage (`phoenix status` discovers stages with it).
-ALL_INPUT_STREAMS = input_stream("*")
+def input_stream(stage: str, namespace: str = DEFAULT_NAMESPACE) -> str:
+    """A stage's default input stream; also what `output.stage: <next>` resolves to (in the same namespace)."""
+    return f"{scope(namespace)}:{stage}:input"
 
 
-def stage_of_input(key: str) -> str:
-    """The stage name in a default input stream's key (the inverse of input_stream)."""
-    return key.removeprefix(f"{PREFIX}:").removesuffix(":input")
+def input_streams_pattern(namespace: str | None = None) -> str:
+    """SCAN MATCH pattern of the default input streams of every stage of `namespace` (None: of every namespace).
+    Braces are literal in Redis glob patterns."""
+    return input_stream("*", namespace or "*")
+
+
+def stage_of_input(key: str) -> tuple[str, str] | None:
+    """(namespace, stage) of a default input stream's key (the inverse of input_stream); None for another key."""
+    found = _SCOPED.match(key)
+    return (found["namespace"], found["stage"]) if found else None
+
+
+def shared_data_key(namespace: str, kind: str, ident: str) -> str:
+    """A key of data that stages hand to each other or share (kind: pages, parsed, grouped, billing-key, ...)."""
+    return f"{scope(namespace)}:_{kind}:{ident}"
 
 
 @dataclass(frozen=True)
 class StageKeys:
-    """The streams, consumer group and key prefixes of stage `name`."""
+    """The streams, consumer group and keys of stage `name` in `namespace`."""
 
     name: str
+    namespace: str
     input: str
     consumer_group: str
     dlq: str
@@ -40,6 +71,8 @@ class StageKeys:
     def for_stage(
         cls,
         name: str,
+        namespace: str = DEFAULT_NAMESPACE,
+        *,
         input: str | None = None,
         group: str | None = None,
         dlq: str | None = None,
@@ -48,38 +81,85 @@ class StageKeys:
         """The stage's names, each given one (empty or None: the default derived from `name`) kept as is."""
         return cls(
             name=name,
-            input=input or input_stream(name),
+            namespace=namespace,
+            input=input or input_stream(name, namespace),
             consumer_group=group or f"{name}-group",
-            dlq=dlq or f"{PREFIX}:{name}:dlq",
+            dlq=dlq or f"{scope(namespace)}:{name}:dlq",
             output=output or None,
         )
 
     @property
+    def _stage(self) -> str:
+        return f"{scope(self.namespace)}:{self.name}"
+
+    @property
     def retry(self) -> str:
         """Sorted set of records waiting for their next attempt (score = due time in ms)."""
-        return f"{PREFIX}:{self.name}:retry"
+        return f"{self._stage}:retry"
 
     @property
     def record_prefix(self) -> str:
         """+ record id: the record's state, one key: locked by a worker while it processes the record, then
         its idempotency marker once committed (values: worker_runtime/locks.py)."""
-        return f"{PREFIX}:{self.name}:record:"
+        return f"{self._stage}:record:"
+
+    def record(self, record_id: str) -> str:
+        return self.record_prefix + record_id
 
     @property
     def audit(self) -> str:
         """Stream of the repairs done to the stage by hand or by the operator (worker_runtime/audit.py); capped."""
-        return f"{PREFIX}:{self.name}:audit"
+        return f"{self._stage}:audit"
+
+    @property
+    def backpressure(self) -> str:
+        """While set: the stage is paused by backpressure; the value is its output's unfinished entries, as
+        measured."""
+        return f"{self._stage}:backpressure"
+
+    @property
+    def dlq_trimmed(self) -> str:
+        """Counter of the entries DLQ_MAXLEN has removed from the stage's dead-letter stream, ever."""
+        return f"{self._stage}:dlq-trimmed"
+
+    @property
+    def owner(self) -> str:
+        """Hash naming the PhoenixStage that created the stage's keys (operator/ownership.py): the operator refuses
+        keys another stage holds and deletes only what its own stage created."""
+        return f"{self._stage}:owner"
 
     def replay_ledger(self, request_id: str) -> str:
         """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing."""
-        return f"{PREFIX}:{self.name}:replay:{request_id}"
+        return f"{self._stage}:replay:{request_id}"
 
 
-def backpressure_key(stage: str) -> str:
-    """While set: the stage is paused by backpressure; the value is its output's unfinished entries, as measured."""
-    return f"{PREFIX}:{stage}:backpressure"
+@dataclass(frozen=True)
+class LegacyStageKeys:
+    """The names of the v1 layout (`phoenix:<stage>:...`, no namespace, no hash tag), read only by
+    `phoenix migrate` to move a stage's data to StageKeys."""
 
+    name: str
 
-def dlq_trimmed_key(dlq: str) -> str:
-    """Counter of the entries DLQ_MAXLEN has removed from the dead-letter stream `dlq`, ever."""
-    return f"{dlq}:trimmed"
+    @property
+    def input(self) -> str:
+        return f"{PREFIX}:{self.name}:input"
+
+    @property
+    def dlq(self) -> str:
+        return f"{PREFIX}:{self.name}:dlq"
+
+    @property
+    def retry(self) -> str:
+        return f"{PREFIX}:{self.name}:retry"
+
+    @property
+    def record_prefix(self) -> str:
+        return f"{PREFIX}:{self.name}:record:"
+
+    @property
+    def audit(self) -> str:
+        return f"{PREFIX}:{self.name}:audit"
+
+    @property
+    def dlq_trimmed(self) -> str:
+        return f"{self.dlq}:trimmed"

@@ -33,6 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, SecretBytes, SecretStr, Valid
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.connection import HiredisRespSerializer
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.utils import HIREDIS_AVAILABLE
 
 if HIREDIS_AVAILABLE:
@@ -126,16 +127,34 @@ class RedisSpec(BaseModel):
 
     def secrets(self) -> tuple[str, ...]:
         """The values error texts must not show: each password as the server gets it and as a URL spells it."""
-        values = (self.password, self.sentinel_password)
-        return tuple(
-            {form for v in values if v for form in (v.get_secret_value(), quote(v.get_secret_value(), safe=""))}
-        )
+        plain = [secret.get_secret_value() for secret in (self.password, self.sentinel_password) if secret]
+        return tuple({form for value in plain for form in (value, quote(value, safe=""))})
+
+    def explain(self, exc: BaseException) -> str:
+        """A client error as one line, with what to check when a TLS connection was refused. Under TLS 1.3 a
+        server that wants a client certificate refuses after the handshake, so the client sees either its alert or
+        a bare reset, depending on timing: both get a hint."""
+        text = " ".join(str(exc).split())
+        if not self.tls or not isinstance(exc, RedisConnectionError):
+            return text
+        if "CERTIFICATE_VERIFY_FAILED" in text:
+            where = "REDIS_TLS_CA_FILE" if self.tls_ca is not None else "the system's CAs (set REDIS_TLS_CA_FILE)"
+            return f"{text} (the server's certificate is not signed by a CA in {where}, or names another host)"
+        if self.tls_cert is None and ("CERTIFICATE_REQUIRED" in text or "Connection reset by peer" in text):
+            # The alert is certain; a reset right after the handshake is how the same refusal often arrives.
+            certain = "requires" if "CERTIFICATE_REQUIRED" in text else "may require"
+            return f"{text} (the server {certain} a client certificate: set REDIS_TLS_CERT_FILE and REDIS_TLS_KEY_FILE)"
+        return text
 
     def ssl_context(self) -> ssl.SSLContext | None:
         """The TLS context (None without TLS): the server's certificate and host name are always verified.
         Built from files or PEM bytes; raises RedisSpecError naming what could not be loaded."""
         if not self.tls:
             return None
+        material = (("CA", self.tls_ca), ("CERT", self.tls_cert), ("KEY", self.tls_key))
+        for variable, pem in ((f"REDIS_TLS_{kind}_FILE", pem) for kind, pem in material):
+            if isinstance(pem, Path) and not pem.is_file():
+                raise RedisSpecError(f"{variable}: no such file: {pem}")
         try:
             context = ssl.create_default_context()
         except ssl.SSLError as exc:
@@ -147,22 +166,30 @@ class RedisSpec(BaseModel):
                 else:
                     context.load_verify_locations(cadata=self.tls_ca.decode("ascii", "replace"))
             except (OSError, ssl.SSLError, ValueError) as exc:
-                raise RedisSpecError(f"REDIS_TLS_CA_FILE: cannot load the CA bundle: {_reason(exc)}") from None
+                raise RedisSpecError(
+                    f"REDIS_TLS_CA_FILE: cannot load the CA bundle{_named(self.tls_ca)}: {_reason(exc)}"
+                ) from None
         if self.tls_cert is not None and self.tls_key is not None:
             try:
                 _load_client_certificate(context, self.tls_cert, self.tls_key)
             except (OSError, ssl.SSLError) as exc:
+                files = f"{_named(self.tls_cert)} and its key{_named(self.tls_key)}"
                 raise RedisSpecError(
-                    f"REDIS_TLS_CERT_FILE/REDIS_TLS_KEY_FILE: cannot load the client certificate: {_reason(exc)}"
+                    f"REDIS_TLS_CERT_FILE/REDIS_TLS_KEY_FILE: cannot load the client certificate{files}: {_reason(exc)}"
                 ) from None
         return context
+
+
+def _named(pem: Pem | SecretPem | None) -> str:
+    """` <path>` for a file (a path is no secret), nothing for PEM held in memory."""
+    return f" {pem}" if isinstance(pem, Path) else ""
 
 
 def _reason(exc: Exception) -> str:
     if isinstance(exc, ssl.SSLError):
         return str(exc.reason or exc.strerror or type(exc).__name__)
     if isinstance(exc, OSError):
-        return f"{exc.strerror or type(exc).__name__}: {exc.filename}" if exc.filename else str(exc.strerror or exc)
+        return str(exc.strerror or type(exc).__name__)
     return str(exc)
 
 

@@ -50,7 +50,7 @@ async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, worker
     assert {e["error_type"] for e in listed} == {"RecordNotFoundError"}
 
     assert phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--yes").strip() == (
-        "moved 2 entries back to phoenix:s:input"
+        "moved 2 entries back to phoenix:{default}:s:input"
     )
     assert await redis.xlen(DLQ) == 1
     replayed = [f for _, f in await redis.xrange(IN)][-2:]
@@ -59,7 +59,7 @@ async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, worker
         assert fields["retry_count"] == "0" and fields["original_id"] == original
         assert not {"error", "error_type", "stage", "attempts", "failed_at"} & fields.keys()
     assert phoenix(redis_url, "dlq", "replay", "--service", "s", "--yes").strip() == (
-        "moved 1 entries back to phoenix:s:input"
+        "moved 1 entries back to phoenix:{default}:s:input"
     )
     assert await redis.xlen(DLQ) == 0
 
@@ -71,10 +71,10 @@ async def test_status_table(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.xreadgroup("s-group", "c1", {IN: ">"}, count=1)
     await redis.xadd(DLQ, {"record_id": "x"})
     lines = phoenix(redis_url, "status").splitlines()
-    assert lines[0].split() == ["STAGE", "LENGTH", "PENDING", "LAG", "OLDEST(s)", "DLQ", "CONSUMERS"]
+    assert lines[0].split() == ["NAMESPACE", "STAGE", "LENGTH", "PENDING", "LAG", "OLDEST(s)", "DLQ", "CONSUMERS"]
     row = lines[1].split()
-    assert row[0] == "s" and row[1:4] == ["4", "1", "3"] and row[5:] == ["1", "1"]
-    assert float(row[4]) >= 0
+    assert row[:2] == ["default", "s"] and row[2:5] == ["4", "1", "3"] and row[6:] == ["1", "1"]
+    assert float(row[5]) >= 0
 
 
 async def _dlq_length(redis: aioredis.Redis, n: int) -> bool:

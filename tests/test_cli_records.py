@@ -47,15 +47,15 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     assert waiting["diagnosis"].startswith(f"waiting: entry {queued} was added ")
 
     text = phoenix(redis_url, "inspect", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
-    assert "  lock:   phoenix:s:record:slow held by " in text and text.splitlines()[-1].startswith(
+    assert "  lock:   phoenix:{default}:s:record:slow held by " in text and text.splitlines()[-1].startswith(
         "diagnosis: in flight: "
     )
 
     refused = run_phoenix(redis_url, "unlock", "--service", "s", "slow", "--claim-idle-ms", FAST["CLAIM_IDLE_MS"])
-    assert refused.returncode == 1 and refused.stderr.startswith("refused: phoenix:s:record:slow is held by ")
+    assert refused.returncode == 1 and refused.stderr.startswith("refused: phoenix:{default}:s:record:slow is held by ")
     assert await locked(redis, "s", "slow")
     forced = phoenix(redis_url, "unlock", "--service", "s", "slow", "--force", "--yes")
-    assert forced.startswith("released phoenix:s:record:slow held by ")
+    assert forced.startswith("released phoenix:{default}:s:record:slow held by ")
     assert not await locked(redis, "s", "slow")
 
 
@@ -78,10 +78,10 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     ) in report["diagnosis"]
 
     unlocked = phoenix(redis_url, "unlock", "--service", "s", "r1", "--claim-idle-ms", "2000")
-    assert unlocked.startswith(f"released phoenix:s:record:r1 held by {report['lock']['holder']} (idle ")
+    assert unlocked.startswith(f"released phoenix:{{default}}:s:record:r1 held by {report['lock']['holder']} (idle ")
     assert (
         phoenix(redis_url, "unlock", "--service", "s", "r1").strip()
-        == "phoenix:s:record:r1 is not locked: nothing to release"
+        == "phoenix:{default}:s:record:r1 is not locked: nothing to release"
     )
     unlocked_report = inspect(redis_url, "r1", "2000")
     assert unlocked_report["diagnosis"].startswith(
@@ -93,7 +93,7 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     # The dead consumer's entry is still pending on it: reclaim puts it back to work now.
     reclaimed = phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "2000", "--yes").splitlines()
     assert reclaimed[0].startswith(f"re-enqueued {report['entries'][0]['entry_id']} (record r1, ")
-    assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 2000 ms in phoenix:s:input"
+    assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 2000 ms in phoenix:{default}:s:input"
     assert inspect(redis_url, "r1", "2000")["diagnosis"].startswith("waiting for ")  # no live consumer now
 
     workers.start("s", OUTPUT_QUEUE=OUT, **slow_recovery)
@@ -122,7 +122,7 @@ async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_w
     ).splitlines()
     assert out[0].startswith(f"re-enqueued {abandoned} (record a, dead-1, ") and out[0].endswith("; released its lock")
     assert out[1].startswith(f"left {poison} (record p, dead-1, ") and "dead-letters it (MAX_DELIVERIES=3)" in out[1]
-    assert out[2] == "reclaimed 1 of 2 entries idle over 0 ms in phoenix:s:input"
+    assert out[2] == "reclaimed 1 of 2 entries idle over 0 ms in phoenix:{default}:s:input"
     assert not await locked(redis, "s", "a") and await locked(redis, "s", "p")
     [(_, fields)] = await redis.xrange(IN, min="(" + poison)
     assert fields["record_id"] == "a" and fields["original_id"] == abandoned
@@ -174,14 +174,19 @@ async def test_reprocess_a_committed_record_runs_it_again(
     await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
     await wait_until(lambda: idle(redis), "drained")
     out = phoenix(redis_url, "reprocess", "--service", "s", "r1", "--yes")
-    assert out.startswith("deleted phoenix:s:record:r1; enqueued r1 as ") and f"(from input entry {first})" in out
+    assert (
+        out.startswith("deleted phoenix:{default}:s:record:r1; enqueued r1 as ")
+        and f"(from input entry {first})" in out
+    )
     await wait_until(lambda: _effects(redis, "r1", "2"), "r1 processed a second time")
     assert await redis.xlen(OUT) == 2
 
 
 async def test_no_trace_of_an_unknown_record(redis: aioredis.Redis, redis_url: str) -> None:
     report = inspect(redis_url, "nobody")
-    assert report["diagnosis"].startswith("no trace of nobody in the newest 100000 entries of phoenix:s:input")
+    assert report["diagnosis"].startswith(
+        "no trace of nobody in the newest 100000 entries of phoenix:{default}:s:input"
+    )
     assert not report["group_exists"]
     nothing = run_phoenix(redis_url, "reclaim", "--service", "s")
     assert nothing.returncode == 1 and nothing.stderr.startswith("phoenix reclaim: Redis error: NOGROUP")
@@ -196,10 +201,10 @@ async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redi
     refused = run_phoenix(redis_url, "dlq", "purge", "--service", "s", "--through", ids[-1])
     assert refused.returncode == 1 and await redis.xlen(DLQ) == 4
     purged = phoenix(redis_url, "dlq", "purge", "--service", "s", "--through", ids[-1], "--yes")
-    assert purged.strip() == "deleted 3 entries from phoenix:s:dlq"
+    assert purged.strip() == "deleted 3 entries from phoenix:{default}:s:dlq"
     assert [entry_id for entry_id, _ in await redis.xrange(DLQ)] == [later]
     assert phoenix(redis_url, "dlq", "purge", "--service", "s", "--all", "--yes").strip() == (
-        "deleted 1 entries from phoenix:s:dlq"
+        "deleted 1 entries from phoenix:{default}:s:dlq"
     )
     assert not await redis.exists(DLQ)
     purges = [(f["action"], f["count"]) for _, f in await redis.xrange(KEYS.audit)]
@@ -213,6 +218,7 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
     undelivered_age = row.pop("oldestUndeliveredSeconds")
     assert undelivered_age >= 0 and row.pop("oldestUnfinishedSeconds") == undelivered_age
     assert row == {
+        "namespace": "default",
         "stage": "s",
         "length": 1,
         "pending": 0,

@@ -56,23 +56,24 @@ async def _dead_letters(redis: aioredis.Redis, n: int) -> list[str]:
 
 async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis_url: str) -> None:
     ids = await _dead_letters(redis, 3)
-    assert ok(run_phoenix(redis_url, "audit", "--service", "s")) == ["no repairs recorded in phoenix:s:audit"]
+    assert ok(run_phoenix(redis_url, "audit", "--service", "s")) == ["no repairs recorded in phoenix:{default}:s:audit"]
 
     dry = ok(run_phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--dry-run"))
     assert dry == [
         f"would move {ids[0]} (record d0, RecordNotFoundError)",
         f"would move {ids[1]} (record d1, RecordNotFoundError)",
-        "would move 2 of the 3 entries of phoenix:s:dlq (oldest first) back to phoenix:s:input; nothing changed",
+        "would move 2 of the 3 entries of phoenix:{default}:s:dlq (oldest first) back to "
+        "phoenix:{default}:s:input; nothing changed",
     ]
     refused_without_yes(
         run_phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2"),
-        "Move 2 of the 3 entries of phoenix:s:dlq (oldest first) back to phoenix:s:input?",
+        "Move 2 of the 3 entries of phoenix:{default}:s:dlq (oldest first) back to phoenix:{default}:s:input?",
     )
     assert await redis.xlen(DLQ) == 3 and not await redis.exists(IN)
     assert audit(redis_url) == []  # nothing done, nothing recorded
 
     assert ok(run_phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--yes")) == [
-        "moved 2 entries back to phoenix:s:input"
+        "moved 2 entries back to phoenix:{default}:s:input"
     ]
     assert [f["record_id"] for _, f in await redis.xrange(IN)] == ["d0", "d1"]
     [entry] = audit(redis_url)
@@ -81,11 +82,13 @@ async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis
         "actor": ME,
         "action": "dlq-replay",
         "count": 2,
-        "detail": "moved 2 entries of phoenix:s:dlq back to phoenix:s:input",
+        "detail": "moved 2 entries of phoenix:{default}:s:dlq back to phoenix:{default}:s:input",
         "record_id": "",
     }
     [line] = ok(run_phoenix(redis_url, "audit", "--service", "s"))
-    assert line.endswith(f"  {ME}  dlq-replay (2): moved 2 entries of phoenix:s:dlq back to phoenix:s:input")
+    assert line.endswith(
+        f"  {ME}  dlq-replay (2): moved 2 entries of phoenix:{{default}}:s:dlq back to phoenix:{{default}}:s:input"
+    )
 
 
 async def test_dlq_replay_asks_on_a_terminal(redis: aioredis.Redis, redis_url: str) -> None:
@@ -105,8 +108,8 @@ async def test_dlq_replay_asks_on_a_terminal(redis: aioredis.Redis, redis_url: s
         os.close(terminal)
     assert asked.returncode == 0, err
     assert out.decode() == (
-        "Move 1 of the 1 entries of phoenix:s:dlq (oldest first) back to phoenix:s:input? [y/N] "
-        "moved 1 entries back to phoenix:s:input\n"
+        "Move 1 of the 1 entries of phoenix:{default}:s:dlq (oldest first) back to phoenix:{default}:s:input? [y/N] "
+        "moved 1 entries back to phoenix:{default}:s:input\n"
     )
     assert await redis.xlen(DLQ) == 0
     assert [e["action"] for e in audit(redis_url)] == ["dlq-replay"]
@@ -121,13 +124,13 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
 
     # unlock: a dry run says what it would do, with and without --force.
     [would_refuse] = ok(run_phoenix(redis_url, "unlock", "--service", "s", "a", "--dry-run"))
-    assert would_refuse.startswith("would refuse: phoenix:s:record:a is held by dead-1 (idle ")
+    assert would_refuse.startswith("would refuse: phoenix:{default}:s:record:a is held by dead-1 (idle ")
     assert would_refuse.endswith("), which is alive; nothing changed")
     [would_release] = ok(run_phoenix(redis_url, "unlock", "--service", "s", "a", "--force", "--dry-run"))
-    assert would_release.startswith("would release phoenix:s:record:a held by dead-1 (idle ")
+    assert would_release.startswith("would release phoenix:{default}:s:record:a held by dead-1 (idle ")
     forced = run_phoenix(redis_url, "unlock", "--service", "s", "a", "--force")
     question = forced.stderr.split(" [y/N]")[0]
-    assert question.startswith("Release phoenix:s:record:a held by dead-1 (idle ")
+    assert question.startswith("Release phoenix:{default}:s:record:a held by dead-1 (idle ")
     refused_without_yes(forced, question)
     assert await redis.get(record_key("s", "a")) == DEAD_LOCK
 
@@ -135,10 +138,10 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
     dry = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--dry-run"))
     assert dry[0].startswith(f"would re-enqueue {entry} (record a, dead-1, idle ")
     assert dry[0].endswith(", 1 deliveries); release its lock")
-    assert dry[1] == "would reclaim 1 of 1 entries idle over 0 ms in phoenix:s:input; nothing changed"
+    assert dry[1] == "would reclaim 1 of 1 entries idle over 0 ms in phoenix:{default}:s:input; nothing changed"
     refused_without_yes(
         run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0"),
-        "Re-enqueue 1 entries idle over 0 ms in phoenix:s:input?",
+        "Re-enqueue 1 entries idle over 0 ms in phoenix:{default}:s:input?",
     )
     assert [row["message_id"] for row in await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)] == [entry]
     assert await redis.xlen(IN) == 1 and await redis.get(record_key("s", "a")) == DEAD_LOCK
@@ -146,18 +149,18 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
 
     # Confirmed: done, and recorded.
     [released] = ok(run_phoenix(redis_url, "unlock", "--service", "s", "a", "--force", "--yes"))
-    assert released.startswith("released phoenix:s:record:a held by dead-1 (idle ")
+    assert released.startswith("released phoenix:{default}:s:record:a held by dead-1 (idle ")
     assert not await locked(redis, "s", "a")
     reclaimed = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--yes"))
-    assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 0 ms in phoenix:s:input"
+    assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 0 ms in phoenix:{default}:s:input"
     assert await redis.xlen(IN) == 2
 
     unlocked, moved = audit(redis_url)
     assert (unlocked["actor"], unlocked["action"], unlocked["count"], unlocked["record_id"]) == (ME, "unlock", 1, "a")
-    assert unlocked["detail"].startswith("released phoenix:s:record:a held by dead-1 (idle ")
+    assert unlocked["detail"].startswith("released phoenix:{default}:s:record:a held by dead-1 (idle ")
     assert unlocked["detail"].endswith(", forced")
     assert (moved["actor"], moved["action"], moved["count"]) == (ME, "reclaim", 1)
-    assert moved["detail"] == "re-enqueued 1 entries idle over 0 ms in phoenix:s:input"
+    assert moved["detail"] == "re-enqueued 1 entries idle over 0 ms in phoenix:{default}:s:input"
     assert all(recent(e["at"]) for e in (unlocked, moved))
 
     # inspect shows the repairs that named the record.

@@ -112,7 +112,7 @@ def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> Non
     grouped = client.keys("grouped:demo-*")
     assert len(grouped) == SAMPLE_COUNT * COPIES  # the results stay in your Redis
     # Every record reached the grouper once (its input is trimmed as it is acknowledged: count what was read).
-    [group] = client.xinfo_groups("phoenix:grouper:input")
+    [group] = client.xinfo_groups("phoenix:{default}:grouper:input")
     assert (group["entries-read"], group["lag"], group["pending"]) == (SAMPLE_COUNT * COPIES, 0, 0)
     assert workers_using(redis_url) == []
     client.flushdb()

@@ -88,8 +88,8 @@ def test_plugin_against_the_operator(
     router.start()
     for record in ("gone-1", "gone-2"):
         data = json.dumps({"document_url": (tmp_path / f"{record}.pdf").as_uri()})
-        connection.xadd("phoenix:router:input", {"record_id": record, "user_id": "u1", "data": data})
-    eventually(lambda: connection.xlen("phoenix:router:dlq") == 2, "two dead letters", timeout=60)
+        connection.xadd("phoenix:{default}:router:input", {"record_id": record, "user_id": "u1", "data": data})
+    eventually(lambda: connection.xlen("phoenix:{default}:router:dlq") == 2, "two dead letters", timeout=60)
 
     rows = {
         r["stage"]: r for r in json.loads(ok(kubectl_phoenix(kube_cluster, "status", "--json"))) if r["namespace"] == ns
@@ -112,7 +112,7 @@ def test_plugin_against_the_operator(
 
     # inspect: the stage's names from its status, its Redis URL from its Secret, read with the caller's rights.
     report = json.loads(ok(kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns, "--json")))
-    assert report["input_stream"] == "phoenix:router:input" and report["claim_idle_seconds"] == 300
+    assert report["input_stream"] == "phoenix:{default}:router:input" and report["claim_idle_seconds"] == 300
     assert report["diagnosis"].startswith("dead-lettered at ") and "RecordNotFoundError" in report["diagnosis"]
 
     core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)

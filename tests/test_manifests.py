@@ -76,7 +76,7 @@ def sample_stages() -> dict[str, PhoenixStage]:
 
 
 def test_samples_form_the_router_parser_grouper_pipeline(sample_stages: dict[str, PhoenixStage]) -> None:
-    streams = {name: resolve_streams(name, stage.spec) for name, stage in sample_stages.items()}
+    streams = {name: resolve_streams(name, stage.namespace, stage.spec) for name, stage in sample_stages.items()}
     assert streams["router"].output == streams["parser"].input
     assert streams["parser"].output == streams["grouper"].input
     assert streams["grouper"].output is None

@@ -114,8 +114,8 @@ def test_every_alert_names_only_exported_metrics(
             "the stage reconciled",
         )
         for i in range(3):
-            connection.xadd("phoenix:metered:input", {"record_id": f"r{i}"})
-        connection.xreadgroup("metered-group", "worker-1", {"phoenix:metered:input": ">"}, count=1)
+            connection.xadd("phoenix:{default}:metered:input", {"record_id": f"r{i}"})
+        connection.xreadgroup("metered-group", "worker-1", {"phoenix:{default}:metered:input": ">"}, count=1)
         labels = f'namespace="{kube_namespace}",stage="metered"'
 
         def figures() -> dict[str, float] | None:

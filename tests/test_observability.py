@@ -27,6 +27,7 @@ import pytest
 import redis
 from prometheus_client.parser import text_string_to_metric_families
 
+from phoenix.keys import StageKeys
 from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
 from tests.fixtures.eventually import eventually
 from tests.fixtures.processes import LoggedProcess, free_loopback_port
@@ -131,7 +132,7 @@ def acl_user(client: redis.Redis, base_url: str) -> Iterator[tuple[str, str]]:
 def observed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Observations]:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     service = f"obs-{secrets.token_hex(4)}"
-    stream, output, dlq = f"phoenix:{service}:input", f"{service}:results", f"phoenix:{service}:dlq"
+    stream, output, dlq = StageKeys.for_stage(service).input, f"{service}:results", StageKeys.for_stage(service).dlq
     port = free_loopback_port()
     with acl_user(client, redis_url) as (url, password):
         env = dict(
@@ -213,7 +214,7 @@ def observed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
             worker.stop(grace_seconds=30)
             seen.exit_code = worker.popen.returncode
             seen.log = log_path.read_text()
-            client.delete(stream, output, dlq, flag, f"phoenix:{service}:retry")
+            client.delete(stream, output, dlq, flag, StageKeys.for_stage(service).retry)
             client.close()
     yield seen
 

@@ -27,7 +27,12 @@ from tests.fixtures.workers import WorkerPool
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
 BIN = Path(sys.executable).parent
-IN, OUT, DLQ, RETRY = "phoenix:router:input", "phoenix:parser:input", "phoenix:router:dlq", "phoenix:router:retry"
+IN, OUT, DLQ, RETRY = (
+    "phoenix:{default}:router:input",
+    "phoenix:{default}:parser:input",
+    "phoenix:{default}:router:dlq",
+    "phoenix:{default}:router:retry",
+)
 CLAIM_IDLE_MS = "2000"
 # Long enough that the dead worker's lock is still there when the documented commands run.
 STAGE = {"OUTPUT_QUEUE": OUT, "CLAIM_IDLE_MS": CLAIM_IDLE_MS, "LOCK_TIMEOUT": "120"}

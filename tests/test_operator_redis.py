@@ -64,9 +64,9 @@ async def test_replay_keeps_entries_too_wide_to_replay_and_moves_the_rest(redis:
 
 async def test_destroy_removes_group_streams_and_retry_set(redis: aioredis.Redis) -> None:
     await ensure_streams(redis, STREAMS)
-    await redis.zadd("phoenix:s:retry", {"x": 1})
-    await redis.xadd("phoenix:other:input", {"record_id": "keep"})
+    await redis.zadd("phoenix:{default}:s:retry", {"x": 1})
+    await redis.xadd("phoenix:{default}:other:input", {"record_id": "keep"})
     await destroy(redis, STREAMS)
-    assert await redis.exists(STREAMS.input, STREAMS.dlq, "phoenix:s:retry") == 0
-    assert await redis.exists("phoenix:other:input") == 1
+    assert await redis.exists(STREAMS.input, STREAMS.dlq, "phoenix:{default}:s:retry") == 0
+    assert await redis.exists("phoenix:{default}:other:input") == 1
     await destroy(redis, STREAMS)  # nothing left: still fine

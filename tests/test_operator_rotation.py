@@ -35,7 +35,6 @@ from tests.fixtures.operator_process import (
 from tests.fixtures.workers import FAST
 
 STAGE, OUTPUT = "rotating", "rotated:out"
-KEYS = StageKeys.for_stage(STAGE)
 
 
 @pytest.fixture
@@ -104,10 +103,10 @@ def _arrived(admin: sync_redis.Redis) -> Counter[str]:
     return Counter(fields["record_id"] for _, fields in admin.xrange(OUTPUT))
 
 
-def _enqueue(url: str, ids: list[str]) -> None:
+def _enqueue(url: str, keys: StageKeys, ids: list[str]) -> None:
     async def run() -> None:
         async with aioredis.Redis.from_url(url, decode_responses=True) as redis:
-            await enqueue(redis, KEYS.input, ids, action="sleep:0.2")
+            await enqueue(redis, keys.input, ids, action="sleep:0.2")
 
     asyncio.run(run())
 
@@ -124,6 +123,7 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
 ) -> None:
     user, admin = acl_user
     ns = kube_namespace
+    keys = StageKeys.for_stage(STAGE, ns)
     old_url, new_url = _url(redis_url, user, "old-password"), _url(redis_url, user, "new-password")
     with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-rotation") as (process, liveness):
         kubectl_apply(kube_cluster, [_secret(ns, old_url), _stage(ns)])
@@ -131,7 +131,7 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
         before = _template_digest(kube_api, ns)
         # FAST timings, and this checkout's code for the processes the player starts.
         kubelet_player(ns, STAGE, {**FAST, "PYTHONPATH": str(REPO_ROOT)}).start()
-        _enqueue(old_url, [f"a-{i}" for i in range(150)])
+        _enqueue(old_url, keys, [f"a-{i}" for i in range(150)])
         eventually(lambda: len(_arrived(admin)) >= 20, "records flowing before the rotation", timeout=90)
         old_pods = {pod.metadata.name for pod in _live_pods(kube_api, ns)}
 
@@ -139,7 +139,7 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
         # old password goes once nothing uses it.
         admin.acl_setuser(user, enabled=True, passwords=["+new-password"])
         kubectl_apply(kube_cluster, [_secret(ns, new_url)])
-        _enqueue(new_url, [f"b-{i}" for i in range(150)])
+        _enqueue(new_url, keys, [f"b-{i}" for i in range(150)])
         eventually(lambda: _template_digest(kube_api, ns) not in (None, before), "a new digest in the template")
 
         def rolled() -> bool:
@@ -149,13 +149,13 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
         eventually(rolled, "the workers rolled", timeout=120)
         admin.acl_setuser(user, enabled=True, passwords=["-old-password"])
         admin.execute_command("CLIENT", "KILL", "USER", user)  # connections made with the old password go too
-        _enqueue(new_url, [f"c-{i}" for i in range(50)])
+        _enqueue(new_url, keys, [f"c-{i}" for i in range(50)])
 
         expected = {f"{batch}-{i}" for batch, count in (("a", 150), ("b", 150), ("c", 50)) for i in range(count)}
         eventually(lambda: set(_arrived(admin)) == expected, "every record processed", timeout=180)
         assert max(_arrived(admin).values()) == 1, "a record was forwarded twice"
-        assert admin.xlen(KEYS.dlq) == 0
-        eventually(lambda: admin.xpending(KEYS.input, KEYS.consumer_group)["pending"] == 0, "nothing pending")
+        assert admin.xlen(keys.dlq) == 0
+        eventually(lambda: admin.xpending(keys.input, keys.consumer_group)["pending"] == 0, "nothing pending")
 
         # The operator's own client follows the Secret: after the old password went (and its connections with it),
         # its refresh cycles read this stage's Redis without a failure, the only Redis this operator serves.

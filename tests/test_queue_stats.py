@@ -7,9 +7,10 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.worker_runtime.queue_stats import StageQueues, collect
+from phoenix.keys import StageKeys
+from phoenix.worker_runtime.queue_stats import collect
 
-STAGE = StageQueues("s", "phoenix:s:input", "s-group", "phoenix:s:dlq")
+STAGE = StageKeys.for_stage("s")
 
 
 async def _add_aged(redis: aioredis.Redis, *ages: int) -> None:
@@ -20,13 +21,13 @@ async def _add_aged(redis: aioredis.Redis, *ages: int) -> None:
 
 
 async def _read(redis: aioredis.Redis, count: int) -> list[str]:
-    found = await redis.xreadgroup(STAGE.group, "c1", {STAGE.input: ">"}, count=count)
+    found = await redis.xreadgroup(STAGE.consumer_group, "c1", {STAGE.input: ">"}, count=count)
     return [entry_id for entry_id, _ in found[0][1]]
 
 
 async def test_oldest_unfinished_is_the_older_of_first_undelivered_and_oldest_pending(redis: aioredis.Redis) -> None:
     await _add_aged(redis, 300, 200, 100)
-    await redis.xgroup_create(STAGE.input, STAGE.group, id="0")
+    await redis.xgroup_create(STAGE.input, STAGE.consumer_group, id="0")
 
     # Nothing delivered yet: OLDEST is the first entry, though nothing is pending.
     (stats,) = await collect(redis, [STAGE])
@@ -36,7 +37,7 @@ async def test_oldest_unfinished_is_the_older_of_first_undelivered_and_oldest_pe
 
     # The first one finished: the next undelivered one is the oldest unfinished.
     (first,) = await _read(redis, 1)
-    await redis.xack(STAGE.input, STAGE.group, first)
+    await redis.xack(STAGE.input, STAGE.consumer_group, first)
     (stats,) = await collect(redis, [STAGE])
     assert stats.oldest_unfinished_seconds == pytest.approx(200, abs=5)
 
@@ -51,8 +52,8 @@ async def test_oldest_unfinished_is_the_older_of_first_undelivered_and_oldest_pe
 
     # Everything finished: no age at all.
     (last,) = await _read(redis, 1)
-    pending = await redis.xpending_range(STAGE.input, STAGE.group, min="-", max="+", count=10)
-    await redis.xack(STAGE.input, STAGE.group, last, *(p["message_id"] for p in pending))
+    pending = await redis.xpending_range(STAGE.input, STAGE.consumer_group, min="-", max="+", count=10)
+    await redis.xack(STAGE.input, STAGE.consumer_group, last, *(p["message_id"] for p in pending))
     (stats,) = await collect(redis, [STAGE])
     assert (stats.oldest_pending_seconds, stats.oldest_undelivered_seconds, stats.oldest_unfinished_seconds) == (
         None,
@@ -63,7 +64,7 @@ async def test_oldest_unfinished_is_the_older_of_first_undelivered_and_oldest_pe
 
 async def test_without_a_group_every_entry_is_undelivered(redis: aioredis.Redis) -> None:
     await _add_aged(redis, 60, 30)
-    missing, empty = await collect(redis, [STAGE, StageQueues("e", "phoenix:e:input", "e-group", "phoenix:e:dlq")])
+    missing, empty = await collect(redis, [STAGE, StageKeys.for_stage("e")])
     assert not missing.group_exists
     assert missing.oldest_unfinished_seconds == pytest.approx(60, abs=5)
     assert (empty.length, empty.oldest_unfinished_seconds) == (0, None)

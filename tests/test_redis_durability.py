@@ -118,20 +118,22 @@ async def test_parser_down_for_long_loses_no_record(redis: aioredis.Redis, worke
     ids = [f"rec-{i}" for i in range(len(documents))]
     for record_id, document in zip(ids, documents, strict=True):
         await redis.xadd(
-            "phoenix:router:input",
+            "phoenix:{default}:router:input",
             {"record_id": record_id, "data": json.dumps({"document_url": document.resolve().as_uri()})},
         )
-    workers.start("router", processor="router", OUTPUT_QUEUE="phoenix:parser:input")
+    workers.start("router", processor="router", OUTPUT_QUEUE="phoenix:{default}:parser:input")
     workers.start("grouper", processor="grouper")
-    await wait_until(lambda: _length_at_least(redis, "phoenix:parser:input", len(ids)), "every record routed")
+    await wait_until(lambda: _length_at_least(redis, "phoenix:{default}:parser:input", len(ids)), "every record routed")
     assert [await redis.ttl(f"pages:{record_id}") for record_id in ids] == [-1] * len(ids)
     await asyncio.sleep(2)  # the parser stays down; nothing expires meanwhile
-    workers.start("parser", processor="parser", OUTPUT_QUEUE="phoenix:grouper:input")
+    workers.start("parser", processor="parser", OUTPUT_QUEUE="phoenix:{default}:grouper:input")
     await wait_until(lambda: _all_exist(redis, [f"grouped:{r}" for r in ids]), "every record grouped", timeout=60)
-    await wait_until(lambda: _settled(redis, "phoenix:grouper:input", "grouper-group"), "the grouper settled")
-    [group] = await redis.xinfo_groups("phoenix:grouper:input")
+    await wait_until(lambda: _settled(redis, "phoenix:{default}:grouper:input", "grouper-group"), "the grouper settled")
+    [group] = await redis.xinfo_groups("phoenix:{default}:grouper:input")
     assert group["entries-read"] == len(ids)  # each record reached the grouper once
-    assert await redis.xlen("phoenix:parser:dlq") == 0 and await redis.xlen("phoenix:grouper:dlq") == 0
+    assert (
+        await redis.xlen("phoenix:{default}:parser:dlq") == 0 and await redis.xlen("phoenix:{default}:grouper:dlq") == 0
+    )
     assert not await redis.keys("pages:*")  # used up by the parser
     assert all(0 < ttl <= 86400 for ttl in [await redis.ttl(f"parsed:{r}") for r in ids])  # expire with the groups
 

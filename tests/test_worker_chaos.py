@@ -8,6 +8,7 @@ import random
 
 import redis.asyncio as aioredis
 
+from phoenix.keys import StageKeys
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
@@ -18,7 +19,7 @@ FINAL = "phoenix:final"
 
 
 def stage_env(stage: str) -> dict[str, str]:
-    nxt = {"c1": "phoenix:c2:input", "c2": FINAL}[stage]
+    nxt = {"c1": "phoenix:{default}:c2:input", "c2": FINAL}[stage]
     # A poison threshold above what repeated kills of healthy messages can reach in this test.
     return {"OUTPUT_QUEUE": nxt, "CONCURRENCY": "4", "MAX_DELIVERIES": "30"}
 
@@ -27,9 +28,9 @@ async def drained(redis: aioredis.Redis) -> bool:
     if await redis.xlen(FINAL) < RECORDS:
         return False
     for stage in STAGES:
-        if (await redis.xpending(f"phoenix:{stage}:input", f"{stage}-group"))["pending"]:
+        if (await redis.xpending(StageKeys.for_stage(stage).input, f"{stage}-group"))["pending"]:
             return False
-        if await redis.zcard(f"phoenix:{stage}:retry"):
+        if await redis.zcard(StageKeys.for_stage(stage).retry):
             return False
     return True
 
@@ -46,7 +47,7 @@ async def test_every_record_arrives_exactly_once_despite_sigkills(redis: aioredi
             pipe = redis.pipeline(transaction=False)
             for i in range(start, start + 100):
                 pipe.xadd(
-                    "phoenix:c1:input",
+                    "phoenix:{default}:c1:input",
                     {
                         "record_id": f"r{i}",
                         "user_id": f"u{i % 7}",
@@ -75,7 +76,7 @@ async def test_every_record_arrives_exactly_once_despite_sigkills(redis: aioredi
     assert len(ids) == RECORDS and set(ids) == {f"r{i}" for i in range(RECORDS)}  # exactly once each
     assert all(json.loads(f["data"])["seen_by"] == "c2" for f in final)
     for stage in STAGES:
-        assert await redis.xlen(f"phoenix:{stage}:dlq") == 0
+        assert await redis.xlen(StageKeys.for_stage(stage).dlq) == 0
         effects = await redis.hgetall(f"effects:{stage}")
         assert len(effects) == RECORDS
         for record, count in effects.items():

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from phoenix.worker_runtime.queue_stats import StageQueues, collect
+from phoenix.keys import StageKeys
+from phoenix.worker_runtime.queue_stats import collect
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.workers import WorkerPool
@@ -26,21 +27,21 @@ async def test_backpressure_pauses_at_high_water_and_loses_nothing(redis: aiored
         "a", OUTPUT_QUEUE=B_IN, OUTPUT_HIGH_WATER=str(high), CONCURRENCY=str(concurrency), TRIM_INTERVAL="0.2"
     )
     await wait_until(lambda: a.logged("backpressure_paused"), "stage a paused")
-    await wait_until(lambda: redis.exists("phoenix:a:backpressure"), "the pause reported for the operator")
+    await wait_until(lambda: redis.exists("phoenix:{default}:a:backpressure"), "the pause reported for the operator")
     await asyncio.sleep(2)  # several measurement and trim intervals: a stays paused, nothing disappears
     forwarded = await redis.xlen(B_IN)
     assert high <= forwarded <= high + 2 * concurrency
     [a_group] = await redis.xinfo_groups(A_IN)
     assert a_group["lag"] + a_group["pending"] + forwarded == len(ids)  # the rest waits in a's input, unread
     assert await redis.xlen(A_IN) >= len(ids) - forwarded  # a trimmed only entries it had acknowledged
-    [stats] = await collect(redis, [StageQueues("a", A_IN, "a-group", "phoenix:a:dlq")])
+    [stats] = await collect(redis, [StageKeys.for_stage("a")])
     assert stats.backpressure is not None and stats.backpressure >= high
 
     b = workers.start("b", OUTPUT_QUEUE=END, CONCURRENCY="20", TRIM_INTERVAL="0.2")
     await wait_until(lambda: _all_arrived(redis, len(ids)), "every record through a and b", timeout=90)
     assert await arrived(redis) == Counter(ids)  # each exactly once
     await wait_until(lambda: _shrunk(redis), "both inputs trimmed down to what was acknowledged")
-    assert not await redis.exists("phoenix:a:backpressure")
+    assert not await redis.exists("phoenix:{default}:a:backpressure")
     assert a.event_names().count("backpressure_resumed") >= 1
     # Logged once per pause, not once per message or per measurement.
     assert a.event_names().count("backpressure_paused") == a.event_names().count("backpressure_resumed")
@@ -87,12 +88,12 @@ async def _length(redis: aioredis.Redis, stream: str, n: int) -> bool:
 async def test_dlq_over_its_limit_is_trimmed_counted_and_visible(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await enqueue(redis, A_IN, [f"gone{i}" for i in range(5)], action="missing")
     w = workers.start("a", DLQ_MAXLEN="3", TRIM_INTERVAL="0.1")
-    await wait_until(lambda: redis.get("phoenix:a:dlq:trimmed"), "the DLQ trimmed to DLQ_MAXLEN")
-    await wait_until(lambda: _length(redis, "phoenix:a:dlq", 3), "three dead letters kept")
-    assert [f["record_id"] for _, f in await redis.xrange("phoenix:a:dlq")] == ["gone2", "gone3", "gone4"]
-    assert await redis.get("phoenix:a:dlq:trimmed") == "2"
+    await wait_until(lambda: redis.get("phoenix:{default}:a:dlq-trimmed"), "the DLQ trimmed to DLQ_MAXLEN")
+    await wait_until(lambda: _length(redis, "phoenix:{default}:a:dlq", 3), "three dead letters kept")
+    assert [f["record_id"] for _, f in await redis.xrange("phoenix:{default}:a:dlq")] == ["gone2", "gone3", "gone4"]
+    assert await redis.get("phoenix:{default}:a:dlq-trimmed") == "2"
     assert sum(e["count"] for e in w.events() if e["event"] == "dlq_trimmed") == 2
-    [stats] = await collect(redis, [StageQueues("a", A_IN, "a-group", "phoenix:a:dlq")])
+    [stats] = await collect(redis, [StageKeys.for_stage("a")])
     assert (stats.dlq_length, stats.dlq_trimmed) == (3, 2)
     assert stats.as_status()["dlqTrimmed"] == 2  # what the operator writes to status.queue
 
@@ -100,10 +101,10 @@ async def test_dlq_over_its_limit_is_trimmed_counted_and_visible(redis: aioredis
 async def test_dlq_is_unbounded_by_default(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await enqueue(redis, A_IN, [f"gone{i}" for i in range(5)], action="missing")
     w = workers.start("a", TRIM_INTERVAL="0.1")
-    await wait_until(lambda: _length(redis, "phoenix:a:dlq", 5), "five dead letters")
+    await wait_until(lambda: _length(redis, "phoenix:{default}:a:dlq", 5), "five dead letters")
     await asyncio.sleep(0.5)
-    assert await redis.xlen("phoenix:a:dlq") == 5
-    assert not await redis.exists("phoenix:a:dlq:trimmed")
+    assert await redis.xlen("phoenix:{default}:a:dlq") == 5
+    assert not await redis.exists("phoenix:{default}:a:dlq-trimmed")
     assert "dlq_trimmed" not in w.event_names()
 
 
@@ -118,7 +119,7 @@ async def test_retired_stream_maxlen_stops_the_worker_with_one_line(redis_url: s
 
 async def test_a_chain_throttles_back_to_its_first_stage(redis: aioredis.Redis, workers: WorkerPool) -> None:
     """a -> b -> c with c stopped: b pauses at its high-water mark, then a does; a's producers see a backlog."""
-    high, c_in, c_out = 50, "phoenix:c:input", "phoenix:c:output"
+    high, c_in, c_out = 50, "phoenix:{default}:c:input", "phoenix:{default}:c:output"
     ids = [f"r{i}" for i in range(6 * high)]
     await redis.xgroup_create(c_in, "c-group", id="0", mkstream=True)
     await enqueue(redis, A_IN, ids)
@@ -208,7 +209,7 @@ async def test_output_retention_by_age_and_never_for_a_read_output(redis: aiored
     await redis.xgroup_create(B_IN, "b-group", id="0", mkstream=True)  # b reads this output (b is stopped)
     await enqueue(redis, A_IN, [f"r{i}" for i in range(20)])
     workers.start("a", OUTPUT_QUEUE=B_IN, OUTPUT_RETENTION="age:1s", TRIM_INTERVAL="0.2")
-    await enqueue(redis, "phoenix:c:input", [f"c{i}" for i in range(20)])
+    await enqueue(redis, "phoenix:{default}:c:input", [f"c{i}" for i in range(20)])
     workers.start("c", OUTPUT_QUEUE=SINK, OUTPUT_RETENTION="age:1s", TRIM_INTERVAL="0.2")
     await wait_until(lambda: _count(redis, SINK, 1), "c forwarded to its unread output")
     await wait_until(lambda: _length(redis, SINK, 0), "entries older than a second removed", timeout=10)

@@ -82,7 +82,7 @@ async def test_slow_processor_keeps_its_lock_and_its_entry(redis: aioredis.Redis
 async def test_processing_timeout_is_a_transient_error(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await add(redis, "stuck", action="sleep:30")
     w = workers.start("s", OUTPUT_QUEUE=OUT, PROCESSING_TIMEOUT="0.5", RETRY_BASE_SECONDS="60", RETRY_MAX_SECONDS="60")
-    await wait_until(lambda: redis.zcard("phoenix:s:retry"), "timed-out message scheduled for retry")
+    await wait_until(lambda: redis.zcard("phoenix:{default}:s:retry"), "timed-out message scheduled for retry")
     [failure] = [e for e in w.events() if e["event"] == "processing_failed_will_retry"]
     assert failure["error"] == "processing exceeded PROCESSING_TIMEOUT=0.5s"
     assert failure["error_type"] == "TimeoutError"

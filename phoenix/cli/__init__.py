@@ -7,16 +7,15 @@ import asyncio
 import json
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
 from phoenix.cli import records, status
-from phoenix.cli.stage import add_redis_argument, confirm, fail, redis_spec
+from phoenix.cli.stage import add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
-from phoenix.cli.status import stage_queues as _stage_queues
-from phoenix.keys import StageKeys
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.redis_spec import RedisSpecError
@@ -28,7 +27,7 @@ DRY_RUN_SHOWN = 20
 
 
 async def _enqueue(args: argparse.Namespace) -> int:
-    stream = args.stream or _stage_queues(args.service).input
+    stream = args.stream or stage_keys(args).input
     fields: dict[FieldT, EncodableT] = {"record_id": args.record_id, "user_id": args.user_id}
     data = json.loads(args.data) if args.data else {}
     for item in args.field:
@@ -43,19 +42,19 @@ async def _enqueue(args: argparse.Namespace) -> int:
 
 async def _dlq_list(args: argparse.Namespace) -> int:
     async with _client(args) as client:
-        entries = await text_range(client, args.dlq or _stage_queues(args.service).dlq, count=args.count)
+        entries = await text_range(client, args.dlq or stage_keys(args).dlq, count=args.count)
     for entry_id, fields in entries:
         print(json.dumps({"id": entry_id, **fields}))
     return 0
 
 
-async def _audit(client: Redis, service: str, action: str, count: int, detail: str) -> None:
-    stream = StageKeys.for_stage(service).audit
+async def _audit(client: Redis, args: argparse.Namespace, action: str, count: int, detail: str) -> None:
+    stream = stage_keys(args).audit
     await audit.record(client, stream, audit.Repair(audit.person(), action, count, detail))
 
 
 async def _dlq_replay(args: argparse.Namespace) -> int:
-    q = _stage_queues(args.service)
+    q = stage_keys(args)
     dlq_stream, input_stream = args.dlq or q.dlq, args.input or q.input
     limit = None if args.count == "all" else int(args.count)
     async with _client(args) as client:
@@ -75,15 +74,13 @@ async def _dlq_replay(args: argparse.Namespace) -> int:
         if not confirm(f"Move {what}?", args.yes):
             return 1
         moved = await dlq.replay(client, dlq_stream, input_stream, limit)
-        await _audit(
-            client, args.service, "dlq-replay", moved, f"moved {moved} entries of {dlq_stream} back to {input_stream}"
-        )
+        await _audit(client, args, "dlq-replay", moved, f"moved {moved} entries of {dlq_stream} back to {input_stream}")
     print(f"moved {moved} entries back to {input_stream}")
     return 0
 
 
 async def _dlq_export(args: argparse.Namespace) -> int:
-    dlq_stream = args.dlq or _stage_queues(args.service).dlq
+    dlq_stream = args.dlq or stage_keys(args).dlq
     count, last = 0, None
     async with _client(args) as client:
         async for entry_id, fields in dlq.entries(client, dlq_stream):
@@ -104,7 +101,7 @@ async def _dlq_export(args: argparse.Namespace) -> int:
 
 
 async def _dlq_purge(args: argparse.Namespace) -> int:
-    dlq_stream = args.dlq or _stage_queues(args.service).dlq
+    dlq_stream = args.dlq or stage_keys(args).dlq
     what = f"entries of {dlq_stream} up to {args.through}" if args.through else f"every entry of {dlq_stream}"
     if not confirm(f"Delete {what}?", args.yes):
         return 1
@@ -117,7 +114,7 @@ async def _dlq_purge(args: argparse.Namespace) -> int:
             pipe.xlen(dlq_stream)
             pipe.delete(dlq_stream)
             deleted, _ = await pipe.execute()
-        await _audit(client, args.service, "dlq-purge", deleted, f"deleted {what}: {deleted} entries")
+        await _audit(client, args, "dlq-purge", deleted, f"deleted {what}: {deleted} entries")
     print(f"deleted {deleted} entries from {dlq_stream}")
     return 0
 
@@ -132,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
 
     e = with_redis(sub.add_parser("enqueue", help="add a record to a stage's input stream"))
     target = e.add_mutually_exclusive_group(required=True)
-    target.add_argument("--service", help="stage name: writes to phoenix:{service}:input")
+    target.add_argument("--service", help="stage name: writes to phoenix:{namespace}:service:input")
     target.add_argument("--stream", help="explicit stream key")
     e.add_argument("--record-id", required=True)
     e.add_argument("--user-id", default="")
@@ -172,6 +169,21 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+async def _run(args: argparse.Namespace) -> int:
+    asyncio.get_running_loop().set_exception_handler(_quiet_reset_writes)
+    code: int = await args.handler(args)
+    return code
+
+
+def _quiet_reset_writes(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    # A server that resets the connection (a TLS server refusing a client without a certificate) fails asyncio's
+    # pending write too, a future nobody awaits: its traceback at exit would follow the one line that already
+    # told the error the read got.
+    if isinstance(context.get("exception"), ConnectionError) and "never retrieved" in context.get("message", ""):
+        return
+    loop.default_exception_handler(context)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "worker":
@@ -185,7 +197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if hasattr(args, "redis_url"):
             redis_spec(args)  # checked before anything runs: a bad option is one line and exit 2
-        return asyncio.run(args.handler(args))
+        return asyncio.run(_run(args))
     except RedisSpecError as exc:
         print(f"phoenix {args.command}: invalid Redis configuration: {exc}", file=sys.stderr)
         return 2
@@ -193,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except RedisError as exc:
         # redis-py names host and port, never the password.
-        return fail(f"phoenix {args.command}: Redis error: {exc}")
+        return fail(f"phoenix {args.command}: Redis error: {redis_spec(args).explain(exc)}")
 
 
 if __name__ == "__main__":

@@ -194,9 +194,11 @@ def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
     ns = _namespace(args)
     stage = PhoenixStage.from_body(stages.get(ns, args.stage))
     name, spec = stage.metadata.name, stage.spec
-    streams = resolve_streams(name, spec)
+    streams = resolve_streams(name, ns, spec)
     if stage.status and (known := stage.status.streams):  # the names the operator resolved, if it has
-        streams = StageKeys.for_stage(name, known.input, known.consumer_group, known.dlq, known.output)
+        streams = StageKeys.for_stage(
+            name, ns, input=known.input, group=known.consumer_group, dlq=known.dlq, output=known.output
+        )
     # The names and timings the operator gives the stage's pods, minus anything that comes from a Secret.
     plain = {var["name"]: var["value"] for var in worker_env(name, spec, streams) if "value" in var}
     settings = settings_from(plain)

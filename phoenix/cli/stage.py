@@ -11,6 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, SOCKET_TIMEOUT_SECONDS, RedisSpec, RedisSpecError, connect
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -61,16 +62,27 @@ _OVERRIDES = {
 }
 
 
-def add_redis_argument(
-    parser: argparse.ArgumentParser, *, url_default: str | None = DEFAULT_REDIS_URL
-) -> argparse.ArgumentParser:
+def add_connection_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """--redis-url and the other connection options, as the worker's variables name them (docs/configuration.md)."""
-    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL", url_default), help="default: $REDIS_URL")
+    parser.add_argument(
+        "--redis-url", default=os.environ.get("REDIS_URL", DEFAULT_REDIS_URL), help="default: $REDIS_URL"
+    )
     for field, (variable, help_text) in _REDIS_OPTIONS.items():
         flag = "--" + variable.lower().replace("_", "-")
-        parser.add_argument(
-            flag, dest=f"redis_{field}", default=os.environ.get(variable, ""), help=f"{help_text}; default: ${variable}"
-        )
+        default = os.environ.get(variable, "")
+        parser.add_argument(flag, dest=f"redis_{field}", default=default, help=f"{help_text}; default: ${variable}")
+    return parser
+
+
+def add_redis_argument(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The connection options and --namespace, which every command about a stage takes."""
+    add_connection_arguments(parser)
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("KEY_NAMESPACE", DEFAULT_NAMESPACE),
+        help="the stage's namespace (its Kubernetes namespace, or the KEY_NAMESPACE of a worker run by hand); "
+        "default: $KEY_NAMESPACE, else default",
+    )
     return parser
 
 
@@ -99,9 +111,9 @@ def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = Fals
     """--service plus the worker variables to pass when the stage does not use the defaults."""
     add_redis_argument(parser)
     parser.add_argument("--service", required=True, help="stage name (SERVICE_NAME)")
-    parser.add_argument("--input", help="INPUT_QUEUE, default phoenix:{service}:input")
-    parser.add_argument("--group", help="CONSUMER_GROUP, default {service}-group")
-    parser.add_argument("--dlq", help="DLQ_NAME, default phoenix:{service}:dlq")
+    parser.add_argument("--input", help="INPUT_QUEUE, default phoenix:{namespace}:service:input")
+    parser.add_argument("--group", help="CONSUMER_GROUP, default service-group")
+    parser.add_argument("--dlq", help="DLQ_NAME, default phoenix:{namespace}:service:dlq")
     if timings:
         parser.add_argument("--output", help="OUTPUT_QUEUE, to show what the next stage got")
         parser.add_argument("--claim-idle-ms", type=int, help="CLAIM_IDLE_MS of the stage (default 300000)")
@@ -111,7 +123,12 @@ def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = Fals
 
 def stage_settings(args: argparse.Namespace) -> StageSettings:
     given = {field: getattr(args, option) for option, field in _OVERRIDES.items() if getattr(args, option, None)}
-    return StageSettings(service_name=args.service, **given)
+    return StageSettings(service_name=args.service, key_namespace=args.namespace, **given)
+
+
+def stage_keys(args: argparse.Namespace) -> StageKeys:
+    """The default names of the stage --service in --namespace."""
+    return StageKeys.for_stage(args.service, args.namespace)
 
 
 def redis_client(spec: RedisSpec) -> aioredis.Redis:

@@ -13,8 +13,8 @@ import redis.asyncio as aioredis
 
 from phoenix.cli.stage import add_redis_argument, client
 from phoenix.console import TableDisplay, format_columns
-from phoenix.keys import ALL_INPUT_STREAMS, StageKeys, stage_of_input
-from phoenix.worker_runtime.queue_stats import StageQueues, collect
+from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_streams_pattern, stage_of_input
+from phoenix.worker_runtime.queue_stats import collect
 
 _COLUMNS = {
     "LENGTH": "length",
@@ -27,47 +27,58 @@ _COLUMNS = {
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
-    st = add_redis_argument(sub.add_parser("status", help="length, pending, lag, oldest unfinished, DLQ per stage"))
-    st.add_argument("--service", action="append", help="stage name (repeatable); default: every phoenix:*:input")
+    st = sub.add_parser("status", help="length, pending, lag, oldest unfinished, DLQ per stage")
+    add_redis_argument(st)
+    # Unlike the other commands, no namespace given means every namespace.
+    st.set_defaults(namespace=None)
+    st.add_argument("--service", action="append", help="stage name (repeatable); default: every stage found")
     st.add_argument("--json", action="store_true", help="one JSON array of stages (one per snapshot with --watch)")
     st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C (redrawn on a terminal)")
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
     st.set_defaults(handler=status)
 
 
-def stage_queues(service: str) -> StageQueues:
-    return StageQueues.of(StageKeys.for_stage(service))
+async def _discover(redis: aioredis.Redis, namespace: str | None) -> list[StageKeys]:
+    """Every stage with a default input stream, in `namespace` (None: in every namespace)."""
+    pattern = input_streams_pattern(namespace)
+    found = {stage_of_input(key) async for key in redis.scan_iter(match=pattern, _type="stream")}
+    return [StageKeys.for_stage(name, ns) for ns, name in sorted(f for f in found if f is not None)]
 
 
-async def _discover_services(redis: aioredis.Redis) -> list[str]:
-    names = {stage_of_input(key) async for key in redis.scan_iter(match=ALL_INPUT_STREAMS, _type="stream")}
-    return sorted(names)
-
-
-async def snapshot(redis: aioredis.Redis, services: Sequence[str] | None) -> list[dict[str, object]]:
-    """[{"stage": name, "length": ..., ...}] for the given stages, or every stage found."""
-    names = services or await _discover_services(redis)
-    stats = await collect(redis, [stage_queues(s) for s in names])
-    return [{"stage": name, **st.as_status()} for name, st in zip(names, stats, strict=True)]
+async def snapshot(
+    redis: aioredis.Redis, services: Sequence[str] | None, namespace: str | None = None
+) -> list[dict[str, object]]:
+    """[{"namespace": ns, "stage": name, "length": ..., ...}] for the given stages (of `namespace`, default
+    `default`), or every stage found (in `namespace`, or in every namespace when None)."""
+    if services:
+        stages = [StageKeys.for_stage(s, namespace or DEFAULT_NAMESPACE) for s in services]
+    else:
+        stages = await _discover(redis, namespace)
+    stats = await collect(redis, stages)
+    return [
+        {"namespace": keys.namespace, "stage": keys.name, **st.as_status()}
+        for keys, st in zip(stages, stats, strict=True)
+    ]
 
 
 def format_status_table(rows: Sequence[dict[str, object]]) -> list[str]:
-    lines = [("STAGE", *_COLUMNS)]
+    lines = [("NAMESPACE", "STAGE", *_COLUMNS)]
     for row in rows:
-        lines.append((str(row["stage"]), *("-" if row[k] is None else str(row[k]) for k in _COLUMNS.values())))
+        cells = ("-" if row[k] is None else str(row[k]) for k in _COLUMNS.values())
+        lines.append((str(row["namespace"]), str(row["stage"]), *cells))
     return format_columns(lines)
 
 
 async def status(args: argparse.Namespace) -> int:
     async with client(args) as redis:
         if not args.watch:
-            rows = await snapshot(redis, args.service)
+            rows = await snapshot(redis, args.service, args.namespace)
             print(json.dumps(rows) if args.json else "\n".join(format_status_table(rows)))
             return 0
         display = TableDisplay(sys.stdout, time.monotonic())
         try:
             while True:
-                rows = await snapshot(redis, args.service)
+                rows = await snapshot(redis, args.service, args.namespace)
                 if args.json:
                     print(json.dumps(rows), flush=True)
                 else:

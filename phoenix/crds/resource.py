@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from phoenix.crds.spec import PhoenixStageSpec, StageName
 from phoenix.crds.status import PhoenixStageStatus
+from phoenix.keys import DEFAULT_NAMESPACE
 
 GROUP = "phoenix.io"
 VERSION = "v1alpha1"
@@ -45,6 +46,12 @@ class PhoenixStage(BaseModel):
         if (self.api_version, self.kind) != (API_VERSION, KIND):
             raise ValueError(f"expected apiVersion {API_VERSION} kind {KIND}, got {self.api_version} {self.kind}")
         return self
+
+    @property
+    def namespace(self) -> str:
+        """The stage's namespace (a manifest may leave it out: `kubectl apply` puts it in `default`); it scopes the
+        stage's Redis keys (phoenix.keys)."""
+        return self.metadata.namespace or DEFAULT_NAMESPACE
 
     @classmethod
     def from_body(cls, body: Any) -> PhoenixStage:

@@ -14,6 +14,7 @@ from phoenix.retention import RETENTION_PATTERN
 # Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
 RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
+    "KEY_NAMESPACE",
     "INPUT_QUEUE",
     "OUTPUT_QUEUE",
     "OUTPUT_RETENTION",

@@ -64,7 +64,7 @@ def stage_model(body: Mapping[str, Any]) -> PhoenixStage:
 def parse_stage(body: Mapping[str, Any]) -> PhoenixStage:
     """The validated stage, ready to run; rules the schema cannot express fail as a permanent InvalidSpec error."""
     stage = stage_model(body)
-    check_stream_names(resolve_streams(stage.metadata.name, stage.spec))
+    check_stream_names(resolve_streams(stage.metadata.name, stage.namespace, stage.spec))
     return stage
 
 
@@ -86,7 +86,7 @@ def check_stream_names(streams: StageKeys) -> None:
 
 async def redis_of(kube: KubeApi, stage: PhoenixStage, uid: str) -> RedisTarget:
     """The stage's Redis as the operator and KEDA reach it from their own namespaces, read from its Secrets."""
-    return await read_redis_target(kube, stage.metadata.namespace or "default", stage.spec.redis, uid)
+    return await read_redis_target(kube, stage.namespace, stage.spec.redis, uid)
 
 
 async def prepare_streams(pool: RedisPool, redis: RedisSpec, streams: StageKeys, existed_before: bool) -> list[Action]:
@@ -101,7 +101,7 @@ async def prepare_streams(pool: RedisPool, redis: RedisSpec, streams: StageKeys,
         raise StageError("StreamConflict", scrub(str(exc), *redis.secrets())) from None
     except (RedisError, OSError) as exc:
         pool.failed(redis, exc)
-        detail = f"{type(exc).__name__}: {scrub(str(exc), *redis.secrets())}"
+        detail = f"{type(exc).__name__}: {scrub(redis.explain(exc), *redis.secrets())}"
         raise StageError("RedisUnavailable", f"cannot reach Redis at {redis.redacted}: {detail}") from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []
@@ -133,7 +133,7 @@ async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: M
     spec. Raises StageError when the stage cannot run."""
     stage = parse_stage(body)
     owner = Owner.from_body(body)
-    streams = resolve_streams(owner.name, stage.spec)
+    streams = resolve_streams(owner.name, owner.namespace, stage.spec)
     target = await redis_of(kube, stage, owner.uid)
     # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
     record.redis_versions, redis = target.versions, target.spec
@@ -279,7 +279,7 @@ async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Ma
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
     redis = record.redis or (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
-    streams = resolve_streams(stage.metadata.name, stage.spec)
+    streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     try:
         await destroy(ctx.pool.client(redis), streams)
     except (RedisError, OSError) as exc:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import structlog
 
-from phoenix.redis_spec import connect
+from phoenix.redis_spec import RedisSpecError, connect
 from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingSettings, load_billing_settings
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
@@ -53,10 +53,13 @@ def main() -> int:
     """Exit 0 after a clean stop; 2 with one readable line on stderr when the configuration is bad."""
     try:
         settings = load_settings()
+        # Here, not in the settings (which tools also build from a pod's variables): TLS files that cannot be
+        # read stop the worker at start, not at its first connection.
+        settings.redis.ssl_context()
         billing = load_billing_settings()
         billing.check(settings.concurrency)
         processor_class = load_processor_class(settings.processor)
-    except (ConfigurationError, ProcessorLoadError) as exc:
+    except (ConfigurationError, ProcessorLoadError, RedisSpecError) as exc:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
     # Before anything is logged; the billing keys register themselves (ApiKeyProvider), users' keys per task.

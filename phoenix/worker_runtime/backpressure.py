@@ -3,7 +3,7 @@
 A background job measures the output stream every BACKPRESSURE_INTERVAL (one round trip); between two
 measurements the worker adds what it forwarded itself, so it stops close to OUTPUT_HIGH_WATER even at tens of
 thousands of messages a second. The intake loop only looks at a flag. In-flight work still commits.
-While paused, the worker publishes the figure at `backpressure_key(stage)` (with a TTL, so a dead worker's
+While paused, the worker publishes the figure at `StageKeys.backpressure` (with a TTL, so a dead worker's
 report vanishes), which the operator shows as the Backpressure condition.
 An output that no consumer group reads is the exception: nothing ever finishes its entries, so with
 OUTPUT_RETENTION set they do not count (the retention bounds the stream, trim.py); without it they all do, and the
@@ -18,7 +18,6 @@ import contextlib
 import structlog
 from redis.asyncio import Redis
 
-from phoenix.keys import backpressure_key
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -57,7 +56,7 @@ class Backpressure:
         self._uncounted = self._retained
         self._high = s.output_high_water
         self._low = s.output_low_water or 0
-        self._key = backpressure_key(s.service_name)
+        self._key = s.keys.backpressure
         self._report_ttl = max(_MIN_REPORT_TTL_SECONDS, round(_REPORT_TTL_INTERVALS * s.backpressure_interval))
         self.enabled = bool(s.output_queue and s.output_high_water)
         self._measured = 0

@@ -17,21 +17,8 @@ from typing import TypedDict
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from phoenix.keys import StageKeys, backpressure_key, dlq_trimmed_key
+from phoenix.keys import StageKeys
 from phoenix.worker_runtime.redis_client import text
-
-
-@dataclass(frozen=True, slots=True)
-class StageQueues:
-    name: str
-    input: str
-    group: str
-    dlq: str
-    output: str | None = None  # None: a final stage, or an output not known to the caller
-
-    @classmethod
-    def of(cls, keys: StageKeys) -> StageQueues:
-        return cls(keys.name, keys.input, keys.consumer_group, keys.dlq, keys.output)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,16 +70,16 @@ class _Extra(TypedDict):
     output_unread: bool | None
 
 
-async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueStats]:
+async def collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStats]:
     """At most two round trips for any number of stages; a missing stream or group reads as empty."""
     pipe = client.pipeline(transaction=False)
     for st in stages:
         pipe.xlen(st.input)
         pipe.xinfo_groups(st.input)
-        pipe.xpending(st.input, st.group)
+        pipe.xpending(st.input, st.consumer_group)
         pipe.xlen(st.dlq)
-        pipe.get(dlq_trimmed_key(st.dlq))
-        pipe.get(backpressure_key(st.name))
+        pipe.get(st.dlq_trimmed)
+        pipe.get(st.backpressure)
         if st.output is not None:
             pipe.xinfo_groups(st.output)
     replies = await pipe.execute(raise_on_error=False)
@@ -110,7 +97,7 @@ async def collect(client: Redis, stages: Sequence[StageQueues]) -> list[QueueSta
             "backpressure": None if paused is None else _int(paused),
             "output_unread": _unread(output_groups[0]) if output_groups else None,
         }
-        group = _find_group(groups, st.group)
+        group = _find_group(groups, st.consumer_group)
         if group is None or isinstance(pending, ResponseError):
             out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False, **extra))
             if _int(length):

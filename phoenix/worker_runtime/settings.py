@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from phoenix.keys import StageKeys
+from phoenix.keys import DEFAULT_NAMESPACE, NAMESPACE_PATTERN, StageKeys
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
@@ -31,6 +31,8 @@ class WorkerSettings(BaseSettings):
     service_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     processor: str = Field(min_length=1, description="package.module:Class or an entry point in phoenix.processors")
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    # The tenant every key of the stage is scoped by (phoenix/keys.py); the operator sets the stage's namespace.
+    key_namespace: str = Field(DEFAULT_NAMESPACE, pattern=NAMESPACE_PATTERN)
     # How to reach Redis beyond the URL (phoenix.redis_spec): checked together, once, into `redis`.
     redis_mode: str = "standalone"
     redis_sentinel_master: str = ""
@@ -116,7 +118,13 @@ class WorkerSettings(BaseSettings):
     @model_validator(mode="after")
     def _derive_defaults(self) -> WorkerSettings:
         # Names derived from SERVICE_NAME (phoenix.keys); frozen, so set through __dict__ once.
-        keys = StageKeys.for_stage(self.service_name, self.input_queue, self.consumer_group, self.dlq_name)
+        keys = StageKeys.for_stage(
+            self.service_name,
+            self.key_namespace,
+            input=self.input_queue,
+            group=self.consumer_group,
+            dlq=self.dlq_name,
+        )
         derived = {
             "input_queue": keys.input,
             "consumer_group": keys.consumer_group,
@@ -158,7 +166,7 @@ class WorkerSettings(BaseSettings):
             "tls_key": self.redis_tls_key_file,
         }
         try:
-            spec = RedisSpec.from_url(
+            return RedisSpec.from_url(
                 self.redis_url.get_secret_value(),
                 mode=self.redis_mode.strip().lower(),
                 sentinel_master=self.redis_sentinel_master,
@@ -168,10 +176,8 @@ class WorkerSettings(BaseSettings):
                 socket_timeout=socket_timeout,
                 **{name: Path(path) for name, path in files.items() if path},
             )
-            spec.ssl_context()  # unreadable TLS files stop the worker now, not at its first connection
         except RedisSpecError as exc:
             raise ValueError(str(exc)) from None
-        return spec
 
     @property
     def redis(self) -> RedisSpec:
@@ -181,7 +187,12 @@ class WorkerSettings(BaseSettings):
     @property
     def keys(self) -> StageKeys:
         return StageKeys.for_stage(
-            self.service_name, self.input_queue, self.consumer_group, self.dlq_name, self.output_queue
+            self.service_name,
+            self.key_namespace,
+            input=self.input_queue,
+            group=self.consumer_group,
+            dlq=self.dlq_name,
+            output=self.output_queue,
         )
 
     @property

@@ -13,7 +13,6 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from phoenix.keys import dlq_trimmed_key
 from phoenix.worker_runtime import lua, metrics
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -25,7 +24,7 @@ class Trimmer:
         self._script = lua.register(client, "trim.lua")
         self._client = client
         s = settings
-        self._keys = [s.input_queue, s.dlq_name, dlq_trimmed_key(s.dlq_name)]
+        self._keys = [s.input_queue, s.dlq_name, s.keys.dlq_trimmed]
         self._args: list[str | int] = [s.dlq_maxlen, "", 0]
         if s.output_queue:
             self._keys.append(s.output_queue)

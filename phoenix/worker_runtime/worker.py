@@ -196,7 +196,8 @@ class Worker:
                 await self.ensure_group()
                 return True
             except RedisError as exc:
-                log.warning("redis_unavailable", error=str(exc), redis=self.settings.redis.redacted, retry_in=delay)
+                redis = self.settings.redis
+                log.warning("redis_unavailable", error=redis.explain(exc), redis=redis.redacted, retry_in=delay)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay)
                 delay = min(delay * 2, 10.0)

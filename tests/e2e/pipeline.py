@@ -154,7 +154,9 @@ def _whereabouts(redis: redis_client.Redis, record_id: str) -> str:
     parts = []
     for name in ("router", "parser", "grouper"):
         names = streams(name)
-        keys = StageKeys.for_stage(name, names["input"], names["consumerGroup"], names["dlq"])
+        keys = StageKeys.for_stage(
+            name, NAMESPACE, input=names["input"], group=names["consumerGroup"], dlq=names["dlq"]
+        )
         entries = [i for i, f in redis.xrange(keys.input) if f.get("record_id") == record_id]
         pending = [redis.xpending_range(keys.input, keys.consumer_group, i, i, 1) for i in entries]
         in_dlq = record_counts(redis, keys.dlq, [record_id])[record_id]

@@ -101,7 +101,7 @@ def scaler(pipeline: Pipeline, phoenix_image: str) -> Iterator[None]:
 def stage_keys() -> StageKeys:
     """The stage's streams as the operator reports them."""
     streams = kubectl_json("get", "phoenixstage", "-n", NAMESPACE, STAGE)["status"]["streams"]
-    return StageKeys.for_stage(STAGE, streams["input"], streams["consumerGroup"])
+    return StageKeys.for_stage(STAGE, NAMESPACE, input=streams["input"], group=streams["consumerGroup"])
 
 
 def input_stream() -> str:

@@ -111,7 +111,7 @@ def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(
     assert all(t["metadata"]["sentinelMaster"] == MASTER for t in scaled_object["spec"]["triggers"])
     authentication = kubectl_json("get", "triggerauthentication", "-n", NAMESPACE, f"{STAGE}-redis")
     assert {ref["parameter"] for ref in authentication["spec"]["secretTargetRef"]} == {"password", "ca"}
-    keys = StageKeys.for_stage(STAGE)
+    keys = StageKeys.for_stage(STAGE, NAMESPACE)
     _until(lambda: _replicas() == (0, 0), "the idle stage at zero pods", 120)
 
     started = time.monotonic()

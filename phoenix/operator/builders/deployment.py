@@ -46,6 +46,7 @@ def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[di
     """The container env: runtime variables derived from the spec, then the spec's own extra variables."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
+        "KEY_NAMESPACE": streams.namespace,
         "INPUT_QUEUE": streams.input,
         "CONSUMER_GROUP": streams.consumer_group,
         "DLQ_NAME": streams.dlq,
@@ -133,7 +134,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _container(name: str, spec: PhoenixStageSpec) -> dict[str, Any]:
+def _container(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
     if redis_tls_volume(spec.redis) is not None:
         mounts.append({"name": REDIS_TLS_VOLUME, "mountPath": REDIS_TLS_DIR, "readOnly": True})
@@ -142,7 +143,7 @@ def _container(name: str, spec: PhoenixStageSpec) -> dict[str, Any]:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["phoenix", "worker"],
-        "env": worker_env(name, spec, resolve_streams(name, spec)),
+        "env": worker_env(owner.name, spec, resolve_streams(owner.name, owner.namespace, spec)),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers. Readiness: Redis reachable and the consumer loop running.
         "livenessProbe": _probe("/healthz", period=10, failures=3),
@@ -195,7 +196,7 @@ def build_deployment(
                     "automountServiceAccountToken": False,
                     "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
                     "securityContext": pod_security_context(),
-                    "containers": [_container(owner.name, spec)],
+                    "containers": [_container(owner, spec)],
                     # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there).
                     "volumes": volumes,
                 },

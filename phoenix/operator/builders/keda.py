@@ -67,7 +67,7 @@ def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) 
     - the retry set (records waiting for their next attempt), wake-only: only workers move due retries back.
     In sentinel mode the same three go through the Sentinels (redis-sentinel-streams, redis-sentinel), which name
     the current primary. KEDA trigger metadata values are all strings."""
-    streams = resolve_streams(owner.name, spec)
+    streams = resolve_streams(owner.name, owner.namespace, spec)
     sentinel = spec.redis.sentinel if spec.redis.mode is RedisMode.SENTINEL else None
     connection_metadata = {
         # KEDA reads a comma-separated list of host:port from either key.

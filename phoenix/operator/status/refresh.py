@@ -35,7 +35,7 @@ from phoenix.operator.status.durability import (
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.operator.status.registry import StageKey, StageRecord
 from phoenix.redis_spec import RedisSpec
-from phoenix.worker_runtime.queue_stats import QueueStats, StageQueues, collect
+from phoenix.worker_runtime.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 
 logger = logging.getLogger(__name__)
@@ -78,7 +78,7 @@ def queue_status(stats: QueueStats) -> dict[str, int]:
 
 async def _sample(pool: RedisPool, redis: RedisSpec, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
     # group_by_redis kept only reconciled stages (streams set); zip(strict=True) below checks none was dropped.
-    queues = [StageQueues.of(s) for r in records if (s := r.streams) is not None]
+    queues = [s for r in records if (s := r.streams) is not None]
     try:
         stats = await collect(pool.client(redis), queues)
     except (RedisError, OSError) as exc:
