@@ -16,7 +16,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
-from phoenix.operator.builders import Owner, in_namespace, resolve_streams
+from phoenix.operator.builders import Owner, resolve_streams
 from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
@@ -25,6 +25,7 @@ from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
 from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.redis_target import RedisTarget, read_redis_target
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import (
     CHILD_NOT_OWNED,
@@ -88,16 +89,9 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_of(kube: KubeApi, stage: PhoenixStage) -> RedisSpec:
-    """The stage's Redis as the operator and KEDA reach it from their own namespaces."""
-    namespace = stage.namespace
-    url = await kube.secret_value(namespace, stage.spec.redis.url_secret_ref)
-    try:
-        spec = RedisSpec.from_url(url)
-    except RedisSpecError as exc:
-        ref = stage.spec.redis.url_secret_ref
-        raise StageError("InvalidRedisUrl", f"Secret {ref.name!r} key {ref.key!r}: {exc}") from None
-    return in_namespace(spec, namespace)
+async def redis_of(kube: KubeApi, stage: PhoenixStage, uid: str) -> RedisTarget:
+    """The stage's Redis as the operator and KEDA reach it from their own namespaces, read from its Secrets."""
+    return await read_redis_target(kube, stage.namespace, stage.spec.redis, uid)
 
 
 def _held_message(error: KeysHeld, streams: StageKeys) -> str:
@@ -143,10 +137,14 @@ async def prepare_streams(
         raise StageError(KEYS_HELD, _held_message(exc, streams)) from None
     except KeyOfAnotherType as exc:
         raise StageError("StreamConflict", str(exc)) from None
+    except RedisSpecError as exc:
+        # The CA or client certificate of spec.redis.tls cannot be loaded: the Secret must change.
+        raise StageError("InvalidSecret", f"spec.redis.tls: {exc}") from None
     except ResponseError as exc:
         # WRONGTYPE: a key of that name exists and is not a stream; retrying will not change that by itself.
         raise StageError("StreamConflict", scrub(str(exc), *redis.secrets())) from None
     except (RedisError, OSError) as exc:
+        pool.failed(redis, exc)
         detail = f"{type(exc).__name__}: {scrub(redis.explain(exc), *redis.secrets())}"
         raise StageError("RedisUnavailable", f"cannot reach Redis at {redis.redacted}: {detail}") from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
@@ -190,7 +188,9 @@ async def reconcile(
     stage = parse_stage(body)
     owner = Owner.from_body(body)
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
-    redis = await redis_of(kube, stage)
+    target = await redis_of(kube, stage, owner.uid)
+    # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
+    record.redis_versions, redis = target.versions, target.spec
     existed_before = record.streams is not None or bool(record.status.get("streams"))
     actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before)
     record.streams, record.redis = streams, redis
@@ -198,7 +198,9 @@ async def reconcile(
         autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis)
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
-        deployment, deployment_actions, watched["Deployment"] = await apply_deployment(kube, owner, stage, keda_scales)
+        deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
+            kube, owner, stage, keda_scales, target.digest
+        )
     actions += deployment_actions + _transitions(record, stage, autoscaling)
     record.children, record.paused = watched, stage.spec.paused
     return Reconciled(streams, deployment, autoscaling, actions)
@@ -259,6 +261,7 @@ async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mappin
                 await ctx.events.normal(record, action.reason, action.message)
             raise
         record.error = None
+        await retain_clients(ctx)
         await ctx.writer.update(record, *reconciled_status(result, generation))
         for action in result.actions:
             await ctx.events.normal(record, action.reason, action.message)
@@ -329,6 +332,11 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
             f"deleted {', '.join(what) or 'no stream'} and the stage's own keys ({destroyed.keys} keys in all)",
         )
     ctx.registry.forget(record.key)
+    await retain_clients(ctx)
+
+
+async def retain_clients(ctx: OperatorContext) -> None:
+    """Close the Redis clients no stage uses any more: after a deletion, or a rotation that made a new spec."""
     await ctx.pool.retain({r.redis for r in ctx.registry.records() if r.redis is not None})
 
 
@@ -337,9 +345,10 @@ async def _delete_redis_data(
 ) -> tuple[StageKeys, Destroyed | NotHeld]:
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
-    redis = record.redis or await redis_of(ctx.kube, stage)
+    redis = record.redis or (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
     streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     try:
         return streams, await destroy(ctx.pool.client(redis), streams, body["metadata"]["uid"])
     except (RedisError, OSError) as exc:
+        ctx.pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
