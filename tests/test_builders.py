@@ -28,6 +28,19 @@ from tests.fixtures.leaks import assert_shows_no_part_of
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
 REDIS_WITH_PASSWORD = {**REDIS, "passwordSecretRef": {"name": "phoenix-redis", "key": "password"}}
+REDIS_SENTINEL_MTLS = {
+    **REDIS_WITH_PASSWORD,
+    "mode": "sentinel",
+    "sentinel": {
+        "masterName": "mymaster",
+        "username": "watcher",
+        "passwordSecretRef": {"name": "sentinel-auth", "key": "password"},
+    },
+    "tls": {
+        "caSecretRef": {"name": "redis-ca", "key": "bundle.pem"},
+        "clientCertSecretRef": {"name": "phoenix-client"},
+    },
+}
 
 
 def make_spec(**changes: Any) -> PhoenixStageSpec:
@@ -93,6 +106,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
     assert env_of(build_deployment(OWNER, spec)) == {
         "SERVICE_NAME": "parser",
         "KEY_NAMESPACE": "docs",
+        "STAGE_UID": "uid-1",  # by which its workers prove to the keys' ownership marker that they are its own
         "INPUT_QUEUE": "phoenix:{docs}:parser:input",
         "OUTPUT_QUEUE": "phoenix:{docs}:grouper:input",
         "CONSUMER_GROUP": "parser-group",
@@ -112,14 +126,77 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "SHUTDOWN_GRACE": "25",
         "HEALTH_PORT": "8080",
         "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
+        "REDIS_MODE": "standalone",
         "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
     }
 
 
 def test_runtime_variables_are_exactly_the_reserved_names() -> None:
     """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
-    spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"})
+    spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS)
     assert set(env_of(build_deployment(OWNER, spec))) == set(RUNTIME_ENV_NAMES)
+
+
+def test_sentinel_and_tls_reach_the_worker_as_files_and_secret_refs_only() -> None:
+    """The mode and the master's name are plain values; the Sentinel password comes from its Secret; the CA and the
+    client certificate are files of one read-only projected volume, each Secret giving only the keys it is for."""
+    deployment = build_deployment(OWNER, make_spec(redis=REDIS_SENTINEL_MTLS))
+    env = env_of(deployment)
+    assert {name: env[name] for name in env if name.startswith("REDIS_")} == {
+        "REDIS_MODE": "sentinel",
+        "REDIS_SENTINEL_MASTER": "mymaster",
+        "REDIS_SENTINEL_USERNAME": "watcher",
+        "REDIS_SENTINEL_PASSWORD": {"secretKeyRef": {"name": "sentinel-auth", "key": "password"}},
+        "REDIS_TLS_CA_FILE": "/etc/phoenix/redis-tls/ca.crt",
+        "REDIS_TLS_CERT_FILE": "/etc/phoenix/redis-tls/tls.crt",
+        "REDIS_TLS_KEY_FILE": "/etc/phoenix/redis-tls/tls.key",
+        "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
+    }
+    pod = deployment["spec"]["template"]["spec"]
+    (tls,) = [volume for volume in pod["volumes"] if volume["name"] == "redis-tls"]
+    assert tls == {
+        "name": "redis-tls",
+        "projected": {
+            "defaultMode": 0o440,
+            "sources": [
+                {"secret": {"name": "redis-ca", "items": [{"key": "bundle.pem", "path": "ca.crt"}]}},
+                {
+                    "secret": {
+                        "name": "phoenix-client",
+                        "items": [{"key": "tls.crt", "path": "tls.crt"}, {"key": "tls.key", "path": "tls.key"}],
+                    }
+                },
+            ],
+        },
+    }
+    mount = {"name": "redis-tls", "mountPath": "/etc/phoenix/redis-tls", "readOnly": True}
+    assert mount in container(deployment)["volumeMounts"]
+    # No value of a variable is a secret: every credential is a secretKeyRef or a file.
+    assert all("value" not in var for var in container(deployment)["env"] if "PASSWORD" in var["name"])
+
+
+def test_a_ca_alone_mounts_only_the_ca() -> None:
+    redis = {**REDIS, "tls": {"caSecretRef": {"name": "redis-ca", "key": "ca.crt"}}}
+    deployment = build_deployment(OWNER, make_spec(redis=redis))
+    env = env_of(deployment)
+    assert env["REDIS_TLS_CA_FILE"] == "/etc/phoenix/redis-tls/ca.crt"
+    assert "REDIS_TLS_CERT_FILE" not in env and "REDIS_TLS_KEY_FILE" not in env
+    (tls,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "redis-tls"]
+    assert [source["secret"]["name"] for source in tls["projected"]["sources"]] == ["redis-ca"]
+
+
+def test_without_tls_there_is_no_tls_volume() -> None:
+    deployment = build_deployment(OWNER, make_spec())
+    assert [v["name"] for v in deployment["spec"]["template"]["spec"]["volumes"]] == ["tmp"]
+    assert container(deployment)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+
+
+def test_the_redis_secrets_digest_goes_into_the_pod_template() -> None:
+    """A changed digest changes the pod template, which is what rolls the workers."""
+    plain = build_deployment(OWNER, make_spec())
+    assert "phoenix.io/redis-secrets" not in plain["spec"]["template"]["metadata"]["annotations"]
+    rolled = build_deployment(OWNER, make_spec(), redis_secrets="d1")
+    assert rolled["spec"]["template"]["metadata"]["annotations"]["phoenix.io/redis-secrets"] == "d1"
 
 
 def test_read_memory_follows_the_pods_memory_limit() -> None:
@@ -320,6 +397,50 @@ def test_tls_and_acl_user_reach_the_trigger() -> None:
     spec = make_spec(redis=REDIS_WITH_PASSWORD)
     triggers = build_scaled_object(OWNER, spec, connection_of("rediss://app:pw@cache:6379/1"))["spec"]["triggers"]
     assert {(t["metadata"]["enableTLS"], t["metadata"]["username"]) for t in triggers} == {("true", "app")}
+
+
+def test_sentinel_mode_scales_through_the_sentinels() -> None:
+    """KEDA's redis-sentinel-streams and redis-sentinel scalers ask the Sentinels (`addresses`) for the primary of
+    `sentinelMaster`; the Sentinels' own user is metadata, their password comes through the TriggerAuthentication."""
+    spec = make_spec(redis=REDIS_SENTINEL_MTLS, worker={"concurrency": 4})
+    url = "rediss://app:pw@sentinel-0.redis:26379,sentinel-1.redis:26379/2"
+    connection = redis_connection(RedisSpec.from_url(url, mode="sentinel", sentinel_master="mymaster"))
+    triggers = build_scaled_object(OWNER, spec, connection)["spec"]["triggers"]
+    assert [t["type"] for t in triggers] == ["redis-sentinel-streams", "redis-sentinel-streams", "redis-sentinel"]
+    metadata = {
+        "addresses": "sentinel-0.redis:26379,sentinel-1.redis:26379",
+        "databaseIndex": "2",
+        "enableTLS": "true",
+        "username": "app",
+        "sentinelMaster": "mymaster",
+        "sentinelUsername": "watcher",
+    }
+    for trigger in triggers:
+        assert {key: trigger["metadata"][key] for key in metadata} == metadata
+        assert "address" not in trigger["metadata"]
+        assert trigger["authenticationRef"] == {"name": "parser-redis"}
+
+
+def test_trigger_authentication_hands_keda_the_passwords_ca_and_client_certificate() -> None:
+    auth = build_trigger_authentication(OWNER, make_spec(redis=REDIS_SENTINEL_MTLS))
+    assert auth is not None
+    assert auth["spec"]["secretTargetRef"] == [
+        {"parameter": "password", "name": "phoenix-redis", "key": "password"},
+        {"parameter": "sentinelPassword", "name": "sentinel-auth", "key": "password"},
+        {"parameter": "ca", "name": "redis-ca", "key": "bundle.pem"},
+        {"parameter": "cert", "name": "phoenix-client", "key": "tls.crt"},
+        {"parameter": "key", "name": "phoenix-client", "key": "tls.key"},
+    ]
+
+
+def test_a_private_ca_alone_needs_a_trigger_authentication() -> None:
+    spec = make_spec(redis={**REDIS, "tls": {"caSecretRef": {"name": "redis-ca", "key": "ca.crt"}}})
+    auth = build_trigger_authentication(OWNER, spec)
+    assert auth is not None and auth["spec"]["secretTargetRef"] == [
+        {"parameter": "ca", "name": "redis-ca", "key": "ca.crt"}
+    ]
+    triggers = build_scaled_object(OWNER, spec, connection_of("rediss://cache:6379"))["spec"]["triggers"]
+    assert all(t["authenticationRef"] == {"name": "parser-redis"} for t in triggers)
 
 
 # --- Redis URL -----------------------------------------------------------------------------------------

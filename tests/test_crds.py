@@ -402,3 +402,65 @@ def test_env_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, 
         assert result.returncode == 0, result.stderr
     else:
         assert result.returncode != 0 and refusal in result.stderr, result.stderr
+
+
+_URL_REF = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
+# spec.redis -> the part of the refusal both the models and the API server give; None: admitted.
+REDIS_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
+    "standalone by default": (_URL_REF, None),
+    "sentinel with its master": ({**_URL_REF, "mode": "sentinel", "sentinel": {"masterName": "mymaster"}}, None),
+    "sentinel with its own credentials and mTLS": (
+        {
+            **_URL_REF,
+            "mode": "sentinel",
+            "sentinel": {
+                "masterName": "mymaster",
+                "username": "watcher",
+                "passwordSecretRef": {"name": "sentinel-auth", "key": "password"},
+            },
+            "tls": {"caSecretRef": {"name": "ca", "key": "ca.crt"}, "clientCertSecretRef": {"name": "client"}},
+        },
+        None,
+    ),
+    "sentinel without a master": ({**_URL_REF, "mode": "sentinel"}, "redis.mode sentinel needs"),
+    "a master outside sentinel mode": (
+        {**_URL_REF, "sentinel": {"masterName": "mymaster"}},
+        "redis.sentinel is only read with redis.mode sentinel",
+    ),
+    "cluster, not yet": ({**_URL_REF, "mode": "cluster"}, "redis.mode cluster is not supported yet"),
+    "an unknown mode": ({**_URL_REF, "mode": "replicated"}, "replicated"),
+    "a client certificate by key": (
+        {**_URL_REF, "tls": {"clientCertSecretRef": {"name": "client", "key": "tls.crt"}}},
+        "key",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(REDIS_ADMISSION))
+def test_redis_admission_by_the_models(case: str) -> None:
+    redis, refusal = REDIS_ADMISSION[case]
+    spec = {**MINIMAL_SPEC, "redis": redis}
+    if refusal is None:
+        assert PhoenixStageSpec.model_validate(spec).redis.url_secret_ref.name == "phoenix-redis"
+        return
+    with pytest.raises(ValidationError) as caught:
+        PhoenixStageSpec.model_validate(spec)
+    assert refusal in str(caught.value)
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(REDIS_ADMISSION))
+def test_redis_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, kube_namespace: str) -> None:
+    """The installed CRD (schema and CEL rules) refuses what the models refuse, with the same words."""
+    redis, refusal = REDIS_ADMISSION[case]
+    stage = {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": "redischeck", "namespace": kube_namespace},
+        "spec": {**MINIMAL_SPEC, "redis": redis},
+    }
+    result = kube_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(stage))
+    if refusal is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode != 0 and refusal in result.stderr, result.stderr

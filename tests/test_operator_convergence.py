@@ -195,8 +195,8 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     connection.flushdb()
     eventually(
         lambda: (
-            connection.exists("phoenix:{default}:router:input", "phoenix:{default}:router:dlq") == 2
-            and connection.xinfo_groups("phoenix:{default}:router:input")[0]["name"] == "router-group"
+            connection.exists(f"phoenix:{{{ns}}}:router:input", f"phoenix:{{{ns}}}:router:dlq") == 2
+            and connection.xinfo_groups(f"phoenix:{{{ns}}}:router:input")[0]["name"] == "router-group"
         ),
         "the consumer group and DLQ recreated",
         timeout=CONVERGE_SECONDS,
@@ -219,7 +219,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
 ) -> None:
     url, connection = redis_db
     ns = kube_namespace
-    connection.set("phoenix:{default}:router:input", "not a stream")
+    connection.set(f"phoenix:{{{ns}}}:router:input", "not a stream")
     kubectl_apply(kube_cluster, _stage(url, ns))
 
     conflict = eventually(
@@ -249,7 +249,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     assert not any(e.reason == "DeploymentCreated" for e in stage_events(kube_api, ns, "router"))
 
     # The key removed: the next attempt creates everything; the Warning is not repeated.
-    connection.delete("phoenix:{default}:router:input")
+    connection.delete(f"phoenix:{{{ns}}}:router:input")
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
@@ -269,7 +269,7 @@ def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
     # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
     first_ms = int(time.time() * 1000) - 120_000
     for i in range(7):
-        connection.xadd("phoenix:{default}:router:input", {"record_id": f"r{i}"}, id=f"{first_ms + i}-0")
+        connection.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": f"r{i}"}, id=f"{first_ms + i}-0")
     queue = eventually(
         lambda: (q := stage_status(kube_cluster, ns, "router").get("queue", {})).get("lag") == 7 and q,
         "the backlog in status",
@@ -299,7 +299,7 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     apps = client.AppsV1Api(kube_api)
 
     # InvalidSpec: the schema admits it, but the stage would feed its own input (its workers would refuse).
-    secret, looping = _stage(url, ns, name="looping", output={"stream": "phoenix:{default}:looping:input"})
+    secret, looping = _stage(url, ns, name="looping", output={"stream": f"phoenix:{{{ns}}}:looping:input"})
     kubectl_apply(kube_cluster, [secret, looping])
     eventually(lambda: _ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
     assert "feed itself" in condition(get_stage(kube_cluster, ns, "looping"), "Ready")["message"]
@@ -386,7 +386,7 @@ def test_only_delete_stages_carry_the_finalizer(
     eventually(lambda: FINALIZER not in _finalizers(kube_cluster, ns, "router"), "the finalizer gone with Retain")
 
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=30s").returncode == 0
-    assert connection.exists("phoenix:{default}:router:input")  # Retain keeps the data
+    assert connection.exists(f"phoenix:{{{ns}}}:router:input")  # Retain keeps the data
 
 
 class RestartableValkey:
@@ -434,7 +434,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     assert FINALIZER in _finalizers(kube_cluster, ns, "router")
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
-        valkey.xadd("phoenix:{default}:router:input", {"record_id": "r1"})
+        valkey.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": "r1"})
 
     own_valkey.stop()
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--wait=false").returncode == 0
@@ -453,7 +453,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     own_valkey.start()
     eventually(lambda: get_stage(kube_cluster, ns, "router") is None, "the stage gone", timeout=60)
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
-        assert not valkey.exists("phoenix:{default}:router:input", "phoenix:{default}:router:dlq")
+        assert not valkey.exists(f"phoenix:{{{ns}}}:router:input", f"phoenix:{{{ns}}}:router:dlq")
     assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
 
 

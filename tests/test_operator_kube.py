@@ -64,9 +64,11 @@ def _columns(plane: ControlPlane, namespace: str) -> dict[str, dict[str, str]]:
     return {row["NAME"]: row for row in rows}
 
 
-def _enqueue(connection: sync_redis.Redis, record_id: str, document: Path) -> None:
+def _enqueue(connection: sync_redis.Redis, namespace: str, record_id: str, document: Path) -> None:
     data = json.dumps({"document_url": document.resolve().as_uri()})
-    connection.xadd(StageKeys.for_stage("router").input, {"record_id": record_id, "user_id": "u1", "data": data})
+    connection.xadd(
+        StageKeys.for_stage("router", namespace).input, {"record_id": record_id, "user_id": "u1", "data": data}
+    )
 
 
 def _worker_report(players: dict[str, KubeletPlayer]) -> str:
@@ -120,7 +122,7 @@ def pipeline(
         eventually(lambda: all(stage_status(kube_cluster, ns, s).get("streams") for s in STAGES), "streams in status")
         documents = ensure_samples(workdir / "docs")
         for i, document in enumerate(documents):
-            _enqueue(connection, f"rec-{i}", document)
+            _enqueue(connection, ns, f"rec-{i}", document)
         built = Pipeline(ns, url, connection, documents, workdir)
         try:
             yield built
@@ -157,7 +159,7 @@ def test_streams_groups_and_children_exist_before_any_worker(
 ) -> None:
     ns, connection = pipeline.namespace, pipeline.connection
     for stage in STAGES:
-        keys = StageKeys.for_stage(stage)
+        keys = StageKeys.for_stage(stage, ns)
         assert connection.xinfo_groups(keys.input)[0]["name"] == keys.consumer_group
         assert connection.xlen(keys.dlq) == 0
         deployment = client.AppsV1Api(kube_api).read_namespaced_deployment(stage, ns)
@@ -220,7 +222,7 @@ def test_a_replay_brings_a_dead_letter_back(
     """A record whose document is missing is dead-lettered; once the document exists, a replay processes it."""
     ns, connection = processed.namespace, processed.connection
     missing = processed.workdir / "late.pdf"
-    _enqueue(connection, "late", missing)
+    _enqueue(connection, ns, "late", missing)
     eventually(lambda: _columns(kube_cluster, ns)["router"]["DLQ"] == "1", "the DLQ column at 1", timeout=60)
     missing.write_bytes(processed.documents[0].read_bytes())
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, f"{REPLAY_ANNOTATION}=all")
@@ -232,7 +234,7 @@ def test_a_replay_brings_a_dead_letter_back(
         "a DlqReplayed Event",
     )
     # The replay is a repair: recorded in the stage's audit stream, which the Event names.
-    audit = StageKeys.for_stage("router").audit
+    audit = StageKeys.for_stage("router", ns).audit
     [message] = replayed
     assert message.startswith("moved 1 DLQ entries back to the input (requested 1) by phoenix-operator@")
     assert message.endswith(f", recorded in {audit}")
@@ -265,9 +267,9 @@ def test_deletion_policy_delete_removes_the_redis_data(
     )
     processed.players.pop("router").stop()
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
-    router = StageKeys.for_stage("router")
-    assert not connection.exists(router.input, router.dlq)
-    assert connection.exists(StageKeys.for_stage("parser").input)  # Retain keeps the others' data
+    router = StageKeys.for_stage("router", ns)
+    assert not connection.exists(router.input, router.dlq, router.owner)
+    assert connection.exists(StageKeys.for_stage("parser", ns).input)  # Retain keeps the others' data
 
     def router_children_gone() -> bool:
         try:
@@ -372,7 +374,7 @@ def test_bad_redis_settings_become_conditions_and_events(
     fixed = {**secret, "metadata": {**secret["metadata"], "name": "not-yet"}}
     kubectl_apply(kube_cluster, [fixed])
     eventually(lambda: stage_status(kube_cluster, ns, "router").get("streams"), "router reconciled", timeout=60)
-    router_keys = StageKeys.for_stage("router")
+    router_keys = StageKeys.for_stage("router", ns)
     assert connection.xinfo_groups(router_keys.input)[0]["name"] == router_keys.consumer_group
 
 
@@ -447,7 +449,7 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
     documents = ensure_samples(tmp_path / "docs")
     for i in range(2):
         for j, document in enumerate(documents):
-            _enqueue(connection, f"rec-{i}-{j}", document)
+            _enqueue(connection, ns, f"rec-{i}-{j}", document)
     players = {"router": kubelet_player(ns, "router")}
     players["router"].start()
     try:
@@ -460,14 +462,19 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
         raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
     found = condition(get_stage(kube_cluster, ns, "router"), "Backpressure")
     assert found["reason"] == "OutputOverHighWater" and "unfinished entries" in found["message"]
-    assert connection.xinfo_groups("phoenix:{default}:router:input")[0]["lag"] > 0  # the rest waits, unread, untrimmed
+    assert (
+        connection.xinfo_groups(StageKeys.for_stage("router", ns).input)[0]["lag"] > 0
+    )  # the rest waits, unread, untrimmed
 
     kube_cluster.kubectl("scale", "deployment", "parser", "-n", ns, "--replicas=1")
     players["parser"] = kubelet_player(ns, "parser")
     players["parser"].start()
     try:
         eventually(
-            lambda: connection.xinfo_groups("phoenix:{default}:parser:input")[0]["entries-read"] == 2 * len(documents),
+            lambda: (
+                connection.xinfo_groups(StageKeys.for_stage("parser", ns).input)[0]["entries-read"]
+                == 2 * len(documents)
+            ),
             "every record routed and parsed once",
             timeout=120,
         )

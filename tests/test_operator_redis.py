@@ -1,28 +1,14 @@
-"""The operator's Redis operations against a real Valkey: streams and group, once-only replay, destroy."""
+"""The operator's once-only DLQ replay against a real Valkey (claim and destroy: tests/test_ownership.py)."""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
-from phoenix.operator.redis_ops import Created, destroy, ensure_streams, replay_once
+from phoenix.operator.redis_ops import replay_once
 from phoenix.worker_runtime.messages import PACKED_FIELDS
 
 STREAMS = StageKeys.for_stage("s")
-
-
-async def test_ensure_streams_is_idempotent_and_adopts_the_group(redis: aioredis.Redis) -> None:
-    await redis.xadd(STREAMS.input, {"record_id": "early"})
-    assert await ensure_streams(redis, STREAMS) == Created(group=True, dlq=True)
-    await redis.xadd(STREAMS.dlq, {"record_id": "dead"})
-    assert await ensure_streams(redis, STREAMS) == Created(group=False, dlq=False)
-    groups = await redis.xinfo_groups(STREAMS.input)
-    # From 0: the entry enqueued before the stage existed is still to be delivered.
-    assert [(g["name"], g["lag"]) for g in groups] == [("s-group", 1)]
-    assert await redis.xlen(STREAMS.dlq) == 1
-    await redis.delete(STREAMS.dlq)
-    assert await ensure_streams(redis, STREAMS) == Created(group=False, dlq=True)
-    assert (await redis.type(STREAMS.dlq), await redis.xlen(STREAMS.dlq)) == ("stream", 0)
 
 
 async def test_replay_runs_once_per_request(redis: aioredis.Redis) -> None:
@@ -60,13 +46,3 @@ async def test_replay_keeps_entries_too_wide_to_replay_and_moves_the_rest(redis:
     assert [f["record_id"] for _, f in await redis.xrange(STREAMS.input)] == ["r0", "r1"]
     assert await replay_once(redis, STREAMS.replay_ledger("req-w2"), STREAMS.dlq, STREAMS.input, None) == 1
     assert [f["record_id"] for _, f in await redis.xrange(STREAMS.dlq)] == ["wide", "packed"]
-
-
-async def test_destroy_removes_group_streams_and_retry_set(redis: aioredis.Redis) -> None:
-    await ensure_streams(redis, STREAMS)
-    await redis.zadd("phoenix:{default}:s:retry", {"x": 1})
-    await redis.xadd("phoenix:{default}:other:input", {"record_id": "keep"})
-    await destroy(redis, STREAMS)
-    assert await redis.exists(STREAMS.input, STREAMS.dlq, "phoenix:{default}:s:retry") == 0
-    assert await redis.exists("phoenix:{default}:other:input") == 1
-    await destroy(redis, STREAMS)  # nothing left: still fine

@@ -1,6 +1,6 @@
 """PhoenixStage API: pydantic models that are the single source of truth of the CRD in manifests/crds/."""
 
-from phoenix.crds.common import SecretKeyRef
+from phoenix.crds.common import SecretKeyRef, SecretRef
 from phoenix.crds.resource import (
     API_VERSION,
     GROUP,
@@ -21,7 +21,10 @@ from phoenix.crds.spec import (
     EnvVar,
     Output,
     PhoenixStageSpec,
+    RedisMode,
+    RedisSentinel,
     RedisSpec,
+    RedisTls,
     Replicas,
     ResourceRequirements,
     Retry,
@@ -58,13 +61,17 @@ __all__ = [
     "PhoenixStageSpec",
     "PhoenixStageStatus",
     "QueueStatus",
+    "RedisMode",
+    "RedisSentinel",
     "RedisSpec",
+    "RedisTls",
     "ReplayStatus",
     "ReplicaStatus",
     "Replicas",
     "ResourceRequirements",
     "Retry",
     "SecretKeyRef",
+    "SecretRef",
     "StageMetadata",
     "StreamsStatus",
     "WorkerTuning",

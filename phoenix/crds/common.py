@@ -65,3 +65,9 @@ class SecretKeyRef(CamelModel):
         pattern=r"^[-._a-zA-Z0-9]+$",
         description="Key inside the Secret's data.",
     )
+
+
+class SecretRef(CamelModel):
+    """A whole Secret in the PhoenixStage's namespace, by name (its keys are fixed by its type)."""
+
+    name: ObjectName = Field(description="Name of the Secret, in the same namespace as the PhoenixStage.")

@@ -8,13 +8,14 @@ from typing import Annotated, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef
+from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef, SecretRef
 from phoenix.retention import RETENTION_PATTERN
 
 # Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
 RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
     "KEY_NAMESPACE",
+    "STAGE_UID",
     "INPUT_QUEUE",
     "OUTPUT_QUEUE",
     "OUTPUT_RETENTION",
@@ -36,6 +37,13 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SHUTDOWN_GRACE",
     "HEALTH_PORT",
     "READ_MEMORY_BYTES",
+    "REDIS_MODE",
+    "REDIS_SENTINEL_MASTER",
+    "REDIS_SENTINEL_USERNAME",
+    "REDIS_SENTINEL_PASSWORD",
+    "REDIS_TLS_CA_FILE",
+    "REDIS_TLS_CERT_FILE",
+    "REDIS_TLS_KEY_FILE",
 )
 # What spec.env may not set: those, and CONSUMER_NAME, which each worker derives from its pod name (one name shared
 # by all pods would make them take each other's pending entries for their own). The worker reads its settings
@@ -103,18 +111,96 @@ class Output(CamelModel):
         return self
 
 
+class RedisMode(StrEnum):
+    STANDALONE = "standalone"
+    SENTINEL = "sentinel"
+    CLUSTER = "cluster"
+
+
+_CLUSTER_MESSAGE = "redis.mode cluster is not supported yet (Redis Cluster support is a separate issue)"
+_SENTINEL_NEEDS_MASTER = "redis.mode sentinel needs redis.sentinel.masterName"
+_SENTINEL_ONLY_IN_SENTINEL_MODE = "redis.sentinel is only read with redis.mode sentinel"
+
+
+class RedisSentinel(CamelModel):
+    """Sentinel mode: the URL's hosts (`redis://:pw@s1:26379,s2:26379,s3:26379/0`) are the Sentinels, asked for the
+    current primary of `masterName`."""
+
+    master_name: str = Field(
+        min_length=1,
+        max_length=256,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="The name the Sentinels monitor the primary under (`sentinel monitor <name> ...`). Given to the "
+        "worker as REDIS_SENTINEL_MASTER and to KEDA as sentinelMaster.",
+    )
+    username: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        pattern=r"^\S+$",
+        description="ACL user of the Sentinels when they have their own (REDIS_SENTINEL_USERNAME). Omit when the "
+        "Sentinels take no password or the same user as the URL.",
+    )
+    password_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the Sentinels' own password, when they have one "
+        "(REDIS_SENTINEL_PASSWORD, and KEDA's sentinelPassword).",
+    )
+
+
+class RedisTls(CamelModel):
+    """TLS material for a `rediss://` URL, from Secrets mounted read-only into the worker pods. Without `caSecretRef`
+    the server certificate is verified against the image's public roots."""
+
+    ca_secret_ref: SecretKeyRef | None = Field(
+        default=None,
+        description="Secret key holding the PEM CA bundle that signed the Redis server's certificate (e.g. "
+        "`{name: redis-ca, key: ca.crt}`). Mounted as REDIS_TLS_CA_FILE; KEDA's `ca`.",
+    )
+    client_cert_secret_ref: SecretRef | None = Field(
+        default=None,
+        description="A `kubernetes.io/tls` Secret (keys tls.crt and tls.key) with the client certificate, for a "
+        "Redis that requires one (mTLS, `tls-auth-clients yes`). Mounted as REDIS_TLS_CERT_FILE and "
+        "REDIS_TLS_KEY_FILE; KEDA's `cert` and `key`.",
+    )
+
+
 class RedisSpec(CamelModel):
     """How the worker (and KEDA) reach Redis. Only Secret references: no credential is ever written in a spec."""
 
+    model_config = cel(
+        ("!has(self.mode) || self.mode != 'cluster'", _CLUSTER_MESSAGE),
+        ("!has(self.mode) || self.mode != 'sentinel' || has(self.sentinel)", _SENTINEL_NEEDS_MASTER),
+        ("!has(self.sentinel) || (has(self.mode) && self.mode == 'sentinel')", _SENTINEL_ONLY_IN_SENTINEL_MODE),
+    )
+
     url_secret_ref: SecretKeyRef = Field(
         description="Secret key holding the Redis URL (`redis://[user:password@]host:port/db`, or `rediss://` "
-        "for TLS). Given to the worker as REDIS_URL."
+        "for TLS; in sentinel mode the hosts are the Sentinels, `host1:26379,host2:26379`). Given to the worker "
+        "as REDIS_URL."
     )
     password_secret_ref: SecretKeyRef | None = Field(
         default=None,
         description="Secret key holding only the Redis password, used by KEDA's TriggerAuthentication (KEDA "
         "cannot read a password inside a URL). Required when the URL has a password and autoscaling is enabled.",
     )
+    mode: RedisMode = Field(
+        default=RedisMode.STANDALONE,
+        description="standalone: the URL names the Redis itself; sentinel: the URL names the Sentinels "
+        "(set `sentinel.masterName`). cluster is refused until Redis Cluster is supported. REDIS_MODE.",
+    )
+    sentinel: RedisSentinel | None = Field(default=None, description="Sentinel mode's master name and credentials.")
+    tls: RedisTls | None = Field(default=None, description="CA and client certificate for a `rediss://` URL.")
+
+    @model_validator(mode="after")
+    def _mode_fits(self) -> RedisSpec:
+        if self.mode is RedisMode.CLUSTER:
+            raise ValueError(_CLUSTER_MESSAGE)
+        if self.mode is RedisMode.SENTINEL and self.sentinel is None:
+            raise ValueError(_SENTINEL_NEEDS_MASTER)
+        if self.sentinel is not None and self.mode is not RedisMode.SENTINEL:
+            raise ValueError(_SENTINEL_ONLY_IN_SENTINEL_MODE)
+        return self
 
 
 class Replicas(CamelModel):

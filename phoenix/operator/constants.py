@@ -24,6 +24,8 @@ REPLAY_ANNOTATION = f"{PREFIX}/replay-dlq"
 HANDLED_RESTART_ANNOTATION = f"{PREFIX}/restart-handled"
 # On the pod template: changing it rolls the workers.
 RESTARTED_AT_ANNOTATION = f"{PREFIX}/restartedAt"
+# On the pod template: a digest of the values the stage's Redis Secrets hold; a rotated Secret rolls the workers.
+REDIS_SECRETS_ANNOTATION = f"{PREFIX}/redis-secrets"
 # KEDA's own, on the ScaledObject of a paused stage.
 PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
 PAUSED_REPLICAS_ANNOTATION = "autoscaling.keda.sh/paused-replicas"

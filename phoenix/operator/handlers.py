@@ -17,6 +17,7 @@ from phoenix.operator.converge import converge_forever
 from phoenix.operator.kopf_settings import configure, quiet_handlers
 from phoenix.operator.kube import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.metrics import observed_reconcile
+from phoenix.operator.redis_target import check_secrets_forever
 from phoenix.operator.status.refresh import refresh_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
@@ -25,7 +26,7 @@ MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 DEPLOYMENTS = ("apps", "v1", "deployments")
 SCALED_OBJECTS = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
 TRIGGER_AUTHENTICATIONS = (KEDA_GROUP, KEDA_VERSION, "triggerauthentications")
-_BACKGROUND = ("refresh_task", "converge_task")
+_BACKGROUND = ("refresh_task", "converge_task", "secret_check_task")
 
 
 def _context(memo: kopf.Memo) -> OperatorContext:
@@ -41,6 +42,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     context = _context(memo)
     memo["refresh_task"] = asyncio.create_task(refresh_forever(context), name="phoenix-status-refresh")
     memo["converge_task"] = asyncio.create_task(converge_forever(context), name="phoenix-converger")
+    memo["secret_check_task"] = asyncio.create_task(check_secrets_forever(context), name="phoenix-secret-check")
 
 
 @kopf.on.cleanup()

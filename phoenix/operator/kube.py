@@ -79,6 +79,14 @@ async def _json_or_none(timeout: Timeout, call: Callable[..., Any], *args: Any, 
         raise
 
 
+def secret_key(secret: Mapping[str, Any], key: str) -> bytes:
+    """One key of a Secret read by KubeApi.read_secret, decoded; a missing key is a StageError naming it."""
+    data = secret.get("data") or {}
+    if key not in data:
+        raise StageError("SecretKeyNotFound", f"Secret {secret['metadata']['name']!r} has no key {key!r}")
+    return base64.b64decode(data[key])
+
+
 class KubeApi:
     def __init__(self, api_client: client.ApiClient, request_timeout: Timeout = REQUEST_TIMEOUT_SECONDS) -> None:
         self._timeout = request_timeout
@@ -104,15 +112,16 @@ class KubeApi:
             raise
         return True
 
+    async def read_secret(self, namespace: str, name: str) -> Json:
+        """The Secret; a missing one is a StageError naming it. Its values stay base64 (`data`) until asked for."""
+        secret = await _json_or_none(self._timeout, self._core.read_namespaced_secret, name, namespace)
+        if secret is None:
+            raise StageError("SecretNotFound", f"Secret {name!r} does not exist in namespace {namespace!r}")
+        return secret
+
     async def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
         """The decoded value of one Secret key; a missing Secret or key is a StageError naming it (not its value)."""
-        secret = await _json_or_none(self._timeout, self._core.read_namespaced_secret, ref.name, namespace)
-        if secret is None:
-            raise StageError("SecretNotFound", f"Secret {ref.name!r} does not exist in namespace {namespace!r}")
-        data = secret.get("data") or {}
-        if ref.key not in data:
-            raise StageError("SecretKeyNotFound", f"Secret {ref.name!r} has no key {ref.key!r}")
-        return base64.b64decode(data[ref.key]).decode()
+        return secret_key(await self.read_secret(namespace, ref.name), ref.key).decode()
 
     # -- Deployments -----------------------------------------------------------------------------------------
 

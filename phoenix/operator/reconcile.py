@@ -11,19 +11,21 @@ from typing import Any
 
 import kopf
 from pydantic import ValidationError
+from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
-from phoenix.keys import StageKeys
-from phoenix.operator.builders import Owner, in_namespace, resolve_streams
+from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
+from phoenix.operator.builders import Owner, resolve_streams
 from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
-from phoenix.operator.redis_ops import destroy, ensure_streams
+from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.redis_target import RedisTarget, read_redis_target
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import (
     CHILD_NOT_OWNED,
@@ -33,12 +35,16 @@ from phoenix.operator.status.readiness import (
 )
 from phoenix.operator.status.registry import StageRecord
 from phoenix.redis_spec import RedisSpec, RedisSpecError
+from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, claim
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 120.0
 # Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
 RECONCILE, DELETE, OWNERSHIP = "reconcile", "delete", "ownership"
 _KEEP_DATA_HINT = "set spec.deletionPolicy to Retain to keep the data and let the stage go"
+# Ready reasons of a stage refused its Redis keys (worker_runtime/ownership.py); retried, so it converges by itself.
+KEYS_HELD = "KeysHeldByAnotherStage"
+LEGACY_KEYS = "LegacyKeysFound"
 
 
 @dataclass(frozen=True)
@@ -83,26 +89,62 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_of(kube: KubeApi, stage: PhoenixStage) -> RedisSpec:
-    """The stage's Redis as the operator and KEDA reach it from their own namespaces."""
-    namespace = stage.namespace
-    url = await kube.secret_value(namespace, stage.spec.redis.url_secret_ref)
+async def redis_of(kube: KubeApi, stage: PhoenixStage, uid: str) -> RedisTarget:
+    """The stage's Redis as the operator and KEDA reach it from their own namespaces, read from its Secrets."""
+    return await read_redis_target(kube, stage.namespace, stage.spec.redis, uid)
+
+
+def _held_message(error: KeysHeld, streams: StageKeys) -> str:
+    if error.holder:
+        fix = "give this stage streams of its own (spec.input, spec.dlq) or delete that stage"
+    else:
+        fix = (
+            "stop that worker and destroy its group, or give this stage its own spec.input or spec.consumerGroup "
+            f"(v1-layout data is moved with `phoenix migrate --namespace {streams.namespace} --service {streams.name}`)"
+        )
+    return f"{error}: this stage is refused rather than sharing them; {fix}. It starts once the keys are free"
+
+
+async def refuse_unmigrated(client: Redis, streams: StageKeys) -> None:
+    """A stage with no v2 data yet whose v1-layout input holds its consumer group is not started empty beside it
+    (its records would wait there unseen, and `phoenix migrate` moves nothing onto existing v2 keys)."""
+    if streams.input != input_stream(streams.name, streams.namespace) or await client.exists(streams.owner):
+        return
+    legacy = LegacyStageKeys(streams.name)
     try:
-        spec = RedisSpec.from_url(url)
+        groups = await client.xinfo_groups(legacy.input)
+    except ResponseError:  # no such stream
+        return
+    if any(group["name"] == streams.consumer_group for group in groups):
+        raise StageError(
+            LEGACY_KEYS,
+            f"{legacy.input} holds the consumer group {streams.consumer_group} of this stage in the v1 key layout; "
+            f"move it with `phoenix migrate --namespace {streams.namespace} --service {streams.name}` (the stage "
+            "starts once it is moved, not empty beside it)",
+        )
+
+
+async def prepare_streams(
+    pool: RedisPool, redis: RedisSpec, streams: StageKeys, uid: str, existed_before: bool
+) -> list[Action]:
+    """Claim the stage's keys for the PhoenixStage `uid` and create the stream, group and DLQ; an Action for each
+    that had to be created (after a Redis flush: again) and for keys adopted from an earlier stage of the name."""
+    client = pool.client(redis)
+    try:
+        await refuse_unmigrated(client, streams)
+        created = await claim(client, streams, uid, adopt=True)
+    except KeysHeld as exc:
+        raise StageError(KEYS_HELD, _held_message(exc, streams)) from None
+    except KeyOfAnotherType as exc:
+        raise StageError("StreamConflict", str(exc)) from None
     except RedisSpecError as exc:
-        ref = stage.spec.redis.url_secret_ref
-        raise StageError("InvalidRedisUrl", f"Secret {ref.name!r} key {ref.key!r}: {exc}") from None
-    return in_namespace(spec, namespace)
-
-
-async def prepare_streams(pool: RedisPool, redis: RedisSpec, streams: StageKeys, existed_before: bool) -> list[Action]:
-    """The stream, group and DLQ; an Action for each that had to be created (after a Redis flush: again)."""
-    try:
-        created = await ensure_streams(pool.client(redis), streams)
+        # The CA or client certificate of spec.redis.tls cannot be loaded: the Secret must change.
+        raise StageError("InvalidSecret", f"spec.redis.tls: {exc}") from None
     except ResponseError as exc:
         # WRONGTYPE: a key of that name exists and is not a stream; retrying will not change that by itself.
         raise StageError("StreamConflict", scrub(str(exc), *redis.secrets())) from None
     except (RedisError, OSError) as exc:
+        pool.failed(redis, exc)
         detail = f"{type(exc).__name__}: {scrub(redis.explain(exc), *redis.secrets())}"
         raise StageError("RedisUnavailable", f"cannot reach Redis at {redis.redacted}: {detail}") from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
@@ -113,6 +155,13 @@ async def prepare_streams(pool: RedisPool, redis: RedisSpec, streams: StageKeys,
         )
     if created.dlq:
         actions.append(Action("DlqCreated", f"created the dead-letter stream {streams.dlq}{again}"))
+    if created.adopted_from is not None:
+        earlier = (
+            "moved there by `phoenix migrate`"
+            if not created.adopted_from
+            else f"left by an earlier PhoenixStage of this name (uid {created.adopted_from}, deleted with Retain)"
+        )
+        actions.append(Action("RedisKeysAdopted", f"adopted the keys of {streams.input}, {earlier}"))
     return actions
 
 
@@ -130,21 +179,29 @@ def _transitions(record: StageRecord, stage: PhoenixStage, autoscaling: Conditio
     return actions
 
 
-async def reconcile(kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any]) -> Reconciled:
+async def reconcile(
+    kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any], actions: list[Action]
+) -> Reconciled:
     """Idempotent: safe on create, update, drift and operator restart, and writes only what differs from the
-    spec. Raises StageError when the stage cannot run."""
+    spec. Raises StageError when the stage cannot run. `actions` gets what was done as it is done, so that a
+    failure further on still reports it (keys adopted are adopted only once)."""
     stage = parse_stage(body)
     owner = Owner.from_body(body)
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
-    redis = await redis_of(kube, stage)
+    target = await redis_of(kube, stage, owner.uid)
+    # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
+    record.redis_versions, redis = target.versions, target.spec
     existed_before = record.streams is not None or bool(record.status.get("streams"))
-    actions = await prepare_streams(pool, redis, streams, existed_before)
+    actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before)
     record.streams, record.redis = streams, redis
     async with record.deployment_lock:
         autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis)
+        actions += keda_actions
         keda_scales = autoscaling.status == "True"
-        deployment, deployment_actions, watched["Deployment"] = await apply_deployment(kube, owner, stage, keda_scales)
-    actions += keda_actions + deployment_actions + _transitions(record, stage, autoscaling)
+        deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
+            kube, owner, stage, keda_scales, target.digest
+        )
+    actions += deployment_actions + _transitions(record, stage, autoscaling)
     record.children, record.paused = watched, stage.spec.paused
     return Reconciled(streams, deployment, autoscaling, actions)
 
@@ -193,14 +250,18 @@ async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mappin
     """Reconcile the stage with `body`; writes status and Events; raises StageError when it cannot run."""
     async with record.reconcile_lock:
         generation = record.generation
+        done: list[Action] = []
         try:
             async with ctx.events.reporting(record, RECONCILE):
-                result = await reconcile(ctx.kube, ctx.pool, record, body)
+                result = await reconcile(ctx.kube, ctx.pool, record, body, done)
         except StageError as error:
             record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
             await ctx.writer.update(record, *failed_status(error, generation))
+            for action in done:
+                await ctx.events.normal(record, action.reason, action.message)
             raise
         record.error = None
+        await retain_clients(ctx)
         await ctx.writer.update(record, *reconciled_status(result, generation))
         for action in result.actions:
             await ctx.events.normal(record, action.reason, action.message)
@@ -245,7 +306,7 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
     and one Warning per cause say why it waits and how to let it go without its data."""
     record = ctx.registry.observe(body)
     try:
-        streams = await _delete_redis_data(ctx, record, body)
+        streams, destroyed = await _delete_redis_data(ctx, record, body)
     except StageError as error:
         delay = backoff(retry)
         told = StageError(
@@ -258,22 +319,36 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
         await ctx.writer.update(record)
         await ctx.events.warning(record, DELETE, told)
         raise kopf.TemporaryError(str(error), delay=delay) from None
-    await ctx.events.normal(
-        record,
-        "RedisDataDeleted",
-        f"deleted consumer group {streams.consumer_group}, streams {streams.input} and {streams.dlq}",
-    )
+    if isinstance(destroyed, NotHeld):
+        holder = f"held by {destroyed.holder}" if destroyed.holder else "claimed by no stage (no ownership marker)"
+        message = f"deleted none of the Redis keys of {streams.input}: they are {holder}, not this PhoenixStage's"
+        await ctx.events.warning(record, DELETE, StageError("RedisDataNotOwned", message))
+    else:
+        what = [f"consumer group {destroyed.group}"] if destroyed.group else []
+        what += [f"stream {stream}" for stream in destroyed.streams]
+        await ctx.events.normal(
+            record,
+            "RedisDataDeleted",
+            f"deleted {', '.join(what) or 'no stream'} and the stage's own keys ({destroyed.keys} keys in all)",
+        )
     ctx.registry.forget(record.key)
+    await retain_clients(ctx)
+
+
+async def retain_clients(ctx: OperatorContext) -> None:
+    """Close the Redis clients no stage uses any more: after a deletion, or a rotation that made a new spec."""
     await ctx.pool.retain({r.redis for r in ctx.registry.records() if r.redis is not None})
 
 
-async def _delete_redis_data(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> StageKeys:
+async def _delete_redis_data(
+    ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]
+) -> tuple[StageKeys, Destroyed | NotHeld]:
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
-    redis = record.redis or await redis_of(ctx.kube, stage)
+    redis = record.redis or (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
     streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     try:
-        await destroy(ctx.pool.client(redis), streams)
+        return streams, await destroy(ctx.pool.client(redis), streams, body["metadata"]["uid"])
     except (RedisError, OSError) as exc:
+        ctx.pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
-    return streams

@@ -1,53 +1,95 @@
-"""What the operator does in Redis: create a stage's streams and group, replay its DLQ once, destroy its data."""
+"""What the operator does in Redis besides claiming a stage's keys (worker_runtime/ownership.py): replay its DLQ
+once, delete what its own stage created."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
 from importlib.resources import files
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
 
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lua as runtime_lua
 from phoenix.worker_runtime.dlq import replay_args
+from phoenix.worker_runtime.ownership import stage_ref
 from phoenix.worker_runtime.redis_client import text
 
-_ENSURE_STREAM = files(__package__).joinpath("ensure_stream.lua").read_text()
+_DELETE_OWNED = files(__package__).joinpath("delete_owned.lua").read_text()
 REPLAY_BATCH = 1000
 # Long enough to outlive any operator outage; short enough not to accumulate.
 REPLAY_LEDGER_TTL_SECONDS = 7 * 86400
+# Record keys and replay ledgers are found by SCAN and deleted this many per script call.
+DELETE_BATCH = 500
 
 
 @dataclass(frozen=True)
-class Created:
-    """What ensure_streams had to create."""
+class Destroyed:
+    """What destroy deleted: the group, the streams and how many other keys (retry set, records, ledgers, ...)."""
 
-    group: bool
-    dlq: bool
-
-
-async def ensure_streams(client: Redis, streams: StageKeys) -> Created:
-    """The input stream with the consumer group (an existing group is adopted), and an empty DLQ stream."""
-    try:
-        # From 0: entries enqueued before the stage existed are processed too.
-        await client.xgroup_create(streams.input, streams.consumer_group, id="0", mkstream=True)
-        group = True
-    except ResponseError as exc:
-        if "BUSYGROUP" not in str(exc):
-            raise
-        group = False
-    dlq = await client.register_script(_ENSURE_STREAM)(keys=[streams.dlq])
-    return Created(group=group, dlq=bool(dlq))
+    group: str | None = None
+    streams: list[str] = field(default_factory=list)
+    keys: int = 0
 
 
-async def destroy(client: Redis, streams: StageKeys) -> None:
-    """Remove the consumer group, the input and DLQ streams and the retry set (deletionPolicy: Delete)."""
-    pipe = client.pipeline(transaction=True)
-    pipe.xgroup_destroy(streams.input, streams.consumer_group)
-    pipe.delete(streams.input, streams.dlq, streams.retry)
-    # XGROUP DESTROY on a missing stream fails; the DEL still runs and that is all that matters.
-    await pipe.execute(raise_on_error=False)
+@dataclass(frozen=True)
+class NotHeld:
+    """The stage does not hold its keys: the marker names `holder` ("<namespace>/<name> (uid ...)"; "" when there
+    is no marker), so destroy deleted nothing."""
+
+    holder: str
+
+
+async def _batches(client: Redis, pattern: str) -> AsyncIterator[list[str]]:
+    batch: list[str] = []
+    async for key in client.scan_iter(match=pattern, count=DELETE_BATCH):
+        batch.append(text(key))
+        if len(batch) == DELETE_BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+async def destroy(client: Redis, keys: StageKeys, uid: str) -> Destroyed | NotHeld:
+    """deletionPolicy Delete: remove what the PhoenixStage `uid` owns of the stage's keys, each only while it has
+    its type: the streams and group its marker says it created, its retry set, record keys, audit stream,
+    backpressure figure, DLQ trim counter and replay ledgers, and last the marker (a retry after a failure finds
+    it still there). A stage whose marker names another stage or uid, or is missing, deletes nothing."""
+    raw = await client.hgetall(keys.owner)
+    marker = {text(k): text(v) for k, v in raw.items()}
+    if marker.get("stage") != stage_ref(keys) or marker.get("uid") != uid:
+        holder = marker.get("stage", "")
+        return NotHeld(f"{holder} (uid {marker.get('uid') or 'none'})" if holder else "")
+    created = set(marker.get("created", "input,dlq,group").split(","))
+    delete = client.register_script(_DELETE_OWNED)
+    count = 0
+    for pattern, kind in ((keys.record_prefix + "*", "string"), (keys.replay_ledgers_pattern, "hash")):
+        async for batch in _batches(client, pattern):
+            done = int(await delete(keys=[keys.owner, *batch], args=[uid, "", "0", *[kind] * len(batch)]))
+            if done < 0:
+                return NotHeld(marker["stage"])  # adopted by another PhoenixStage meanwhile
+            count += done
+    input_stream, dlq, group = marker.get("input", keys.input), marker.get("dlq", keys.dlq), marker.get("group")
+    streams = [(input_stream, "input"), (dlq, "dlq")]
+    destroyed_group = group if group and "group" in created else None
+    # The group goes with its stream when the stage created that; else it is destroyed alone.
+    alone = destroyed_group if destroyed_group and "input" not in created else ""
+    final = [
+        *((stream, "stream" if word in created else "-") for stream, word in streams),
+        (keys.retry, "zset"),
+        (keys.audit, "stream"),
+        (keys.backpressure, "string"),
+        (keys.dlq_trimmed, "string"),
+    ]
+    done = int(
+        await delete(
+            keys=[keys.owner, *(key for key, _ in final)], args=[uid, alone, "1", *(kind for _, kind in final)]
+        )
+    )
+    if done < 0:
+        return NotHeld(marker["stage"])
+    return Destroyed(destroyed_group, [stream for stream, word in streams if word in created], count + done)
 
 
 async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None) -> int:

@@ -17,6 +17,7 @@ from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingS
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
+from phoenix.worker_runtime.ownership import KeysHeld
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.worker import Worker
@@ -115,6 +116,13 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
         if settings.health_port:
             runner = await start_health_server(settings.health_port, alive=worker.alive, ready=worker.ready)
         await worker.run()
+    except KeysHeld as exc:
+        print(
+            f"phoenix worker: refusing to start: {exc}; only that stage's own workers (STAGE_UID) run on them: give "
+            "this worker keys of its own (KEY_NAMESPACE, SERVICE_NAME, INPUT_QUEUE)",
+            file=sys.stderr,
+        )
+        return 2
     finally:
         await processor.cleanup()
         await keys.aclose()

@@ -49,6 +49,8 @@ class WorkerSettings(BaseSettings):
     redis_tls_key_file: str = ""
     redis_connect_timeout: PositiveSeconds = CONNECT_TIMEOUT_SECONDS
     redis_socket_timeout: PositiveSeconds | None = None  # None: the longest blocking command + 10 s
+    # The PhoenixStage's uid (the operator sets it): proves to the keys' ownership marker that this is its worker.
+    stage_uid: str = ""
 
     input_queue: str = ""
     output_queue: str = ""

@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime import metrics, ownership
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
@@ -199,8 +199,19 @@ class Worker:
         return True, "ok"
 
     async def ensure_group(self) -> None:
-        """Create the group at id 0 with MKSTREAM so entries added before the first worker are not skipped."""
+        """Create the group at id 0 with MKSTREAM so entries added before the first worker are not skipped.
+
+        A worker of an operator-managed stage (STAGE_UID) claims the stage's keys with it (ownership.py): a group
+        lost in a Redis flush comes back with its marker. Raises KeysHeld when another stage holds them."""
         s = self.settings
+        if s.stage_uid:
+            try:
+                claimed = await ownership.claim(self.redis, s.keys, s.stage_uid, adopt=False)
+            except ownership.KeyOfAnotherType as exc:
+                raise ResponseError(str(exc)) from None  # as XGROUP CREATE says it: retried like Redis errors
+            if claimed.group:
+                log.info("consumer_group_created", stream=s.input_queue, group=s.consumer_group)
+            return
         try:
             await self.redis.xgroup_create(s.input_queue, s.consumer_group, id="0", mkstream=True)
             log.info("consumer_group_created", stream=s.input_queue, group=s.consumer_group)
@@ -209,10 +220,14 @@ class Worker:
                 raise
 
     async def _wait_for_redis(self) -> bool:
-        """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile."""
+        """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
+        when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them)."""
         delay = 0.5
         while not self._stopping.is_set():
             try:
+                s = self.settings
+                if not s.stage_uid and (holder := await ownership.holder_at_start(self.redis, s.keys)):
+                    raise ownership.KeysHeld(holder, s.input_queue)
                 await self.ensure_group()
                 return True
             except RedisError as exc:

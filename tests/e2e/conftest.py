@@ -9,8 +9,8 @@ cluster with KEDA installed and the images loaded works, e.g. kind):
 Evidence: a failed test (or fixture) leaves the cluster's state at that moment under the run's directory
 (tests/e2e/evidence.py: PHOENIX_E2E_REPORT_DIR, which hack/e2e.sh sets per run, else .cache/e2e/runs/<start>).
 
-Images: PHOENIX_E2E_IMAGE (default ghcr.io/phoenix/phoenix:0.1.0) and PHOENIX_E2E_VALKEY_IMAGE (default the
-manifests' valkey/valkey:8.1).
+Images: PHOENIX_E2E_IMAGE (default ghcr.io/phoenix/phoenix:0.1.0), PHOENIX_E2E_VALKEY_IMAGE (default the
+manifests' valkey/valkey:8.1) and, for test_sentinel.py, PHOENIX_E2E_REDIS_TLS_IMAGE (a TLS-enabled redis-server).
 """
 
 from __future__ import annotations

@@ -106,15 +106,18 @@ def streams(name: str) -> dict[str, str]:
     return stage(name)["status"]["streams"]
 
 
-def enqueue_documents(redis: redis_client.Redis, stream: str, documents: list[str], copies: int) -> list[str]:
-    """One router record per document and copy, with a fresh record id each; returns the ids."""
+def enqueue_documents(
+    redis: redis_client.Redis, stream: str, documents: list[str], copies: int, server: str = DOCUMENTS_URL
+) -> list[str]:
+    """One router record per document and copy, with a fresh record id each, fetched from `server`; returns the
+    ids."""
     batch = uuid.uuid4().hex[:8]
     ids = []
     pipe = redis.pipeline(transaction=False)
     for copy in range(copies):
         for number, document in enumerate(documents):
             record_id = f"{batch}-{copy}-{number}"
-            pipe.xadd(stream, {"record_id": record_id, "document_url": f"{DOCUMENTS_URL}/{document}"})
+            pipe.xadd(stream, {"record_id": record_id, "document_url": f"{server}/{document}"})
             ids.append(record_id)
     pipe.execute()
     return ids

@@ -6,12 +6,12 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from phoenix.crds import PhoenixStageSpec
+from phoenix.crds import PhoenixStageSpec, RedisSpec, SecretKeyRef
 from phoenix.keys import StageKeys
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
-from phoenix.operator.constants import RESTARTED_AT_ANNOTATION
+from phoenix.operator.constants import REDIS_SECRETS_ANNOTATION, RESTARTED_AT_ANNOTATION
 
 HEALTH_PORT = 8080
 PORT_NAME = "http"
@@ -25,6 +25,13 @@ DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
 }
 
 
+# Where the TLS material of spec.redis.tls appears in the worker container: one read-only projected volume.
+REDIS_TLS_VOLUME = "redis-tls"
+REDIS_TLS_DIR = "/etc/phoenix/redis-tls"
+CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"  # the kubernetes.io/tls Secret's own key names
+# Owner and group read only (the pod's fsGroup owns the files): the key is readable by the worker alone.
+SECRET_FILE_MODE = 0o440
+
 # The share of the pod's memory limit one read may fill (READ_MEMORY_BYTES): a read's entries take two to three
 # times their size while they are decoded, beside the entries in flight and the processor's own memory.
 READ_MEMORY_SHARE = 4
@@ -35,11 +42,13 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[dict[str, Any]]:
-    """The container env: runtime variables derived from the spec, then the spec's own extra variables."""
+def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys, uid: str = "") -> list[dict[str, Any]]:
+    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid`: the
+    PhoenixStage's, by which its workers prove they are its own to the keys' ownership marker."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
         "KEY_NAMESPACE": streams.namespace,
+        **({"STAGE_UID": uid} if uid else {}),
         "INPUT_QUEUE": streams.input,
         "CONSUMER_GROUP": streams.consumer_group,
         "DLQ_NAME": streams.dlq,
@@ -65,16 +74,51 @@ def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys) -> list[di
     memory_limit = worker_resources(spec).get("limits", {}).get("memory")
     if memory_limit is not None:
         plain["READ_MEMORY_BYTES"] = str(int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE)
-    url_ref = spec.redis.url_secret_ref
+    plain.update(redis_plain_env(spec.redis))
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
-    env.append({"name": "REDIS_URL", "valueFrom": {"secretKeyRef": {"name": url_ref.name, "key": url_ref.key}}})
+    env.append(_from_secret("REDIS_URL", spec.redis.url_secret_ref))
+    if spec.redis.sentinel is not None and spec.redis.sentinel.password_secret_ref is not None:
+        env.append(_from_secret("REDIS_SENTINEL_PASSWORD", spec.redis.sentinel.password_secret_ref))
     for var in spec.env:
         if var.secret_key_ref is not None:
-            ref = var.secret_key_ref
-            env.append({"name": var.name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}})
+            env.append(_from_secret(var.name, var.secret_key_ref))
         else:
             env.append({"name": var.name, "value": var.value})
     return env
+
+
+def _from_secret(name: str, ref: SecretKeyRef) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+
+
+def redis_plain_env(redis: RedisSpec) -> dict[str, str]:
+    """The connection settings that are no secret: the mode, the master's name, where the TLS files are mounted."""
+    env = {"REDIS_MODE": redis.mode.value}
+    if redis.sentinel is not None:
+        env["REDIS_SENTINEL_MASTER"] = redis.sentinel.master_name
+        if redis.sentinel.username is not None:
+            env["REDIS_SENTINEL_USERNAME"] = redis.sentinel.username
+    if redis.tls is not None and redis.tls.ca_secret_ref is not None:
+        env["REDIS_TLS_CA_FILE"] = f"{REDIS_TLS_DIR}/{CA_FILE}"
+    if redis.tls is not None and redis.tls.client_cert_secret_ref is not None:
+        env["REDIS_TLS_CERT_FILE"] = f"{REDIS_TLS_DIR}/{CERT_FILE}"
+        env["REDIS_TLS_KEY_FILE"] = f"{REDIS_TLS_DIR}/{KEY_FILE}"
+    return env
+
+
+def redis_tls_volume(redis: RedisSpec) -> dict[str, Any] | None:
+    """The CA and the client certificate as files, each Secret projected with only the keys it is read for."""
+    tls = redis.tls
+    sources: list[dict[str, Any]] = []
+    if tls is not None and tls.ca_secret_ref is not None:
+        ca = tls.ca_secret_ref
+        sources.append({"secret": {"name": ca.name, "items": [{"key": ca.key, "path": CA_FILE}]}})
+    if tls is not None and tls.client_cert_secret_ref is not None:
+        items = [{"key": key, "path": key} for key in (CERT_FILE, KEY_FILE)]
+        sources.append({"secret": {"name": tls.client_cert_secret_ref.name, "items": items}})
+    if not sources:
+        return None
+    return {"name": REDIS_TLS_VOLUME, "projected": {"sources": sources, "defaultMode": SECRET_FILE_MODE}}
 
 
 def worker_resources(spec: PhoenixStageSpec) -> dict[str, Any]:
@@ -93,12 +137,15 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _container(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any]:
+    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    if redis_tls_volume(spec.redis) is not None:
+        mounts.append({"name": REDIS_TLS_VOLUME, "mountPath": REDIS_TLS_DIR, "readOnly": True})
     return {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["phoenix", "worker"],
-        "env": worker_env(owner.name, spec, resolve_streams(owner.name, owner.namespace, spec)),
+        "env": worker_env(owner.name, spec, resolve_streams(owner.name, owner.namespace, spec), owner.uid),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s
         # by default); 3 failures 10 s apart restart a hung worker 80-90 s after its last progress, well before its
@@ -107,7 +154,7 @@ def _container(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any]:
         "readinessProbe": _probe("/readyz", period=5, failures=2),
         "resources": worker_resources(spec),
         "securityContext": container_security_context(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+        "volumeMounts": mounts,
     }
 
 
@@ -116,11 +163,16 @@ def desired_replicas(spec: PhoenixStageSpec) -> int:
     return 0 if spec.paused else spec.replicas.min
 
 
-def build_deployment(owner: Owner, spec: PhoenixStageSpec, *, restarted_at: str | None = None) -> dict[str, Any]:
+def build_deployment(
+    owner: Owner, spec: PhoenixStageSpec, *, restarted_at: str | None = None, redis_secrets: str | None = None
+) -> dict[str, Any]:
     """The Deployment running the stage's workers.
 
     `restarted_at` (an RFC 3339 time) goes into the pod template as `phoenix.io/restartedAt`: changing it rolls
     the pods, like `kubectl rollout restart`. Pass the current value on every reconcile so it is kept.
+    `redis_secrets` (the digest of the values read from the Redis Secrets, redis_target.RedisTarget) goes in
+    as `phoenix.io/redis-secrets`: a rotated URL, password, CA or client certificate rolls the workers, which
+    read them only at start.
     """
     pod_annotations = {
         "prometheus.io/scrape": "true",
@@ -129,6 +181,11 @@ def build_deployment(owner: Owner, spec: PhoenixStageSpec, *, restarted_at: str 
     }
     if restarted_at is not None:
         pod_annotations[RESTARTED_AT_ANNOTATION] = restarted_at
+    if redis_secrets is not None:
+        pod_annotations[REDIS_SECRETS_ANNOTATION] = redis_secrets
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
+    if (tls_volume := redis_tls_volume(spec.redis)) is not None:
+        volumes.append(tls_volume)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -145,7 +202,7 @@ def build_deployment(owner: Owner, spec: PhoenixStageSpec, *, restarted_at: str 
                     "securityContext": pod_security_context(),
                     "containers": [_container(owner, spec)],
                     # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there).
-                    "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}],
+                    "volumes": volumes,
                 },
             },
         },

@@ -1,12 +1,13 @@
 """KEDA objects of a stage: a ScaledObject on its consumer group's lag, pending entries and retry set, and the
-TriggerAuthentication that hands KEDA the Redis password from a Secret."""
+TriggerAuthentication that hands KEDA the secrets of spec.redis (passwords, CA, client certificate) from their
+Secrets. Parameter names are KEDA's (pkg/scalers/redis_scaler.go, redisConnectionInfo, 2.21)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from phoenix.crds import PhoenixStageSpec
-from phoenix.operator.builders.deployment import desired_replicas
+from phoenix.crds import PhoenixStageSpec, RedisMode, SecretKeyRef
+from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE, desired_replicas
 from phoenix.operator.builders.meta import Owner, child_metadata
 from phoenix.operator.builders.redis_address import RedisConnection
 from phoenix.operator.builders.streams import resolve_streams
@@ -23,16 +24,32 @@ def trigger_authentication_name(stage: str) -> str:
     return f"{stage}-redis"
 
 
+def _secret_targets(spec: PhoenixStageSpec) -> list[dict[str, str]]:
+    """KEDA parameter <- Secret key, for every secret spec.redis names."""
+    redis, refs = spec.redis, dict[str, SecretKeyRef]()
+    if redis.password_secret_ref is not None:
+        refs["password"] = redis.password_secret_ref
+    if redis.sentinel is not None and redis.sentinel.password_secret_ref is not None:
+        refs["sentinelPassword"] = redis.sentinel.password_secret_ref
+    if redis.tls is not None and redis.tls.ca_secret_ref is not None:
+        refs["ca"] = redis.tls.ca_secret_ref
+    if redis.tls is not None and redis.tls.client_cert_secret_ref is not None:
+        name = redis.tls.client_cert_secret_ref.name
+        refs["cert"], refs["key"] = SecretKeyRef(name=name, key=CERT_FILE), SecretKeyRef(name=name, key=KEY_FILE)
+    return [{"parameter": parameter, "name": ref.name, "key": ref.key} for parameter, ref in refs.items()]
+
+
 def build_trigger_authentication(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any] | None:
-    """The TriggerAuthentication, or None when Redis needs no password (spec.redis.passwordSecretRef unset)."""
-    ref = spec.redis.password_secret_ref
-    if ref is None:
+    """The TriggerAuthentication, or None when spec.redis names no secret KEDA needs (no password, no CA, no
+    client certificate)."""
+    targets = _secret_targets(spec)
+    if not targets:
         return None
     return {
         "apiVersion": KEDA_API_VERSION,
         "kind": "TriggerAuthentication",
         "metadata": child_metadata(owner, trigger_authentication_name(owner.name)),
-        "spec": {"secretTargetRef": [{"parameter": "password", "name": ref.name, "key": ref.key}]},
+        "spec": {"secretTargetRef": targets},
     }
 
 
@@ -48,15 +65,25 @@ def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) 
       retry under an open circuit, or left behind when its pod died. Lag alone would let KEDA scale to zero under
       such an entry, and with no pod left to reclaim it, it would wait for the next new entry;
     - the retry set (records waiting for their next attempt), wake-only: only workers move due retries back.
-    KEDA trigger metadata values are all strings."""
+    In sentinel mode the same three go through the Sentinels (redis-sentinel-streams, redis-sentinel), which name
+    the current primary. KEDA trigger metadata values are all strings."""
     streams = resolve_streams(owner.name, owner.namespace, spec)
+    sentinel = spec.redis.sentinel if spec.redis.mode is RedisMode.SENTINEL else None
     connection_metadata = {
-        "address": connection.address,
+        # KEDA reads a comma-separated list of host:port from either key.
+        "address" if sentinel is None else "addresses": ",".join(connection.addresses),
         "databaseIndex": str(connection.database_index),
         "enableTLS": str(connection.tls).lower(),
     }
     if connection.username is not None:
         connection_metadata["username"] = connection.username
+    if sentinel is not None:
+        connection_metadata["sentinelMaster"] = sentinel.master_name
+        if sentinel.username is not None:
+            connection_metadata["sentinelUsername"] = sentinel.username
+    streams_type, list_type = (
+        ("redis-streams", "redis") if sentinel is None else ("redis-sentinel-streams", "redis-sentinel")
+    )
     group = {"stream": streams.input, "consumerGroup": streams.consumer_group}
     lag = {
         **group,
@@ -66,11 +93,11 @@ def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) 
     pending = {**group, "pendingEntriesCount": str(spec.worker.concurrency)}
     retries = {"listName": streams.retry, "listLength": str(WAKE_ONLY_TARGET)}
     auth: dict[str, Any] = {}
-    if spec.redis.password_secret_ref is not None:
+    if _secret_targets(spec):
         auth["authenticationRef"] = {"name": trigger_authentication_name(owner.name)}
     return [
         {"type": kind, "metadata": {**connection_metadata, **metadata}, **auth}
-        for kind, metadata in (("redis-streams", lag), ("redis-streams", pending), ("redis", retries))
+        for kind, metadata in ((streams_type, lag), (streams_type, pending), (list_type, retries))
     ]
 
 

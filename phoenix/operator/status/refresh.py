@@ -82,6 +82,7 @@ async def _sample(pool: RedisPool, redis: RedisSpec, records: list[StageRecord])
     try:
         stats = await collect(pool.client(redis), queues)
     except (RedisError, OSError) as exc:
+        pool.failed(redis, exc)
         logger.warning("queue refresh: Redis at %s failed: %s", redis.redacted, scrub(str(exc), *redis.secrets()))
         return None
     return {record.key: stat for record, stat in zip(records, stats, strict=True)}

@@ -22,6 +22,9 @@ class StageRecord:
     streams: StageKeys | None = None
     # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
     redis: RedisSpec | None = field(default=None, repr=False)
+    # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
+    # Secret check (redis_target.check_secrets_once) compares them with the current ones.
+    redis_versions: tuple[tuple[str, str], ...] = ()
     # The reconcile failure that keeps the stage not Ready, if any.
     error: Condition | None = None
     # The status as last written or read: the refresh patches only fields that differ from it.

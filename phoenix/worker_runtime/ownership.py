@@ -1,0 +1,103 @@
+"""Which PhoenixStage holds a stage's keys: the ownership marker `StageKeys.owner`, claimed atomically.
+
+The marker is a hash with these fields:
+- `stage`: "<namespace>/<name>" of the PhoenixStage that holds the keys.
+- `uid`: that PhoenixStage's metadata.uid; "" when `phoenix migrate` wrote it (the PhoenixStage of that name adopts
+  it at its next reconcile).
+- `input`, `dlq`, `group`: the input stream, DLQ stream and consumer group as last claimed.
+- `created`: which of them the stage created, a comma-separated subset of `input,dlq,group`. deletionPolicy Delete
+  removes only those (operator/redis_ops.py). Absent: all three (what `phoenix migrate` moves is the stage's own).
+
+The claim (claim_keys.lua: checks and creation in one script, so two claimants cannot both pass the check):
+- refused when the marker, or the marker of the stage whose default input or DLQ name the stage's explicit
+  spec.input/spec.dlq is (StageKeys.holder_markers), names another stage; or when there is no marker of this stage
+  but its consumer group exists on the input already (a worker run by hand, or data moved there by hand);
+- a marker of this stage with another uid (the earlier PhoenixStage of that name was deleted with Retain, or
+  `phoenix migrate` moved the data) is adopted by the operator, and refused to a worker;
+- otherwise the group (from id 0, MKSTREAM) and an empty DLQ are created where missing, and the marker written. An
+  input stream no group reads yet counts as created by the stage: the entries in it were enqueued for it.
+
+The operator claims before it creates the stage's Deployment, and passes the uid to its pods (STAGE_UID), whose
+workers claim again at start and when they re-create a lost group (Redis flushed), never adopting. A worker run by
+hand (no STAGE_UID) only checks at start that no marker holds its keys (holder_at_start) and otherwise starts as
+it always did, writing no marker: an operator-managed stage of those keys is then refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from phoenix.keys import StageKeys
+from phoenix.worker_runtime import lua
+from phoenix.worker_runtime.redis_client import text
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """What the claim had to create, and the uid it took the keys over from (None: no adoption)."""
+
+    group: bool
+    dlq: bool
+    adopted_from: str | None = None
+
+
+@dataclass(frozen=True)
+class KeysHeld(Exception):
+    """The stage's keys are held by `holder` ("<namespace>/<name>"; "" when a group exists with no marker)."""
+
+    holder: str
+    input: str
+
+    def __str__(self) -> str:
+        if not self.holder:
+            return (
+                f"the consumer group on {self.input} exists and no ownership marker says whose it is (a worker run "
+                "by hand, or keys moved by hand)"
+            )
+        return f"the keys of {self.input} are held by PhoenixStage {self.holder}"
+
+
+@dataclass(frozen=True)
+class KeyOfAnotherType(Exception):
+    """A key of the name of one of the stage's streams exists and is not a stream."""
+
+    key: str
+    type: str
+
+    def __str__(self) -> str:
+        return f"WRONGTYPE: {self.key} is a {self.type}, not a stream"
+
+
+def stage_ref(keys: StageKeys) -> str:
+    return f"{keys.namespace}/{keys.name}"
+
+
+async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Claimed:
+    """Claim the stage's keys for the PhoenixStage `uid` and create the missing ones; raises KeysHeld or
+    KeyOfAnotherType (nothing written then)."""
+    script = lua.register(client, "claim_keys.lua")
+    args = [stage_ref(keys), uid, keys.consumer_group, "1" if adopt else "0"]
+    reply = await script(keys=[keys.owner, keys.input, keys.dlq, *keys.holder_markers[1:]], args=args)
+    outcome = text(reply[0])
+    if outcome == "refused":
+        raise KeysHeld(text(reply[1]), keys.input)
+    if outcome == "wrongtype":
+        raise KeyOfAnotherType(text(reply[1]), text(reply[2]))
+    _, adopted, earlier, group, dlq = reply
+    return Claimed(group=bool(group), dlq=bool(dlq), adopted_from=text(earlier) if adopted else None)
+
+
+async def holder_at_start(client: Redis, keys: StageKeys) -> str | None:
+    """For a worker run by hand: the stage ("<namespace>/<name>", with its uid) holding its keys, or None when no
+    marker does (or the only one names this stage with no uid: moved by `phoenix migrate`, held by no PhoenixStage).
+    One round trip."""
+    pipe = client.pipeline(transaction=False)
+    for marker in keys.holder_markers:
+        pipe.hmget(marker, "stage", "uid")
+    for stage, uid in await pipe.execute():
+        stage, uid = (None if stage is None else text(stage)), ("" if uid is None else text(uid))
+        if stage is not None and (stage != stage_ref(keys) or uid):
+            return f"{stage} (uid {uid})" if uid else stage
+    return None

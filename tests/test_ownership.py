@@ -1,0 +1,174 @@
+"""The ownership marker against a real Valkey: the atomic claim (refuse, adopt, create), deletionPolicy Delete
+removing only what its own stage created, and `phoenix worker` refusing keys another stage holds."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+
+from phoenix.keys import StageKeys
+from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
+from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, claim
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.inprocess import running_worker
+from tests.fixtures.stage_s import KEYS, add, idle
+from tests.fixtures.workers import WorkerPool
+
+A = StageKeys.for_stage("shared", "team-a")
+B = StageKeys.for_stage("shared", "team-b")
+UID_A, UID_B = "uid-a", "uid-b"
+
+
+async def _marker(redis: aioredis.Redis, keys: StageKeys) -> dict[str, str]:
+    return await redis.hgetall(keys.owner)
+
+
+async def test_a_claim_creates_group_dlq_and_marker_once(redis: aioredis.Redis) -> None:
+    await redis.xadd(A.input, {"record_id": "early"})
+    assert await claim(redis, A, UID_A, adopt=True) == Claimed(group=True, dlq=True)
+    assert await claim(redis, A, UID_A, adopt=True) == Claimed(group=False, dlq=False)
+    assert await _marker(redis, A) == {
+        "stage": "team-a/shared",
+        "uid": UID_A,
+        "input": "phoenix:{team-a}:shared:input",
+        "dlq": "phoenix:{team-a}:shared:dlq",
+        "group": "shared-group",
+        # The input held entries no group read: they were enqueued for this stage, so the stream is its own.
+        "created": "input,dlq,group",
+    }
+    # From 0: the entry enqueued before the stage existed is still to be delivered.
+    assert [(g["name"], g["lag"]) for g in await redis.xinfo_groups(A.input)] == [("shared-group", 1)]
+    assert (await redis.type(A.dlq), await redis.xlen(A.dlq)) == ("stream", 0)
+    # The same name in another namespace: keys of its own.
+    assert await claim(redis, B, UID_B, adopt=True) == Claimed(group=True, dlq=True)
+    assert (await redis.xlen(A.input), await redis.xlen(B.input)) == (1, 0)
+
+
+async def test_a_group_with_no_marker_is_refused_and_nothing_is_written(redis: aioredis.Redis) -> None:
+    """A worker run by hand created the group (or data was moved there by hand)."""
+    await redis.xgroup_create(A.input, A.consumer_group, id="0", mkstream=True)
+    with pytest.raises(KeysHeld) as refused:
+        await claim(redis, A, UID_A, adopt=True)
+    assert refused.value.holder == "" and "no ownership marker" in str(refused.value)
+    assert await redis.exists(A.owner, A.dlq) == 0
+
+
+async def test_an_explicit_input_naming_another_stages_stream_is_refused(redis: aioredis.Redis) -> None:
+    await claim(redis, A, UID_A, adopt=True)
+    for intruder in (
+        StageKeys.for_stage("intruder", "team-a", input=A.input, group=A.consumer_group),
+        StageKeys.for_stage("intruder", "team-a", input=A.input, group="another-group"),
+        StageKeys.for_stage("shared", "team-b", dlq=A.dlq),
+    ):
+        with pytest.raises(KeysHeld) as refused:
+            await claim(redis, intruder, "uid-x", adopt=True)
+        assert refused.value.holder == "team-a/shared"
+        assert await redis.exists(intruder.owner) == 0
+    assert [g["name"] for g in await redis.xinfo_groups(A.input)] == ["shared-group"]
+
+
+async def test_a_marker_of_the_same_stage_is_adopted_by_the_operator_only(redis: aioredis.Redis) -> None:
+    await claim(redis, A, "old-uid", adopt=True)
+    await redis.xadd(A.input, {"record_id": "waiting"})
+    with pytest.raises(KeysHeld) as refused:
+        await claim(redis, A, UID_A, adopt=False)  # a worker never takes over
+    assert refused.value.holder == "team-a/shared (uid old-uid)"
+    assert await claim(redis, A, UID_A, adopt=True) == Claimed(group=False, dlq=False, adopted_from="old-uid")
+    assert (await _marker(redis, A))["uid"] == UID_A
+    assert await claim(redis, A, UID_A, adopt=False) == Claimed(group=False, dlq=False)
+
+
+async def test_a_marker_written_by_phoenix_migrate_is_adopted_with_its_group(redis: aioredis.Redis) -> None:
+    """`phoenix migrate` writes only `stage` and `uid` = "" when it knows no more (ownership.py's contract)."""
+    await redis.xgroup_create(A.input, A.consumer_group, id="0", mkstream=True)
+    await redis.hset(A.owner, mapping={"stage": "team-a/shared", "uid": ""})
+    with pytest.raises(KeysHeld, match="moved by phoenix migrate, not adopted"):
+        await claim(redis, A, UID_A, adopt=False)  # the stage's pods wait for the operator to adopt the keys
+    assert await claim(redis, A, UID_A, adopt=True) == Claimed(group=False, dlq=True, adopted_from="")
+    assert (await _marker(redis, A))["created"] == "input,dlq,group"
+
+
+async def test_a_key_of_another_type_is_a_conflict_and_nothing_is_written(redis: aioredis.Redis) -> None:
+    await redis.set(A.dlq, "not a stream")
+    with pytest.raises(KeyOfAnotherType, match="WRONGTYPE"):
+        await claim(redis, A, UID_A, adopt=True)
+    assert await redis.exists(A.owner, A.input) == 0
+
+
+async def _fill(redis: aioredis.Redis, keys: StageKeys) -> None:
+    await redis.xadd(keys.input, {"record_id": "r1"})
+    await redis.xadd(keys.dlq, {"record_id": "dead"})
+    await redis.zadd(keys.retry, {"member": 1})
+    await redis.set(keys.record("r1"), "done 1-0")
+    await redis.set(keys.record("r2"), "lock token")
+    await redis.xadd(keys.audit, {"repair": "x"})
+    await redis.set(keys.backpressure, 7)
+    await redis.set(keys.dlq_trimmed, 3)
+    await redis.hset(keys.replay_ledger("req"), "moved", 1)
+
+
+async def test_delete_removes_what_its_own_stage_created_and_nothing_else(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Batches smaller than the record keys: SCAN and delete in several calls.
+    monkeypatch.setattr("phoenix.operator.redis_ops.DELETE_BATCH", 1)
+    for keys, uid in ((A, UID_A), (B, UID_B)):
+        await claim(redis, keys, uid, adopt=True)
+        await _fill(redis, keys)
+    assert await destroy(redis, B, UID_A) == NotHeld("team-b/shared (uid uid-b)")  # not its uid: nothing
+    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 9)
+    assert [key async for key in redis.scan_iter(match="phoenix:{team-b}:*")] == []
+    # team-a's keys, all nine and its marker, untouched.
+    assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 10
+    assert await destroy(redis, B, UID_B) == NotHeld("")  # gone, marker too: nothing more to do
+
+
+async def test_delete_keeps_a_key_of_another_type_and_a_stream_it_did_not_create(redis: aioredis.Redis) -> None:
+    # The input existed with another group reading it: the stage created only its own group on it.
+    await redis.xgroup_create(A.input, "fan-out-reader", id="0", mkstream=True)
+    await redis.xadd(A.input, {"record_id": "r1"})
+    await claim(redis, A, UID_A, adopt=True)
+    assert (await _marker(redis, A))["created"] == "dlq,group"
+    await redis.delete(A.dlq, A.retry)
+    await redis.set(A.dlq, "someone's string")
+    await redis.hset(A.retry, "a", "hash")
+    await redis.set(A.record_prefix + "x", "done")
+    await redis.rpush(A.record_prefix + "list", "someone's list")
+    assert await destroy(redis, A, UID_A) == Destroyed("shared-group", [A.dlq], 2)  # the group, one record key
+    assert [g["name"] for g in await redis.xinfo_groups(A.input)] == ["fan-out-reader"]
+    assert await redis.xlen(A.input) == 1
+    assert (await redis.type(A.dlq), await redis.type(A.retry)) == ("string", "hash")
+    assert await redis.type(A.record_prefix + "list") == "list"
+    assert await redis.exists(A.owner) == 0
+
+
+async def test_a_worker_run_by_hand_refuses_keys_a_stage_holds(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    await claim(redis, KEYS, "stage-uid", adopt=True)
+    hand_run = workers.start("s")
+    assert hand_run.process.popen.wait(timeout=60) == 2
+    assert hand_run.process.log_path.read_text().splitlines() == [
+        "phoenix worker: refusing to start: the keys of phoenix:{default}:s:input are held by PhoenixStage "
+        "default/s (uid stage-uid); only that stage's own workers (STAGE_UID) run on them: give this worker keys of "
+        "its own (KEY_NAMESPACE, SERVICE_NAME, INPUT_QUEUE)"
+    ]
+    impostor = workers.start("s", STAGE_UID="another-uid")
+    assert impostor.process.popen.wait(timeout=60) == 2
+    assert "held by PhoenixStage default/s (uid stage-uid)" in impostor.process.log_path.read_text()
+    # The stage's own worker runs, and a worker of other keys is not concerned.
+    own = workers.start("s", STAGE_UID="stage-uid")
+    await add(redis, "r1")
+    await wait_until(lambda: idle(redis), "the stage's own worker processed r1", timeout=60)
+    assert own.alive
+
+
+async def test_the_stages_worker_brings_a_flushed_group_back_with_its_marker(
+    redis_url: str, redis: aioredis.Redis
+) -> None:
+    await claim(redis, KEYS, "stage-uid", adopt=True)
+    async with running_worker(redis_url, stage_uid="stage-uid"):
+        await redis.flushdb()
+        await add(redis, "r1")
+        await wait_until(lambda: idle(redis), "r1 processed after the flush", timeout=60)
+    # The operator's next claim finds its own marker, not a group of nobody's.
+    assert (await _marker(redis, KEYS))["uid"] == "stage-uid"
+    assert await claim(redis, KEYS, "stage-uid", adopt=True) == Claimed(group=False, dlq=False)
