@@ -3,7 +3,7 @@
 
 Two checks. Static: each redis.call / redis.pcall in the .lua files takes its keys from KEYS, directly or through
 a local assigned from KEYS. Live: each script runs through its real caller (a Worker, the repairs, the replays,
-billing, the operator's stream setup) against the embedded Valkey in cluster mode, names from phoenix/keys.py in
+billing, the operator's claim and delete) against the embedded Valkey in cluster mode, names from phoenix/keys.py in
 a namespace of its own; MONITOR shows every call with its KEYS and every command the script ran inside it, and
 the server's own COMMAND GETKEYS names the keys of each of those commands.
 """
@@ -27,10 +27,11 @@ from redis.exceptions import ResponseError
 
 import phoenix
 from phoenix.keys import StageKeys
-from phoenix.operator.redis_ops import Created, ensure_streams, replay_once
-from phoenix.worker_runtime import dlq, repair
+from phoenix.operator.redis_ops import Destroyed, destroy, replay_once
+from phoenix.worker_runtime import dlq, ownership, repair
 from phoenix.worker_runtime.billing import ApiKeyProvider
 from phoenix.worker_runtime.locks import DONE, LOCKED
+from phoenix.worker_runtime.ownership import Claimed
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
@@ -51,6 +52,9 @@ KEY_POSITIONS: dict[str, tuple[int, ...] | str] = {
         for command in (
             "EXPIRE",
             "GET",
+            "HGET",
+            "HMGET",
+            "HSET",
             "INCRBY",
             "SET",
             "TYPE",
@@ -70,8 +74,9 @@ KEY_POSITIONS: dict[str, tuple[int, ...] | str] = {
     # Every argument is a key.
     "DEL": ALL,
     "EXISTS": ALL,
-    # The first argument is not a key: a subcommand (XINFO GROUPS|CONSUMERS|STREAM <key>) ...
+    # The first argument is not a key: a subcommand (XINFO GROUPS|CONSUMERS <key>, XGROUP CREATE|DESTROY <key>) ...
     "XINFO": (2,),
+    "XGROUP": (2,),
     # ... or no key at all: the server's clock.
     "TIME": (),
 }
@@ -157,6 +162,10 @@ def _keys_locals(code: str) -> set[str]:
         for position, name in enumerate(n.strip() for n in names.split(",")):
             expression = expressions[position] if position < len(expressions) else ""
             (from_keys if _from_keys(expression) else otherwise).add(name)
+    # A loop over a table of such names: `for _, key in ipairs({input, dlq}) do`.
+    for name, elements in re.findall(rf"\bfor\s+{_NAME}\s*,\s*({_NAME})\s+in\s+ipairs\(\{{([^{{}}]*)\}}\)", code):
+        items = [e.strip() for e in elements.split(",")]
+        (from_keys if all(_from_keys(e) or e in from_keys for e in items) else otherwise).add(name)
     return from_keys - otherwise
 
 
@@ -192,7 +201,7 @@ def undeclared_keys(text: str) -> list[str]:
 
 def test_the_package_has_its_scripts() -> None:
     names = {path.name for path in SCRIPTS}
-    assert {"settle.lua", "locks_renew.lua", "repair_reclaim.lua", "ensure_stream.lua"} <= names
+    assert {"settle.lua", "locks_renew.lua", "repair_reclaim.lua", "claim_keys.lua"} <= names
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda path: str(path.relative_to(PACKAGE)))
@@ -212,6 +221,8 @@ def test_the_check_finds_keys_built_or_passed_outside_keys() -> None:
         local other = redis.call('GET', KEYS[1])
         redis.pcall('EXPIRE', other, 5)
         local ok = pcall(redis.call, 'XINFO', 'GROUPS', ARGV[4])
+        for _, declared in ipairs({input, KEYS[2]}) do redis.call('TYPE', declared) end
+        for _, k in ipairs({input, ARGV[5]}) do redis.call('TYPE', k) end
         local call = redis.call
         redis.call('RENAME', KEYS[1], KEYS[2])
         redis.call('TIME')
@@ -221,6 +232,7 @@ def test_the_check_finds_keys_built_or_passed_outside_keys() -> None:
         "DEL ARGV[3]",
         "EXPIRE other",
         "XINFO ARGV[4]",
+        "TYPE k",
         "redis.call used other than as a call (an alias?)",
         "RENAME (not in KEY_POSITIONS: say where its keys are)",
     ]
@@ -349,7 +361,8 @@ WORKER_SCRIPTS = {
     "worker_runtime/trim.lua",
 }
 DIRECT_SCRIPTS = {
-    "operator/ensure_stream.lua",
+    "worker_runtime/claim_keys.lua",
+    "operator/delete_owned.lua",
     "worker_runtime/dlq_replay.lua",
     "worker_runtime/repair_unlock.lua",
     "worker_runtime/repair_reclaim.lua",
@@ -451,8 +464,8 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
     )
     monitor_client = aioredis.Redis.from_url(cluster_url, decode_responses=False)
     async with ScriptMonitor(monitor_client) as monitor, running_key_service() as key_service:
-        # The operator sets the stage up.
-        assert await ensure_streams(cluster, STAGE) == Created(group=True, dlq=True)
+        # The operator claims the stage's keys, creating its streams and group.
+        assert await ownership.claim(cluster, STAGE, "uid-1", adopt=True) == Claimed(group=True, dlq=True)
         # Two entries delivered to a consumer that died holding their records' locks.
         await _add(cluster, "a")
         await _add(cluster, "b")
@@ -487,6 +500,9 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
             assert await provider.key_for("u1") is not None
         finally:
             await provider.aclose()
+        # deletionPolicy Delete: the record keys, the ledger, then the streams, the retry set and the marker.
+        destroyed = await destroy(cluster, STAGE, "uid-1")
+        assert isinstance(destroyed, Destroyed) and destroyed.streams == [STAGE.input, STAGE.dlq]
     await monitor_client.aclose()
 
     check_calls(monitor, DIRECT_SCRIPTS, key_slot(STAGE.input.encode()))
