@@ -59,6 +59,22 @@ class ScriptedProcessor(BaseProcessor):
         return {**data, "seen_by": stage}
 
 
+class OutcomeProcessor(BaseProcessor):
+    """ScriptedProcessor's outcomes without its side effects in Redis: data["action"] none | invalid | fail |
+    sleep:<s>; default: forward. For a Redis Cluster node, which refuses ScriptedProcessor's side-effect
+    transaction (its two keys hash to two slots)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        action = str(data.get("action", ""))
+        if action == "invalid":
+            raise InvalidInputError(f"record {record_id} has no usable input")
+        if action == "fail":
+            raise RuntimeError("transient failure")
+        if action.startswith("sleep:"):
+            await asyncio.sleep(float(action.partition(":")[2]))
+        return None if action == "none" else {**data, "seen_by": self.settings.service_name}
+
+
 class OffRedisProcessor(BaseProcessor):
     """A stage whose work happens outside Redis (an HTTP or LLM call): waits data["sleep"] seconds and forwards, so
     its records finish, and wait for the settler, while the worker's own Redis connection hangs."""

@@ -73,15 +73,10 @@ class RecordLocks:
     async def renew(self, messages: Sequence[Message]) -> list[str]:
         """Extend the locks still ours and reset their entries' idle time; returns record ids whose lock is gone."""
         s = self._settings
-        args: list[str | int] = [
-            s.consumer_group,
-            s.consumer_name,
-            self.lock_value,
-            math.ceil(s.lock_timeout),
-            s.record_prefix,
-            DONE,
-        ]
+        prefix = s.record_prefix
+        keys = [s.input_queue, *(prefix + m.record_id for m in messages)]
+        args: list[str | int] = [s.consumer_group, s.consumer_name, self.lock_value, math.ceil(s.lock_timeout), DONE]
         for m in messages:
             args += (m.entry_id, m.record_id)
-        lost = await self._renew(keys=[s.input_queue], args=args)
+        lost = await self._renew(keys=keys, args=args)
         return [r.decode() if isinstance(r, bytes) else r for r in lost]

@@ -138,12 +138,12 @@ async def reclaim(client: Redis, settings: WorkerSettings, plan: ReclaimPlan) ->
     done: list[Reclaimed] = []
     for first in range(0, len(plan.candidates), _RECLAIM_BATCH):
         batch = plan.candidates[first : first + _RECLAIM_BATCH]
-        # The script's ARGV: its fixed head, then three per candidate.
-        head = (s.consumer_group, plan.min_idle_ms, s.max_deliveries, s.record_prefix, LUA_UNPACK_LIMIT)
-        args: list[str | int] = [*head]
+        # The script's KEYS: the input, then each candidate's record key; ARGV: its fixed head, then two per candidate.
+        keys = [s.input_queue, *(s.record_prefix + c.record_id for c, _ in batch)]
+        args: list[str | int] = [s.consumer_group, plan.min_idle_ms, s.max_deliveries, LUA_UNPACK_LIMIT]
         for c, lock_value in batch:
-            args += (c.entry_id, c.record_id, lock_value)
-        replies = await script(keys=[s.input_queue], args=args)
+            args += (c.entry_id, lock_value)
+        replies = await script(keys=keys, args=args)
         for (c, _), (status, new_id, released) in zip(batch, replies, strict=True):
             done.append(replace(c, status=text(status), new_entry_id=text(new_id), lock_released=bool(released)))
     return done

@@ -4,17 +4,19 @@
 -- Entries delivered max_deliveries times are left pending: the worker's reclaim dead-letters them as poison.
 -- So are entries of more values than one unpack can give (Lua 5.1 stops near 8,000): no XADD can copy them, and
 -- the worker's reclaim dead-letters them, packed, as over MAX_ENTRY_FIELDS.
--- KEYS[1] input stream
--- ARGV: group, min_idle_ms, max_deliveries, record_prefix, most values unpacked, then per candidate: entry_id,
---       record_id, lock_value (the record key's value while the dead consumer holds its lock; '' when it holds none).
+-- KEYS[1] input stream, then the candidates' record keys (record_prefix .. record_id), in candidate order:
+--   KEYS[1 + n] is candidate n's.
+-- ARGV: group, min_idle_ms, max_deliveries, most values unpacked, then per candidate: entry_id, lock_value (the
+--       record key's value while the dead consumer holds its lock; '' when it holds none).
 -- Returns per candidate {status, new_id, lock_released (0/1)}; status 'moved', 'busy' (no longer pending, or
 -- touched since the caller looked), 'poison' or 'wide' (left for the worker) or 'trimmed' (gone from the stream:
 -- acknowledged).
-local group, min_idle, max_deliveries, record_prefix = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local max_values = tonumber(ARGV[5])
+local group, min_idle, max_deliveries = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local max_values = tonumber(ARGV[4])
 local result = {}
-for i = 6, #ARGV, 3 do
-  local entry_id, record_id, lock_value = ARGV[i], ARGV[i + 1], ARGV[i + 2]
+for i = 5, #ARGV, 2 do
+  local entry_id, lock_value = ARGV[i], ARGV[i + 1]
+  local record_key = KEYS[2 + #result]  -- every branch below adds one result per candidate
   local pending = redis.call('XPENDING', KEYS[1], group, 'IDLE', min_idle, entry_id, entry_id, 1)
   if #pending == 0 then
     result[#result + 1] = {'busy', '', 0}
@@ -39,8 +41,8 @@ for i = 6, #ARGV, 3 do
       end
       local new_id = redis.call('XADD', KEYS[1], '*', unpack(fields))
       local released = 0
-      if lock_value ~= '' and redis.call('GET', record_prefix .. record_id) == lock_value then
-        redis.call('DEL', record_prefix .. record_id)
+      if lock_value ~= '' and redis.call('GET', record_key) == lock_value then
+        redis.call('DEL', record_key)
         released = 1
       end
       result[#result + 1] = {'moved', new_id, released}

@@ -19,17 +19,18 @@
 -- marker back (a commit written already is found by its marker and never forwarded twice; one not written is not
 -- taken for a duplicate); then retries (ZADD: idempotent); dead letters last (an XADD would repeat). A D item's
 -- fields are unpacked into one XADD (Lua 5.1 stops near 8,000 values): settle.py sends a wider one packed.
--- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset.
--- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, record_prefix, done_prefix, the forwarded
---       entry's field names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id
---       and by code: C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms
---       member | L - | s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every
---       argument, and commits are most items.
+-- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset, then
+--       the items' record keys (record_prefix .. record_id), one per item in item order: KEYS[4 + n] is item n's.
+--       Every key the script touches is declared (a Redis Cluster node checks them; they share one hash tag).
+-- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, done_prefix, the forwarded entry's field
+--       names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id and by code:
+--       C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms member | L - |
+--       s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument, and
+--       commits are most items.
 -- Returns the positions (from 1) of the commits that found their record committed already: the duplicates.
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local group, lock_value, marker_ttl = ARGV[1], ARGV[2], ARGV[3]
-local record_prefix, done_prefix = ARGV[4], ARGV[5]
-local record_field, user_field, data_field, trace_field = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local group, lock_value, marker_ttl, done_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local record_field, user_field, data_field, trace_field = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
 local done_len = #done_prefix
 local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count
 
@@ -42,11 +43,12 @@ local function server_now_ms()
   return now_ms
 end
 
-local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 10, #ARGV
-local retries, dead = {}, {}  -- positions in ARGV of the R and D items, written after the commits
-local function release(code, record_id)
+local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 9, #ARGV
+-- Positions in ARGV of the R and D items, written after the commits, and their item numbers.
+local retries, retry_items, dead, dead_items = {}, {}, {}, {}
+local function release(code, n)
   if code == 'D' or code == 'R' or code == 'L' then
-    local key = record_prefix .. record_id
+    local key = KEYS[4 + n]
     if redis.call('GET', key) == lock_value then
       redis.call('DEL', key)
     end
@@ -55,8 +57,8 @@ end
 while i <= argc do
   local code, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   item = item + 1
+  local key = KEYS[4 + item]
   if code == 'C' or code == 'T' or code == 'M' then
-    local key = record_prefix .. record_id
     local old = redis.call('SET', key, done_prefix .. entry_id, 'GET', 'EX', marker_ttl)
     if old and old ~= lock_value and string.sub(old, 1, done_len) == done_prefix then
       redis.call('SET', key, old, 'EX', marker_ttl)
@@ -83,30 +85,32 @@ while i <= argc do
     n_acked = n_acked + 1
     acked[n_acked] = entry_id
   elseif code == 'R' or code == 'r' then
+    retry_items[#retries + 1] = item
     retries[#retries + 1] = i
   elseif code == 'D' or code == 'd' then
+    dead_items[#dead + 1] = item
     dead[#dead + 1] = i
   else
     if code == 's' then
       n_acked = n_acked + 1
       acked[n_acked] = entry_id
     end
-    release(code, record_id)
+    release(code, item)
   end
   i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
 end
 -- Retries (ZADD: idempotent), then dead letters: a script error on the first of a kind leaves nothing to repeat.
-for _, j in ipairs(retries) do
+for r, j in ipairs(retries) do
   redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[j + 3]), ARGV[j + 4])
   n_acked = n_acked + 1
   acked[n_acked] = ARGV[j + 1]
-  release(ARGV[j], ARGV[j + 2])
+  release(ARGV[j], retry_items[r])
 end
-for _, j in ipairs(dead) do
+for d, j in ipairs(dead) do
   redis.call('XADD', dlq, '*', unpack(ARGV, j + 4, j + 3 + tonumber(ARGV[j + 3])))
   n_acked = n_acked + 1
   acked[n_acked] = ARGV[j + 1]
-  release(ARGV[j], ARGV[j + 2])
+  release(ARGV[j], dead_items[d])
 end
 -- One XACK for the batch; chunked to stay far below Lua's limit on unpacked values.
 for j = 1, n_acked, 4000 do

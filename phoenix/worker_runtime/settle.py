@@ -85,11 +85,11 @@ class Settler:
         self._script = lua.register(client, "settle.lua")
         s = settings
         self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
+        self._record_prefix = s.record_prefix
         self._head: list[FieldValue] = [
             s.consumer_group,
             lock_value,
             math.ceil(s.idempotency_ttl),
-            s.record_prefix,
             DONE,
             *OUTPUT_FIELDS,
         ]
@@ -131,16 +131,20 @@ class Settler:
                 self._on_settled(batch)
             self._idle.set()
 
-    async def _commit(self, args: list[FieldValue], batch: int) -> list[int]:
+    async def _commit(self, outcomes: list[Outcome]) -> list[int]:
+        # settle.lua's KEYS: the stage's four, then each item's record key (every key a script touches is declared).
+        prefix = self._record_prefix
+        keys = self._keys + [prefix + o.record_id for o in outcomes]
+        args = self._args(outcomes)
         if not self._replicas:
-            return await self._script(keys=self._keys, args=args)
+            return await self._script(keys=keys, args=args)
         # MIN_REPLICAS_ACK: WAIT counts the writes of the connection it runs on, so it follows the script on the
         # same connection, in one pipeline. The commit stands either way (Redis cannot undo it); a short count
         # is logged, since a failover now could lose this batch.
         # `async with`: a pipeline whose execute fails before it sends (its scripts checked on a primary that is
         # gone) keeps its connection otherwise, and redis-py prints "Unclosed Pipeline client" into the JSON logs.
         async with self._client.pipeline(transaction=False) as pipe:
-            await self._script(keys=self._keys, args=args, client=pipe)
+            await self._script(keys=keys, args=args, client=pipe)
             pipe.wait(self._replicas, self._replicas_timeout_ms)
             result, acked = await pipe.execute()
         if acked < self._replicas:
@@ -148,7 +152,7 @@ class Settler:
                 "replicas_behind",
                 acknowledged_by=acked,
                 wanted=self._replicas,
-                batch=batch,
+                batch=len(outcomes),
                 timeout_ms=self._replicas_timeout_ms,
             )
         return result
@@ -176,7 +180,7 @@ class Settler:
         delay = 0.1
         while True:
             try:
-                written = await self._commit(self._args(outcomes), len(outcomes))
+                written = await self._commit(outcomes)
                 self._progress_at = time.monotonic()  # the one liveness cost: a clock read per script call
                 return written
             except RedisError as exc:
