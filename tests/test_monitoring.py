@@ -14,6 +14,7 @@ import redis as sync_redis
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
+from phoenix.keys import StageKeys
 from phoenix.worker_runtime import metrics as worker_metrics
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
@@ -114,8 +115,10 @@ def test_every_alert_names_only_exported_metrics(
             "the stage reconciled",
         )
         for i in range(3):
-            connection.xadd("phoenix:{default}:metered:input", {"record_id": f"r{i}"})
-        connection.xreadgroup("metered-group", "worker-1", {"phoenix:{default}:metered:input": ">"}, count=1)
+            connection.xadd(StageKeys.for_stage("metered", kube_namespace).input, {"record_id": f"r{i}"})
+        connection.xreadgroup(
+            "metered-group", "worker-1", {StageKeys.for_stage("metered", kube_namespace).input: ">"}, count=1
+        )
         labels = f'namespace="{kube_namespace}",stage="metered"'
 
         def figures() -> dict[str, float] | None:

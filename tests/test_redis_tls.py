@@ -113,14 +113,14 @@ async def test_the_operator_verifies_the_server_with_the_ca_from_a_secret(
     try:
         # The operator holds the CA as the Secret's bytes, not as a file.
         trusted = RedisSpec.from_url(server.url, tls_ca=server.pki.ca.read_bytes())
-        actions = await prepare_streams(pool, trusted, keys, existed_before=False)
+        actions = await prepare_streams(pool, trusted, keys, "uid-tls", existed_before=False)
         assert {a.reason for a in actions} == {"ConsumerGroupCreated", "DlqCreated"}
         groups = await redis.xinfo_groups(keys.input)
         assert [g["name"] for g in groups] == [keys.consumer_group]
 
         wrong = RedisSpec.from_url(server.url, tls_ca=server.pki.other_ca.read_bytes())
         with pytest.raises(StageError) as caught:
-            await prepare_streams(pool, wrong, keys, existed_before=True)
+            await prepare_streams(pool, wrong, keys, "uid-tls", existed_before=True)
         assert caught.value.reason == "RedisUnavailable"
         assert WRONG_CA in caught.value.message and "\n" not in caught.value.message
     finally:
@@ -195,7 +195,7 @@ async def test_mtls_the_operator_presents_the_certificate_from_a_secret(
         assert await client.ping()
         without = RedisSpec.from_url(mtls_server.url, tls_ca=mtls_server.pki.ca.read_bytes())
         with pytest.raises(StageError) as caught:
-            await prepare_streams(pool, without, StageKeys.for_stage("mtls-operator"), existed_before=False)
+            await prepare_streams(pool, without, StageKeys.for_stage("mtls-operator"), "uid-mtls", existed_before=False)
         assert NO_CERTIFICATE in caught.value.message
     finally:
         await pool.close()

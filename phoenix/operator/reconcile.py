@@ -129,8 +129,8 @@ async def prepare_streams(
 ) -> list[Action]:
     """Claim the stage's keys for the PhoenixStage `uid` and create the stream, group and DLQ; an Action for each
     that had to be created (after a Redis flush: again) and for keys adopted from an earlier stage of the name."""
-    client = pool.client(redis)
     try:
+        client = pool.client(redis)  # builds the TLS context: a CA or certificate that does not load fails here
         await refuse_unmigrated(client, streams)
         created = await claim(client, streams, uid, adopt=True)
     except KeysHeld as exc:
