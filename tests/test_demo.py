@@ -124,18 +124,20 @@ def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> Non
 
 def test_interrupt_stops_workers_and_valkey(tmp_path: Path) -> None:
     argv = demo_argv(tmp_path)
-    argv[argv.index("--copies") + 1] = "400"  # enough work to still be running when interrupted
+    # Enough work to still be running when interrupted, on a loaded machine too (400 copies once finished first).
+    argv[argv.index("--copies") + 1] = "2000"
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
-    url = ""
+    url, seen = "", []
     for line in proc.stdout:
+        seen.append(line)
         if match := re.search(r"Started embedded Valkey at (\S+)", line):
             url = match.group(1)
         if line.startswith("router") and line.split()[3] != "0":  # the router has finished some records
             break
     proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130
+    out, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, "".join(seen[-8:]) + out[-2000:] + stderr[-2000:]
     assert "Interrupted: workers stopped." in stderr
     assert url and workers_using(url) == []
     assert not accepts_connections(url)
