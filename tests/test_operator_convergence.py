@@ -23,9 +23,9 @@ from tests.fixtures.leaks import assert_shows_no_part_of
 from tests.fixtures.operator_process import (
     ServingOperator,
     condition,
+    final_stage,
     get_stage,
     kubectl_apply,
-    sample_documents,
     serving_operator,
     stage_events,
     stage_status,
@@ -46,15 +46,6 @@ def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[
     ) as served:
         yield served
         assert served.process.alive, served.process.failure("died during the tests")
-
-
-def _stage(url: str, namespace: str, name: str = "router", **spec: Any) -> list[dict[str, Any]]:
-    """The sample Secret and a stage named `name` (the sample router, scaled 0..5: no kubelet is needed)."""
-    secret, router = sample_documents(url, namespace)[:2]
-    router["metadata"]["name"] = name
-    router["spec"].pop("output")
-    router["spec"].update({"replicas": {"min": 0, "max": 5}, **spec})
-    return [secret, router]
 
 
 def _reasons(api: client.ApiClient, namespace: str, name: str, type_: str = "Normal") -> list[str]:
@@ -90,7 +81,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     url, connection = redis_db
     ns = kube_namespace
     apps, custom = client.AppsV1Api(kube_api), client.CustomObjectsApi(kube_api)
-    kubectl_apply(kube_cluster, _stage(url, ns))
+    kubectl_apply(kube_cluster, final_stage(url, ns))
 
     def scaled_object() -> dict[str, Any] | None:
         return _get_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "router")
@@ -220,7 +211,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     url, connection = redis_db
     ns = kube_namespace
     connection.set(f"phoenix:{{{ns}}}:router:input", "not a stream")
-    kubectl_apply(kube_cluster, _stage(url, ns))
+    kubectl_apply(kube_cluster, final_stage(url, ns))
 
     conflict = eventually(
         lambda: (
@@ -264,7 +255,7 @@ def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
 ) -> None:
     url, connection = redis_db
     ns = kube_namespace
-    kubectl_apply(kube_cluster, _stage(url, ns))
+    kubectl_apply(kube_cluster, final_stage(url, ns))
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
     first_ms = int(time.time() * 1000) - 120_000
@@ -299,7 +290,7 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     apps = client.AppsV1Api(kube_api)
 
     # InvalidSpec: the schema admits it, but the stage would feed its own input (its workers would refuse).
-    secret, looping = _stage(url, ns, name="looping", output={"stream": f"phoenix:{{{ns}}}:looping:input"})
+    secret, looping = final_stage(url, ns, name="looping", output={"stream": f"phoenix:{{{ns}}}:looping:input"})
     kubectl_apply(kube_cluster, [secret, looping])
     eventually(lambda: _ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
     assert "feed itself" in condition(get_stage(kube_cluster, ns, "looping"), "Ready")["message"]
@@ -314,7 +305,9 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     try:
         secret["metadata"]["name"] = "with-password"
         secret["stringData"] = {"url": _acl_url(url, user, password)}
-        _, guarded = _stage(url, ns, name="guarded", redis={"urlSecretRef": {"name": "with-password", "key": "url"}})
+        _, guarded = final_stage(
+            url, ns, name="guarded", redis={"urlSecretRef": {"name": "with-password", "key": "url"}}
+        )
         kubectl_apply(kube_cluster, [secret, guarded])
         autoscaling = eventually(
             lambda: (
@@ -335,7 +328,7 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
 
     # Billing swaps OPENAI_API_KEY per message: with concurrency above 1 admission refuses the stage.
     billing = [{"name": "BILLING_URL", "value": "http://litellm:4000"}]
-    _, billed = _stage(url, ns, name="billed", env=billing, worker={"concurrency": 4})
+    _, billed = final_stage(url, ns, name="billed", env=billing, worker={"concurrency": 4})
     refused = kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(billed))
     assert refused.returncode != 0
     assert "only safe with worker.concurrency 1" in refused.stderr
@@ -351,7 +344,7 @@ def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
 ) -> None:
     ns = kube_namespace
     # The issue's case: an unescaped '#' in the password, which urlsplit reads as the start of a fragment.
-    secret, stage = _stage("redis://:s3cr#et@redis:6379/0", ns, name="hashed")
+    secret, stage = final_stage("redis://:s3cr#et@redis:6379/0", ns, name="hashed")
     kubectl_apply(kube_cluster, [secret, stage])
     eventually(lambda: _ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
     message = condition(get_stage(kube_cluster, ns, "hashed"), "Ready")["message"]
@@ -374,7 +367,7 @@ def test_only_delete_stages_carry_the_finalizer(
 ) -> None:
     url, connection = redis_db
     ns = kube_namespace
-    kubectl_apply(kube_cluster, _stage(url, ns))
+    kubectl_apply(kube_cluster, final_stage(url, ns))
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     # Retain (the default): nothing to do at deletion, so nothing that could hang it while the operator is down.
     assert FINALIZER not in _finalizers(kube_cluster, ns, "router")
@@ -430,7 +423,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     own_valkey: RestartableValkey,
 ) -> None:
     ns = kube_namespace
-    kubectl_apply(kube_cluster, _stage(own_valkey.url, ns, deletionPolicy="Delete"))
+    kubectl_apply(kube_cluster, final_stage(own_valkey.url, ns, deletionPolicy="Delete"))
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     assert FINALIZER in _finalizers(kube_cluster, ns, "router")
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
@@ -470,7 +463,7 @@ def test_an_output_no_group_reads_shows_in_status_with_one_warning(
     a retention the workers apply, and the schema refuses a retention of neither form."""
     url, connection = redis_db
     ns, sink = kube_namespace, "sink:results"
-    kubectl_apply(kube_cluster, _stage(url, ns, output={"stream": sink}))
+    kubectl_apply(kube_cluster, final_stage(url, ns, output={"stream": sink}))
 
     def unread() -> dict[str, Any]:
         return condition(get_stage(kube_cluster, ns, "router"), "OutputUnread") or {}
@@ -524,7 +517,7 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
         "spec": {"scaleTargetRef": {"name": "their-app"}, "minReplicaCount": 0, "maxReplicaCount": 1, "triggers": []},
     }
     created = custom.create_namespaced_custom_object(*KEDA, ns, "scaledobjects", theirs)
-    kubectl_apply(kube_cluster, _stage(url, ns, replicas={"min": 1, "max": 5}))
+    kubectl_apply(kube_cluster, final_stage(url, ns, replicas={"min": 1, "max": 5}))
 
     def autoscaling() -> dict[str, Any] | None:
         found = condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady")
@@ -600,7 +593,7 @@ def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
             },
         },
     )
-    kubectl_apply(kube_cluster, _stage(url, ns))
+    kubectl_apply(kube_cluster, final_stage(url, ns))
     eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
     ready = condition(get_stage(kube_cluster, ns, "router"), "Ready")
     assert ready["message"].startswith("Deployment router exists and is not owned by this PhoenixStage (owners: none)")

@@ -20,9 +20,9 @@ from tests.fixtures.kube import PlayKubelet
 from tests.fixtures.operator_process import (
     ServingOperator,
     condition,
+    final_stage,
     get_stage,
     kubectl_apply,
-    sample_documents,
     serving_operator,
     stage_events,
 )
@@ -51,12 +51,8 @@ def teams(kube_cluster: ControlPlane, kube_api: client.ApiClient) -> Iterator[tu
 
 
 def _stage(url: str, namespace: str, name: str, **spec: Any) -> list[dict[str, Any]]:
-    """The sample Secret and a final stage `name` running the test processor, scaled 0..5 (no pod until asked)."""
-    secret, stage = sample_documents(url, namespace)[:2]
-    stage["metadata"]["name"] = name
-    stage["spec"].pop("output")
-    stage["spec"].update({"processor": "tests.processors:ScriptedProcessor", "replicas": {"min": 0, "max": 5}, **spec})
-    return [secret, stage]
+    """A final stage `name` running the test processor (final_stage), with the sample Secret."""
+    return final_stage(url, namespace, name, processor="tests.processors:ScriptedProcessor", **spec)
 
 
 def _ready(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
