@@ -7,8 +7,13 @@ Layout (v2): `phoenix:{<namespace>}:<stage>:<kind>`, for example `phoenix:{team-
   same name in two namespaces share no key, on one Redis database.
 - **Slots.** `{<namespace>}` is a Redis Cluster hash tag: every key of a namespace hashes to one slot, so one atomic
   script may touch a stage's streams, retry set and record keys and the next stage's input (`output.stage` stays
-  in the namespace). The Redis Cluster work adds partitions inside the tag (`{<namespace>~<p>}`, see `scope`)
-  without renaming anything else.
+  in the namespace).
+- **Partitions.** A stage of `partitions: K > 1` has K lanes, each a full set of the per-record keys (input, DLQ,
+  retry set, record keys, backpressure) under the tag `{<namespace>~<p>}`. A record's lane is `partition_of(record
+  id, K)`, stable, so partition p of every stage of a pipeline shares one slot: the commit that forwards a record
+  from p to the next stage's p stays one script, and the K slots spread over a cluster's shards. A stage of one
+  partition keeps the plain `{<namespace>}` tag: today's names. The keys of a stage as a whole (owner, layout,
+  audit, replay ledgers) are always under `{<namespace>}`.
 - **Data the stages share** (the example pipeline's pages, the billing cache) sits in the same scope under a
   segment no stage name can take (stage names start with a letter or digit): `phoenix:{ns}:_pages:<record id>`.
 
@@ -20,42 +25,61 @@ touch in KEYS (tests/test_script_keys.py checks it) and spell none of them.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, replace
 
 PREFIX = "phoenix"
 DEFAULT_NAMESPACE = "default"
 # A Kubernetes namespace name (a DNS label): no `{`, `}` or `:`, so the hash tag and the segments stay unambiguous.
 NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
-_SCOPED = re.compile(r"^phoenix:\{(?P<namespace>[^{}:]+)\}:(?P<stage>[^:]+):input$")
-_SCOPED_STREAM = re.compile(r"^phoenix:\{(?P<namespace>[^{}:]+)\}:(?P<stage>[A-Za-z0-9][^:]*):(?:input|dlq)$")
+# The tag: a namespace (no `~`, `{`, `}` or `:`), then `~<partition>` for a lane of a partitioned stage.
+_TAG = r"\{(?P<namespace>[^{}:~]+)(?:~(?P<partition>\d+))?\}"
+_SCOPED = re.compile(rf"^phoenix:{_TAG}:(?P<stage>[^:]+):input$")
+_SCOPED_STREAM = re.compile(rf"^phoenix:{_TAG}:(?P<stage>[A-Za-z0-9][^:]*):(?:input|dlq)$")
 
 
-def scope(namespace: str) -> str:
-    """The common start of every key of `namespace`, hash tag included. The one place the tag is spelled."""
-    return f"{PREFIX}:{{{namespace}}}"
+def scope(namespace: str, partition: int | None = None) -> str:
+    """The common start of every key of `namespace` (of its partition `partition`, None: of an unpartitioned stage
+    or of a stage as a whole), hash tag included. The one place the tag is spelled."""
+    tag = namespace if partition is None else f"{namespace}~{partition}"
+    return f"{PREFIX}:{{{tag}}}"
 
 
-def input_stream(stage: str, namespace: str = DEFAULT_NAMESPACE) -> str:
-    """A stage's default input stream; also what `output.stage: <next>` resolves to (in the same namespace)."""
-    return f"{scope(namespace)}:{stage}:input"
+def partition_of(record_id: str, partitions: int) -> int | None:
+    """The partition of a record in a stage of `partitions` partitions: None (no partition in the names) for one,
+    else a stable hash of the record id (CRC-32, the same in every process and release) modulo `partitions`."""
+    return zlib.crc32(record_id.encode()) % partitions if partitions > 1 else None
+
+
+def input_stream(stage: str, namespace: str = DEFAULT_NAMESPACE, partition: int | None = None) -> str:
+    """A stage's default input stream (of one partition); also what `output.stage: <next>` resolves to (in the same
+    namespace, the record's partition of the next stage)."""
+    return f"{scope(namespace, partition)}:{stage}:input"
 
 
 def input_streams_pattern(namespace: str | None = None) -> str:
-    """SCAN MATCH pattern of the default input streams of every stage of `namespace` (None: of every namespace).
-    Braces are literal in Redis glob patterns."""
-    return input_stream("*", namespace or "*")
+    """SCAN MATCH pattern of the default input streams of every stage of `namespace` (None: of every namespace),
+    of every partition; stage_of_input tells them apart. Braces are literal in Redis glob patterns."""
+    # `[}~]`: the namespace ends at the tag's end or at its partition, so `team` does not match `team-b`.
+    return f"{PREFIX}:{{*}}:*:input" if namespace is None else f"{PREFIX}:{{{namespace}[}}~]*:input"
 
 
 def stage_of_input(key: str) -> tuple[str, str] | None:
-    """(namespace, stage) of a default input stream's key (the inverse of input_stream); None for another key."""
+    """(namespace, stage) of a default input stream's key, of any partition (the inverse of input_stream); None for
+    another key."""
     found = _SCOPED.match(key)
     return (found["namespace"], found["stage"]) if found else None
 
 
 def stage_of_stream(key: str) -> tuple[str, str] | None:
-    """(namespace, stage) whose default input or DLQ stream `key` is; None for another key."""
+    """(namespace, stage) whose default input or DLQ stream (of any partition) `key` is; None for another key."""
     found = _SCOPED_STREAM.match(key)
     return (found["namespace"], found["stage"]) if found else None
+
+
+def forward_stream(next_stage: str, namespace: str, record_id: str, partitions: int) -> str:
+    """The input stream of `next_stage` (of `partitions` partitions) that the record `record_id` is forwarded to."""
+    return input_stream(next_stage, namespace, partition_of(record_id, partitions))
 
 
 def shared_data_key(namespace: str, kind: str, ident: str) -> str:
@@ -75,7 +99,8 @@ def billing_guard_key(namespace: str, user_id: str) -> str:
 
 @dataclass(frozen=True)
 class StageKeys:
-    """The streams, consumer group and keys of stage `name` in `namespace`."""
+    """The streams, consumer group and keys of stage `name` in `namespace`: of the stage as a whole (`partition`
+    None), which for a stage of one partition is also its one lane, or of its lane `partition` (see `lanes`)."""
 
     name: str
     namespace: str
@@ -83,6 +108,8 @@ class StageKeys:
     consumer_group: str
     dlq: str
     output: str | None = None
+    partitions: int = 1
+    partition: int | None = None
 
     @classmethod
     def for_stage(
@@ -94,8 +121,14 @@ class StageKeys:
         group: str | None = None,
         dlq: str | None = None,
         output: str | None = None,
+        partitions: int = 1,
     ) -> StageKeys:
-        """The stage's names, each given one (empty or None: the default derived from `name`) kept as is."""
+        """The stage's names, each given one (empty or None: the default derived from `name`) kept as is. A stage
+        of several partitions has only derived streams: one input and one DLQ per partition."""
+        if partitions < 1:
+            raise ValueError(f"partitions must be at least 1, not {partitions}")
+        if partitions > 1 and (input or dlq):
+            raise ValueError("a stage of several partitions derives its input and DLQ streams; it cannot name them")
         return cls(
             name=name,
             namespace=namespace,
@@ -103,10 +136,35 @@ class StageKeys:
             consumer_group=group or f"{name}-group",
             dlq=dlq or f"{scope(namespace)}:{name}:dlq",
             output=output or None,
+            partitions=partitions,
         )
 
     @property
+    def lanes(self) -> tuple[StageKeys, ...]:
+        """The keys of each partition, in partition order: the stage itself when it has one partition."""
+        if self.partitions == 1:
+            return (self,)
+        return tuple(
+            replace(
+                self,
+                partition=p,
+                input=input_stream(self.name, self.namespace, p),
+                dlq=f"{scope(self.namespace, p)}:{self.name}:dlq",
+            )
+            for p in range(self.partitions)
+        )
+
+    def lane_of(self, record_id: str) -> StageKeys:
+        """The keys of the partition `record_id` belongs to."""
+        partition = partition_of(record_id, self.partitions)
+        return self if partition is None else self.lanes[partition]
+
+    @property
     def _stage(self) -> str:
+        return f"{scope(self.namespace, self.partition)}:{self.name}"
+
+    @property
+    def _whole_stage(self) -> str:
         return f"{scope(self.namespace)}:{self.name}"
 
     @property
@@ -131,7 +189,7 @@ class StageKeys:
     @property
     def audit(self) -> str:
         """Stream of the repairs done to the stage by hand or by the operator (worker_runtime/audit.py); capped."""
-        return f"{self._stage}:audit"
+        return f"{self._whole_stage}:audit"
 
     @property
     def backpressure(self) -> str:
@@ -150,9 +208,21 @@ class StageKeys:
         keys another stage holds and deletes only what its own stage created."""
         return f"{self._stage}:owner"
 
+    @property
+    def layout(self) -> str:
+        """Hash of the stage's layout (`partitions`), written when its keys are first claimed: producers read it to
+        write where the workers read, and a worker or operator started with another count refuses to start."""
+        return f"{self._whole_stage}:layout"
+
+    @property
+    def outbox(self) -> str:
+        """Stream of the lane's committed results bound for a stream in another slot (a Redis Cluster forward that
+        cannot be in the commit's script): written by the commit, relayed to their streams idempotently."""
+        return f"{self._stage}:outbox"
+
     def replay_ledger(self, request_id: str) -> str:
         """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing."""
-        return f"{self._stage}:replay:{request_id}"
+        return f"{self._whole_stage}:replay:{request_id}"
 
     @property
     def replay_ledgers_pattern(self) -> str:
