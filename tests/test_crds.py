@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
 from phoenix.crds.definition import custom_resource_definition
-from phoenix.crds.pod import VOLUME_SOURCES
 from phoenix.crds.generate import CRD_PATH, main, render_crd
+from phoenix.crds.pod import VOLUME_SOURCES
 from phoenix.retention import Retention
 from tests.fixtures.control_plane import ControlPlane
 

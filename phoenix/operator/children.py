@@ -8,6 +8,7 @@ the stage says so in a condition and a Warning Event."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -24,6 +25,7 @@ from phoenix.operator.builders import (
     scaled_object_patch,
     trigger_authentication_name,
 )
+from phoenix.operator.constants import POD_KEYS_ANNOTATION
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi
@@ -96,12 +98,28 @@ async def apply_deployment(
     if existing is None:
         return await kube.create_deployment(desired), [_changed("Deployment", owner.name, None, [])], watched
     check_owned(owner, existing)
+    _remove_dropped_pod_keys(desired, existing)
+    _remove_dropped_pod_keys(watched, existing)
     paths = differences(desired, existing)
     if not paths:
         return existing, [], watched
     # A merge patch keeps what it does not name, such as the restart stamp in the pod template's annotations.
     patched = await kube.patch_deployment(owner.namespace, owner.name, desired)
     return patched, [_changed("Deployment", owner.name, existing, paths)], watched
+
+
+def _remove_dropped_pod_keys(desired: dict[str, Any], existing: Mapping[str, Any]) -> None:
+    """The labels and annotations spec.pod put on the pod template before (recorded on `existing`) and no longer
+    asks for become None in `desired`: the merge patch removes them, drift wants them absent."""
+    recorded = ((existing.get("metadata") or {}).get("annotations") or {}).get(POD_KEYS_ANNOTATION)
+    try:
+        previous = json.loads(recorded) if recorded else {}
+    except ValueError:
+        previous = {}  # edited by hand: nothing known to remove
+    template = desired["spec"]["template"]["metadata"]
+    for section in ("labels", "annotations"):
+        for key in previous.get(section, ()) if isinstance(previous, dict) else ():
+            template[section].setdefault(key, None)
 
 
 async def apply_keda_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]) -> list[Action]:

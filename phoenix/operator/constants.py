@@ -28,6 +28,8 @@ HANDLED_RESTART_ANNOTATION = f"{PREFIX}/restart-handled"
 RESTARTED_AT_ANNOTATION = f"{PREFIX}/restartedAt"
 # On the pod template: a digest of the values the stage's Redis Secrets hold; a rotated Secret rolls the workers.
 REDIS_SECRETS_ANNOTATION = f"{PREFIX}/redis-secrets"
+# On the Deployment: the label and annotation keys spec.pod put on its pod template (JSON), so dropped ones go.
+POD_KEYS_ANNOTATION = f"{PREFIX}/pod-keys"
 # On the pod template: where Prometheus scrapes the worker. spec.pod.annotations may not set these nor PREFIX/ ones.
 SCRAPE_ANNOTATION = "prometheus.io/scrape"
 SCRAPE_PORT_ANNOTATION = "prometheus.io/port"
