@@ -13,6 +13,7 @@ from phoenix.operator.builders import (
     Owner,
     RedisConnection,
     build_deployment,
+    build_pod_disruption_budget,
     build_scaled_object,
     build_trigger_authentication,
     in_namespace,
@@ -354,6 +355,23 @@ def test_the_termination_grace_follows_the_processing_timeout(timeout: int, grac
 def test_a_termination_grace_shorter_than_the_margin_drains_nothing() -> None:
     deployment = build_deployment(OWNER, make_spec(pod={"terminationGracePeriodSeconds": 5}))
     assert env_of(deployment)["SHUTDOWN_GRACE"] == "0"
+
+
+def test_a_stage_of_several_pods_has_a_disruption_budget_of_one_pod_at_a_time() -> None:
+    budget = build_pod_disruption_budget(OWNER, make_spec(replicas={"min": 0, "max": 2}))
+    assert budget is not None
+    assert (budget["apiVersion"], budget["kind"]) == ("policy/v1", "PodDisruptionBudget")
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert budget["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "phoenix-operator"  # watched for drift
+    assert budget["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": build_deployment(OWNER, make_spec())["spec"]["selector"]["matchLabels"]},
+    }
+
+
+@pytest.mark.parametrize("replicas", [{"min": 0, "max": 1}, {"min": 1, "max": 1}])
+def test_a_stage_of_at_most_one_pod_has_no_disruption_budget(replicas: dict[str, int]) -> None:
+    assert build_pod_disruption_budget(OWNER, make_spec(replicas=replicas)) is None
 
 
 def test_default_and_custom_resources() -> None:
