@@ -97,6 +97,8 @@ def pipeline(
     # A fresh namespace, also where an earlier run's is still there.
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300)
     kubectl("create", "namespace", NAMESPACE)
+    # Every pod of the pipeline (workers, Valkey, the documents server) must meet the restricted standard.
+    kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
     samples = ensure_samples(tmp_path_factory.mktemp("samples"))
     apply_documents(
         documents_server(image, {path.name: base64.b64encode(path.read_bytes()).decode() for path in samples}),
