@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo test eval ocr tls-redis e2e bench bench-peers bench-operator manifests kube lint lock clean
+.PHONY: demo test eval ocr tls-redis e2e bench bench-peers bench-operator manifests kube helm go-tools lint lock clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +38,21 @@ tls-redis:
 	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } \
 	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
 
-# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) for the suite.
-test: $(STAMP) lint kube ocr tls-redis
+# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) and helm (cached
+# in .cache/helm) for the suite.
+test: $(STAMP) lint go-tools ocr tls-redis
 	$(BIN)/python -m pytest -q
 
 kube:
 	bash hack/build-kube.sh
+
+helm:
+	bash hack/build-helm.sh
+
+# Both Go builds at once: on a cold machine one downloads modules or links while the other compiles. Each build's
+# output is printed whole when it ends, and a failure of either fails the target.
+go-tools:
+	$(MAKE) --no-print-directory -j2 --output-sync=target kube helm
 
 # The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
 e2e: $(STAMP)
@@ -80,8 +89,12 @@ lock: $(LOCK_TOOLS)/bin/uv
 	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(LOCK_TOOLS)/bin/uv pip compile - $(LOCK_ARGS) -o requirements-build.lock
 
+# The CRD from phoenix/crds, then the chart's copies of the manifests/ files it serves (a chart cannot read files
+# outside its directory; tests/test_helm_chart.py fails while they differ).
 manifests: $(STAMP)
 	$(BIN)/python -m phoenix.crds.generate
+	cp manifests/crds/phoenix.io_phoenixstages.yaml manifests/grafana/phoenix-dashboard.json \
+	  manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
