@@ -89,12 +89,11 @@ lock: $(LOCK_TOOLS)/bin/uv
 	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(LOCK_TOOLS)/bin/uv pip compile - $(LOCK_ARGS) -o requirements-build.lock
 
-# The CRD from phoenix/crds, then the chart's copies of the manifests/ files it serves (a chart cannot read files
-# outside its directory; tests/test_helm_chart.py fails while they differ).
+# The CRD from phoenix/crds (into manifests/crds/ and the chart), then the chart's copies of the monitoring files
+# (a chart cannot read files outside its directory; tests/test_helm_chart.py fails while they differ).
 manifests: $(STAMP)
 	$(BIN)/python -m phoenix.crds.generate
-	cp manifests/crds/phoenix.io_phoenixstages.yaml manifests/grafana/phoenix-dashboard.json \
-	  manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
+	cp manifests/grafana/phoenix-dashboard.json manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -6,6 +6,7 @@ The module's end puts the kustomize install back for the rest of the suite."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import uuid
@@ -148,7 +149,7 @@ def test_helm_upgrade_with_a_changed_value_rolls_the_operator(
         str(CHART),
         f"--namespace={OPERATOR_NAMESPACE}",
         "--reuse-values",
-        f"--set=operator.podAnnotations.phoenix\\.io/e2e-upgrade={marker}",
+        f"--set-string=operator.podAnnotations.phoenix\\.io/e2e-upgrade={marker}",
         "--wait",
         "--timeout=5m",
         home=helm_home,
@@ -156,7 +157,8 @@ def test_helm_upgrade_with_a_changed_value_rolls_the_operator(
     after = rolled_out_pods(2)
     assert not {pod["metadata"]["name"] for pod in after} & before, "the upgrade did not replace the operator pods"
     assert all(pod["metadata"]["annotations"]["phoenix.io/e2e-upgrade"] == marker for pod in after)
-    assert "2" in helm("history", RELEASE, f"--namespace={OPERATOR_NAMESPACE}", "--max=1", home=helm_home)
+    status = json.loads(helm("status", RELEASE, f"--namespace={OPERATOR_NAMESPACE}", "--output=json", home=helm_home))
+    assert (status["version"], status["info"]["status"]) == (2, "deployed")
 
 
 def test_helm_uninstall_leaves_only_the_crd_and_its_stages(
