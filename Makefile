@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube lint format \
-	lock clean
+.PHONY: help demo test eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm go-tools \
+	lint format lock clean
 .DEFAULT_GOAL := help
 
 # The targets a person runs, with what each does (the `##` comments on their lines).
@@ -44,12 +44,21 @@ tls-redis:
 	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } \
 	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
 
-# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) for the suite.
-test: $(STAMP) lint kube ocr tls-redis  ## Lint, then the whole test suite (builds the local control plane once)
+# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) and helm (cached
+# in .cache/helm) for the suite.
+test: $(STAMP) lint go-tools ocr tls-redis  ## Lint, then the whole test suite (builds the Go tools it needs once)
 	$(BIN)/python -m pytest -q
 
 kube:
 	bash hack/build-kube.sh
+
+helm:
+	bash hack/build-helm.sh
+
+# Both Go builds at once: on a cold machine one downloads modules or links while the other compiles. Each build's
+# output is printed whole when it ends, and a failure of either fails the target.
+go-tools:
+	$(MAKE) --no-print-directory -j2 --output-sync=target kube helm
 
 # The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
 e2e: $(STAMP)  ## The e2e suite on a real single-node Kubernetes (Linux, root)
@@ -86,8 +95,11 @@ lock: $(LOCK_TOOLS)/bin/uv  ## Re-pin the image's hashed requirements
 	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(LOCK_TOOLS)/bin/uv pip compile - $(LOCK_ARGS) -o requirements-build.lock
 
-manifests: $(STAMP)  ## Regenerate the CRD from phoenix/crds
+# The CRD from phoenix/crds (into manifests/crds/ and the chart), then the chart's copies of the monitoring files
+# (a chart cannot read files outside its directory; tests/test_helm_chart.py fails while they differ).
+manifests: $(STAMP)  ## Regenerate the CRD and the chart's copies of manifests/
 	$(BIN)/python -m phoenix.crds.generate
+	cp manifests/grafana/phoenix-dashboard.json manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
 
 lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy, shellcheck over hack/, codespell
 	$(BIN)/ruff check .

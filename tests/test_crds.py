@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
 from phoenix.crds.definition import custom_resource_definition
-from phoenix.crds.generate import CRD_PATH, main, render_crd
+from phoenix.crds.generate import CHART_CRD_PATH, CRD_PATH, main, render_crd
 from phoenix.crds.pod import VOLUME_SOURCES
 from phoenix.retention import Retention
 from tests.fixtures.control_plane import ControlPlane
@@ -117,6 +117,11 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 def test_committed_crd_is_generated_from_the_models() -> None:
     committed = CRD_PATH.read_text()
     assert committed == render_crd(), f"{CRD_PATH} differs from phoenix/crds: run `make manifests`"
+
+
+def test_the_helm_chart_holds_the_generated_crd_too() -> None:
+    assert CHART_CRD_PATH.read_text() == render_crd(), f"{CHART_CRD_PATH} is stale: run `make manifests`"
+    assert main(["--check"]) == 0
 
 
 def test_generate_check_reports_a_stale_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

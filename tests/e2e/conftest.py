@@ -32,6 +32,7 @@ from tests.e2e.kube import (
     VALKEY_IMAGE,
     apply_documents,
     image_override,
+    install_operator_with_kustomize,
     kubectl,
     kubectl_json,
     port_forward,
@@ -80,13 +81,7 @@ def cluster() -> None:
 
 @pytest.fixture(scope="session")
 def operator_installed(cluster: None, phoenix_image: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    overlay = write_overlay(
-        tmp_path_factory.mktemp("operator-overlay"),
-        MANIFESTS,
-        {"images": [image_override(PHOENIX_IMAGE, phoenix_image)]},
-    )
-    kubectl("apply", "--server-side", "-k", str(overlay))
-    wait_rollout(OPERATOR_NAMESPACE, "phoenix-operator")
+    install_operator_with_kustomize(phoenix_image, tmp_path_factory.mktemp("operator-overlay"))
 
 
 @pytest.fixture(scope="session")
