@@ -225,12 +225,14 @@ class WorkerSettings(BaseSettings):
 
     @property
     def keys(self) -> StageKeys:
+        # A partitioned stage's INPUT_QUEUE and DLQ_NAME are the stage-wide names derived (its lanes' are in `lanes`).
+        named = self.partitions == 1
         return StageKeys.for_stage(
             self.service_name,
             self.key_namespace,
-            input=self.input_queue,
+            input=self.input_queue if named else None,
             group=self.consumer_group,
-            dlq=self.dlq_name,
+            dlq=self.dlq_name if named else None,
             output=self.output_queue,
             partitions=self.partitions,
         )
