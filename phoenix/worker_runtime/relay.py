@@ -69,7 +69,9 @@ class Relay:
     async def run(self) -> None:
         """Relay until cancelled; an outbox with a full batch is read again at once, else after a short rest."""
         delay = 0.1
-        while True:
+        task = asyncio.current_task()
+        # cancelling(): a cancellation swallowed inside a client library still ends the loop (as Worker._every).
+        while task is None or not task.cancelling():
             try:
                 moved = await self.relay_once()
                 delay = 0.1
