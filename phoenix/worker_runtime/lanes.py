@@ -87,7 +87,10 @@ def routes(settings: WorkerSettings, *, slots_matter: bool) -> tuple[Route, ...]
     return tuple(found)
 
 
-async def cluster_enabled(client: Redis) -> bool:
-    """Whether the server checks slots (cluster mode): a single Redis, primary or Sentinel-managed, does not."""
+async def cluster_enabled(client: Redis, mode: str) -> bool:
+    """Whether the server checks slots: REDIS_MODE=cluster, or a server in cluster mode reached by a plain client
+    (one node holding every slot still refuses CROSSSLOT). A single Redis, primary or Sentinel-managed, does not."""
+    if mode == "cluster":
+        return True
     info = await client.info("cluster")
     return str(info.get("cluster_enabled", 0)) == "1"

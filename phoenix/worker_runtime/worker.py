@@ -288,7 +288,7 @@ class Worker:
                     for lane in self.lanes:
                         if holder := await ownership.holder_at_start(self.redis, lane.keys):
                             raise ownership.KeysHeld(holder, lane.keys.input)
-                if await lanes.cluster_enabled(self.redis):
+                if await lanes.cluster_enabled(self.redis, s.redis.mode):
                     self._route(slots_matter=True)  # a forward to another slot goes through the outbox
                 await self.ensure_group()
                 return True
