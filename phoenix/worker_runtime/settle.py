@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 from redis.asyncio import Redis
@@ -20,6 +21,9 @@ from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
+
+if TYPE_CHECKING:
+    from phoenix.worker_runtime.tracing import MessageTracing, RecordTrace
 
 FieldValue = str | bytes | int
 
@@ -43,6 +47,7 @@ class Outcome:
     fields: Sequence[FieldValue] = ()
     started_at: float = 0.0
     duplicate: bool = False  # set after the write: a commit found the record committed by another worker
+    trace: RecordTrace | None = None  # the record's process span, when traces are recorded (tracing.py)
 
 
 # settle.lua's code of a commit, by how many values it forwards: none, user_id and data, and a traceparent.
@@ -80,7 +85,12 @@ class Settler:
     _MAX_BATCH = 512
 
     def __init__(
-        self, client: Redis, settings: WorkerSettings, lock_value: str, on_settled: Callable[[list[Outcome]], None]
+        self,
+        client: Redis,
+        settings: WorkerSettings,
+        lock_value: str,
+        on_settled: Callable[[list[Outcome]], None],
+        tracing: MessageTracing | None = None,
     ) -> None:
         self._script = lua.register(client, "settle.lua")
         s = settings
@@ -94,6 +104,7 @@ class Settler:
             *OUTPUT_FIELDS,
         ]
         self._on_settled = on_settled
+        self._tracing = tracing if tracing is not None and tracing.recording else None
         self._client = client
         self._replicas, self._replicas_timeout_ms = s.min_replicas_ack, s.min_replicas_timeout_ms
         self._queue: list[Outcome] = []
@@ -126,10 +137,17 @@ class Settler:
             self._wake.clear()
             while self._queue:
                 batch, self._queue = self._queue[: self._MAX_BATCH], self._queue[self._MAX_BATCH :]
-                for position in await self._write(batch):
-                    batch[position - 1].duplicate = True
+                if self._tracing is None:
+                    await self._write_batch(batch)
+                else:
+                    with self._tracing.settling(batch):
+                        await self._write_batch(batch)
                 self._on_settled(batch)
             self._idle.set()
+
+    async def _write_batch(self, batch: list[Outcome]) -> None:
+        for position in await self._write(batch):
+            batch[position - 1].duplicate = True
 
     async def _commit(self, outcomes: list[Outcome]) -> list[int]:
         # settle.lua's KEYS: the stage's four, then each item's record key (every key a script touches is declared).
