@@ -36,6 +36,7 @@ from phoenix.operator.status.readiness import (
 from phoenix.operator.status.registry import StageRecord
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, claim
+from phoenix.worker_runtime.tracing import operation_span
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 120.0
@@ -251,9 +252,12 @@ async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mappin
     async with record.reconcile_lock:
         generation = record.generation
         done: list[Action] = []
+        attributes = {"k8s.namespace.name": record.namespace, "phoenix.stage": record.name}
         try:
-            async with ctx.events.reporting(record, RECONCILE):
-                result = await reconcile(ctx.kube, ctx.pool, record, body, done)
+            # A span per reconcile (nothing unless OTEL_* configures tracing); a StageError marks it failed.
+            with operation_span("reconcile", {**attributes, "phoenix.generation": generation or 0}):
+                async with ctx.events.reporting(record, RECONCILE):
+                    result = await reconcile(ctx.kube, ctx.pool, record, body, done)
         except StageError as error:
             record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
             await ctx.writer.update(record, *failed_status(error, generation))
