@@ -14,6 +14,7 @@ import redis.asyncio as aioredis
 from phoenix.demo import PIPELINE, SHOWCASE_SAMPLE
 from phoenix.keys import input_stream
 from phoenix.stages.samples import ensure_samples
+from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.fixtures.records import committed
@@ -88,7 +89,7 @@ async def test_one_record_through_three_stages_is_one_trace(
 
 
 async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_it(
-    redis: aioredis.Redis, workers: WorkerPool
+    redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
     await redis.set("dependency-down:s", 1)
     await add(redis, "r1")
@@ -114,3 +115,8 @@ async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_
     # The failure's line is written inside the failed attempt's span.
     failed = [line for line in worker.events() if line["event"] == "processing_failed_will_retry"]
     assert failed[0]["trace_id"] == processes[0].trace_id and failed[0]["span_id"] == processes[0].span_id
+    # `phoenix inspect` names the trace (from the retried entry and the forwarded one; the first carried none).
+    text = phoenix(redis_url, "inspect", "--service", "s", "r1", "--output", OUT)
+    assert f"  trace:  {processes[0].trace_id}\n" in text
+    report = json.loads(phoenix(redis_url, "inspect", "--service", "s", "r1", "--output", OUT, "--json"))
+    assert report["trace_ids"] == [processes[0].trace_id]

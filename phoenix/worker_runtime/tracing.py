@@ -113,6 +113,18 @@ def traceparent_of(span: Span) -> str:
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id a W3C traceparent names (`00-<trace id>-<span id>-<flags>`); None when absent or malformed."""
+    parts = (traceparent or "").split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or parts[1] == "0" * 32:
+        return None
+    try:
+        int(parts[1], 16)
+    except ValueError:
+        return None
+    return parts[1]
+
+
 def _parent(traceparent: str | None) -> Any:
     """The context a traceparent names; None (a new trace) when absent or malformed."""
     if not traceparent:
