@@ -1,21 +1,27 @@
 """The export path for real: `phoenix worker` subprocesses configured by the standard OTEL_* environment send their
 spans over OTLP/HTTP to a receiver on loopback (tests/fixtures/otlp_receiver.py), which decodes them with
 opentelemetry-proto. One record through router -> parser -> grouper is one trace there; a retried record's second
-attempt is in its trace; the workers' JSON log lines carry the trace's id."""
+attempt is in its trace; the workers' JSON log lines carry the trace's id; the operator's reconciles are spans."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
 from pathlib import Path
 
+import pytest
+import redis as sync_redis
 import redis.asyncio as aioredis
 
 from phoenix.demo import PIPELINE, SHOWCASE_SAMPLE
 from phoenix.keys import input_stream
 from phoenix.stages.samples import ensure_samples
 from tests.fixtures.cli import phoenix
+from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.operator_process import final_stage, kubectl_apply, running_operator
 from tests.fixtures.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.fixtures.records import committed
 from tests.fixtures.stage_s import OUT, add
@@ -120,3 +126,34 @@ async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_
     assert f"  trace:  {processes[0].trace_id}\n" in text
     report = json.loads(phoenix(redis_url, "inspect", "--service", "s", "r1", "--output", OUT, "--json"))
     assert report["trace_ids"] == [processes[0].trace_id]
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("redis_db", [11], indirect=True)
+async def test_the_operator_traces_each_reconcile(
+    kube_cluster: ControlPlane,
+    operator_kubeconfig: Path,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, _ = redis_db
+    async with otlp_receiver() as receiver:
+        for name, value in otel_env(receiver).items():
+            monkeypatch.setenv(name, value)  # the operator's environment: start_operator passes the test's on
+        with contextlib.ExitStack() as stack:
+            # In a thread: the receiver answers on this event loop while the operator starts and reconciles.
+            operator = running_operator(kube_cluster, operator_kubeconfig, log_name="operator-tracing")
+            await asyncio.to_thread(stack.enter_context, operator)
+            await asyncio.to_thread(kubectl_apply, kube_cluster, final_stage(url, kube_namespace, name="traced"))
+
+            async def reconciled() -> list[ReceivedSpan]:
+                return [
+                    s for s in receiver.spans if s.name == "reconcile" and s.attributes["phoenix.stage"] == "traced"
+                ]
+
+            spans = await wait_until(reconciled, "the reconcile's span received", timeout=120)
+            await asyncio.to_thread(stack.close)
+    span = spans[0]
+    assert span.service == "phoenix-operator" and span.parent_id == ""
+    assert span.attributes["k8s.namespace.name"] == kube_namespace and span.end_ns >= span.start_ns
