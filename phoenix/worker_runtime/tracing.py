@@ -39,6 +39,9 @@ _SCOPE = "phoenix"
 # Any of these set means export was asked for (the SDK's own default exporter, otlp, would be on otherwise).
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_HEADERS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+# Every variable Phoenix itself reads (the SDK and exporter read more): docs/configuration.md documents each.
+READ_VARIABLES = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", *_ENDPOINTS, *_PROTOCOLS, *_HEADERS)
 # The one-word outcome on a record's spans, by settle.Action's value.
 _OUTCOMES = {"C": "commit", "D": "dlq", "R": "retry", "L": "leave", "S": "duplicate"}
 
@@ -96,7 +99,7 @@ def otlp_header_values(env: Mapping[str, str] | None = None) -> list[str]:
     """The values of OTEL_EXPORTER_OTLP_(TRACES_)HEADERS (`name=value,...`, URL-encoded): credentials, as a rule."""
     env = os.environ if env is None else env
     values = []
-    for name in ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"):
+    for name in _HEADERS:
         for pair in env.get(name, "").split(","):
             if (value := pair.partition("=")[2].strip()) != "":
                 values += [value, urllib.parse.unquote(value)]
