@@ -141,10 +141,12 @@ async def test_the_operator_traces_each_reconcile(
     async with otlp_receiver() as receiver:
         for name, value in otel_env(receiver).items():
             monkeypatch.setenv(name, value)  # the operator's environment: start_operator passes the test's on
+        # JSON lines (LOG_FORMAT, as the manifests set it), to find the ones written inside the reconcile's span.
+        monkeypatch.setenv("LOG_FORMAT", "json")
         with contextlib.ExitStack() as stack:
             # In a thread: the receiver answers on this event loop while the operator starts and reconciles.
             operator = running_operator(kube_cluster, operator_kubeconfig, log_name="operator-tracing")
-            await asyncio.to_thread(stack.enter_context, operator)
+            process, _ = await asyncio.to_thread(stack.enter_context, operator)
             await asyncio.to_thread(kubectl_apply, kube_cluster, final_stage(url, kube_namespace, name="traced"))
 
             async def reconciled() -> list[ReceivedSpan]:
@@ -154,6 +156,11 @@ async def test_the_operator_traces_each_reconcile(
 
             spans = await wait_until(reconciled, "the reconcile's span received", timeout=120)
             await asyncio.to_thread(stack.close)
+    log = [json.loads(line) for line in process.log_path.read_text().splitlines() if line.startswith("{")]
     span = spans[0]
     assert span.service == "phoenix-operator" and span.parent_id == ""
     assert span.attributes["k8s.namespace.name"] == kube_namespace and span.end_ns >= span.start_ns
+    # The Events it posted are logged inside it, with its ids.
+    inside = [line for line in log if line.get("trace_id") == span.trace_id]
+    assert inside and all(line["span_id"] == span.span_id for line in inside)
+    assert any("traced" in str(line.get("message")) for line in inside)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import signal
 import sys
 import time
@@ -26,7 +27,7 @@ from phoenix.operator.kube import KubeApi, load_client
 from phoenix.operator.metrics import LEADER, REGISTRY
 from phoenix.operator.options import OperatorOptions, parse_options
 from phoenix.worker_runtime.health import start_health_server
-from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing
+from phoenix.worker_runtime.tracing import TraceIdsFilter, TracingConfigError, configure_tracing
 
 # Kubernetes calls run in threads (the official client blocks); 200 stages reconciling at once need more
 # than asyncio's default of cpu+4 threads to stay quick.
@@ -130,6 +131,9 @@ def run(options: OperatorOptions) -> int:
     except TracingConfigError as exc:
         print(f"phoenix operator: invalid configuration: {exc}", file=sys.stderr)
         return 2
+    if shutdown_tracing is not None:
+        for handler in logging.getLogger().handlers:  # kopf.configure's: every line it writes
+            handler.addFilter(TraceIdsFilter())
     if options.leader_election:
         try:
             lease = leader.lease_config(options.lease_name, options.lease_namespace)

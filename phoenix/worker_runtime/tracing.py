@@ -16,6 +16,7 @@ retry and dead letter carry its process span's traceparent: the next attempt, or
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import urllib.parse
@@ -145,6 +146,16 @@ def log_ids() -> dict[str, str] | None:
     if not ctx.is_valid:
         return None
     return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+
+
+class TraceIdsFilter(logging.Filter):
+    """For stdlib logging (the operator's kopf lines): trace_id and span_id on a record written inside a span, as
+    log.add_trace_context does for the workers' structlog lines; a JSON formatter writes them as fields."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (ids := log_ids()) is not None:
+            record.trace_id, record.span_id = ids["trace_id"], ids["span_id"]
+        return True
 
 
 @dataclass(slots=True)
