@@ -10,8 +10,10 @@ virtualenv) on the same Valkey.
      OUTPUT_HIGH_WATER=0): what those cost is 1 - c/c0.
 With --compare-with DIR, a checkout of another commit (`git worktree add ../base <commit>`): its worker, started
 from DIR, runs in every round too, and the bench prints how this worker's CPU and Redis time per message compare.
-(a), (c0) and (c) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and the
-peers are slow enough to be steady in one.
+(d1) the same worker (process()) on a Redis Cluster of one shard (one node holding every slot), right after (c) in
+     every round: the cluster costs Redis no more than 10% more per message (Valkey process CPU, same round).
+(a), (c0), (c) and (d1) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and
+the peers are slow enough to be steady in one.
 Redis time per message is Valkey's own count (INFO commandstats: scripts plus reads) and its process CPU
 (INFO cpu), both taken over the worker's run only.
 """
@@ -34,6 +36,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from phoenix.embedded import embedded_valkey
+from tests.fixtures.valkey_cluster import single_node_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "bench-group"
@@ -44,6 +47,8 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     # (c0): no background trimming within the run, no backpressure measurement.
     "untrimmed": ("bench.noop:NoopProcessor", {"TRIM_INTERVAL": "86400", "OUTPUT_HIGH_WATER": "0"}),
 }
+# The worker's environment on a cluster.
+CLUSTER_ENV = {"REDIS_MODE": "cluster"}
 # Commands of trimming and backpressure (run by trim.lua and the measuring job), counted apart.
 TRIM_COMMANDS = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "cmdstat_type"}
 
@@ -223,14 +228,31 @@ def compared(mine: list[WorkerRun], theirs: list[WorkerRun]) -> str:
     )
 
 
+def cluster_cost(standalone: list[WorkerRun], cluster: list[WorkerRun]) -> str:
+    """What a one-shard cluster costs Redis per message over standalone: the median of the rounds' own ratios
+    (each pair ran back to back, so the machine's drifting load affects both alike). Valkey's process CPU, not
+    wall clock: it holds on a loaded machine."""
+
+    def ratio(figure: Callable[[WorkerRun], float]) -> str:
+        pairs = list(zip(standalone, cluster, strict=True))
+        change = statistics.median(figure(c) / figure(s) - 1 for s, c in pairs)
+        median = statistics.median(figure(c) for _, c in pairs)
+        return f"{statistics.median(figure(s) for s, _ in pairs):.1f} -> {median:.1f} us ({change:+.1%})"
+
+    return f"Valkey CPU {ratio(lambda r: r.redis_cpu_us_per_msg)}, commands' time {ratio(redis_us)}"
+
+
 async def run(
     n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None, other: Path | None
 ) -> int:
     floors: list[float] = []
     runs: dict[str, list[WorkerRun]] = {name: [] for name in VARIANTS}
     theirs: list[WorkerRun] = []
-    with embedded_valkey() as url:
+    one_shard: list[WorkerRun] = []
+    with embedded_valkey() as url, single_node_cluster() as cluster_url:
         client = aioredis.Redis.from_url(url)
+        # One node holds every slot, so a plain client reaches every key (the worker uses its cluster client).
+        cluster_client = aioredis.Redis.from_url(cluster_url)
         b = await original(client, n)
         # Each round runs the floor right before the workers, and ratios are taken per round: on a shared
         # machine the load drifts over minutes, and a floor measured in a quiet minute skews every ratio.
@@ -238,10 +260,14 @@ async def run(
             floors.append(await floor(client, n))
             for name, (processor, env) in VARIANTS.items():
                 runs[name].append(await phoenix_worker(client, url, n, concurrency, log_level, processor, env))
+            noop = VARIANTS["process"][0]
+            one_shard.append(
+                await phoenix_worker(cluster_client, cluster_url, n, concurrency, log_level, noop, CLUSTER_ENV)
+            )
             if other:
-                noop = VARIANTS["process"][0]
                 theirs.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, {}, other))
         await client.aclose()
+        await cluster_client.aclose()
         peers = peer_rates(peers_python, url, n) if peers_python else []
     a = statistics.median(floors)
     c = median_run(runs["process"]).rate
@@ -261,6 +287,8 @@ async def run(
     print(f"(c) phoenix worker, process_batch()          : {describe(runs['batch'])}")
     c0 = median_run(runs["untrimmed"]).rate
     print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
+    print(f"(d1) process() on a one-shard Redis Cluster  : {describe(one_shard)}")
+    print(f"    cluster vs standalone, per message (target within +10%): {cluster_cost(runs['process'], one_shard)}")
     if other:
         print(f"(c) {other}, process(): {describe(theirs)}")
         print(f"    this worker vs that one, per message: {compared(runs['process'], theirs)}")

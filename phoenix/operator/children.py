@@ -109,7 +109,7 @@ async def apply_keda_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any])
     kind, meta = wanted["kind"], wanted["metadata"]
     existing = await kube.get_keda_object(kind, meta["namespace"], meta["name"])
     if existing is None:
-        await kube.create_keda_object({**wanted, "metadata": _present(meta)})
+        await kube.create_keda_object(_present(wanted))
         return [_changed(kind, meta["name"], None, [])]
     check_owned(owner, existing)
     paths = differences(wanted, existing)
@@ -120,11 +120,15 @@ async def apply_keda_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any])
     return [_changed(kind, meta["name"], existing, paths)]
 
 
-def _present(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """metadata without the null annotations that only a patch needs (a create must not carry them)."""
-    present = {k: v for k, v in meta.items() if k != "annotations"}
-    if annotations := {k: v for k, v in (meta.get("annotations") or {}).items() if v is not None}:
-        present["annotations"] = annotations
+def _present(wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """`wanted` without the nulls that only a patch needs (a create must not carry them), nor the maps left empty
+    by dropping them (the pause annotations, a formula that is not there)."""
+    present = {}
+    for key, value in wanted.items():
+        if isinstance(value, Mapping):
+            value = _present(value) or None
+        if value is not None:
+            present[key] = value
     return present
 
 
