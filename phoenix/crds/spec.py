@@ -9,6 +9,7 @@ from typing import Annotated, Literal
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef, SecretRef
+from phoenix.keys import MAX_PARTITIONS
 from phoenix.retention import RETENTION_PATTERN
 
 # Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
@@ -37,6 +38,8 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SHUTDOWN_GRACE",
     "HEALTH_PORT",
     "READ_MEMORY_BYTES",
+    "PARTITIONS",
+    "OUTPUT_PARTITIONS",
     "REDIS_MODE",
     "REDIS_SENTINEL_MASTER",
     "REDIS_SENTINEL_USERNAME",
@@ -386,10 +389,22 @@ _BILLING_MESSAGE = (
 )
 
 
+_PARTITIONS_DERIVE_NAMES = (
+    "a stage of several partitions derives its input and DLQ streams (one per partition): unset spec.input and "
+    "spec.dlq, or set spec.partitions to 1"
+)
+
+
 class PhoenixStageSpec(CamelModel):
     """One pipeline stage: a processor reading a Redis stream through a consumer group, autoscaled by KEDA."""
 
-    model_config = cel((_BILLING_CEL, _BILLING_MESSAGE))
+    model_config = cel(
+        (_BILLING_CEL, _BILLING_MESSAGE),
+        (
+            "!has(self.partitions) || self.partitions == 1 || (!has(self.input) && !has(self.dlq))",
+            _PARTITIONS_DERIVE_NAMES,
+        ),
+    )
 
     processor: str = Field(
         max_length=256,
@@ -412,6 +427,16 @@ class PhoenixStageSpec(CamelModel):
         default=None,
         description="Dead-letter stream for records that cannot be processed. "
         "Default: `phoenix:{<namespace>}:<name>:dlq`.",
+    )
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PARTITIONS,
+        description="Partitions of the stage (PARTITIONS): a record's partition follows from its record id, and each "
+        "partition has its own input stream, DLQ, retry set and record keys under its own Redis Cluster hash tag "
+        "(`phoenix:{<namespace>~<p>}:<name>:...`), so partition p of every stage of a pipeline shares one slot. 1: "
+        "today's layout. A stage of several partitions cannot set input or dlq. Changing it on a stage with data is "
+        "refused until the data is moved (docs/operations.md).",
     )
     redis: RedisSpec = Field(description="Redis connection, by Secret reference.")
     replicas: Replicas = Field(default_factory=Replicas, description="Bounds on the number of worker pods.")
@@ -466,4 +491,10 @@ class PhoenixStageSpec(CamelModel):
         swap_off = swap is not None and swap.value is not None and swap.value.lower() in _FALSE_WORDS
         if billing_on and not swap_off and self.worker.concurrency > 1:
             raise ValueError(f"{_BILLING_MESSAGE} (got worker.concurrency {self.worker.concurrency})")
+        return self
+
+    @model_validator(mode="after")
+    def _partitions_derive_names(self) -> PhoenixStageSpec:
+        if self.partitions > 1 and (self.input is not None or self.dlq is not None):
+            raise ValueError(f"{_PARTITIONS_DERIVE_NAMES} (got partitions {self.partitions})")
         return self

@@ -78,16 +78,17 @@ def _changed(kind: str, name: str, existing: Mapping[str, Any] | None, paths: li
 
 
 async def apply_deployment(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool, redis_secrets: str
+    kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool, redis_secrets: str, output_partitions: int = 1
 ) -> tuple[dict[str, Any], list[Action], dict[str, Any]]:
     """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
     KEDA's replica count; nothing is written when nothing differs. `redis_secrets` is the digest of the values
-    of the stage's Redis Secrets: when it differs the patch rolls the workers.
+    of the stage's Redis Secrets: when it differs the patch rolls the workers. `output_partitions`: the
+    partitions of the stage `output.stage` names (OUTPUT_PARTITIONS).
 
     Returns the Deployment, the actions taken and the form later watch events are compared with (KEDA's
     replica count left out of it)."""
     existing = await kube.get_deployment(owner.namespace, owner.name)
-    desired = build_deployment(owner, stage.spec, redis_secrets=redis_secrets)
+    desired = build_deployment(owner, stage.spec, redis_secrets=redis_secrets, output_partitions=output_partitions)
     current = None if existing is None else existing.get("spec", {}).get("replicas")
     desired["spec"]["replicas"] = deployment_replicas(stage.spec, current, keda_scales)
     watched = copy.deepcopy(desired)

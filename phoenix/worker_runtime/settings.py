@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from phoenix.keys import DEFAULT_NAMESPACE, NAMESPACE_PATTERN, StageKeys
+from phoenix.keys import DEFAULT_NAMESPACE, MAX_PARTITIONS, NAMESPACE_PATTERN, StageKeys
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
@@ -54,6 +54,10 @@ class WorkerSettings(BaseSettings):
 
     input_queue: str = ""
     output_queue: str = ""
+    # The stage's partitions (phoenix/keys.py: one lane of input, DLQ, retry set, record keys each), and those of
+    # the stage OUTPUT_QUEUE is the input of (a forward goes to the record's partition there); the operator sets both.
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+    output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
@@ -135,6 +139,7 @@ class WorkerSettings(BaseSettings):
             input=self.input_queue,
             group=self.consumer_group,
             dlq=self.dlq_name,
+            partitions=self.partitions,
         )
         derived = {
             "input_queue": keys.input,
@@ -208,13 +213,16 @@ class WorkerSettings(BaseSettings):
 
     @property
     def keys(self) -> StageKeys:
+        # A stage of several partitions names no stream of its own: its lanes' derive from SERVICE_NAME.
+        named = self.partitions == 1
         return StageKeys.for_stage(
             self.service_name,
             self.key_namespace,
-            input=self.input_queue,
+            input=self.input_queue if named else None,
             group=self.consumer_group,
-            dlq=self.dlq_name,
+            dlq=self.dlq_name if named else None,
             output=self.output_queue,
+            partitions=self.partitions,
         )
 
     @property
