@@ -583,7 +583,7 @@ def test_unpausing_patch_removes_the_pause_annotations() -> None:
         "autoscaling.keda.sh/paused": None,
         "autoscaling.keda.sh/paused-replicas": None,
     }
-    assert patch["spec"] == unpaused["spec"]
+    assert patch["spec"] == {**unpaused["spec"], "advanced": {"scalingModifiers": None}}  # no formula: nulled
     paused = build_scaled_object(OWNER, make_spec(paused=True, redis=REDIS_WITH_PASSWORD), connection)
     assert scaled_object_patch(paused)["metadata"]["annotations"] == {
         "autoscaling.keda.sh/paused": "true",
