@@ -12,6 +12,8 @@ With --compare-with DIR, a checkout of another commit (`git worktree add ../base
 from DIR, runs in every round too, and the bench prints how this worker's CPU and Redis time per message compare.
 (d1) the same worker (process()) on a Redis Cluster of one shard (one node holding every slot), right after (c) in
      every round: the cluster costs Redis no more than 10% more per message (Valkey process CPU, same round).
+(d3) the same worker on a cluster of 3 shards, the stage and the next in 8 partitions (each forward in its
+     commit, in the record's slot): the Valkey CPU of each shard per message, to show the load spread.
 (a), (c0), (c) and (d1) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and
 the peers are slow enough to be steady in one.
 Redis time per message is Valkey's own count (INFO commandstats: scripts plus reads) and its process CPU
@@ -36,7 +38,9 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from phoenix.embedded import embedded_valkey
-from tests.fixtures.valkey_cluster import single_node_cluster
+from phoenix.keys import StageKeys
+from phoenix.redis_spec import RedisSpec, connect
+from tests.fixtures.valkey_cluster import single_node_cluster, valkey_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "bench-group"
@@ -49,6 +53,8 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
 }
 # The worker's environment on a cluster.
 CLUSTER_ENV = {"REDIS_MODE": "cluster"}
+# (d3): primaries of the cluster, partitions of the stage and of the next (8 slots over 3 shards: 3, 3, 2 or so).
+SHARDS, SHARD_PARTITIONS = 3, 8
 # Commands of trimming and backpressure (run by trim.lua and the measuring job), counted apart.
 TRIM_COMMANDS = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "cmdstat_type"}
 
@@ -177,6 +183,69 @@ async def phoenix_worker(
     )
 
 
+@dataclass
+class ShardedRun:
+    rate: float
+    shard_cpu_us_per_msg: list[float]  # Valkey process CPU of each primary over the run, per message of the run
+
+
+async def sharded_worker(
+    url: str, ports: list[int], n: int, concurrency: int, log_level: str, partitions: int
+) -> ShardedRun:
+    """`phoenix worker` with REDIS_MODE=cluster over a stage of `partitions` partitions that forwards to a next
+    stage of as many, on the cluster whose primaries listen on `ports`."""
+    stage = StageKeys.for_stage("bench", partitions=partitions)
+    out = StageKeys.for_stage("bench-out", partitions=partitions)
+    client = connect(RedisSpec.from_url(url, mode="cluster"), decode_responses=False)
+    nodes = [aioredis.Redis(host="127.0.0.1", port=port) for port in ports]
+    try:
+        for lane in stage.lanes:
+            await client.xgroup_create(lane.input, GROUP, id="0", mkstream=True)
+        pipe = client.pipeline()
+        for i in range(n):
+            record = f"r{i}"
+            pipe.xadd(stage.lane_of(record).input, {"record_id": record, "user_id": "u1", "data": json.dumps({"i": i})})
+            if len(pipe) >= 1000:
+                await pipe.execute()
+        await pipe.execute()
+        env = dict(
+            os.environ,
+            SERVICE_NAME="bench",
+            PROCESSOR=VARIANTS["process"][0],
+            REDIS_URL=url,
+            OUTPUT_QUEUE=out.input,
+            OUTPUT_PARTITIONS=str(partitions),
+            PARTITIONS=str(partitions),
+            CONSUMER_GROUP=GROUP,
+            CONCURRENCY=str(concurrency),
+            HEALTH_PORT="0",
+            LOG_LEVEL=log_level,
+            PYTHONPATH=str(ROOT),
+            **CLUSTER_ENV,
+        )
+        cpu_start = [await _redis_cpu(node) for node in nodes]
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "phoenix", "worker", env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL
+        )
+        try:
+            while sum([await client.xlen(lane.input) for lane in out.lanes]) < n:
+                if proc.returncode is not None:
+                    raise RuntimeError(f"phoenix worker exited with {proc.returncode}")
+                await asyncio.sleep(0.05)
+            seconds = time.perf_counter() - start
+            cpu = [await _redis_cpu(node) - before for node, before in zip(nodes, cpu_start, strict=True)]
+        finally:
+            proc.terminate()
+            await proc.wait()
+    finally:
+        await client.aclose()
+        for node in nodes:
+            await node.aclose()
+    # Wall clock from the worker's start (its startup included): the rate is indicative; the CPU split is the point.
+    return ShardedRun(n / seconds, [c / n * 1e6 for c in cpu])
+
+
 def _id_ms(entry_id: bytes) -> int:
     return int(entry_id.decode().partition("-")[0])
 
@@ -268,6 +337,8 @@ async def run(
                 theirs.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, {}, other))
         await client.aclose()
         await cluster_client.aclose()
+    with valkey_cluster(SHARDS, replicas_each=0) as cluster:
+        sharded = await sharded_worker(cluster.url, cluster.primaries(), n, concurrency, log_level, SHARD_PARTITIONS)
         peers = peer_rates(peers_python, url, n) if peers_python else []
     a = statistics.median(floors)
     c = median_run(runs["process"]).rate
@@ -289,6 +360,12 @@ async def run(
     print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
     print(f"(d1) process() on a one-shard Redis Cluster  : {describe(one_shard)}")
     print(f"    cluster vs standalone, per message (target within +10%): {cluster_cost(runs['process'], one_shard)}")
+    total = sum(sharded.shard_cpu_us_per_msg)
+    spread = ", ".join(f"{us:.1f} us ({us / total:.0%})" for us in sharded.shard_cpu_us_per_msg)
+    print(
+        f"(d3) process() on {SHARDS} shards, {SHARD_PARTITIONS} partitions: {sharded.rate:10,.0f} msg/s (from the "
+        f"worker's start); Valkey CPU per message by shard: {spread}"
+    )
     if other:
         print(f"(c) {other}, process(): {describe(theirs)}")
         print(f"    this worker vs that one, per message: {compared(runs['process'], theirs)}")
