@@ -115,3 +115,32 @@ def test_the_patch_removes_the_formula_of_a_stage_back_to_one_partition_and_a_cr
     assert "advanced" not in created["spec"] and "annotations" not in created["metadata"]
     assert created["spec"]["triggers"] == one["spec"]["triggers"]
     assert _present(four)["spec"]["advanced"] == four["spec"]["advanced"]
+
+
+def test_cluster_partitions_use_the_cluster_triggers_through_the_seed_nodes() -> None:
+    """KEDA's redis-cluster-streams and redis-cluster scalers reach every shard from the seeds (`addresses`) and
+    take no database index (a cluster has database 0 only); TLS and the ACL user as in the other modes."""
+    spec = make_spec(partitions=2, redis={**REDIS_WITH_PASSWORD, "mode": "cluster"})
+    url = "rediss://app:pw@valkey-0.valkey:6379,valkey-1.valkey:6379,valkey-2.valkey:6379/0"
+    connection = redis_connection(RedisSpec.from_url(url, mode="cluster"))
+    scaled_object = build_scaled_object(OWNER, spec, connection)["spec"]
+    triggers = scaled_object["triggers"]
+    assert [t["type"] for t in triggers] == ["redis-cluster-streams", "redis-cluster-streams", "redis-cluster"] * 2
+    seeds = {"addresses": "valkey-0.valkey:6379,valkey-1.valkey:6379,valkey-2.valkey:6379"}
+    for trigger in triggers:
+        assert {**seeds, "enableTLS": "true", "username": "app"}.items() <= trigger["metadata"].items()
+        assert "databaseIndex" not in trigger["metadata"] and "address" not in trigger["metadata"]
+        assert trigger["authenticationRef"] == {"name": "parser-redis"}
+    assert [t["metadata"].get("stream", t["metadata"].get("listName")) for t in triggers] == [
+        "phoenix:{docs~0}:parser:input",
+        "phoenix:{docs~0}:parser:input",
+        "phoenix:{docs~0}:parser:retry",
+        "phoenix:{docs~1}:parser:input",
+        "phoenix:{docs~1}:parser:input",
+        "phoenix:{docs~1}:parser:retry",
+    ]
+    assert "sum([lag0, lag1])" in scaled_object["advanced"]["scalingModifiers"]["formula"]
+    # One partition on a cluster: today's three unnamed triggers, of the cluster kind, and no formula.
+    one = build_scaled_object(OWNER, make_spec(redis={**REDIS_WITH_PASSWORD, "mode": "cluster"}), connection)["spec"]
+    assert [t["type"] for t in one["triggers"]] == ["redis-cluster-streams", "redis-cluster-streams", "redis-cluster"]
+    assert "advanced" not in one and all("name" not in t for t in one["triggers"])
