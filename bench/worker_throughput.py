@@ -12,8 +12,12 @@ virtualenv) on the same Valkey.
      sink in this process that reads and drops them: what tracing costs per message is ct's CPU - c's.
 With --compare-with DIR, a checkout of another commit (`git worktree add ../base <commit>`): its worker, started
 from DIR, runs in every round too, and the bench prints how this worker's CPU and Redis time per message compare.
-(a), (c0) and (c) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and the
-peers are slow enough to be steady in one.
+(d1) the same worker (process()) on a Redis Cluster of one shard (one node holding every slot), right after (c) in
+     every round: the cluster costs Redis no more than 10% more per message (Valkey process CPU, same round).
+(d3) the same worker on a cluster of 3 shards, the stage and the next in 8 partitions (each forward in its
+     commit, in the record's slot): the Valkey CPU of each shard per message, to show the load spread.
+(a), (c0), (c) and (d1) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and
+the peers are slow enough to be steady in one.
 Redis time per message is Valkey's own count (INFO commandstats: scripts plus reads) and its process CPU
 (INFO cpu), both taken over the worker's run only.
 """
@@ -38,6 +42,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from phoenix.embedded import embedded_valkey
+from phoenix.keys import StageKeys
+from phoenix.redis_spec import RedisSpec, connect
+from tests.fixtures.valkey_cluster import single_node_cluster, valkey_cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 GROUP = "bench-group"
@@ -56,6 +63,10 @@ TRACED_ENV = {
     "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2048",
     "OTEL_BSP_SCHEDULE_DELAY": "200",
 }
+# The worker's environment on a cluster.
+CLUSTER_ENV = {"REDIS_MODE": "cluster"}
+# (d3): primaries of the cluster, partitions of the stage and of the next (8 slots over 3 shards: 3, 3, 2 or so).
+SHARDS, SHARD_PARTITIONS = 3, 8
 # Commands of trimming and backpressure (run by trim.lua and the measuring job), counted apart.
 TRIM_COMMANDS = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "cmdstat_type"}
 
@@ -184,6 +195,69 @@ async def phoenix_worker(
     )
 
 
+@dataclass
+class ShardedRun:
+    rate: float
+    shard_cpu_us_per_msg: list[float]  # Valkey process CPU of each primary over the run, per message of the run
+
+
+async def sharded_worker(
+    url: str, ports: list[int], n: int, concurrency: int, log_level: str, partitions: int
+) -> ShardedRun:
+    """`phoenix worker` with REDIS_MODE=cluster over a stage of `partitions` partitions that forwards to a next
+    stage of as many, on the cluster whose primaries listen on `ports`."""
+    stage = StageKeys.for_stage("bench", partitions=partitions)
+    out = StageKeys.for_stage("bench-out", partitions=partitions)
+    client = connect(RedisSpec.from_url(url, mode="cluster"), decode_responses=False)
+    nodes = [aioredis.Redis(host="127.0.0.1", port=port) for port in ports]
+    try:
+        for lane in stage.lanes:
+            await client.xgroup_create(lane.input, GROUP, id="0", mkstream=True)
+        pipe = client.pipeline()
+        for i in range(n):
+            record = f"r{i}"
+            pipe.xadd(stage.lane_of(record).input, {"record_id": record, "user_id": "u1", "data": json.dumps({"i": i})})
+            if len(pipe) >= 1000:
+                await pipe.execute()
+        await pipe.execute()
+        env = dict(
+            os.environ,
+            SERVICE_NAME="bench",
+            PROCESSOR=VARIANTS["process"][0],
+            REDIS_URL=url,
+            OUTPUT_QUEUE=out.input,
+            OUTPUT_PARTITIONS=str(partitions),
+            PARTITIONS=str(partitions),
+            CONSUMER_GROUP=GROUP,
+            CONCURRENCY=str(concurrency),
+            HEALTH_PORT="0",
+            LOG_LEVEL=log_level,
+            PYTHONPATH=str(ROOT),
+            **CLUSTER_ENV,
+        )
+        cpu_start = [await _redis_cpu(node) for node in nodes]
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "phoenix", "worker", env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL
+        )
+        try:
+            while sum([await client.xlen(lane.input) for lane in out.lanes]) < n:
+                if proc.returncode is not None:
+                    raise RuntimeError(f"phoenix worker exited with {proc.returncode}")
+                await asyncio.sleep(0.05)
+            seconds = time.perf_counter() - start
+            cpu = [await _redis_cpu(node) - before for node, before in zip(nodes, cpu_start, strict=True)]
+        finally:
+            proc.terminate()
+            await proc.wait()
+    finally:
+        await client.aclose()
+        for node in nodes:
+            await node.aclose()
+    # Wall clock from the worker's start (its startup included): the rate is indicative; the CPU split is the point.
+    return ShardedRun(n / seconds, [c / n * 1e6 for c in cpu])
+
+
 def _id_ms(entry_id: bytes) -> int:
     return int(entry_id.decode().partition("-")[0])
 
@@ -256,6 +330,20 @@ def traced_cost(plain: list[WorkerRun], traced: list[WorkerRun], exported: int, 
     )
 
 
+def cluster_cost(standalone: list[WorkerRun], cluster: list[WorkerRun]) -> str:
+    """What a one-shard cluster costs Redis per message over standalone: the median of the rounds' own ratios
+    (each pair ran back to back, so the machine's drifting load affects both alike). Valkey's process CPU, not
+    wall clock: it holds on a loaded machine."""
+
+    def ratio(figure: Callable[[WorkerRun], float]) -> str:
+        pairs = list(zip(standalone, cluster, strict=True))
+        change = statistics.median(figure(c) / figure(s) - 1 for s, c in pairs)
+        median = statistics.median(figure(c) for _, c in pairs)
+        return f"{statistics.median(figure(s) for s, _ in pairs):.1f} -> {median:.1f} us ({change:+.1%})"
+
+    return f"Valkey CPU {ratio(lambda r: r.redis_cpu_us_per_msg)}, commands' time {ratio(redis_us)}"
+
+
 async def run(
     n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None, other: Path | None
 ) -> int:
@@ -266,11 +354,14 @@ async def run(
     sink = OtlpSink()
     app = web.Application()
     app.router.add_post("/v1/traces", sink.traces)
-    with embedded_valkey() as url:
+    one_shard: list[WorkerRun] = []
+    with embedded_valkey() as url, single_node_cluster() as cluster_url:
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
         traced_env = {**TRACED_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.port}"}
         client = aioredis.Redis.from_url(url)
+        # One node holds every slot, so a plain client reaches every key (the worker uses its cluster client).
+        cluster_client = aioredis.Redis.from_url(cluster_url)
         b = await original(client, n)
         # Each round runs the floor right before the workers, and ratios are taken per round: on a shared
         # machine the load drifts over minutes, and a floor measured in a quiet minute skews every ratio.
@@ -280,11 +371,17 @@ async def run(
                 runs[name].append(await phoenix_worker(client, url, n, concurrency, log_level, processor, env))
             noop = VARIANTS["process"][0]
             traced.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, traced_env))
+            one_shard.append(
+                await phoenix_worker(cluster_client, cluster_url, n, concurrency, log_level, noop, CLUSTER_ENV)
+            )
             if other:
                 theirs.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, {}, other))
         await client.aclose()
+        await cluster_client.aclose()
         await server.close()
         peers = peer_rates(peers_python, url, n) if peers_python else []
+    with valkey_cluster(SHARDS, replicas_each=0) as cluster:
+        sharded = await sharded_worker(cluster.url, cluster.primaries(), n, concurrency, log_level, SHARD_PARTITIONS)
     a = statistics.median(floors)
     c = median_run(runs["process"]).rate
     ratio, batch_ratio = (
@@ -305,6 +402,14 @@ async def run(
     print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
     print(f"(ct) process(), every message traced       : {describe(traced)}")
     print(f"    tracing at 100% sampling, per message: {traced_cost(runs['process'], traced, sink.bytes, n * rounds)}")
+    print(f"(d1) process() on a one-shard Redis Cluster  : {describe(one_shard)}")
+    print(f"    cluster vs standalone, per message (target within +10%): {cluster_cost(runs['process'], one_shard)}")
+    total = sum(sharded.shard_cpu_us_per_msg)
+    spread = ", ".join(f"{us:.1f} us ({us / total:.0%})" for us in sharded.shard_cpu_us_per_msg)
+    print(
+        f"(d3) process() on {SHARDS} shards, {SHARD_PARTITIONS} partitions: {sharded.rate:10,.0f} msg/s (from the "
+        f"worker's start); Valkey CPU per message by shard: {spread}"
+    )
     if other:
         print(f"(c) {other}, process(): {describe(theirs)}")
         print(f"    this worker vs that one, per message: {compared(runs['process'], theirs)}")

@@ -30,6 +30,9 @@ from dataclasses import dataclass, replace
 
 PREFIX = "phoenix"
 DEFAULT_NAMESPACE = "default"
+# The most partitions a stage may have (spec.partitions, PARTITIONS): a worker reads each in every round, and a
+# cluster has 16384 slots to spread them over.
+MAX_PARTITIONS = 1024
 # A Kubernetes namespace name (a DNS label): no `{`, `}` or `:`, so the hash tag and the segments stay unambiguous.
 NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 # The tag: a namespace (no `~`, `{`, `}` or `:`), then `~<partition>` for a lane of a partitioned stage.

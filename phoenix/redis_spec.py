@@ -27,23 +27,25 @@ import ssl
 import tempfile
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 from urllib.parse import parse_qsl, quote, unquote
 
 import redis.asyncio as aioredis
 from pydantic import BaseModel, ConfigDict, Field, SecretBytes, SecretStr, ValidationError, model_validator
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.asyncio.sentinel import Sentinel, SentinelManagedConnection
 from redis.connection import HiredisRespSerializer
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisClusterException, SlotNotCoveredError
 from redis.utils import HIREDIS_AVAILABLE
 
 if HIREDIS_AVAILABLE:
     import hiredis
 
-Mode = Literal["standalone", "sentinel"]
-MODES: tuple[str, ...] = ("standalone", "sentinel")
-DEFAULT_PORT = {"standalone": 6379, "sentinel": 26379}
+Mode = Literal["standalone", "sentinel", "cluster"]
+MODES: tuple[str, ...] = ("standalone", "sentinel", "cluster")
+DEFAULT_PORT = {"standalone": 6379, "sentinel": 26379, "cluster": 6379}
 # The operator's and the tools' clients: an unreachable Redis fails a call within seconds instead of hanging it.
 CONNECT_TIMEOUT_SECONDS = 5.0
 SOCKET_TIMEOUT_SECONDS = 10.0
@@ -62,12 +64,18 @@ class RedisSpecError(ValueError):
     """The connection spec is unusable. The message is one line and holds no secret."""
 
 
+class ClusterUnavailable(RedisConnectionError):
+    """No seed or known node answered, or the nodes' slot maps do not cover every slot (a failover under way):
+    redis-py raises these as RedisClusterException, which is no RedisError; as a ConnectionError every caller
+    waits them out like a Redis that is down."""
+
+
 class RedisSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: Mode = "standalone"
     tls: bool = False
-    # (host, port): the server in standalone mode, the Sentinels in sentinel mode.
+    # (host, port): the server in standalone mode, the Sentinels in sentinel mode, seed nodes in cluster mode.
     hosts: tuple[tuple[str, int], ...] = Field(min_length=1)
     db: int = Field(0, ge=0)
     username: str | None = None
@@ -89,6 +97,11 @@ class RedisSpec(BaseModel):
                 raise ValueError("a comma-separated list of hosts (Sentinels) needs REDIS_MODE=sentinel")
             if self.sentinel_master or self.sentinel_username or self.sentinel_password:
                 raise ValueError("REDIS_SENTINEL_* settings apply only with REDIS_MODE=sentinel")
+        elif self.mode == "cluster":
+            if self.db:
+                raise ValueError("a Redis Cluster has database 0 only: drop the URL's /db (or write /0)")
+            if self.sentinel_master or self.sentinel_username or self.sentinel_password:
+                raise ValueError("REDIS_SENTINEL_* settings apply only with REDIS_MODE=sentinel")
         elif not self.sentinel_master:
             raise ValueError("REDIS_MODE=sentinel needs REDIS_SENTINEL_MASTER (the name the Sentinels monitor)")
         if (self.tls_ca or self.tls_cert or self.tls_key) and not self.tls:
@@ -103,8 +116,6 @@ class RedisSpec(BaseModel):
         values ("" from an unset variable) count as unset. Raises RedisSpecError."""
         given = {name: value for name, value in settings.items() if value not in ("", None)}
         mode = given.setdefault("mode", "standalone")
-        if mode == "cluster":
-            raise RedisSpecError("REDIS_MODE=cluster is not supported yet (use standalone or sentinel)")
         if mode not in MODES:
             raise RedisSpecError(f"REDIS_MODE must be one of {', '.join(MODES)} (got {str(mode)[:40]!r})")
         try:
@@ -122,7 +133,7 @@ class RedisSpec(BaseModel):
         """The address as it may be printed: the password (if any) is ***."""
         credentials = f"{quote(self.username or '', safe='')}{':***' if self.password else ''}"
         hosts = ",".join(f"[{h}]:{p}" if ":" in h else f"{h}:{p}" for h, p in self.hosts)
-        master = f" (sentinel master {self.sentinel_master})" if self.mode == "sentinel" else ""
+        master = {"sentinel": f" (sentinel master {self.sentinel_master})", "cluster": " (cluster)"}.get(self.mode, "")
         return (
             f"{'rediss' if self.tls else 'redis'}://{credentials}{'@' if credentials else ''}{hosts}/{self.db}{master}"
         )
@@ -322,6 +333,42 @@ class _SentinelMaster(aioredis.Redis):
             await sentinel.aclose()
 
 
+class _Cluster(RedisCluster):
+    """redis-py's cluster client; cluster-level failures that are not RedisErrors become ClusterUnavailable."""
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> RedisCluster:
+        try:
+            return await super().initialize(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise ClusterUnavailable(str(exc)) from exc
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except SlotNotCoveredError as exc:  # after the client's own retries; a misuse stays what it is
+            raise ClusterUnavailable(str(exc)) from exc
+
+
+def is_cluster(client: object) -> bool:
+    """Whether `client` (from connect) talks to a Redis Cluster: per-node commands (INFO, CONFIG, WAIT) differ."""
+    return isinstance(client, RedisCluster)
+
+
+def _cluster(spec: RedisSpec, connection_class: type[Connection], server: dict[str, Any]) -> aioredis.Redis:
+    """A RedisCluster seeded with the URL's hosts. It takes no connection class (hiredis packing, TLS from one
+    context): that goes into the kwargs every node's connections are built from, seeds and nodes found later."""
+    tls_context = server.pop("tls_context", None)
+    server.pop("db")  # 0, checked by the model
+    client = _Cluster(startup_nodes=[ClusterNode(host, port) for host, port in spec.hosts], **server)
+    extra = {"connection_class": connection_class, **({"tls_context": tls_context} if tls_context else {})}
+    client.connection_kwargs.update(extra)  # the NodesManager builds nodes from this same dict
+    for node in client.nodes_manager.startup_nodes.values():
+        node.connection_class = connection_class
+        node.connection_kwargs.update({k: v for k, v in extra.items() if k != "connection_class"})
+    # The same command methods as Redis (AsyncRedisClusterCommands): typed as one client for the callers.
+    return cast(aioredis.Redis, client)
+
+
 def connect(
     spec: RedisSpec, *, decode_responses: bool, hiredis_packing: bool = False, **options: Any
 ) -> aioredis.Redis:
@@ -342,6 +389,8 @@ def connect(
         "password": spec.password.get_secret_value() if spec.password else None,
         "decode_responses": decode_responses,
     }
+    if spec.mode == "cluster":
+        return _cluster(spec, _connection_class(Connection, context is not None, packing), server)
     if spec.mode == "standalone":
         (host, port), *_ = spec.hosts
         pool = ConnectionPool(

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from phoenix.crds import RUNTIME_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
 from phoenix.operator.builders import (
@@ -108,8 +109,10 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "SERVICE_NAME": "parser",
         "KEY_NAMESPACE": "docs",
         "STAGE_UID": "uid-1",  # by which its workers prove to the keys' ownership marker that they are its own
+        "PARTITIONS": "1",
         "INPUT_QUEUE": "phoenix:{docs}:parser:input",
         "OUTPUT_QUEUE": "phoenix:{docs}:grouper:input",
+        "OUTPUT_PARTITIONS": "1",
         "CONSUMER_GROUP": "parser-group",
         "DLQ_NAME": "phoenix:{docs}:parser:dlq",
         "PROCESSOR": "parser",
@@ -135,7 +138,34 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
 def test_runtime_variables_are_exactly_the_reserved_names() -> None:
     """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
     spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS)
-    assert set(env_of(build_deployment(OWNER, spec))) == set(RUNTIME_ENV_NAMES)
+    # OUTPUT_PARTITIONS comes with output.stage, OUTPUT_RETENTION with output.stream: one spec cannot have both.
+    to_stage = make_spec(output={"stage": "grouper"})
+    set_by_builder = set(env_of(build_deployment(OWNER, spec))) | set(env_of(build_deployment(OWNER, to_stage)))
+    assert set_by_builder == set(RUNTIME_ENV_NAMES)
+
+
+def test_partitioned_stage_derives_its_streams_and_forwards_to_the_next_stages_partitions() -> None:
+    """A stage of 4 partitions names no input or DLQ (its workers derive one per partition); the next stage's
+    count, read by the operator from that PhoenixStage, reaches the workers as OUTPUT_PARTITIONS."""
+    spec = make_spec(partitions=4, output={"stage": "grouper"})
+    env = env_of(build_deployment(OWNER, spec, output_partitions=8))
+    assert (env["PARTITIONS"], env["OUTPUT_PARTITIONS"]) == ("4", "8")
+    assert env["OUTPUT_QUEUE"] == "phoenix:{docs}:grouper:input"  # the next stage as a whole; the worker picks a lane
+    assert "INPUT_QUEUE" not in env and "DLQ_NAME" not in env
+    assert "OUTPUT_PARTITIONS" not in env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))
+
+
+@pytest.mark.parametrize("named", [{"input": "in"}, {"dlq": "dead"}])
+def test_partitioned_stage_cannot_name_its_streams(named: dict[str, str]) -> None:
+    with pytest.raises(ValidationError, match="several partitions derives its input and DLQ"):
+        make_spec(partitions=2, **named)
+    assert make_spec(partitions=1, **named).partitions == 1
+
+
+@pytest.mark.parametrize("partitions", [0, 1025])
+def test_partitions_are_bounded(partitions: int) -> None:
+    with pytest.raises(ValidationError, match="partitions"):
+        make_spec(partitions=partitions)
 
 
 def test_sentinel_and_tls_reach_the_worker_as_files_and_secret_refs_only() -> None:
@@ -657,7 +687,7 @@ def test_unpausing_patch_removes_the_pause_annotations() -> None:
         "autoscaling.keda.sh/paused": None,
         "autoscaling.keda.sh/paused-replicas": None,
     }
-    assert patch["spec"] == unpaused["spec"]
+    assert patch["spec"] == {**unpaused["spec"], "advanced": {"scalingModifiers": None}}  # no formula: nulled
     paused = build_scaled_object(OWNER, make_spec(paused=True, redis=REDIS_WITH_PASSWORD), connection)
     assert scaled_object_patch(paused)["metadata"]["annotations"] == {
         "autoscaling.keda.sh/paused": "true",

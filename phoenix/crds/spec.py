@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef, SecretRef, cel, cel_list
 from phoenix.crds.pod import PodSpec
+from phoenix.keys import MAX_PARTITIONS
 from phoenix.retention import RETENTION_PATTERN
 
 # Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
@@ -38,6 +39,8 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SHUTDOWN_GRACE",
     "HEALTH_PORT",
     "READ_MEMORY_BYTES",
+    "PARTITIONS",
+    "OUTPUT_PARTITIONS",
     "REDIS_MODE",
     "REDIS_SENTINEL_MASTER",
     "REDIS_SENTINEL_USERNAME",
@@ -111,7 +114,6 @@ class RedisMode(StrEnum):
     CLUSTER = "cluster"
 
 
-_CLUSTER_MESSAGE = "redis.mode cluster is not supported yet (Redis Cluster support is a separate issue)"
 _SENTINEL_NEEDS_MASTER = "redis.mode sentinel needs redis.sentinel.masterName"
 _SENTINEL_ONLY_IN_SENTINEL_MODE = "redis.sentinel is only read with redis.mode sentinel"
 
@@ -163,7 +165,6 @@ class RedisSpec(CamelModel):
     """How the worker (and KEDA) reach Redis. Only Secret references: no credential is ever written in a spec."""
 
     model_config = cel(
-        ("!has(self.mode) || self.mode != 'cluster'", _CLUSTER_MESSAGE),
         ("!has(self.mode) || self.mode != 'sentinel' || has(self.sentinel)", _SENTINEL_NEEDS_MASTER),
         ("!has(self.sentinel) || (has(self.mode) && self.mode == 'sentinel')", _SENTINEL_ONLY_IN_SENTINEL_MODE),
     )
@@ -181,15 +182,14 @@ class RedisSpec(CamelModel):
     mode: RedisMode = Field(
         default=RedisMode.STANDALONE,
         description="standalone: the URL names the Redis itself; sentinel: the URL names the Sentinels "
-        "(set `sentinel.masterName`). cluster is refused until Redis Cluster is supported. REDIS_MODE.",
+        "(set `sentinel.masterName`); cluster: the URL's hosts are seed nodes of a Redis Cluster (database 0). "
+        "REDIS_MODE.",
     )
     sentinel: RedisSentinel | None = Field(default=None, description="Sentinel mode's master name and credentials.")
     tls: RedisTls | None = Field(default=None, description="CA and client certificate for a `rediss://` URL.")
 
     @model_validator(mode="after")
     def _mode_fits(self) -> RedisSpec:
-        if self.mode is RedisMode.CLUSTER:
-            raise ValueError(_CLUSTER_MESSAGE)
         if self.mode is RedisMode.SENTINEL and self.sentinel is None:
             raise ValueError(_SENTINEL_NEEDS_MASTER)
         if self.sentinel is not None and self.mode is not RedisMode.SENTINEL:
@@ -376,10 +376,22 @@ _BILLING_MESSAGE = (
 )
 
 
+_PARTITIONS_DERIVE_NAMES = (
+    "a stage of several partitions derives its input and DLQ streams (one per partition): unset spec.input and "
+    "spec.dlq, or set spec.partitions to 1"
+)
+
+
 class PhoenixStageSpec(CamelModel):
     """One pipeline stage: a processor reading a Redis stream through a consumer group, autoscaled by KEDA."""
 
-    model_config = cel((_BILLING_CEL, _BILLING_MESSAGE))
+    model_config = cel(
+        (_BILLING_CEL, _BILLING_MESSAGE),
+        (
+            "!has(self.partitions) || self.partitions == 1 || (!has(self.input) && !has(self.dlq))",
+            _PARTITIONS_DERIVE_NAMES,
+        ),
+    )
 
     processor: str = Field(
         max_length=256,
@@ -402,6 +414,16 @@ class PhoenixStageSpec(CamelModel):
         default=None,
         description="Dead-letter stream for records that cannot be processed. "
         "Default: `phoenix:{<namespace>}:<name>:dlq`.",
+    )
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_PARTITIONS,
+        description="Partitions of the stage (PARTITIONS): a record's partition follows from its record id, and each "
+        "partition has its own input stream, DLQ, retry set and record keys under its own Redis Cluster hash tag "
+        "(`phoenix:{<namespace>~<p>}:<name>:...`), so partition p of every stage of a pipeline shares one slot. 1: "
+        "today's layout. A stage of several partitions cannot set input or dlq. Changing it on a stage with data is "
+        "refused until the data is moved (docs/operations.md).",
     )
     redis: RedisSpec = Field(description="Redis connection, by Secret reference.")
     replicas: Replicas = Field(default_factory=Replicas, description="Bounds on the number of worker pods.")
@@ -461,4 +483,10 @@ class PhoenixStageSpec(CamelModel):
         swap_off = swap is not None and swap.value is not None and swap.value.lower() in _FALSE_WORDS
         if billing_on and not swap_off and self.worker.concurrency > 1:
             raise ValueError(f"{_BILLING_MESSAGE} (got worker.concurrency {self.worker.concurrency})")
+        return self
+
+    @model_validator(mode="after")
+    def _partitions_derive_names(self) -> PhoenixStageSpec:
+        if self.partitions > 1 and (self.input is not None or self.dlq is not None):
+            raise ValueError(f"{_PARTITIONS_DERIVE_NAMES} (got partitions {self.partitions})")
         return self

@@ -81,16 +81,17 @@ def _changed(kind: str, name: str, existing: Mapping[str, Any] | None, paths: li
 
 
 async def apply_deployment(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool, redis_secrets: str
+    kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool, redis_secrets: str, output_partitions: int = 1
 ) -> tuple[dict[str, Any], list[Action], dict[str, Any]]:
     """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
     KEDA's replica count; nothing is written when nothing differs. `redis_secrets` is the digest of the values
-    of the stage's Redis Secrets: when it differs the patch rolls the workers.
+    of the stage's Redis Secrets: when it differs the patch rolls the workers. `output_partitions`: the
+    partitions of the stage `output.stage` names (OUTPUT_PARTITIONS).
 
     Returns the Deployment, the actions taken and the form later watch events are compared with (KEDA's
     replica count left out of it)."""
     existing = await kube.get_deployment(owner.namespace, owner.name)
-    desired = build_deployment(owner, stage.spec, redis_secrets=redis_secrets)
+    desired = build_deployment(owner, stage.spec, redis_secrets=redis_secrets, output_partitions=output_partitions)
     current = None if existing is None else existing.get("spec", {}).get("replicas")
     desired["spec"]["replicas"] = deployment_replicas(stage.spec, current, keda_scales)
     watched = copy.deepcopy(desired)
@@ -129,7 +130,7 @@ async def apply_child_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]
     kind, meta = wanted["kind"], wanted["metadata"]
     existing = await kube.get_child_object(kind, meta["namespace"], meta["name"])
     if existing is None:
-        await kube.create_child_object({**wanted, "metadata": _present(meta)})
+        await kube.create_child_object(_present(wanted))
         return [_changed(kind, meta["name"], None, [])]
     check_owned(owner, existing)
     paths = differences(wanted, existing)
@@ -140,11 +141,15 @@ async def apply_child_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]
     return [_changed(kind, meta["name"], existing, paths)]
 
 
-def _present(meta: Mapping[str, Any]) -> dict[str, Any]:
-    """metadata without the null annotations that only a patch needs (a create must not carry them)."""
-    present = {k: v for k, v in meta.items() if k != "annotations"}
-    if annotations := {k: v for k, v in (meta.get("annotations") or {}).items() if v is not None}:
-        present["annotations"] = annotations
+def _present(wanted: Mapping[str, Any]) -> dict[str, Any]:
+    """`wanted` without the nulls that only a patch needs (a create must not carry them), nor the maps left empty
+    by dropping them (the pause annotations, a formula that is not there)."""
+    present = {}
+    for key, value in wanted.items():
+        if isinstance(value, Mapping):
+            value = _present(value) or None
+        if value is not None:
+            present[key] = value
     return present
 
 

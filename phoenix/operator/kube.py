@@ -238,6 +238,12 @@ class KubeApi:
 
     # -- PhoenixStages ---------------------------------------------------------------------------------------
 
+    async def get_stage(self, namespace: str, name: str) -> Json | None:
+        """The PhoenixStage; None when there is none of that name."""
+        return await _json_or_none(
+            self._timeout, self._custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
+        )
+
     async def patch_stage_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch status (None deletes a field); False when the stage no longer exists."""
         return await self._status.patch(namespace, name, {"status": dict(status)}, MERGE_PATCH)

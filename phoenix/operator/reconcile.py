@@ -125,6 +125,19 @@ async def refuse_unmigrated(client: Redis, streams: StageKeys) -> None:
         )
 
 
+async def output_partitions(kube: KubeApi, stage: PhoenixStage) -> int:
+    """The partitions of the stage `output.stage` names, read from that PhoenixStage (its workers forward each
+    record to its partition there); 1 for an output stream, and while that stage does not exist yet (when it
+    appears with another count, this stage is reconciled again: converge.py)."""
+    output = stage.spec.output
+    if output is None or output.stage is None:
+        return 1
+    body = await kube.get_stage(stage.namespace, output.stage)
+    partitions = ((body or {}).get("spec") or {}).get("partitions", 1)
+    # The API server checked it (an int in 1..MAX_PARTITIONS); anything else is read as the default.
+    return partitions if isinstance(partitions, int) and partitions >= 1 else 1
+
+
 async def prepare_streams(
     pool: RedisPool, redis: RedisSpec, streams: StageKeys, uid: str, existed_before: bool
 ) -> list[Action]:
@@ -193,6 +206,7 @@ async def reconcile(
     # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
     record.redis_versions, redis = target.versions, target.spec
     existed_before = record.streams is not None or bool(record.status.get("streams"))
+    forward_partitions = await output_partitions(kube, stage)
     actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before)
     record.streams, record.redis = streams, redis
     async with record.deployment_lock:
@@ -200,7 +214,7 @@ async def reconcile(
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
-            kube, owner, stage, keda_scales, target.digest
+            kube, owner, stage, keda_scales, target.digest, forward_partitions
         )
         actions += deployment_actions
         budget_actions, budget = await apply_disruption_budget(kube, owner, stage)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from phoenix.redis_spec import is_cluster
 from phoenix.worker_runtime.redis_client import text
 
 _SETTINGS = ("maxmemory-policy", "appendonly", "appendfsync", "save")
@@ -36,13 +37,30 @@ class RedisRisk:
 
 
 async def assess_redis(client: Redis) -> RedisRisk:
-    """Read maxmemory-policy, persistence and role (CONFIG GET, INFO replication) and name what can lose data."""
+    """Read maxmemory-policy, persistence and role (CONFIG GET, INFO replication) and name what can lose data;
+    on a Redis Cluster, of every primary (each is the only copy its slots are written to)."""
+    if not is_cluster(client):
+        return await _assess(client, None)
+    risks = [(node.name, await _assess(client, node)) for node in client.get_primaries()]  # type: ignore[attr-defined]
+    return RedisRisk(
+        all(risk.checked for _, risk in risks),
+        tuple(f"{name}: {problem}" for name, risk in risks for problem in risk.problems),
+        "; ".join(f"{name}: {risk.settings}" for name, risk in risks),
+    )
+
+
+async def _assess(client: Redis, node: object | None) -> RedisRisk:
+    """One server's settings: the standalone or Sentinel-named one (node None), or one cluster node."""
     try:
-        pipe = client.pipeline(transaction=False)
-        for name in _SETTINGS:
-            pipe.config_get(name)
-        pipe.info("replication")
-        *configs, replication = await pipe.execute()
+        if node is None:
+            pipe = client.pipeline(transaction=False)
+            for name in _SETTINGS:
+                pipe.config_get(name)
+            pipe.info("replication")
+            *configs, replication = await pipe.execute()
+        else:  # a cluster pipeline refuses keyless commands: one call each, at start only
+            configs = [await client.config_get(name, target_nodes=node) for name in _SETTINGS]
+            replication = await client.info("replication", target_nodes=node)
     except RedisError as exc:
         return RedisRisk(False, (), f"CONFIG GET or INFO refused: {text(exc)[:200]}")
     config = {text(k): text(v) for reply in configs for k, v in reply.items()}

@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from phoenix.keys import DEFAULT_NAMESPACE, NAMESPACE_PATTERN, StageKeys, input_stream, stage_of_input
+from phoenix.keys import DEFAULT_NAMESPACE, MAX_PARTITIONS, NAMESPACE_PATTERN, StageKeys, input_stream, stage_of_input
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
@@ -54,13 +54,13 @@ class WorkerSettings(BaseSettings):
 
     input_queue: str = ""
     output_queue: str = ""
+    # The stage's partitions (phoenix/keys.py: one lane of input, DLQ, retry set, record keys each), and those of
+    # the stage OUTPUT_QUEUE is the input of (a forward goes to the record's partition there); the operator sets both.
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+    output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
-    # The stage's partitions (lanes, phoenix/keys.py) and, for an output that is a stage's default input
-    # (`output.stage`), that stage's: a result goes to its record's partition there (docs/durability.md).
-    partitions: int = Field(1, ge=1, le=1024)
-    output_partitions: int = Field(1, ge=1, le=1024)
 
     lock_timeout: PositiveSeconds = 600
     idempotency_ttl: PositiveSeconds = 86400

@@ -50,16 +50,20 @@ def _number(value: float) -> str:
     return str(int(value)) if value.is_integer() else repr(value)
 
 
-def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys, uid: str = "") -> list[dict[str, Any]]:
+def worker_env(
+    name: str, spec: PhoenixStageSpec, streams: StageKeys, uid: str = "", output_partitions: int = 1
+) -> list[dict[str, Any]]:
     """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid`: the
-    PhoenixStage's, by which its workers prove they are its own to the keys' ownership marker."""
+    PhoenixStage's, by which its workers prove they are its own to the keys' ownership marker. `output_partitions`:
+    the partitions of the stage `output.stage` names (its workers forward each record to its partition there)."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
         "KEY_NAMESPACE": streams.namespace,
         **({"STAGE_UID": uid} if uid else {}),
-        "INPUT_QUEUE": streams.input,
+        "PARTITIONS": str(spec.partitions),
+        # A stage of several partitions derives one input and one DLQ per partition; it names none.
+        **({"INPUT_QUEUE": streams.input, "DLQ_NAME": streams.dlq} if spec.partitions == 1 else {}),
         "CONSUMER_GROUP": streams.consumer_group,
-        "DLQ_NAME": streams.dlq,
         "PROCESSOR": spec.processor,
         "LOCK_TIMEOUT": str(spec.worker.lock_timeout),
         "IDEMPOTENCY_TTL": str(spec.worker.idempotency_ttl),
@@ -76,7 +80,10 @@ def worker_env(name: str, spec: PhoenixStageSpec, streams: StageKeys, uid: str =
         "HEALTH_PORT": str(HEALTH_PORT),
     }
     if streams.output is not None:
+        # With output.stage: the next stage's input as a whole; the worker picks each record's partition of it.
         plain["OUTPUT_QUEUE"] = streams.output
+    if spec.output is not None and spec.output.stage is not None:
+        plain["OUTPUT_PARTITIONS"] = str(output_partitions)
     if spec.output is not None and spec.output.retention is not None:
         plain["OUTPUT_RETENTION"] = spec.output.retention
     memory_limit = worker_resources(spec).get("limits", {}).get("memory")
@@ -158,7 +165,7 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _container(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any]:
+def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if redis_tls_volume(spec.redis) is not None:
         mounts.append({"name": REDIS_TLS_VOLUME, "mountPath": REDIS_TLS_DIR, "readOnly": True})
@@ -168,7 +175,9 @@ def _container(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any]:
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["phoenix", "worker"],
-        "env": worker_env(owner.name, spec, resolve_streams(owner.name, owner.namespace, spec), owner.uid),
+        "env": worker_env(
+            owner.name, spec, resolve_streams(owner.name, owner.namespace, spec), owner.uid, output_partitions
+        ),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s
         # by default); 3 failures 10 s apart restart a hung worker 80-90 s after its last progress, well before its
@@ -223,7 +232,12 @@ def pod_keys(spec: PhoenixStageSpec) -> str:
 
 
 def build_deployment(
-    owner: Owner, spec: PhoenixStageSpec, *, restarted_at: str | None = None, redis_secrets: str | None = None
+    owner: Owner,
+    spec: PhoenixStageSpec,
+    *,
+    restarted_at: str | None = None,
+    redis_secrets: str | None = None,
+    output_partitions: int = 1,
 ) -> dict[str, Any]:
     """The Deployment running the stage's workers.
 
@@ -231,7 +245,7 @@ def build_deployment(
     the pods, like `kubectl rollout restart`. Pass the current value on every reconcile so it is kept.
     `redis_secrets` (the digest of the values read from the Redis Secrets, redis_target.RedisTarget) goes in
     as `phoenix.io/redis-secrets`: a rotated URL, password, CA or client certificate rolls the workers, which
-    read them only at start.
+    read them only at start. `output_partitions`: the partitions of the stage `output.stage` names.
     spec.pod's labels and annotations go on the pod template beside the operator's own (which the schema keeps
     them from replacing).
     """
@@ -267,7 +281,7 @@ def build_deployment(
                     "terminationGracePeriodSeconds": termination_grace(spec),
                     "securityContext": pod_security_context(),
                     **_pod_placement(spec),
-                    "containers": [_container(owner, spec)],
+                    "containers": [_container(owner, spec, output_partitions)],
                     # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there),
                     # besides the volumes spec.pod adds.
                     "volumes": volumes,

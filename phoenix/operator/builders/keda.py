@@ -1,6 +1,8 @@
-"""KEDA objects of a stage: a ScaledObject on its consumer group's lag, pending entries and retry set, and the
-TriggerAuthentication that hands KEDA the secrets of spec.redis (passwords, CA, client certificate) from their
-Secrets. Parameter names are KEDA's (pkg/scalers/redis_scaler.go, redisConnectionInfo, 2.21)."""
+"""KEDA objects of a stage: a ScaledObject on its consumer group's lag, pending entries and retry set (of each
+partition, summed by a formula), and the TriggerAuthentication that hands KEDA the secrets of spec.redis
+(passwords, CA, client certificate) from their Secrets. Parameter names are KEDA's (pkg/scalers/redis_scaler.go,
+redisConnectionInfo, 2.21); the formula's rules are KEDA 2.21's (apis/keda/v1alpha1/scaledobject_webhook.go,
+pkg/scaling/modifiers/formula.go)."""
 
 from __future__ import annotations
 
@@ -55,6 +57,32 @@ def build_trigger_authentication(owner: Owner, spec: PhoenixStageSpec) -> dict[s
 
 # Target of a trigger that only wakes a stage: ceil(value / target) asks for one pod whatever the value.
 WAKE_ONLY_TARGET = 1_000_000_000
+# KEDA's trigger types by Redis mode: (streams scaler, list/sorted-set scaler).
+TRIGGER_TYPES = {
+    RedisMode.STANDALONE: ("redis-streams", "redis"),
+    RedisMode.SENTINEL: ("redis-sentinel-streams", "redis-sentinel"),
+    RedisMode.CLUSTER: ("redis-cluster-streams", "redis-cluster"),
+}
+# Three triggers per partition, each polled by KEDA every pollingInterval: beyond this many partitions the
+# ScaledObject grows past what KEDA polls in time (and towards the API server's object size limit).
+MAX_AUTOSCALED_PARTITIONS = 128
+
+
+def _connection_metadata(spec: PhoenixStageSpec, connection: RedisConnection) -> dict[str, str]:
+    """Where KEDA connects: the server (standalone), the Sentinels (sentinel) or the seed nodes (cluster)."""
+    mode, sentinel = spec.redis.mode, spec.redis.sentinel
+    # KEDA reads a comma-separated list of host:port from either key.
+    metadata = {"address" if mode is RedisMode.STANDALONE else "addresses": ",".join(connection.addresses)}
+    if mode is not RedisMode.CLUSTER:  # a cluster has database 0 only, and KEDA's cluster client takes no index
+        metadata["databaseIndex"] = str(connection.database_index)
+    metadata["enableTLS"] = str(connection.tls).lower()
+    if connection.username is not None:
+        metadata["username"] = connection.username
+    if mode is RedisMode.SENTINEL and sentinel is not None:
+        metadata["sentinelMaster"] = sentinel.master_name
+        if sentinel.username is not None:
+            metadata["sentinelUsername"] = sentinel.username
+    return metadata
 
 
 def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) -> list[dict[str, Any]]:
@@ -66,39 +94,56 @@ def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) 
       such an entry, and with no pod left to reclaim it, it would wait for the next new entry;
     - the retry set (records waiting for their next attempt), wake-only: only workers move due retries back.
     In sentinel mode the same three go through the Sentinels (redis-sentinel-streams, redis-sentinel), which name
-    the current primary. KEDA trigger metadata values are all strings."""
-    streams = resolve_streams(owner.name, owner.namespace, spec)
-    sentinel = spec.redis.sentinel if spec.redis.mode is RedisMode.SENTINEL else None
-    connection_metadata = {
-        # KEDA reads a comma-separated list of host:port from either key.
-        "address" if sentinel is None else "addresses": ",".join(connection.addresses),
-        "databaseIndex": str(connection.database_index),
-        "enableTLS": str(connection.tls).lower(),
-    }
-    if connection.username is not None:
-        connection_metadata["username"] = connection.username
-    if sentinel is not None:
-        connection_metadata["sentinelMaster"] = sentinel.master_name
-        if sentinel.username is not None:
-            connection_metadata["sentinelUsername"] = sentinel.username
-    streams_type, list_type = (
-        ("redis-streams", "redis") if sentinel is None else ("redis-sentinel-streams", "redis-sentinel")
-    )
-    group = {"stream": streams.input, "consumerGroup": streams.consumer_group}
-    lag = {
-        **group,
-        "lagCount": str(spec.autoscaling.lag_count),
-        "activationLagCount": str(spec.autoscaling.activation_lag_count),
-    }
-    pending = {**group, "pendingEntriesCount": str(spec.worker.concurrency)}
-    retries = {"listName": streams.retry, "listLength": str(WAKE_ONLY_TARGET)}
+    the current primary; in cluster mode through the seed nodes (redis-cluster-streams, redis-cluster), which
+    route each key to its shard. A stage of K > 1 partitions has the three per partition, named
+    lag<p>/pending<p>/retry<p> for the formula that sums them (scaling_modifiers). KEDA trigger metadata values
+    are all strings."""
+    lanes = resolve_streams(owner.name, owner.namespace, spec).lanes
+    connection_metadata = _connection_metadata(spec, connection)
+    streams_type, list_type = TRIGGER_TYPES[spec.redis.mode]
     auth: dict[str, Any] = {}
     if _secret_targets(spec):
         auth["authenticationRef"] = {"name": trigger_authentication_name(owner.name)}
-    return [
-        {"type": kind, "metadata": {**connection_metadata, **metadata}, **auth}
-        for kind, metadata in ((streams_type, lag), (streams_type, pending), (list_type, retries))
-    ]
+    found = []
+    for lane in lanes:
+        group = {"stream": lane.input, "consumerGroup": lane.consumer_group}
+        lag = {
+            **group,
+            "lagCount": str(spec.autoscaling.lag_count),
+            "activationLagCount": str(spec.autoscaling.activation_lag_count),
+        }
+        pending = {**group, "pendingEntriesCount": str(spec.worker.concurrency)}
+        retries = {"listName": lane.retry, "listLength": str(WAKE_ONLY_TARGET)}
+        for kind, name, metadata in (
+            (streams_type, "lag", lag),
+            (streams_type, "pending", pending),
+            (list_type, "retry", retries),
+        ):
+            # Named only for the formula: a stage of one partition keeps today's unnamed triggers.
+            named = {} if lane.partition is None else {"name": f"{name}{lane.partition}"}
+            found.append({"type": kind, **named, "metadata": {**connection_metadata, **metadata}, **auth})
+    return found
+
+
+def scaling_modifiers(spec: PhoenixStageSpec) -> dict[str, str] | None:
+    """KEDA's formula over the triggers of a stage of K > 1 partitions (None for one partition): the HPA alone
+    takes the maximum of its metrics, so K evenly loaded partitions would get the pods of one. With a formula
+    KEDA feeds the HPA one composite metric (target 1 per pod, so its value is the pods wanted) and decides
+    activity on it alone (above activationTarget 0): the formula gives what the unnamed triggers of one partition
+    give, on the sums: one pod per lagCount of total lag and per CONCURRENCY of total pending entries, at least
+    one while any lag is above activationLagCount or any entry is pending or waiting to retry, else none."""
+    partitions = spec.partitions
+    if partitions == 1:
+        return None
+
+    def total(name: str) -> str:
+        return f"sum([{', '.join(f'{name}{p}' for p in range(partitions))}])"
+
+    lag, pending, retry = total("lag"), total("pending"), total("retry")
+    autoscaling = spec.autoscaling
+    active = f"{lag} > {autoscaling.activation_lag_count} || {pending} + {retry} > 0"
+    wanted = f"max(ceil({lag} / {autoscaling.lag_count}), ceil({pending} / {spec.worker.concurrency}), 1)"
+    return {"formula": f"({active}) ? {wanted} : 0", "target": "1"}
 
 
 def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) -> dict[str, Any]:
@@ -113,11 +158,17 @@ def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisC
             "spec.redis.passwordSecretRef is not set: KEDA reads the password only from a Secret key holding it "
             "alone; add that key and reference it, or set autoscaling.enabled=false"
         )
+    if spec.partitions > MAX_AUTOSCALED_PARTITIONS:
+        raise AutoscalingConfigError(
+            f"spec.partitions {spec.partitions} is more than KEDA can scale on ({MAX_AUTOSCALED_PARTITIONS}: three "
+            "triggers per partition, polled every pollingInterval); use fewer partitions, or set "
+            "autoscaling.enabled=false"
+        )
     annotations = None
     if spec.paused:
         # paused-replicas makes KEDA hold the Deployment at 0 instead of fighting the operator's 0.
         annotations = {PAUSED_ANNOTATION: "true", PAUSED_REPLICAS_ANNOTATION: str(desired_replicas(spec))}
-    return {
+    scaled_object: dict[str, Any] = {
         "apiVersion": KEDA_API_VERSION,
         "kind": "ScaledObject",
         "metadata": child_metadata(owner, owner.name, annotations),
@@ -130,14 +181,23 @@ def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisC
             "triggers": triggers(owner, spec, connection),
         },
     }
+    if (modifiers := scaling_modifiers(spec)) is not None:
+        scaled_object["spec"]["advanced"] = {"scalingModifiers": modifiers}
+    return scaled_object
 
 
 def scaled_object_patch(scaled_object: dict[str, Any]) -> dict[str, Any]:
     """The merge patch that brings an existing ScaledObject to `scaled_object`.
 
     A merge patch removes only what it sets to null, so after an unpause the pause annotations are nulled
-    explicitly; otherwise KEDA would keep the stage at zero.
+    explicitly; otherwise KEDA would keep the stage at zero. So is the formula of a stage back to one partition:
+    KEDA would otherwise sum triggers that no longer exist.
     """
-    metadata = scaled_object["metadata"]
+    metadata, spec = scaled_object["metadata"], scaled_object["spec"]
     annotations = {PAUSED_ANNOTATION: None, PAUSED_REPLICAS_ANNOTATION: None, **(metadata.get("annotations") or {})}
-    return {**scaled_object, "metadata": {**metadata, "annotations": annotations}}
+    advanced = spec.get("advanced") or {"scalingModifiers": None}
+    return {
+        **scaled_object,
+        "metadata": {**metadata, "annotations": annotations},
+        "spec": {**spec, "advanced": advanced},
+    }

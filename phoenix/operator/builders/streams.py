@@ -15,7 +15,13 @@ def resolve_streams(name: str, namespace: str, spec: PhoenixStageSpec) -> StageK
     """
     output = _output_stream(spec.output, namespace)
     return StageKeys.for_stage(
-        name, namespace, input=spec.input, group=spec.consumer_group, dlq=spec.dlq, output=output
+        name,
+        namespace,
+        input=spec.input,
+        group=spec.consumer_group,
+        dlq=spec.dlq,
+        output=output,
+        partitions=spec.partitions,
     )
 
 
