@@ -15,6 +15,8 @@ INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 STAGE_LABEL = f"{PREFIX}/stage"
 WORKER_APP_NAME = "phoenix-worker"
+# The operator's own pods (manifests/operator/deployment.yaml), which `kubectl phoenix report` collects logs of.
+OPERATOR_APP_NAME = "phoenix-operator"
 MANAGED_BY = "phoenix-operator"
 
 # On a PhoenixStage: one-off actions asked for by people (actions.py).
