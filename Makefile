@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo test eval ocr tls-redis e2e bench bench-peers bench-operator manifests kube lint lock clean
+.PHONY: demo test eval ocr tls-redis e2e bench bench-peers bench-operator manifests kube promtool go-tools lint lock clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,12 +38,20 @@ tls-redis:
 	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } \
 	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
 
-# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) for the suite.
-test: $(STAMP) lint kube ocr tls-redis
+# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) and promtool
+# (.cache/promtool) for the suite.
+test: $(STAMP) lint go-tools ocr tls-redis
 	$(BIN)/python -m pytest -q
 
 kube:
 	bash hack/build-kube.sh
+
+promtool:
+	bash hack/build-promtool.sh
+
+# Both Go builds side by side even without -j: on a fresh machine one downloads modules while the other compiles.
+go-tools:
+	@bash hack/build-kube.sh & kube=$$!; bash hack/build-promtool.sh; promtool=$$?; wait $$kube && exit $$promtool
 
 # The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
 e2e: $(STAMP)

@@ -2,7 +2,8 @@
 # Builds Prometheus's promtool (cmd/promtool of github.com/prometheus/prometheus) from its Go module with the machine's
 # Go toolchain into $PROMTOOL_BIN (default .cache/promtool/bin), reused while the version matches. The test suite
 # runs `promtool check rules` and `promtool test rules` with it (tests/test_alert_rules.py).
-# Measured on 2 shared cores (nice -n 10): cold (empty GOCACHE, module cache warm) COLD_TIME, warm WARM_TIME.
+# Measured on 2 cores shared with other builds (load average 10-14, nice -n 10): cold (empty GOCACHE, modules not yet
+# downloaded) 28 min wall / 15 min CPU; warm (build cache full) 58 s, mostly go mod tidy and the link; stamped: 0.1 s.
 set -euo pipefail
 
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-0.316.0}

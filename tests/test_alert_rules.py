@@ -23,6 +23,7 @@ import yaml
 
 from tests.test_observability import DASHBOARD, dashboard_queries
 
+pytestmark = pytest.mark.promtool
 REPO = Path(__file__).resolve().parents[1]
 RULE_MANIFEST = REPO / "manifests" / "monitoring" / "prometheus-rule.yaml"
 UNIT_TESTS = REPO / "tests" / "alerts" / "prometheus-rule.test.yaml"
