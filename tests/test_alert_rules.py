@@ -65,13 +65,10 @@ def check_rules(promtool: Path, spec: Rules, workdir: Path) -> subprocess.Comple
     return run(promtool, "check", "rules", "--lint=all", "--lint-fatal", RULE_FILE, cwd=workdir)
 
 
-def test_rules(promtool: Path, spec: Rules, workdir: Path) -> subprocess.CompletedProcess[str]:
+def unit_tests(promtool: Path, spec: Rules, workdir: Path) -> subprocess.CompletedProcess[str]:
     (workdir / RULE_FILE).write_text(yaml.safe_dump(spec, sort_keys=False))
     (workdir / UNIT_TESTS.name).write_text(UNIT_TESTS.read_text())
     return run(promtool, "test", "rules", UNIT_TESTS.name, cwd=workdir)
-
-
-test_rules.__test__ = False  # type: ignore[attr-defined]  # a helper, not a pytest test
 
 
 def test_promtool_checks_the_rule_file(promtool: Path, tmp_path: Path) -> None:
@@ -95,7 +92,7 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
 
 
 def test_promtool_unit_tests_pass(promtool: Path, tmp_path: Path) -> None:
-    result = test_rules(promtool, rule_spec(), tmp_path)
+    result = unit_tests(promtool, rule_spec(), tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
@@ -167,7 +164,7 @@ def test_a_broken_rule_fails_its_unit_test(promtool: Path, tmp_path: Path, alert
     assert rule != before
     checked = check_rules(promtool, spec, tmp_path)
     assert checked.returncode == 0, f"the broken copy must still be a valid rule file: {checked.stdout}"
-    result = test_rules(promtool, spec, tmp_path)
+    result = unit_tests(promtool, spec, tmp_path)
     assert result.returncode != 0, f"{alert} with {mutation} ({rule}) still passes:\n{result.stdout}"
     # promtool names the alert whose expectation failed.
     assert f"alertname: {alert}" in result.stdout + result.stderr, result.stdout + result.stderr
