@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm go-tools \
+.PHONY: help demo test eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
 	lint format lock clean
 .DEFAULT_GOAL := help
 
@@ -44,8 +44,8 @@ tls-redis:
 	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } \
 	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
 
-# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) and helm (cached
-# in .cache/helm) for the suite.
+# Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube), helm
+# (.cache/helm) and promtool (.cache/promtool) for the suite.
 test: $(STAMP) lint go-tools ocr tls-redis  ## Lint, then the whole test suite (builds the Go tools it needs once)
 	$(BIN)/python -m pytest -q
 
@@ -55,10 +55,13 @@ kube:
 helm:
 	bash hack/build-helm.sh
 
-# Both Go builds at once: on a cold machine one downloads modules or links while the other compiles. Each build's
-# output is printed whole when it ends, and a failure of either fails the target.
+promtool:
+	bash hack/build-promtool.sh
+
+# The Go builds at once: on a cold machine one downloads modules or links while another compiles. Each build's
+# output is printed whole when it ends, and a failure of any fails the target.
 go-tools:
-	$(MAKE) --no-print-directory -j2 --output-sync=target kube helm
+	$(MAKE) --no-print-directory -j3 --output-sync=target kube helm promtool
 
 # The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
 e2e: $(STAMP)  ## The e2e suite on a real single-node Kubernetes (Linux, root)

@@ -259,6 +259,9 @@ def _parser() -> argparse.ArgumentParser:
     dp.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     dp.set_defaults(handler=_dlq_purge)
 
+    # Listed for --help; main() hands `phoenix report ...` to the kubectl plugin whole, options first included.
+    sub.add_parser("report", help="one tar.gz for support: the same command and options as `kubectl phoenix report`")
+
     status.add_command(sub)
     records.add_commands(sub)
     migrate.add_command(sub)
@@ -281,6 +284,11 @@ def _quiet_reset_writes(loop: asyncio.AbstractEventLoop, context: dict[str, Any]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["report"]:
+        from phoenix.cli.kubectl import main as plugin_main
+
+        return plugin_main(argv)
     args = _parser().parse_args(argv)
     if args.command == "worker":
         from phoenix.worker_runtime.app import main as worker_main

@@ -16,11 +16,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, cast
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from phoenix.cli import report
 from phoenix.cli.records import inspect_with_repairs, render_inspection
 from phoenix.cli.stage import StageSettings, confirm, redis_client, settings_from
 from phoenix.console import format_columns
@@ -191,9 +193,17 @@ def _set_paused(paused: bool) -> Callable[[Stages, argparse.Namespace], int]:
 
 
 def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
-    ns = _namespace(args)
-    stage = PhoenixStage.from_body(stages.get(ns, args.stage))
-    name, spec = stage.metadata.name, stage.spec
+    redis, settings = stage_target(stages.api, stages.get(_namespace(args), args.stage), args.redis_host)
+    print(render_inspection(*asyncio.run(_inspect(redis, settings, args.record_id, args.scan)), args.json))
+    return 0
+
+
+def stage_target(api: client.ApiClient, body: Json, redis_host: str | None) -> tuple[RedisSpec, StageSettings]:
+    """The stage's Redis (its URL Secret read with the caller's own rights, kept in memory only) and the names and
+    timings its workers get. `redis_host`: another host:port (a `kubectl port-forward`), keeping credentials and
+    database."""
+    stage = PhoenixStage.from_body(body)
+    name, ns, spec = stage.metadata.name, body["metadata"]["namespace"], stage.spec
     streams = resolve_streams(name, ns, spec)
     if stage.status and (known := stage.status.streams):  # the names the operator resolved, if it has
         streams = StageKeys.for_stage(
@@ -201,16 +211,34 @@ def cmd_inspect(stages: Stages, args: argparse.Namespace) -> int:
         )
     # The names and timings the operator gives the stage's pods, minus anything that comes from a Secret.
     plain = {var["name"]: var["value"] for var in worker_env(name, spec, streams) if "value" in var}
-    settings = settings_from(plain)
-    url = asyncio.run(_redis_url(stages.api, ns, spec.redis.url_secret_ref))
+    url = asyncio.run(_redis_url(api, ns, spec.redis.url_secret_ref))
     try:
         redis = RedisSpec.from_url(url)
-        if args.redis_host:
-            # Another host:port (a `kubectl port-forward`), keeping credentials and database.
-            redis = redis.model_copy(update={"hosts": RedisSpec.from_url(f"redis://{args.redis_host}").hosts})
+        if redis_host:
+            redis = redis.model_copy(update={"hosts": RedisSpec.from_url(f"redis://{redis_host}").hosts})
     except RedisSpecError as exc:
         raise PluginError(f"the stage's Redis URL (Secret {spec.redis.url_secret_ref.name!r}): {exc}") from None
-    print(render_inspection(*asyncio.run(_inspect(redis, settings, args.record_id, args.scan)), args.json))
+    return redis, settings_from(plain)
+
+
+def cmd_report(stages: Stages, args: argparse.Namespace) -> int:
+    options = report.ReportOptions(
+        args.namespace, args.operator_namespace, args.tail, args.dlq_scan, redis=not args.no_redis
+    )
+    found = stages.list(args.namespace)
+
+    def target(body: Json) -> tuple[RedisSpec, StageSettings]:
+        try:
+            return stage_target(stages.api, body, args.redis_host)
+        except PluginError as exc:
+            raise report.UnreadableStage(str(exc)) from None
+
+    bundle = report.collect_report(stages.api, found, options, target)
+    path = args.output or report.default_path()
+    bundle.write(path, {"stages": len(found), "namespace": args.namespace or "(all)", "tailLines": args.tail})
+    print(f"wrote {path}: {len(found)} stages, {len(bundle.files)} files")
+    for error in bundle.errors:
+        print(f"  not collected: {error}")
     return 0
 
 
@@ -280,6 +308,16 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.add_argument("--scan", type=int, default=DEFAULT_SCAN_LIMIT)
     i.set_defaults(handler=cmd_inspect)
+    r = add("report", "one tar.gz for support: stages, Events, logs, queue state, DLQ counts, Redis settings")
+    r.add_argument("-o", "--output", type=Path, help="the archive (default ./phoenix-report-<UTC time>.tar.gz)")
+    r.add_argument("--tail", type=int, default=report.DEFAULT_TAIL_LINES, help="last N log lines per container")
+    r.add_argument("--operator-namespace", default="phoenix-system", help="where the operator's pods run")
+    r.add_argument(
+        "--no-redis", action="store_true", help="leave out queue, DLQ and Redis settings: reads no Secret at all"
+    )
+    r.add_argument("--redis-host", metavar="HOST:PORT", help="reach every stage's Redis here (a port-forward)")
+    r.add_argument("--dlq-scan", type=int, default=report.DEFAULT_DLQ_SCAN, help="DLQ entries counted at most")
+    r.set_defaults(handler=cmd_report)
     return p
 
 

@@ -17,6 +17,8 @@ STAGE_LABEL = f"{PREFIX}/stage"
 # spec.pod.labels may not set these (the Deployment selects its pods by them), nor any other key under PREFIX/.
 OPERATOR_LABELS = (NAME_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, STAGE_LABEL)
 WORKER_APP_NAME = "phoenix-worker"
+# The operator's own pods (manifests/operator/deployment.yaml), which `kubectl phoenix report` collects logs of.
+OPERATOR_APP_NAME = "phoenix-operator"
 MANAGED_BY = "phoenix-operator"
 
 # On a PhoenixStage: one-off actions asked for by people (actions.py).

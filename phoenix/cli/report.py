@@ -1,0 +1,260 @@
+"""`kubectl phoenix report` (also `phoenix report`): one tar.gz with what a person on call is asked to send.
+
+Through the API server, with the caller's own rights: every stage's spec and status, the Events of the stages'
+namespaces and the operator's, the stages' Deployments and pods, and the last lines of the operator's and the
+workers' logs. Through each stage's Redis: its queue state (as `phoenix status --json`), its DLQ counted by error
+type, the settings RedisRisk reads and the server's version. What is never in it:
+
+- Secret values: the only Secret read is the one a stage's urlSecretRef names (its Redis URL, to connect; skipped
+  with --no-redis), and only in memory; its passwords are masked out of every file before the archive is written.
+  Environment variables from secretKeyRef are references (the API holds no value); a literal value of a variable
+  whose name looks secret (SECRET_NAME_PATTERN) is redacted anyway.
+- Record data: entries are not copied; the DLQ is read only to count error_type.
+
+A part that cannot be read (a pod without a node has no logs, a Secret the caller may not read) is recorded in
+summary.json's errors and the rest is still written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import platform
+import re
+import tarfile
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from redis.exceptions import RedisError
+
+import phoenix
+from phoenix.cli.stage import StageSettings, redis_client
+from phoenix.crds.spec import SECRET_NAME_PATTERN
+from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
+from phoenix.redis_spec import RedisSpec
+from phoenix.worker_runtime import dlq
+from phoenix.worker_runtime.queue_stats import collect
+from phoenix.worker_runtime.redis_client import text
+from phoenix.worker_runtime.redis_risk import assess_redis
+from phoenix.worker_runtime.scrub import register as scrub_register
+from phoenix.worker_runtime.scrub import scrub
+
+Json = dict[str, Any]
+REDACTED = "<redacted>"
+DEFAULT_TAIL_LINES = 500
+DEFAULT_DLQ_SCAN = 100_000
+# An annotation that copies the whole applied object: the spec is in the file already.
+_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+
+
+class UnreadableStage(Exception):
+    """The stage's Redis cannot be reached from here (its Secret unreadable, its URL invalid): one line, no secret."""
+
+
+# Failures the report records and goes on after; anything else is a bug and stops it.
+_RECORDED = (ApiException, RedisError, OSError, ValueError, UnreadableStage)
+
+# The stage's Redis and settings, from its body (kubectl.stage_target).
+StageTarget = Callable[[Json], tuple[RedisSpec, StageSettings]]
+
+
+@dataclass
+class ReportOptions:
+    namespace: str | None  # None: every namespace the caller may list stages in
+    operator_namespace: str
+    tail_lines: int = DEFAULT_TAIL_LINES
+    dlq_scan: int = DEFAULT_DLQ_SCAN
+    redis: bool = True
+
+
+@dataclass
+class Bundle:
+    """The archive's files, by path, and what could not be collected."""
+
+    files: dict[str, str] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+
+    def add_json(self, path: str, value: Any) -> None:
+        self.files[path] = json.dumps(value, indent=2, sort_keys=True, default=str) + "\n"
+
+    @contextmanager
+    def attempt(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except _RECORDED as exc:
+            self.errors.append(f"{what}: {_reason(exc)}")
+
+    def write(self, path: Path, summary: Json) -> None:
+        self.add_json("summary.json", {**summary, "errors": self.errors})
+        root = path.name.removesuffix(".tar.gz")
+        with tarfile.open(path, "w:gz") as archive:
+            for name, content in sorted(self.files.items()):
+                # The Redis passwords read (scrub.register): masked wherever a log line or an error quoted them.
+                data = scrub(content).encode()
+                info = tarfile.TarInfo(f"{root}/{name}")
+                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+                archive.addfile(info, io.BytesIO(data))
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        try:
+            message = json.loads(exc.body or "{}").get("message", "")
+        except ValueError:
+            message = ""
+        return f"{exc.status} {exc.reason}" + (f": {message}" if message else "")
+    return text(str(exc))[:500] or type(exc).__name__
+
+
+def collect_report(api: client.ApiClient, stages: list[Json], options: ReportOptions, target: StageTarget) -> Bundle:
+    bundle = Bundle()
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    versions: Json = {"phoenix": phoenix.__version__, "python": platform.python_version()}
+    with bundle.attempt("Kubernetes version"):
+        versions["kubernetes"] = client.VersionApi(api).get_code().git_version
+    for stage in stages:
+        meta = stage["metadata"]
+        bundle.add_json(f"stages/{meta['namespace']}/{meta['name']}.json", _stage_document(stage))
+    namespaces: list[str] = sorted(
+        {s["metadata"]["namespace"] for s in stages} | set(filter(None, [options.namespace]))
+    )
+    for ns in namespaces:
+        with bundle.attempt(f"Deployments of namespace {ns}"):
+            found = apps.list_namespaced_deployment(ns, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}").items
+            deployments = [_redacted(api.sanitize_for_serialization(d)) for d in found]
+            bundle.add_json(f"workloads/{ns}/deployments.json", deployments)
+        _pods(bundle, api, ns, f"{NAME_LABEL}={WORKER_APP_NAME}", "workers", options.tail_lines)
+    operator_pods = f"{NAME_LABEL}={OPERATOR_APP_NAME}"
+    _pods(bundle, api, options.operator_namespace, operator_pods, "operator", options.tail_lines)
+    for ns in sorted({*namespaces, options.operator_namespace}):
+        with bundle.attempt(f"Events of namespace {ns}"):
+            events = [_event(api.sanitize_for_serialization(e)) for e in core.list_namespaced_event(ns).items]
+            bundle.add_json(f"events/{ns}.json", sorted(events, key=lambda e: str(e["last"])))
+    if options.redis:
+        queue, dead, servers = [], [], []
+        for stage in stages:
+            meta = stage["metadata"]
+            with bundle.attempt(f"Redis of stage {meta['namespace']}/{meta['name']}"):
+                spec, settings = target(stage)
+                scrub_register(*spec.secrets())
+                row, dlq_summary, server = asyncio.run(_redis_parts(spec, settings, meta, options.dlq_scan))
+                queue.append(row)
+                dead.append(dlq_summary)
+                servers.append(server)
+        bundle.add_json("redis/queue.json", queue)
+        bundle.add_json("redis/dlq.json", dead)
+        bundle.add_json("redis/servers.json", servers)
+        versions["redis"] = {f"{s['namespace']}/{s['stage']}": s["version"] for s in servers}
+    bundle.add_json("versions.json", versions)
+    return bundle
+
+
+def _stage_document(stage: Json) -> Json:
+    meta = {k: v for k, v in stage["metadata"].items() if k != "managedFields"}
+    if annotations := meta.get("annotations"):
+        meta["annotations"] = {k: v for k, v in annotations.items() if k != _LAST_APPLIED}
+    return {**stage, "metadata": meta}
+
+
+def _pods(bundle: Bundle, api: client.ApiClient, ns: str, selector: str, role: str, tail_lines: int) -> None:
+    """The pods `selector` finds in `ns` (their state) and the last `tail_lines` of each container's log (and of
+    its previous run, after a restart)."""
+    core = client.CoreV1Api(api)
+    with bundle.attempt(f"pods ({role}) of namespace {ns}"):
+        pods = [api.sanitize_for_serialization(p) for p in core.list_namespaced_pod(ns, label_selector=selector).items]
+        bundle.add_json(f"pods/{ns}/{role}.json", [_pod_summary(p) for p in pods])
+        for pod in pods:
+            name = pod["metadata"]["name"]
+            restarted = {s["name"] for s in pod.get("status", {}).get("containerStatuses", ()) if s["restartCount"]}
+            if not pod["spec"].get("nodeName"):
+                # Nothing ran, so there is no log to ask for (the API server answers an empty one).
+                phase = pod.get("status", {}).get("phase")
+                bundle.errors.append(f"logs of {ns}/{name}: no logs, the pod is on no node (phase {phase})")
+                continue
+            for container in (c["name"] for c in pod["spec"]["containers"]):
+                for previous in (False, True) if container in restarted else (False,):
+                    with bundle.attempt(f"logs of {ns}/{name}/{container}{' (previous)' if previous else ''}"):
+                        lines = core.read_namespaced_pod_log(
+                            name, ns, container=container, tail_lines=tail_lines, timestamps=True, previous=previous
+                        )
+                        log = f"logs/{ns}/{name}/{container}{'.previous' if previous else ''}.log"
+                        bundle.files[log] = lines or ""  # an empty log comes back as None
+
+
+def _redacted(deployment: Json) -> Json:
+    """A Deployment as the API gives it, minus managedFields; a literal env value whose name looks secret is
+    redacted (the CRD refuses those in spec.env, but a Deployment can be edited by hand)."""
+    deployment["metadata"].pop("managedFields", None)
+    pod_spec = deployment.get("spec", {}).get("template", {}).get("spec", {})
+    for container in (*pod_spec.get("containers", ()), *pod_spec.get("initContainers", ())):
+        for var in container.get("env") or ():
+            if "value" in var and re.search(SECRET_NAME_PATTERN, var["name"].upper()):
+                var["value"] = REDACTED
+    return deployment
+
+
+def _pod_summary(pod: Json) -> Json:
+    """Where the pod runs and how its containers are, without its spec (the Deployment has it)."""
+    status = pod.get("status", {})
+    return {
+        "name": pod["metadata"]["name"],
+        "node": pod["spec"].get("nodeName"),
+        **{key: status.get(key) for key in ("phase", "reason", "message", "startTime", "conditions")},
+        "containers": [
+            {key: s.get(key) for key in ("name", "image", "ready", "restartCount", "state", "lastState")}
+            for s in status.get("containerStatuses", ())
+        ],
+    }
+
+
+def _event(event: Json) -> Json:
+    involved = event.get("involvedObject", {})
+    return {
+        "type": event.get("type"),
+        "reason": event.get("reason"),
+        "message": event.get("message"),
+        "object": f"{involved.get('kind')}/{involved.get('name')}",
+        "count": event.get("count"),
+        "first": event.get("firstTimestamp") or event.get("eventTime"),
+        "last": event.get("lastTimestamp") or event.get("eventTime") or event["metadata"].get("creationTimestamp"),
+        "source": event.get("reportingComponent") or event.get("source", {}).get("component"),
+    }
+
+
+async def _redis_parts(spec: RedisSpec, settings: StageSettings, meta: Json, dlq_scan: int) -> tuple[Json, Json, Json]:
+    keys = settings.keys
+    where = {"namespace": meta["namespace"], "stage": meta["name"]}
+    async with redis_client(spec) as redis:
+        (stats,) = await collect(redis, [keys])
+        by_type: Counter[str] = Counter()
+        scanned = 0
+        async for _, fields in dlq.entries(redis, keys.dlq):
+            if scanned >= dlq_scan:
+                break
+            by_type[fields.get("error_type", "(none)")] += 1
+            scanned += 1
+        risk = await assess_redis(redis)
+        info = await redis.info("server")
+    dlq_summary = {**where, "dlq": keys.dlq, "length": stats.dlq_length, "counted": scanned, "byErrorType": by_type}
+    server = {
+        **where,
+        "address": spec.redacted,
+        "version": f"{'valkey' if 'valkey_version' in info else 'redis'} "
+        f"{info.get('valkey_version', info.get('redis_version'))}",
+        "mode": info.get("server_mode", info.get("redis_mode")),
+        # What RedisRisk reads (maxmemory-policy, persistence, role) and what it concludes.
+        "risk": {"checked": risk.checked, "settings": risk.settings, "problems": list(risk.problems)},
+    }
+    return {**where, **stats.as_status()}, dlq_summary, server
+
+
+def default_path() -> Path:
+    return Path(f"phoenix-report-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}.tar.gz")
