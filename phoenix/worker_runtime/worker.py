@@ -221,13 +221,16 @@ class Worker:
 
     async def _wait_for_redis(self) -> bool:
         """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
-        when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them)."""
+        when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them), LayoutDiffers
+        when PARTITIONS differs from the stage's layout."""
         delay = 0.5
         while not self._stopping.is_set():
             try:
                 s = self.settings
                 if not s.stage_uid and (holder := await ownership.holder_at_start(self.redis, s.keys)):
                     raise ownership.KeysHeld(holder, s.input_queue)
+                if not s.stage_uid:  # a stage's own worker checks the layout with its claim
+                    await ownership.check_layout(self.redis, s.keys)
                 await self.ensure_group()
                 return True
             except RedisError as exc:
