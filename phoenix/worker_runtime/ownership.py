@@ -31,6 +31,7 @@ it always did, writing no marker: an operator-managed stage of those keys is the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -111,6 +112,28 @@ async def check_layout(client: Redis, keys: StageKeys) -> None:
     reply = await script(keys=[keys.layout, input_stream(keys.name, keys.namespace)], args=[keys.partitions])
     if text(reply[0]) == "differs":
         raise LayoutDiffers(stage_ref(keys), int(text(reply[1])), keys.partitions)
+
+
+async def laid_out(client: Redis, stages: Sequence[StageKeys]) -> list[StageKeys]:
+    """The stages as their layouts in Redis have them: a stage whose layout has K > 1 partitions gets its K lanes
+    (its input and DLQ derived); one with no layout or one partition stays as given. One round trip."""
+    pipe = client.pipeline(transaction=False)
+    for keys in stages:
+        pipe.hget(keys.layout, "partitions")
+    out = []
+    for keys, found in zip(stages, await pipe.execute(), strict=True):
+        partitions = 1 if found is None else int(found)
+        if partitions != keys.partitions:
+            keys = StageKeys.for_stage(
+                keys.name,
+                keys.namespace,
+                group=keys.consumer_group,
+                output=keys.output,
+                partitions=partitions,
+                **({"input": keys.input, "dlq": keys.dlq} if partitions == 1 else {}),
+            )
+        out.append(keys)
+    return out
 
 
 async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Claimed:

@@ -1,0 +1,82 @@
+"""The tools on a stage of 4 partitions, against a real Valkey: the stage's keys claimed as the operator claims
+them (a lane each), records written to their lanes as a producer writes them, and each tool finding them there:
+the queue figures summed over the lanes, `phoenix status` (and `--partitions`), `phoenix inspect`, the DLQ
+commands."""
+
+from __future__ import annotations
+
+import json
+
+import redis.asyncio as aioredis
+
+from phoenix.keys import StageKeys, partition_of
+from phoenix.worker_runtime.ownership import claim
+from phoenix.worker_runtime.queue_stats import collect
+from tests.fixtures.cli import phoenix
+
+PARTITIONS = 4
+STAGE = StageKeys.for_stage("p", "team-p", partitions=PARTITIONS)
+NS = ("--namespace", "team-p", "--service", "p")
+
+
+def _spread(count: int) -> list[str]:
+    """`count` record ids, in at least three different lanes."""
+    ids = [f"rec-{i}" for i in range(count)]
+    assert len({partition_of(r, PARTITIONS) for r in ids}) >= 3
+    return ids
+
+
+async def _enqueue(redis: aioredis.Redis, record_id: str) -> str:
+    lane = STAGE.lane_of(record_id)
+    return await redis.xadd(lane.input, {"record_id": record_id, "user_id": "u1", "data": "{}"})
+
+
+async def _dead_letter(redis: aioredis.Redis, record_id: str) -> str:
+    fields = {"record_id": record_id, "user_id": "u1", "data": "{}", "error": "bad", "error_type": "ValueError"}
+    return await redis.xadd(STAGE.lane_of(record_id).dlq, fields)
+
+
+async def _stage_with_work(redis: aioredis.Redis) -> list[str]:
+    """8 records in their lanes, 2 of them delivered (pending), and 3 dead letters in their lanes."""
+    await claim(redis, STAGE, "uid-p", adopt=True)
+    ids = _spread(8)
+    for record_id in ids:
+        await _enqueue(redis, record_id)
+    # One delivery in each of two lanes: pending there.
+    delivered_lanes = sorted({partition_of(r, PARTITIONS) for r in ids})[:2]
+    for p in delivered_lanes:
+        lane = STAGE.lanes[p]
+        await redis.xreadgroup(lane.consumer_group, "c1", {lane.input: ">"}, count=1)
+    for record_id in ("dead-1", "dead-2", "dead-3"):
+        await _dead_letter(redis, record_id)
+    return ids
+
+
+async def test_queue_figures_are_summed_over_the_lanes(redis: aioredis.Redis) -> None:
+    await _stage_with_work(redis)
+    (stats,) = await collect(redis, [STAGE])
+    assert (stats.length, stats.pending, stats.lag, stats.dlq_length) == (8, 2, 6, 3)
+    assert stats.group_exists and stats.consumers == 1
+    assert stats.oldest_pending_seconds is not None and stats.oldest_undelivered_seconds is not None
+
+
+async def test_status_shows_the_stage_summed_and_each_partition_on_request(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    ids = await _stage_with_work(redis)
+    lines = phoenix(redis_url, "status", "--namespace", "team-p").splitlines()
+    assert lines[0].split() == ["NAMESPACE", "STAGE", "LENGTH", "PENDING", "LAG", "OLDEST(s)", "DLQ", "CONSUMERS"]
+    assert len(lines) == 2  # one stage, not one row per lane
+    row = lines[1].split()
+    assert row[:5] == ["team-p", "p", "8", "2", "6"] and row[6:] == ["3", "1"]
+    [summed] = json.loads(phoenix(redis_url, "status", *NS, "--json"))
+    assert (summed["partitions"], summed["length"], summed["dlqLength"]) == (PARTITIONS, 8, 3)
+    rows = json.loads(phoenix(redis_url, "status", *NS, "--json", "--partitions"))
+    assert [row.get("partition") for row in rows] == [None, 0, 1, 2, 3]
+    per_lane = [sum(partition_of(r, PARTITIONS) == p for r in ids) for p in range(PARTITIONS)]
+    assert [row["length"] for row in rows[1:]] == per_lane
+    assert sum(row["dlqLength"] for row in rows[1:]) == 3
+    table = phoenix(redis_url, "status", *NS, "--partitions").splitlines()
+    assert table[0].split()[:3] == ["NAMESPACE", "STAGE", "PARTITION"]
+    assert [line.split()[2] for line in table[1:]] == ["(4)", "#0", "#1", "#2", "#3"]
+    assert [int(line.split()[3]) for line in table[2:]] == per_lane
