@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from phoenix.keys import StageKeys, partition_of
 from phoenix.worker_runtime.ownership import claim
 from phoenix.worker_runtime.queue_stats import collect
-from tests.fixtures.cli import phoenix
+from tests.fixtures.cli import phoenix, run_phoenix
 
 PARTITIONS = 4
 STAGE = StageKeys.for_stage("p", "team-p", partitions=PARTITIONS)
@@ -80,3 +80,40 @@ async def test_status_shows_the_stage_summed_and_each_partition_on_request(
     assert table[0].split()[:3] == ["NAMESPACE", "STAGE", "PARTITION"]
     assert [line.split()[2] for line in table[1:]] == ["(4)", "#0", "#1", "#2", "#3"]
     assert [int(line.split()[3]) for line in table[2:]] == per_lane
+
+
+async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lane(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    await claim(redis, STAGE, "uid-p", adopt=True)
+    dead = _spread(6)
+    for record_id in dead:
+        await _dead_letter(redis, record_id)
+    listed = [json.loads(line) for line in phoenix(redis_url, "dlq", "list", *NS, "--count", "4").splitlines()]
+    assert [entry["record_id"] for entry in listed] == dead[:4]  # the oldest four over every lane
+    assert [entry["partition"] for entry in listed] == [partition_of(r, PARTITIONS) for r in dead[:4]]
+    refused = run_phoenix(redis_url, "dlq", "list", *NS, "--dlq", STAGE.lanes[0].dlq)
+    assert refused.returncode == 1 and "has 4 partitions, each with its own DLQ and input" in refused.stderr
+    # Export everything, one more dead letter arrives, purge exactly what was exported.
+    exported = run_phoenix(redis_url, "dlq", "export", *NS)
+    assert sorted(json.loads(line)["record_id"] for line in exported.stdout.splitlines()) == sorted(dead)
+    through = exported.stderr.split("--through ")[1].strip()
+    late = "late-one"
+    await _dead_letter(redis, late)
+    assert phoenix(redis_url, "dlq", "purge", *NS, "--through", through, "--yes").startswith("deleted 6 entries")
+    assert [json.loads(line)["record_id"] for line in phoenix(redis_url, "dlq", "list", *NS).splitlines()] == [late]
+    # Replay: each dead letter back to the input of its own lane, where that lane's workers read it.
+    for record_id in dead:
+        await _dead_letter(redis, record_id)
+    dry = phoenix(redis_url, "dlq", "replay", *NS, "--dry-run")
+    assert dry.splitlines()[-1].startswith("would move 7 of the 7 entries of the DLQs of its 4 partitions")
+    assert phoenix(redis_url, "dlq", "replay", *NS, "--yes").strip() == (
+        "moved 7 entries back to the inputs of its 4 partitions"
+    )
+    for record_id in [*dead, late]:
+        lane = STAGE.lane_of(record_id)
+        assert record_id in [f["record_id"] for _, f in await redis.xrange(lane.input)], record_id
+    assert sum([await redis.xlen(lane.dlq) for lane in STAGE.lanes]) == 0
+    assert sum([await redis.xlen(lane.input) for lane in STAGE.lanes]) == 7
+    [repair, purge] = [fields for _, fields in await redis.xrevrange(STAGE.audit, count=2)]
+    assert (repair["action"], purge["action"]) == ("dlq-replay", "dlq-purge")

@@ -33,6 +33,10 @@ _PATHS = {"tls_ca", "tls_cert", "tls_key"}
 _SECONDS = {"connect_timeout", "socket_timeout"}
 
 
+class StageUsageError(Exception):
+    """Options that do not fit the stage as Redis has it (one line, exit 1; nothing done)."""
+
+
 class StageSettings(WorkerSettings):
     """A stage's key names and timings derived exactly as its workers derive them, from explicit values only:
     a worker variable left in this shell (INPUT_QUEUE, ...) must not redirect a command about another stage."""
