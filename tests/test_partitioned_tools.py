@@ -117,3 +117,52 @@ async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lan
     assert sum([await redis.xlen(lane.input) for lane in STAGE.lanes]) == 7
     [repair, purge] = [fields for _, fields in await redis.xrevrange(STAGE.audit, count=2)]
     assert (repair["action"], purge["action"]) == ("dlq-replay", "dlq-purge")
+
+
+async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aioredis.Redis, redis_url: str) -> None:
+    """A worker died holding two records of two lanes: inspect sees each in its lane, unlock releases the lock
+    there, reclaim re-enqueues both in their own lanes, reprocess puts a committed record back in its lane."""
+    await claim(redis, STAGE, "uid-p", adopt=True)
+    ids = _spread(8)
+    held = [ids[0], next(r for r in ids if partition_of(r, PARTITIONS) != partition_of(ids[0], PARTITIONS))]
+    for record_id in ids:
+        await _enqueue(redis, record_id)
+    for record_id in held:  # delivered to a consumer that died holding the record's lock
+        lane = STAGE.lane_of(record_id)
+        await redis.xreadgroup(lane.consumer_group, "dead-1", {lane.input: ">"}, count=1)
+        await redis.set(lane.record(record_id), "lock dead-1:0123456789ab")
+    report = json.loads(phoenix(redis_url, "inspect", *NS, held[1], "--json"))
+    lane = STAGE.lane_of(held[1])
+    assert report["input_stream"] == lane.input
+    assert [e["state"] for e in report["entries"]] == ["pending"]
+    assert report["lock"]["key"] == lane.record(held[1]) and report["lock"]["holder"] == "dead-1"
+    text = phoenix(redis_url, "inspect", *NS, held[1])
+    assert f"({lane.input}, group p-group)" in text.splitlines()[0]
+
+    # unlock: the lock in the record's lane, its holder found in that lane's group (idle, alive: forced).
+    first = STAGE.lane_of(held[0])
+    assert phoenix(redis_url, "unlock", *NS, held[0], "--force", "--yes").startswith(
+        f"released {first.record(held[0])} held by"
+    )
+    assert await redis.get(first.record(held[0])) is None
+    # reclaim: both pending entries, each re-enqueued in its own lane (the other's lock released with it).
+    reclaimed = phoenix(redis_url, "reclaim", *NS, "--idle-ms", "0", "--yes").splitlines()
+    assert reclaimed[-1] == "reclaimed 2 of 2 entries idle over 0 ms in the inputs of its 4 partitions"
+    for record_id in held:
+        lane = STAGE.lane_of(record_id)
+        assert await redis.xpending(lane.input, lane.consumer_group) == {
+            "pending": 0,
+            "min": None,
+            "max": None,
+            "consumers": [],
+        }
+        assert [f["record_id"] for _, f in await redis.xrange(lane.input)].count(record_id) == 2
+    assert await redis.get(lane.record(held[1])) is None
+    # reprocess: a committed record's marker cleared and a copy added to its lane's input.
+    done = ids[2]
+    lane = STAGE.lane_of(done)
+    await redis.set(lane.record(done), "done 1-0")
+    out = phoenix(redis_url, "reprocess", *NS, done, "--yes").strip()
+    assert out.startswith(f"deleted {lane.record(done)}; enqueued {done} as ") and f" in {lane.input} " in out
+    assert [f["record_id"] for _, f in await redis.xrange(lane.input)].count(done) == 2
+    assert await redis.exists(lane.record(done)) == 0
