@@ -58,9 +58,9 @@ async def _marker(client: Redis, owner: str) -> dict[str, str]:
 
 async def destroy(client: Redis, keys: StageKeys, uid: str) -> Destroyed | NotHeld:
     """deletionPolicy Delete: remove what the PhoenixStage `uid` owns of the stage's keys, each only while it has
-    its type: of each lane, the streams and group its marker says it created, its retry set, record keys,
-    backpressure figure, DLQ trim counter and outbox, and last its marker; of the stage as a whole its audit
-    stream, replay ledgers and layout (a stage of several partitions: with its stage-wide marker, last; a retry
+    its type: of each lane, the streams and group its marker says it created, its retry set, record keys, replay
+    ledgers, backpressure figure, DLQ trim counter and outbox, and last its marker; of the stage as a whole its
+    audit stream and layout (a stage of several partitions: with its stage-wide marker, last; a retry
     after a failure finds it still there). A stage whose marker (or any lane's) names another stage or uid, or
     that has none, deletes nothing."""
     whole = await _marker(client, keys.owner)
@@ -73,7 +73,7 @@ async def destroy(client: Redis, keys: StageKeys, uid: str) -> Destroyed | NotHe
             return NotHeld(f"{marker.get('stage', '')} (uid {marker.get('uid') or 'none'})")
     delete = client.register_script(_DELETE_OWNED)
     count, group_destroyed, streams = 0, None, []
-    stage_wide, ledgers = [(keys.audit, "stream"), (keys.layout, "hash")], [(keys.replay_ledgers_pattern, "hash")]
+    stage_wide = [(keys.audit, "stream"), (keys.layout, "hash")]
     for lane, marker in lanes:
         if not marker:
             continue  # a lane never claimed (a claim refused half-way) has nothing of this stage's
@@ -91,7 +91,7 @@ async def destroy(client: Redis, keys: StageKeys, uid: str) -> Destroyed | NotHe
             (lane.outbox, "stream"),
             *(stage_wide if lane.owner == keys.owner else []),
         ]
-        scanned = [(lane.record_prefix + "*", "string"), *(ledgers if lane.owner == keys.owner else [])]
+        scanned = [(lane.record_prefix + "*", "string"), (lane.replay_ledgers_pattern, "hash")]
         done = await _delete_owned(client, delete, lane.owner, uid, scanned, final, alone)
         if done < 0:
             return NotHeld(marker["stage"])  # adopted by another PhoenixStage meanwhile
@@ -99,7 +99,7 @@ async def destroy(client: Redis, keys: StageKeys, uid: str) -> Destroyed | NotHe
         group_destroyed = group_destroyed or destroyed_group
         streams += [stream for stream, word in named if word in created]
     if keys.owner not in {lane.owner for lane in keys.lanes}:
-        done = await _delete_owned(client, delete, keys.owner, uid, ledgers, stage_wide, "")
+        done = await _delete_owned(client, delete, keys.owner, uid, [], stage_wide, "")
         if done < 0:
             return NotHeld(whole["stage"])
         count += done
@@ -131,6 +131,18 @@ async def _delete_owned(
             count += done
     done = int(await delete(keys=[owner, *(key for key, _ in final)], args=[uid, group, "1", *(k for _, k in final)]))
     return done if done < 0 else count + done
+
+
+async def replay_lanes(client: Redis, keys: StageKeys, request_id: str, limit: int | None) -> int:
+    """replay_once for each lane of the stage (its DLQ back to its own input, its own ledger in its slot), up to
+    `limit` (None: all) in all; a repeated attempt finds each lane's ledger and continues where it stopped."""
+    moved = 0
+    for lane in keys.lanes:
+        if limit is not None and moved >= limit:
+            break
+        rest = None if limit is None else limit - moved
+        moved += await replay_once(client, lane.replay_ledger(request_id), lane.dlq, lane.input, rest)
+    return moved
 
 
 async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None) -> int:
