@@ -9,7 +9,7 @@ import json
 
 import redis.asyncio as aioredis
 
-from phoenix.keys import StageKeys, partition_of
+from phoenix.keys import LegacyStageKeys, StageKeys, partition_of
 from phoenix.worker_runtime.ownership import claim
 from phoenix.worker_runtime.queue_stats import collect
 from tests.fixtures.cli import phoenix, run_phoenix
@@ -166,3 +166,16 @@ async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aiore
     assert out.startswith(f"deleted {lane.record(done)}; enqueued {done} as ") and f" in {lane.input} " in out
     assert [f["record_id"] for _, f in await redis.xrange(lane.input)].count(done) == 2
     assert await redis.exists(lane.record(done)) == 0
+
+
+async def test_migrate_refuses_to_move_v1_data_into_a_partitioned_stage(redis: aioredis.Redis, redis_url: str) -> None:
+    old = LegacyStageKeys("p")
+    await redis.xgroup_create(old.input, "p-group", id="0", mkstream=True)
+    await redis.xadd(old.input, {"record_id": "v1-record", "user_id": "u1", "data": "{}"})
+    await claim(redis, STAGE, "uid-p", adopt=True)
+    done = run_phoenix(redis_url, "migrate", *NS, "--yes")
+    assert done.returncode == 1 and done.stderr.splitlines() == [
+        "refused: stage p of namespace team-p is laid out in 4 partitions; phoenix migrate moves v1 data to a stage "
+        "of one partition only: migrate it before setting spec.partitions (nothing changed)"
+    ]
+    assert await redis.xlen(old.input) == 1
