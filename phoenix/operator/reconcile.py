@@ -253,7 +253,8 @@ def reconciled_status(result: Reconciled, generation: int | None) -> tuple[dict[
         ConditionType.STREAM_READY,
         True,
         "StreamReady",
-        f"stream {result.streams.input} with consumer group {result.streams.consumer_group}, DLQ {result.streams.dlq}",
+        f"stream {result.streams.input} with consumer group {result.streams.consumer_group}, DLQ {result.streams.dlq}"
+        + (f", in {result.streams.partitions} partitions" if result.streams.partitions > 1 else ""),
         observed_generation=generation,
     )
     fields = {
