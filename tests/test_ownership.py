@@ -231,7 +231,7 @@ async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis
     for keys, uid in ((P4, UID_A), (B, UID_B)):
         await claim(redis, keys, uid, adopt=True)
     for lane in P4.lanes:
-        await _fill(redis, lane)  # the lanes' keys, and (the same names each time) the audit and a ledger
+        await _fill(redis, lane)  # the lane's keys (a replay ledger too), and the stage-wide audit (the same each time)
         await redis.xadd(lane.outbox, {"record_id": "r1"})
     before_b = sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")])
     assert await destroy(redis, P4, UID_B) == NotHeld("team-a/shared (uid uid-a)")
@@ -242,8 +242,8 @@ async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis
     destroyed = await destroy(redis, P4, UID_A)
     assert isinstance(destroyed, Destroyed)
     assert destroyed.streams == [s for lane in P4.lanes for s in (lane.input, lane.dlq)]
-    # Per lane: input, DLQ, retry, 2 records, backpressure, trim counter, outbox; then audit, ledger, layout.
-    assert destroyed.keys == 4 * 8 + 3
+    # Per lane: input, DLQ, retry, 2 records, replay ledger, backpressure, trim counter, outbox; audit, layout.
+    assert destroyed.keys == 4 * 9 + 2
     assert [key async for key in redis.scan_iter(match="phoenix:{team-a*")] == []
     assert sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")]) == before_b
 
