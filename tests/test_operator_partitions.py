@@ -140,3 +140,25 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert connection.hgetall(grouper.layout) == {"partitions": "4"}
     assert _env(kube_api, ns, "grouper")["PARTITIONS"] == "4"  # the workers were not rolled onto the wrong lanes
     assert _env(kube_api, ns, "router")["OUTPUT_PARTITIONS"] == "4"
+
+
+@pytest.mark.parametrize("redis_db", [11], indirect=True)
+def test_a_stage_forwarding_to_one_created_later_follows_its_partitions(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """The next stage does not exist yet: the workers forward as to one partition; once it appears with 3, the
+    operator reconciles the forwarding stage again and its workers get OUTPUT_PARTITIONS=3."""
+    url, _ = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, final_stage(url, ns, name="early", output={"stage": "latecomer"}))
+    env = eventually(lambda: _deployment_env(kube_api, ns, "early"), "the early stage's Deployment")
+    assert env["OUTPUT_PARTITIONS"] == "1"
+    kubectl_apply(kube_cluster, final_stage(url, ns, name="latecomer", partitions=3)[1:])
+    eventually(
+        lambda: (_deployment_env(kube_api, ns, "early") or {}).get("OUTPUT_PARTITIONS") == "3",
+        "the early stage forwarding to the latecomer's 3 partitions",
+    )
