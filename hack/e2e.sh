@@ -33,6 +33,7 @@ fi
 bash hack/build-kube.sh
 bash hack/build-node.sh
 bash hack/build-keda.sh
+bash hack/build-helm.sh
 bash hack/build-images.sh
 run=.cache/e2e/runs/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$run"

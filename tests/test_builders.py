@@ -14,6 +14,7 @@ from phoenix.operator.builders import (
     Owner,
     RedisConnection,
     build_deployment,
+    build_pod_disruption_budget,
     build_scaled_object,
     build_trigger_authentication,
     in_namespace,
@@ -127,7 +128,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "CIRCUIT_FAILURE_THRESHOLD": "7",
         "CIRCUIT_RESET_TIMEOUT": "12.5",
         "CIRCUIT_HALF_OPEN_CALLS": "2",
-        "SHUTDOWN_GRACE": "25",
+        "SHUTDOWN_GRACE": "90",  # the whole processingTimeout (termination grace 105)
         "HEALTH_PORT": "8080",
         "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
         "REDIS_MODE": "standalone",
@@ -297,9 +298,112 @@ def test_pod_is_hardened() -> None:
     assert security["seccompProfile"] == {"type": "RuntimeDefault"}
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["automountServiceAccountToken"] is False
-    assert pod["terminationGracePeriodSeconds"] == 30
+    assert pod["terminationGracePeriodSeconds"] == 615  # processingTimeout (600) + the shutdown margin
     assert pod["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
     assert container(deployment)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+
+
+FULL_POD: dict[str, Any] = {
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "reader",
+    "nodeSelector": {"pool": "work"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "phoenix", "effect": "NoSchedule"}],
+    "affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
+    "topologySpreadConstraints": [{"maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "ScheduleAnyway"}],
+    "priorityClassName": "pipelines",
+    "labels": {"team": "search"},
+    "annotations": {"sidecar.istio.io/inject": "false"},
+    "envFrom": [{"configMapRef": {"name": "parser-config"}}, {"prefix": "S3_", "secretRef": {"name": "s3"}}],
+    "volumes": [{"name": "models", "configMap": {"name": "models"}}],
+    "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    "terminationGracePeriodSeconds": 200,
+}
+
+
+def test_every_spec_pod_field_reaches_the_deployment() -> None:
+    deployment = build_deployment(OWNER, make_spec(pod=FULL_POD), restarted_at="2026-01-01T00:00:00Z")
+    template = deployment["spec"]["template"]
+    pod = template["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry"}]
+    assert pod["serviceAccountName"] == pod["serviceAccount"] == "reader"
+    assert pod["automountServiceAccountToken"] is False  # a ServiceAccount for workload identity, no API token
+    assert pod["nodeSelector"] == {"pool": "work"}
+    assert pod["tolerations"] == FULL_POD["tolerations"]
+    assert pod["affinity"] == FULL_POD["affinity"]
+    assert pod["topologySpreadConstraints"] == FULL_POD["topologySpreadConstraints"]
+    assert pod["priorityClassName"] == "pipelines"
+    assert pod["terminationGracePeriodSeconds"] == 200
+    assert env_of(deployment)["SHUTDOWN_GRACE"] == "185"  # the grace less the shutdown margin
+    # Beside the operator's own, which stay: the selector still selects the pods, the scrape and restart stay.
+    assert template["metadata"]["labels"] == {
+        "team": "search",
+        "app.kubernetes.io/name": "phoenix-worker",
+        "app.kubernetes.io/instance": "parser",
+        "app.kubernetes.io/managed-by": "phoenix-operator",
+        "phoenix.io/stage": "parser",
+    }
+    assert deployment["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    assert template["metadata"]["annotations"] == {
+        "sidecar.istio.io/inject": "false",
+        "prometheus.io/scrape": "true",
+        "prometheus.io/port": "8080",
+        "prometheus.io/path": "/metrics",
+        "phoenix.io/restartedAt": "2026-01-01T00:00:00Z",
+    }
+    assert deployment["metadata"]["annotations"]["phoenix.io/pod-keys"] == (
+        '{"labels":["team"],"annotations":["sidecar.istio.io/inject"]}'
+    )
+    worker = container(deployment)
+    assert worker["envFrom"] == FULL_POD["envFrom"]
+    assert pod["volumes"] == [
+        {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
+        {"name": "models", "configMap": {"name": "models"}},
+    ]
+    assert worker["volumeMounts"] == [
+        {"name": "tmp", "mountPath": "/tmp"},
+        {"name": "models", "mountPath": "/models", "readOnly": True},
+    ]
+    # The restricted security context is the operator's, whatever spec.pod says.
+    assert worker["securityContext"] == container(build_deployment(OWNER, make_spec()))["securityContext"]
+    assert pod["securityContext"]["runAsNonRoot"] is True and "hostNetwork" not in pod
+
+
+def test_unset_pod_fields_are_absent_so_a_merge_patch_removes_them() -> None:
+    pod = build_deployment(OWNER, make_spec())["spec"]["template"]["spec"]
+    unset = ("serviceAccountName", "serviceAccount", "imagePullSecrets", "nodeSelector", "tolerations", "affinity")
+    assert all(pod[key] is None for key in (*unset, "topologySpreadConstraints", "priorityClassName"))
+    assert "envFrom" not in container(build_deployment(OWNER, make_spec()))
+
+
+@pytest.mark.parametrize(("timeout", "grace", "drain"), [(1, 16, 1), (120, 135, 120), (86400, 86415, 86400)])
+def test_the_termination_grace_follows_the_processing_timeout(timeout: int, grace: int, drain: int) -> None:
+    """A record started just before SIGTERM may run its whole processingTimeout and still be committed: the
+    worker drains that long, and the kubelet waits the shutdown margin more before its SIGKILL."""
+    deployment = build_deployment(OWNER, make_spec(worker={"processingTimeout": timeout}))
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == grace
+    assert env_of(deployment)["SHUTDOWN_GRACE"] == str(drain)
+
+
+def test_a_termination_grace_shorter_than_the_margin_drains_nothing() -> None:
+    deployment = build_deployment(OWNER, make_spec(pod={"terminationGracePeriodSeconds": 5}))
+    assert env_of(deployment)["SHUTDOWN_GRACE"] == "0"
+
+
+def test_a_stage_of_several_pods_has_a_disruption_budget_of_one_pod_at_a_time() -> None:
+    budget = build_pod_disruption_budget(OWNER, make_spec(replicas={"min": 0, "max": 2}))
+    assert budget is not None
+    assert (budget["apiVersion"], budget["kind"]) == ("policy/v1", "PodDisruptionBudget")
+    assert budget["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert budget["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "phoenix-operator"  # watched for drift
+    assert budget["spec"] == {
+        "maxUnavailable": 1,
+        "selector": {"matchLabels": build_deployment(OWNER, make_spec())["spec"]["selector"]["matchLabels"]},
+    }
+
+
+@pytest.mark.parametrize("replicas", [{"min": 0, "max": 1}, {"min": 1, "max": 1}])
+def test_a_stage_of_at_most_one_pod_has_no_disruption_budget(replicas: dict[str, int]) -> None:
+    assert build_pod_disruption_budget(OWNER, make_spec(replicas=replicas)) is None
 
 
 def test_default_and_custom_resources() -> None:

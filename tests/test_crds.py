@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,7 +12,8 @@ from pydantic import ValidationError
 
 from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
 from phoenix.crds.definition import custom_resource_definition
-from phoenix.crds.generate import CRD_PATH, main, render_crd
+from phoenix.crds.generate import CHART_CRD_PATH, CRD_PATH, main, render_crd
+from phoenix.crds.pod import VOLUME_SOURCES
 from phoenix.retention import Retention
 from tests.fixtures.control_plane import ControlPlane
 
@@ -117,6 +119,11 @@ def test_committed_crd_is_generated_from_the_models() -> None:
     assert committed == render_crd(), f"{CRD_PATH} differs from phoenix/crds: run `make manifests`"
 
 
+def test_the_helm_chart_holds_the_generated_crd_too() -> None:
+    assert CHART_CRD_PATH.read_text() == render_crd(), f"{CHART_CRD_PATH} is stale: run `make manifests`"
+    assert main(["--check"]) == 0
+
+
 def test_generate_check_reports_a_stale_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     stale = tmp_path / "crd.yaml"
     stale.write_text("# edited by hand\n")
@@ -171,10 +178,28 @@ def test_structural_checker_catches_pydantic_leftovers() -> None:
     assert any(".c: numeric exclusiveMinimum" in p for p in problems)
 
 
-def test_only_status_root_preserves_unknown_fields() -> None:
-    text = render_crd()
-    assert text.count("x-kubernetes-preserve-unknown-fields") == 1
-    assert openapi_schema()["properties"]["status"]["x-kubernetes-preserve-unknown-fields"] is True
+def _preserving(node: dict[str, Any], path: str) -> list[str]:
+    found = [path] if node.get("x-kubernetes-preserve-unknown-fields") else []
+    for name, child in node.get("properties", {}).items():
+        found += _preserving(child, f"{path}.{name}")
+    if isinstance(node.get("items"), dict):
+        found += _preserving(node["items"], f"{path}[]")
+    return found
+
+
+def test_only_status_root_and_kubernetes_typed_pod_fields_preserve_unknown_fields() -> None:
+    """Pruning is off only where the value is Kubernetes' own type, passed to the pod as written; what CEL must
+    refuse there (a hostPath, a securityContext) is a declared field, which CEL can see."""
+    volume = [f"spec.pod.volumes[].{name}" for name in VOLUME_SOURCES]
+    expected = [
+        "spec.pod.affinity",
+        "spec.pod.topologySpreadConstraints[]",
+        *volume,
+        "spec.pod.volumes[].hostPath",
+        "spec.pod.securityContext",
+        "status",
+    ]
+    assert sorted(_preserving(openapi_schema(), "")) == sorted(f".{path}" for path in expected)
 
 
 def test_every_field_is_documented() -> None:
@@ -462,5 +487,111 @@ def test_redis_admission_by_the_api_server(case: str, kube_cluster: ControlPlane
     result = kube_cluster.kubectl("create", "--dry-run=server", "-f", "-", input=yaml.safe_dump(stage))
     if refusal is None:
         assert result.returncode == 0, result.stderr
+    else:
+        assert result.returncode != 0 and refusal in result.stderr, result.stderr
+
+
+# spec.pod, every field set: what a platform team writes for a private image read through workload identity.
+FULL_POD: dict[str, Any] = {
+    "imagePullSecrets": [{"name": "registry"}],
+    "serviceAccountName": "reader",
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "phoenix", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "pool", "operator": "In", "values": ["work"]}]}]
+            }
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": "router"}},
+        }
+    ],
+    "priorityClassName": "pipelines",
+    "labels": {"team": "search", "cost-center": "cc-42"},
+    "annotations": {"sidecar.istio.io/inject": "false"},
+    "envFrom": [{"configMapRef": {"name": "router-config"}}, {"prefix": "S3_", "secretRef": {"name": "s3"}}],
+    "volumes": [
+        {"name": "models", "configMap": {"name": "models"}},
+        {"name": "scratch", "emptyDir": {"sizeLimit": "1Gi"}},
+    ],
+    "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
+    "terminationGracePeriodSeconds": 200,
+}
+# spec.pod -> the part of the refusal both the models and the API server give; None: admitted.
+POD_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
+    "every field set": (FULL_POD, None),
+    "privileged": ({"securityContext": {"privileged": True}}, "spec.pod.securityContext is refused"),
+    "root": ({"securityContext": {"runAsUser": 0}}, "spec.pod.securityContext is refused"),
+    "host network": ({"hostNetwork": True}, "forbids sharing the node's namespaces"),
+    "host pid": ({"hostPID": False}, "forbids sharing the node's namespaces"),
+    "host path": (
+        {"volumes": [{"name": "node", "hostPath": {"path": "/var/run/docker.sock"}}]},
+        "hostPath volumes are refused",
+    ),
+    "two sources in one volume": (
+        {"volumes": [{"name": "both", "emptyDir": {}, "secret": {"secretName": "x"}}]},
+        "needs exactly one of configMap",
+    ),
+    "the operator's volume name": ({"volumes": [{"name": "tmp", "emptyDir": {}}]}, "are the operator's own"),
+    "a mount over /tmp": (
+        {"volumes": [{"name": "big", "emptyDir": {}}], "volumeMounts": [{"name": "big", "mountPath": "/tmp"}]},
+        "must not mount over /tmp",
+    ),
+    "a mount into the TLS directory": (
+        {
+            "volumes": [{"name": "certs", "secret": {"secretName": "c"}}],
+            "volumeMounts": [{"name": "certs", "mountPath": "/etc/phoenix/redis-tls/extra"}],
+        },
+        "must not mount over",
+    ),
+    "a mount of no volume": ({"volumeMounts": [{"name": "ghost", "mountPath": "/ghost"}]}, "must be one of"),
+    "a selector label": ({"labels": {"app.kubernetes.io/instance": "other"}}, "selects its pods by them"),
+    "a phoenix label": ({"labels": {"phoenix.io/anything": "x"}}, "selects its pods by them"),
+    "a restart annotation": (
+        {"annotations": {"phoenix.io/restartedAt": "2026-01-01T00:00:00Z"}},
+        "must not set the operator's own annotations",
+    ),
+    "a scrape annotation": ({"annotations": {"prometheus.io/port": "9999"}}, "operator's own annotations"),
+    "envFrom of both kinds": (
+        {"envFrom": [{"configMapRef": {"name": "a"}, "secretRef": {"name": "b"}}]},
+        "exactly one of configMapRef or secretRef",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(POD_ADMISSION))
+def test_pod_admission_by_the_models(case: str) -> None:
+    pod, refusal = POD_ADMISSION[case]
+    spec = {**MINIMAL_SPEC, "pod": pod}
+    if refusal is None:
+        assert PhoenixStageSpec.model_validate(spec).pod.to_k8s() == pod
+        return
+    with pytest.raises(ValidationError) as caught:
+        PhoenixStageSpec.model_validate(spec)
+    assert refusal in str(caught.value)
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(POD_ADMISSION))
+def test_pod_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, kube_namespace: str) -> None:
+    """The installed CRD's CEL rules refuse what would relax the restricted security context, in the models'
+    words; an admitted spec.pod is stored as written (Kubernetes-typed fields such as affinity are not pruned)."""
+    pod, refusal = POD_ADMISSION[case]
+    stage = {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": "podcheck", "namespace": kube_namespace},
+        "spec": {**MINIMAL_SPEC, "pod": pod},
+    }
+    result = kube_cluster.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", input=yaml.safe_dump(stage))
+    if refusal is None:
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["spec"]["pod"] == pod
     else:
         assert result.returncode != 0 and refusal in result.stderr, result.stderr

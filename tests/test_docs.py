@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import redis
+import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from phoenix.crds.definition import custom_resource_definition
@@ -169,6 +170,23 @@ def test_every_stage_field_is_documented_once() -> None:
     documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "## PhoenixStage fields")]
     schema = custom_resource_definition()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
     assert documented == _spec_fields(schema["properties"]["spec"])
+
+
+def _value_keys(node: dict[str, Any], path: str = "") -> list[str]:
+    found = []
+    for name, value in node.items():
+        # A map with keys of its own is a group; an empty one, a list, a scalar or Kubernetes' resources is a value.
+        if isinstance(value, dict) and value and name != "resources":
+            found += _value_keys(value, f"{path}{name}.")
+        else:
+            found.append(f"{path}{name}")
+    return found
+
+
+def test_every_chart_value_is_documented_once() -> None:
+    documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "## Helm chart values")]
+    values = yaml.safe_load((README.parent / "charts" / "phoenix" / "values.yaml").read_text())
+    assert documented == _value_keys(values)
 
 
 def test_every_worker_metric_is_documented_with_its_type() -> None:

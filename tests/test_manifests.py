@@ -169,6 +169,8 @@ def test_cluster_role_lets_the_operator_manage_what_the_builders_build() -> None
     manage = {"get", "list", "watch", "create", "update", "patch", "delete"}
     for child in (("apps", "deployments"), ("keda.sh", "scaledobjects"), ("keda.sh", "triggerauthentications")):
         assert rules[child] == manage
+    # The PodDisruptionBudget is only merge-patched, never replaced: no update.
+    assert rules[("policy", "poddisruptionbudgets")] == manage - {"update"}
     assert {"patch", "update"} <= rules[("phoenix.io", "phoenixstages/status")]
     assert {"get", "list", "watch", "patch"} <= rules[("phoenix.io", "phoenixstages")]
     assert {"create", "patch"} <= rules[("", "events")]

@@ -603,3 +603,76 @@ def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
     assert after.metadata.generation == theirs.metadata.generation
     assert after.metadata.owner_references is None and after.metadata.labels == labels
     assert after.spec.template.spec.containers[0].image == "their/app:1"
+
+
+@pytest.mark.parametrize("redis_db", [11], indirect=True)
+def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    url, _ = redis_db
+    ns = kube_namespace
+    apps, policy = client.AppsV1Api(kube_api), client.PolicyV1Api(kube_api)
+    pod = {
+        "serviceAccountName": "reader",
+        "nodeSelector": {"pool": "work"},
+        "labels": {"team": "search"},
+        "annotations": {"sidecar.istio.io/inject": "false"},
+    }
+    kubectl_apply(kube_cluster, final_stage(url, ns, name="shaped", pod=pod))
+
+    def budget() -> client.V1PodDisruptionBudget | None:
+        return _get_or_none(policy.read_namespaced_pod_disruption_budget, "shaped", ns)
+
+    found = eventually(budget, "the PodDisruptionBudget created", timeout=60)
+    assert found.spec.max_unavailable == 1
+    assert found.spec.selector.match_labels == {
+        "app.kubernetes.io/name": "phoenix-worker",
+        "app.kubernetes.io/instance": "shaped",
+    }
+    stage_uid = get_stage(kube_cluster, ns, "shaped")["metadata"]["uid"]
+    assert [ref.uid for ref in found.metadata.owner_references] == [stage_uid]
+    eventually(lambda: "PodDisruptionBudgetCreated" in _reasons(kube_api, ns, "shaped"), "a Created Event")
+    template = apps.read_namespaced_deployment("shaped", ns).spec.template
+    assert template.metadata.labels["team"] == "search"
+    assert template.metadata.annotations["sidecar.istio.io/inject"] == "false"
+    assert (template.spec.service_account_name, template.spec.node_selector) == ("reader", {"pool": "work"})
+
+    # Edited or deleted out of band, it comes back.
+    policy.patch_namespaced_pod_disruption_budget("shaped", ns, {"spec": {"maxUnavailable": 3}})
+    eventually(lambda: budget().spec.max_unavailable == 1, "maxUnavailable restored", timeout=CONVERGE_SECONDS)
+    policy.delete_namespaced_pod_disruption_budget("shaped", ns)
+    eventually(
+        lambda: (found := budget()) is not None and found.metadata.deletion_timestamp is None,
+        "the PodDisruptionBudget back",
+        timeout=CONVERGE_SECONDS,
+    )
+    eventually(
+        lambda: operator.metrics().get(
+            f'phoenix_operator_drift_repairs_total{{kind="PodDisruptionBudget",namespace="{ns}",stage="shaped"}}'
+        ),
+        "a counted repair of the PodDisruptionBudget",
+        timeout=CONVERGE_SECONDS,
+    )
+
+    # A stage of at most one pod has none; spec.pod dropped, the pod template loses what it had put there.
+    patch = json.dumps({"spec": {"replicas": {"min": 0, "max": 1}, "pod": None}})
+    kube_cluster.kubectl("patch", "phoenixstage", "shaped", "-n", ns, "--type=merge", "-p", patch)
+    eventually(lambda: budget() is None, "the PodDisruptionBudget deleted", timeout=CONVERGE_SECONDS)
+    eventually(lambda: "PodDisruptionBudgetDeleted" in _reasons(kube_api, ns, "shaped"), "a Deleted Event")
+
+    def template_cleared() -> bool:
+        spec = apps.read_namespaced_deployment("shaped", ns).spec.template
+        return (
+            "team" not in spec.metadata.labels
+            and "sidecar.istio.io/inject" not in (spec.metadata.annotations or {})
+            and spec.spec.service_account_name in (None, "default")
+            and spec.spec.node_selector is None
+        )
+
+    eventually(template_cleared, "spec.pod's labels, annotations and placement removed", timeout=CONVERGE_SECONDS)
+    assert apps.read_namespaced_deployment("shaped", ns).spec.template.metadata.labels["phoenix.io/stage"] == "shaped"
+    assert not _reasons(kube_api, ns, "shaped", "Warning")

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by hack/build-*.sh: build Go commands from their published modules with the machine's toolchain into a
 # cache directory, and reuse them while the versions stamped there still match.
 
@@ -52,5 +53,11 @@ k8s_ldflags() {
 
 # module_dir MODULE@VERSION: the module's extracted source in the module cache (downloaded if needed).
 module_dir() {
-  go mod download -json "$1" | sed -n 's/.*"Dir": "\(.*\)",/\1/p'
+  local json
+  # go prints a failure (an unknown version, no network) as JSON on stdout: say it, or the build stops silently.
+  json=$(go mod download -json "$1") || {
+    echo "go mod download $1 failed: $(sed -n 's/.*"Error": "\(.*\)".*/\1/p' <<<"$json")" >&2
+    return 1
+  }
+  sed -n 's/.*"Dir": "\(.*\)",/\1/p' <<<"$json"
 }

@@ -26,6 +26,18 @@ class CamelModel(BaseModel):
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
+def cel(*rules: tuple[str, str]) -> ConfigDict:
+    """Model config carrying CEL rules that the apiserver enforces; each model re-checks them in Python."""
+    return ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [{"rule": rule, "message": msg} for rule, msg in rules]}
+    )
+
+
+def cel_list(words: tuple[str, ...]) -> str:
+    """A CEL list literal of strings."""
+    return "[" + ", ".join(f"'{word}'" for word in words) + "]"
+
+
 def _check_quantity(value: int | str) -> int | str:
     if isinstance(value, str) and not _QUANTITY_RE.match(value):
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 100m, 0.5, 128Mi, 1G)")

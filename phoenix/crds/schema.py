@@ -27,6 +27,7 @@ _KEY_ORDER = (
     "pattern",
     "minItems",
     "maxItems",
+    "maxProperties",
     "anyOf",
     "items",
     "required",

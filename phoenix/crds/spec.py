@@ -6,9 +6,10 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
-from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef, SecretRef
+from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef, SecretRef, cel, cel_list
+from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
 from phoenix.retention import RETENTION_PATTERN
 
@@ -59,13 +60,6 @@ StageName = Annotated[str, Field(min_length=1, max_length=63, pattern=STAGE_NAME
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 PROCESSOR_PATTERN = rf"^({_IDENT}(\.{_IDENT})*:{_IDENT}(\.{_IDENT})*|[A-Za-z0-9][A-Za-z0-9_.-]*)$"
-
-
-def cel(*rules: tuple[str, str]) -> ConfigDict:
-    """Model config carrying CEL rules that the apiserver enforces; each model re-checks them in Python."""
-    return ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [{"rule": rule, "message": msg} for rule, msg in rules]}
-    )
 
 
 class DeletionPolicy(StrEnum):
@@ -349,11 +343,7 @@ class EnvVar(CamelModel):
         return self
 
 
-def _cel_list(words: tuple[str, ...]) -> str:
-    return "[" + ", ".join(f"'{word}'" for word in words) + "]"
-
-
-_RESERVED_CEL_LIST = _cel_list(RESERVED_ENV_NAMES)
+_RESERVED_CEL_LIST = cel_list(RESERVED_ENV_NAMES)
 _RESERVED_MESSAGE = (
     "spec.env must not set variables the operator or the worker derive, in any letter case: "
     + ", ".join(RESERVED_ENV_NAMES)
@@ -379,7 +369,7 @@ _BILLING_CEL = (
     " || !self.env.exists(e, e.name.upperAscii() == 'BILLING_URL'"
     " && (has(e.secretKeyRef) || (has(e.value) && e.value != '')))"
     " || self.env.exists(e, e.name.upperAscii() == 'BILLING_SWAP_ENV' && has(e.value)"
-    f" && e.value.lowerAscii() in {_cel_list(_FALSE_WORDS)})"
+    f" && e.value.lowerAscii() in {cel_list(_FALSE_WORDS)})"
     " || !has(self.worker) || self.worker.concurrency <= 1"
 )
 _BILLING_MESSAGE = (
@@ -462,6 +452,11 @@ class PhoenixStageSpec(CamelModel):
         default=None,
         description="Worker container resources. Default: requests cpu=100m, memory=128Mi; limits cpu=1, "
         "memory=512Mi. When set, it replaces the default as a whole.",
+    )
+    pod: PodSpec = Field(
+        default_factory=PodSpec,
+        description="How the worker pods are shaped: pull secrets, service account, placement, labels, extra "
+        "volumes, termination grace. What would relax the restricted security context is refused.",
     )
     paused: bool = Field(
         default=False, description="Scale the stage to zero and pause autoscaling; entries wait in the stream."

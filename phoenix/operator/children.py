@@ -8,6 +8,7 @@ the stage says so in a condition and a Warning Event."""
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
     build_deployment,
+    build_pod_disruption_budget,
     build_scaled_object,
     build_trigger_authentication,
     desired_replicas,
@@ -24,6 +26,7 @@ from phoenix.operator.builders import (
     scaled_object_patch,
     trigger_authentication_name,
 )
+from phoenix.operator.constants import POD_KEYS_ANNOTATION
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube import KubeApi
@@ -97,6 +100,8 @@ async def apply_deployment(
     if existing is None:
         return await kube.create_deployment(desired), [_changed("Deployment", owner.name, None, [])], watched
     check_owned(owner, existing)
+    _remove_dropped_pod_keys(desired, existing)
+    _remove_dropped_pod_keys(watched, existing)
     paths = differences(desired, existing)
     if not paths:
         return existing, [], watched
@@ -105,19 +110,34 @@ async def apply_deployment(
     return patched, [_changed("Deployment", owner.name, existing, paths)], watched
 
 
-async def apply_keda_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]) -> list[Action]:
-    """Create the KEDA object or merge-patch it where it differs from `wanted`; NotOwned when it is another's."""
+def _remove_dropped_pod_keys(desired: dict[str, Any], existing: Mapping[str, Any]) -> None:
+    """The labels and annotations spec.pod put on the pod template before (recorded on `existing`) and no longer
+    asks for become None in `desired`: the merge patch removes them, drift wants them absent."""
+    recorded = ((existing.get("metadata") or {}).get("annotations") or {}).get(POD_KEYS_ANNOTATION)
+    try:
+        previous = json.loads(recorded) if recorded else {}
+    except ValueError:
+        previous = {}  # edited by hand: nothing known to remove
+    template = desired["spec"]["template"]["metadata"]
+    for section in ("labels", "annotations"):
+        for key in previous.get(section, ()) if isinstance(previous, dict) else ():
+            template[section].setdefault(key, None)
+
+
+async def apply_child_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]) -> list[Action]:
+    """Create the KEDA object or PodDisruptionBudget, or merge-patch it where it differs from `wanted`; NotOwned
+    when it is another's."""
     kind, meta = wanted["kind"], wanted["metadata"]
-    existing = await kube.get_keda_object(kind, meta["namespace"], meta["name"])
+    existing = await kube.get_child_object(kind, meta["namespace"], meta["name"])
     if existing is None:
-        await kube.create_keda_object({**wanted, "metadata": _present(meta)})
+        await kube.create_child_object({**wanted, "metadata": _present(meta)})
         return [_changed(kind, meta["name"], None, [])]
     check_owned(owner, existing)
     paths = differences(wanted, existing)
     if not paths:
         return []
     # The uid in the patch makes the API server refuse it if the object was replaced since it was read.
-    await kube.patch_keda_object({**wanted, "metadata": {**meta, "uid": existing["metadata"]["uid"]}})
+    await kube.patch_child_object({**wanted, "metadata": {**meta, "uid": existing["metadata"]["uid"]}})
     return [_changed(kind, meta["name"], existing, paths)]
 
 
@@ -166,12 +186,12 @@ async def apply_autoscaling(
         authentication = build_trigger_authentication(owner, spec)
         if authentication is None:
             name = trigger_authentication_name(owner.name)
-            actions += await _delete_keda_object(kube, "TriggerAuthentication", owner, name)
+            actions += await _delete_child_object(kube, "TriggerAuthentication", owner, name)
         else:
-            actions += await apply_keda_object(kube, owner, authentication)
+            actions += await apply_child_object(kube, owner, authentication)
             wanted["TriggerAuthentication"] = authentication
         wanted["ScaledObject"] = scaled_object_patch(scaled_object)
-        actions += await apply_keda_object(kube, owner, wanted["ScaledObject"])
+        actions += await apply_child_object(kube, owner, wanted["ScaledObject"])
     except NotOwned as error:
         return unscaled(error.reason, error.message), actions, {}
     state = "paused at 0 replicas" if spec.paused else f"{spec.replicas.min}..{spec.replicas.max} replicas"
@@ -185,19 +205,30 @@ async def apply_autoscaling(
     return condition, actions, wanted
 
 
-async def _delete_keda_object(kube: KubeApi, kind: str, owner: Owner, name: str) -> list[Action]:
-    """Delete the stage's own KEDA object of that name; NotOwned when it is another's."""
-    existing = await kube.get_keda_object(kind, owner.namespace, name)
+async def _delete_child_object(kube: KubeApi, kind: str, owner: Owner, name: str) -> list[Action]:
+    """Delete the stage's own KEDA object or PodDisruptionBudget of that name; NotOwned when it is another's."""
+    existing = await kube.get_child_object(kind, owner.namespace, name)
     if existing is None:
         return []
     check_owned(owner, existing)
-    if await kube.delete_keda_object(kind, owner.namespace, name, existing["metadata"]["uid"]):
+    if await kube.delete_child_object(kind, owner.namespace, name, existing["metadata"]["uid"]):
         return [Action(f"{kind}Deleted", f"deleted {kind} {name}")]
     return []
 
 
 async def _remove_autoscaling(kube: KubeApi, owner: Owner) -> list[Action]:
     return [
-        *await _delete_keda_object(kube, "ScaledObject", owner, owner.name),
-        *await _delete_keda_object(kube, "TriggerAuthentication", owner, trigger_authentication_name(owner.name)),
+        *await _delete_child_object(kube, "ScaledObject", owner, owner.name),
+        *await _delete_child_object(kube, "TriggerAuthentication", owner, trigger_authentication_name(owner.name)),
     ]
+
+
+async def apply_disruption_budget(
+    kube: KubeApi, owner: Owner, stage: PhoenixStage
+) -> tuple[list[Action], dict[str, Any] | None]:
+    """The stage's PodDisruptionBudget created, patched or (for a stage of at most one pod) deleted; returns the
+    actions taken and its wanted form (None when the stage has none). NotOwned when one of its name is another's."""
+    wanted = build_pod_disruption_budget(owner, stage.spec)
+    if wanted is None:
+        return await _delete_child_object(kube, "PodDisruptionBudget", owner, owner.name), None
+    return await apply_child_object(kube, owner, wanted), wanted

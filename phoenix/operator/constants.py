@@ -14,6 +14,8 @@ NAME_LABEL = "app.kubernetes.io/name"
 INSTANCE_LABEL = "app.kubernetes.io/instance"
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 STAGE_LABEL = f"{PREFIX}/stage"
+# spec.pod.labels may not set these (the Deployment selects its pods by them), nor any other key under PREFIX/.
+OPERATOR_LABELS = (NAME_LABEL, INSTANCE_LABEL, MANAGED_BY_LABEL, STAGE_LABEL)
 WORKER_APP_NAME = "phoenix-worker"
 MANAGED_BY = "phoenix-operator"
 
@@ -26,6 +28,17 @@ HANDLED_RESTART_ANNOTATION = f"{PREFIX}/restart-handled"
 RESTARTED_AT_ANNOTATION = f"{PREFIX}/restartedAt"
 # On the pod template: a digest of the values the stage's Redis Secrets hold; a rotated Secret rolls the workers.
 REDIS_SECRETS_ANNOTATION = f"{PREFIX}/redis-secrets"
+# On the Deployment: the label and annotation keys spec.pod put on its pod template (JSON), so dropped ones go.
+POD_KEYS_ANNOTATION = f"{PREFIX}/pod-keys"
+# On the pod template: where Prometheus scrapes the worker. spec.pod.annotations may not set these nor PREFIX/ ones.
+SCRAPE_ANNOTATION = "prometheus.io/scrape"
+SCRAPE_PORT_ANNOTATION = "prometheus.io/port"
+SCRAPE_PATH_ANNOTATION = "prometheus.io/path"
+OPERATOR_POD_ANNOTATIONS = (SCRAPE_ANNOTATION, SCRAPE_PORT_ANNOTATION, SCRAPE_PATH_ANNOTATION)
 # KEDA's own, on the ScaledObject of a paused stage.
 PAUSED_ANNOTATION = "autoscaling.keda.sh/paused"
 PAUSED_REPLICAS_ANNOTATION = "autoscaling.keda.sh/paused-replicas"
+
+# The worker pod's own volumes and where the container mounts them: spec.pod.volumes and volumeMounts keep off them.
+TMP_VOLUME, TMP_DIR = "tmp", "/tmp"
+REDIS_TLS_VOLUME, REDIS_TLS_DIR = "redis-tls", "/etc/phoenix/redis-tls"

@@ -26,6 +26,7 @@ MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 DEPLOYMENTS = ("apps", "v1", "deployments")
 SCALED_OBJECTS = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
 TRIGGER_AUTHENTICATIONS = (KEDA_GROUP, KEDA_VERSION, "triggerauthentications")
+DISRUPTION_BUDGETS = ("policy", "v1", "poddisruptionbudgets")
 _BACKGROUND = ("refresh_task", "converge_task", "secret_check_task")
 
 
@@ -94,5 +95,6 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
 @kopf.on.event(*DEPLOYMENTS, labels=MANAGED)
 @kopf.on.event(*SCALED_OBJECTS, labels=MANAGED)
 @kopf.on.event(*TRIGGER_AUTHENTICATIONS, labels=MANAGED)
+@kopf.on.event(*DISRUPTION_BUDGETS, labels=MANAGED)
 async def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     stage.child_changed(_context(memo), type, body)

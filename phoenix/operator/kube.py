@@ -33,6 +33,11 @@ MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
 KEDA_GROUP, KEDA_VERSION = KEDA_API_VERSION.split("/")
 KEDA_PLURALS = {"ScaledObject": "scaledobjects", "TriggerAuthentication": "triggerauthentications"}
+# The children reached through the generic object calls (get/create/patch/delete_child_object), by kind.
+CHILD_RESOURCES: dict[str, tuple[str, str, str]] = {
+    **{kind: (KEDA_GROUP, KEDA_VERSION, plural) for kind, plural in KEDA_PLURALS.items()},
+    "PodDisruptionBudget": ("policy", "v1", "poddisruptionbudgets"),
+}
 MANAGED_SELECTOR = f"{MANAGED_BY_LABEL}={MANAGED_BY}"
 # Discovery is cheap but 200 stages reconciling at once would still ask 200 times.
 KEDA_CHECK_TTL_SECONDS = 10.0
@@ -165,31 +170,34 @@ class KubeApi:
         self._keda_checked_at = time.monotonic()
         return self._keda_installed
 
-    def _keda_args(self, kind: str, namespace: str) -> tuple[str, str, str, str]:
-        return (KEDA_GROUP, KEDA_VERSION, namespace, KEDA_PLURALS[kind])
+    # -- KEDA objects and PodDisruptionBudgets: the same calls for any kind of CHILD_RESOURCES ------------------
 
-    async def get_keda_object(self, kind: str, namespace: str, name: str) -> Json | None:
+    def _child_args(self, kind: str, namespace: str) -> tuple[str, str, str, str]:
+        group, version, plural = CHILD_RESOURCES[kind]
+        return (group, version, namespace, plural)
+
+    async def get_child_object(self, kind: str, namespace: str, name: str) -> Json | None:
         return await _json_or_none(
-            self._timeout, self._custom.get_namespaced_custom_object, *self._keda_args(kind, namespace), name
+            self._timeout, self._custom.get_namespaced_custom_object, *self._child_args(kind, namespace), name
         )
 
-    async def create_keda_object(self, body: Json) -> Json:
-        args = self._keda_args(body["kind"], body["metadata"]["namespace"])
+    async def create_child_object(self, body: Json) -> Json:
+        args = self._child_args(body["kind"], body["metadata"]["namespace"])
         return await _json(self._timeout, self._custom.create_namespaced_custom_object, *args, body)
 
-    async def patch_keda_object(self, patch: Json) -> Json:
+    async def patch_child_object(self, patch: Json) -> Json:
         """Merge-patch the object `patch` names (kind, metadata.namespace and metadata.name)."""
         meta = patch["metadata"]
         return await _json(
             self._timeout,
             self._custom.patch_namespaced_custom_object,
-            *self._keda_args(patch["kind"], meta["namespace"]),
+            *self._child_args(patch["kind"], meta["namespace"]),
             meta["name"],
             patch,
             _content_type=MERGE_PATCH,
         )
 
-    async def delete_keda_object(self, kind: str, namespace: str, name: str, uid: str) -> bool:
+    async def delete_child_object(self, kind: str, namespace: str, name: str, uid: str) -> bool:
         """True when it existed and was deleted; only the object of that uid (the one checked), never a newer one
         created under the same name meanwhile (the API server answers 409 then)."""
         preconditions = {"preconditions": {"uid": uid}}
@@ -197,7 +205,7 @@ class KubeApi:
             await _json(
                 self._timeout,
                 self._custom.delete_namespaced_custom_object,
-                *self._keda_args(kind, namespace),
+                *self._child_args(kind, namespace),
                 name,
                 body=preconditions,
             )

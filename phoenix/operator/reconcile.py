@@ -17,7 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
 from phoenix.operator.builders import Owner, resolve_streams
-from phoenix.operator.children import Action, apply_autoscaling, apply_deployment
+from phoenix.operator.children import Action, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
@@ -242,7 +242,11 @@ async def reconcile(
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
             kube, owner, stage, keda_scales, target.digest, forward_partitions
         )
-    actions += deployment_actions + _transitions(record, stage, autoscaling)
+        actions += deployment_actions
+        budget_actions, budget = await apply_disruption_budget(kube, owner, stage)
+        if budget is not None:
+            watched["PodDisruptionBudget"] = budget
+    actions += budget_actions + _transitions(record, stage, autoscaling)
     record.children, record.paused = watched, stage.spec.paused
     return Reconciled(streams, deployment, autoscaling, actions)
 

@@ -32,6 +32,7 @@ from tests.e2e.kube import (
     VALKEY_IMAGE,
     apply_documents,
     image_override,
+    install_operator_with_kustomize,
     kubectl,
     kubectl_json,
     port_forward,
@@ -80,13 +81,7 @@ def cluster() -> None:
 
 @pytest.fixture(scope="session")
 def operator_installed(cluster: None, phoenix_image: str, tmp_path_factory: pytest.TempPathFactory) -> None:
-    overlay = write_overlay(
-        tmp_path_factory.mktemp("operator-overlay"),
-        MANIFESTS,
-        {"images": [image_override(PHOENIX_IMAGE, phoenix_image)]},
-    )
-    kubectl("apply", "--server-side", "-k", str(overlay))
-    wait_rollout(OPERATOR_NAMESPACE, "phoenix-operator")
+    install_operator_with_kustomize(phoenix_image, tmp_path_factory.mktemp("operator-overlay"))
 
 
 @pytest.fixture(scope="session")
@@ -97,6 +92,8 @@ def pipeline(
     # A fresh namespace, also where an earlier run's is still there.
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300)
     kubectl("create", "namespace", NAMESPACE)
+    # Every pod of the pipeline (workers, Valkey, the documents server) must meet the restricted standard.
+    kubectl("label", "namespace", NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
     samples = ensure_samples(tmp_path_factory.mktemp("samples"))
     apply_documents(
         documents_server(image, {path.name: base64.b64encode(path.read_bytes()).decode() for path in samples}),

@@ -18,11 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-from tests.e2e.kube import REPO_ROOT, kubectl_binary, kubectl_json, port_forward
+from tests.e2e.kube import OPERATOR_NAMESPACE, REPO_ROOT, kubectl_binary, kubectl_json, port_forward
 from tests.e2e.pipeline import NAMESPACE as PIPELINE_NAMESPACE
 
 # The namespaces the suite works in besides the pipeline's.
-OPERATOR_NAMESPACE = "phoenix-system"
 KEDA_NAMESPACE = "keda"
 _STARTED = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
 # Each command is bounded: collecting evidence must never hang a run that already failed.

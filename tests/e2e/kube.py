@@ -20,6 +20,7 @@ MANIFESTS = REPO_ROOT / "manifests"
 # The upstream names in the manifests; the e2e overrides them with kustomize, as a user pointing at a registry would.
 PHOENIX_IMAGE = "ghcr.io/phoenix/phoenix"
 VALKEY_IMAGE = "docker.io/valkey/valkey"
+OPERATOR_NAMESPACE = "phoenix-system"
 
 
 def kubectl_binary() -> str:
@@ -66,6 +67,13 @@ def write_overlay(directory: Path, base: Path, extra: dict[str, Any]) -> Path:
     }
     (directory / "kustomization.yaml").write_text(yaml.safe_dump(kustomization, sort_keys=False))
     return directory
+
+
+def install_operator_with_kustomize(image: str, directory: Path) -> None:
+    """`kubectl apply -k manifests/` with the operator's image overridden (in an overlay written to `directory`)."""
+    overlay = write_overlay(directory, MANIFESTS, {"images": [image_override(PHOENIX_IMAGE, image)]})
+    kubectl("apply", "--server-side", "-k", str(overlay))
+    wait_rollout(OPERATOR_NAMESPACE, "phoenix-operator")
 
 
 @contextlib.contextmanager

@@ -24,6 +24,7 @@ RESTRICTED = {
     "readOnlyRootFilesystem": True,
     "allowPrivilegeEscalation": False,
     "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
 }
 
 # What the test's overlay changes in the samples: KEDA reacts within seconds and scales down after 20 s instead of

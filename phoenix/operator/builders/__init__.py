@@ -7,6 +7,7 @@ from phoenix.operator.builders.deployment import (
     desired_replicas,
     worker_env,
 )
+from phoenix.operator.builders.disruption import build_pod_disruption_budget
 from phoenix.operator.builders.keda import (
     AutoscalingConfigError,
     build_scaled_object,
@@ -25,6 +26,7 @@ __all__ = [
     "Owner",
     "RedisConnection",
     "build_deployment",
+    "build_pod_disruption_budget",
     "build_scaled_object",
     "build_trigger_authentication",
     "desired_replicas",

@@ -2,32 +2,40 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
 from phoenix.crds import PhoenixStageSpec, RedisSpec, SecretKeyRef
+from phoenix.crds.pod import SHUTDOWN_MARGIN_SECONDS
 from phoenix.keys import StageKeys
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
-from phoenix.operator.constants import REDIS_SECRETS_ANNOTATION, RESTARTED_AT_ANNOTATION
+from phoenix.operator.constants import (
+    POD_KEYS_ANNOTATION,
+    REDIS_SECRETS_ANNOTATION,
+    REDIS_TLS_DIR,
+    REDIS_TLS_VOLUME,
+    RESTARTED_AT_ANNOTATION,
+    SCRAPE_ANNOTATION,
+    SCRAPE_PATH_ANNOTATION,
+    SCRAPE_PORT_ANNOTATION,
+    TMP_DIR,
+    TMP_VOLUME,
+)
 
 HEALTH_PORT = 8080
 PORT_NAME = "http"
 CONTAINER_NAME = "worker"
-TERMINATION_GRACE_SECONDS = 30
-# The worker drains in-flight records for SHUTDOWN_GRACE, leaving 5 s before the kubelet's SIGKILL.
-SHUTDOWN_GRACE_SECONDS = TERMINATION_GRACE_SECONDS - 5
 DEFAULT_RESOURCES: dict[str, dict[str, str]] = {
     "requests": {"cpu": "100m", "memory": "128Mi"},
     "limits": {"cpu": "1", "memory": "512Mi"},
 }
 
 
-# Where the TLS material of spec.redis.tls appears in the worker container: one read-only projected volume.
-REDIS_TLS_VOLUME = "redis-tls"
-REDIS_TLS_DIR = "/etc/phoenix/redis-tls"
+# The TLS material of spec.redis.tls appears in the worker container as one read-only projected volume.
 CA_FILE, CERT_FILE, KEY_FILE = "ca.crt", "tls.crt", "tls.key"  # the kubernetes.io/tls Secret's own key names
 # Owner and group read only (the pod's fsGroup owns the files): the key is readable by the worker alone.
 SECRET_FILE_MODE = 0o440
@@ -68,7 +76,7 @@ def worker_env(
         "CIRCUIT_FAILURE_THRESHOLD": str(spec.circuit_breaker.failure_threshold),
         "CIRCUIT_RESET_TIMEOUT": _number(spec.circuit_breaker.reset_timeout),
         "CIRCUIT_HALF_OPEN_CALLS": str(spec.circuit_breaker.half_open_calls),
-        "SHUTDOWN_GRACE": str(SHUTDOWN_GRACE_SECONDS),
+        "SHUTDOWN_GRACE": str(shutdown_grace(spec)),
         "HEALTH_PORT": str(HEALTH_PORT),
     }
     if streams.output is not None:
@@ -92,6 +100,20 @@ def worker_env(
         else:
             env.append({"name": var.name, "value": var.value})
     return env
+
+
+def termination_grace(spec: PhoenixStageSpec) -> int:
+    """spec.pod.terminationGracePeriodSeconds, or long enough for a record started just before SIGTERM to run
+    its whole processingTimeout, then be committed."""
+    if spec.pod.termination_grace_period_seconds is not None:
+        return spec.pod.termination_grace_period_seconds
+    return spec.worker.processing_timeout + SHUTDOWN_MARGIN_SECONDS
+
+
+def shutdown_grace(spec: PhoenixStageSpec) -> int:
+    """How long the worker drains in-flight records after SIGTERM (SHUTDOWN_GRACE): the termination grace less
+    the margin its cancellations and last commits need before the kubelet's SIGKILL."""
+    return max(0, termination_grace(spec) - SHUTDOWN_MARGIN_SECONDS)
 
 
 def _from_secret(name: str, ref: SecretKeyRef) -> dict[str, Any]:
@@ -144,10 +166,11 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
 
 
 def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> dict[str, Any]:
-    mounts: list[dict[str, Any]] = [{"name": "tmp", "mountPath": "/tmp"}]
+    mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if redis_tls_volume(spec.redis) is not None:
         mounts.append({"name": REDIS_TLS_VOLUME, "mountPath": REDIS_TLS_DIR, "readOnly": True})
-    return {
+    mounts += [mount.to_k8s() for mount in spec.pod.volume_mounts or []]
+    container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image,
         "imagePullPolicy": spec.image_pull_policy,
@@ -165,11 +188,47 @@ def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> 
         "securityContext": container_security_context(),
         "volumeMounts": mounts,
     }
+    if spec.pod.env_from:
+        # After env in the container: Kubernetes gives env precedence, so the operator's variables win.
+        container["envFrom"] = [source.to_k8s() for source in spec.pod.env_from]
+    return container
 
 
 def desired_replicas(spec: PhoenixStageSpec) -> int:
     """Replicas the operator sets: replicas.min, or 0 while paused. With autoscaling, KEDA's HPA moves it."""
     return 0 if spec.paused else spec.replicas.min
+
+
+def _pod_placement(spec: PhoenixStageSpec) -> dict[str, Any]:
+    """spec.pod's pod-level fields; an unset one is None, so the operator's merge patch removes it when it is
+    dropped from the spec (and drift sees it as "must be absent")."""
+    pod = spec.pod
+    wire = pod.to_k8s()
+    return {
+        # The API server copies serviceAccountName into the deprecated serviceAccount: both are set or removed.
+        "serviceAccountName": pod.service_account_name,
+        "serviceAccount": pod.service_account_name,
+        **{
+            key: wire.get(key)
+            for key in (
+                "imagePullSecrets",
+                "nodeSelector",
+                "tolerations",
+                "affinity",
+                "topologySpreadConstraints",
+                "priorityClassName",
+            )
+        },
+    }
+
+
+def pod_keys(spec: PhoenixStageSpec) -> str:
+    """The label and annotation keys spec.pod puts on the pod template, recorded on the Deployment so that a key
+    later dropped from the spec is removed (a merge patch removes only what it names)."""
+    return json.dumps(
+        {"labels": sorted(spec.pod.labels or {}), "annotations": sorted(spec.pod.annotations or {})},
+        separators=(",", ":"),
+    )
 
 
 def build_deployment(
@@ -187,35 +246,44 @@ def build_deployment(
     `redis_secrets` (the digest of the values read from the Redis Secrets, redis_target.RedisTarget) goes in
     as `phoenix.io/redis-secrets`: a rotated URL, password, CA or client certificate rolls the workers, which
     read them only at start. `output_partitions`: the partitions of the stage `output.stage` names.
+    spec.pod's labels and annotations go on the pod template beside the operator's own (which the schema keeps
+    them from replacing).
     """
     pod_annotations = {
-        "prometheus.io/scrape": "true",
-        "prometheus.io/port": str(HEALTH_PORT),
-        "prometheus.io/path": "/metrics",
+        **(spec.pod.annotations or {}),
+        SCRAPE_ANNOTATION: "true",
+        SCRAPE_PORT_ANNOTATION: str(HEALTH_PORT),
+        SCRAPE_PATH_ANNOTATION: "/metrics",
     }
     if restarted_at is not None:
         pod_annotations[RESTARTED_AT_ANNOTATION] = restarted_at
     if redis_secrets is not None:
         pod_annotations[REDIS_SECRETS_ANNOTATION] = redis_secrets
-    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
+    volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}]
     if (tls_volume := redis_tls_volume(spec.redis)) is not None:
         volumes.append(tls_volume)
+    volumes += [volume.to_k8s() for volume in spec.pod.volumes or []]
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": child_metadata(owner, owner.name),
+        "metadata": child_metadata(owner, owner.name, {POD_KEYS_ANNOTATION: pod_keys(spec)}),
         "spec": {
             "replicas": desired_replicas(spec),
             "selector": {"matchLabels": selector_labels(owner.name)},
             "template": {
-                "metadata": {"labels": stage_labels(owner.name), "annotations": pod_annotations},
+                "metadata": {
+                    "labels": {**(spec.pod.labels or {}), **stage_labels(owner.name)},
+                    "annotations": pod_annotations,
+                },
                 "spec": {
-                    # Workers talk to Redis only; no Kubernetes API token in the pod.
+                    # Workers talk to Redis only; no Kubernetes API token in the pod, whichever its ServiceAccount.
                     "automountServiceAccountToken": False,
-                    "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+                    "terminationGracePeriodSeconds": termination_grace(spec),
                     "securityContext": pod_security_context(),
+                    **_pod_placement(spec),
                     "containers": [_container(owner, spec, output_partitions)],
-                    # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there).
+                    # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there),
+                    # besides the volumes spec.pod adds.
                     "volumes": volumes,
                 },
             },

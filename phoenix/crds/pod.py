@@ -1,0 +1,332 @@
+"""PhoenixStage.spec.pod: how the worker pods are shaped (placement, identity, pull secrets, extra volumes), within
+the restricted Pod Security Standard the operator enforces: whatever would give a pod privileges is refused."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
+
+from phoenix.crds.common import CamelModel, ObjectName, cel, cel_list
+from phoenix.operator.constants import (
+    OPERATOR_LABELS,
+    OPERATOR_POD_ANNOTATIONS,
+    PREFIX,
+    REDIS_TLS_DIR,
+    REDIS_TLS_VOLUME,
+    TMP_DIR,
+    TMP_VOLUME,
+)
+
+# After SHUTDOWN_GRACE the worker cancels the calls still running and waits up to 10 s for them (worker._drain),
+# then commits what settled and exits: the kubelet's SIGKILL must come this much after the drain's end.
+SHUTDOWN_MARGIN_SECONDS = 15
+
+# A Kubernetes-typed value (affinity, a volume source) handed to the pod as written; the API server checks it when
+# the Deployment is created. CEL cannot see inside it, so whatever must be refused is a field of its own.
+KubeObject = Annotated[
+    dict[str, Any],
+    WithJsonSchema(
+        {
+            "description": "As in a Pod spec; checked by the API server when the Deployment is created.",
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+        }
+    ),
+]
+# A label value (DNS-1123 rules, at most 63 characters; empty allowed).
+LabelValue = Annotated[str, Field(max_length=63, pattern=r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")]
+# A volume name: a DNS-1123 label.
+VolumeName = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+def _own_key(key: str, own: tuple[str, ...]) -> bool:
+    return key in own or key.startswith(f"{PREFIX}/")
+
+
+_LABELS_MESSAGE = (
+    "spec.pod.labels must not set the operator's own labels (" + ", ".join(OPERATOR_LABELS) + f", {PREFIX}/*): "
+    "the Deployment selects its pods by them"
+)
+_ANNOTATIONS_MESSAGE = (
+    "spec.pod.annotations must not set the operator's own annotations ("
+    + ", ".join(OPERATOR_POD_ANNOTATIONS)
+    + f", {PREFIX}/*)"
+)
+_SECURITY_CONTEXT_MESSAGE = (
+    "spec.pod.securityContext is refused: the operator sets the restricted security context itself (non-root, no "
+    "privilege escalation, every capability dropped); privileged or root workers are not supported"
+)
+_HOST_NAMESPACES_MESSAGE = (
+    "spec.pod.hostNetwork, hostPID and hostIPC are refused: restricted Pod Security forbids sharing the node's "
+    "namespaces"
+)
+_HOST_PATH_MESSAGE = (
+    "spec.pod.volumes: hostPath volumes are refused: they give the pod the node's files, which restricted Pod "
+    "Security forbids"
+)
+# The volume types restricted Pod Security admits (wire names).
+VOLUME_SOURCES = (
+    "configMap",
+    "secret",
+    "emptyDir",
+    "persistentVolumeClaim",
+    "projected",
+    "downwardAPI",
+    "csi",
+    "ephemeral",
+)
+_ONE_SOURCE_MESSAGE = (
+    "each spec.pod.volumes entry needs exactly one of " + ", ".join(VOLUME_SOURCES) + " (the volume types "
+    "restricted Pod Security admits)"
+)
+_OWN_VOLUMES = (TMP_VOLUME, REDIS_TLS_VOLUME)
+_OWN_VOLUME_MESSAGE = "spec.pod.volumes names " + ", ".join(_OWN_VOLUMES) + " are the operator's own"
+_OWN_MOUNTS = (TMP_DIR, REDIS_TLS_DIR)
+_OWN_MOUNT_MESSAGE = "spec.pod.volumeMounts must not mount over " + ", ".join(_OWN_MOUNTS) + " (the operator's own)"
+_ONE_ENV_SOURCE_MESSAGE = "each spec.pod.envFrom entry needs exactly one of configMapRef or secretRef"
+_MOUNT_NEEDS_VOLUME = "every spec.pod.volumeMounts name must be one of spec.pod.volumes"
+
+
+class LocalObjectReference(CamelModel):
+    """An object in the PhoenixStage's namespace, by name."""
+
+    name: ObjectName = Field(description="Name of the object, in the same namespace as the PhoenixStage.")
+
+
+class Toleration(CamelModel):
+    """A taint the worker pods tolerate, as in a Pod spec."""
+
+    key: str | None = Field(default=None, max_length=317, description="The taint key; empty with Exists: any.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal (default).")
+    value: str | None = Field(default=None, max_length=63, description="The taint value, with Equal.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint effect to match; empty: all."
+    )
+    toleration_seconds: int | None = Field(
+        default=None, description="With NoExecute: how long the pod stays bound after the taint is added."
+    )
+
+
+class EnvSourceRef(CamelModel):
+    """A ConfigMap or Secret whose keys become environment variables."""
+
+    name: ObjectName = Field(description="Name of the object, in the same namespace as the PhoenixStage.")
+    optional: bool | None = Field(default=None, description="Start the pod even when the object is missing.")
+
+
+class EnvFromSource(CamelModel):
+    """Every key of a ConfigMap or a Secret as environment variables. The operator's own variables (spec.env's
+    reserved names) are set in `env`, which Kubernetes gives precedence over `envFrom`."""
+
+    model_config = cel(("has(self.configMapRef) != has(self.secretRef)", _ONE_ENV_SOURCE_MESSAGE))
+
+    prefix: str | None = Field(
+        default=None, max_length=128, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$", description="Put before every key."
+    )
+    config_map_ref: EnvSourceRef | None = Field(default=None, description="The ConfigMap to read.")
+    secret_ref: EnvSourceRef | None = Field(default=None, description="The Secret to read.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> EnvFromSource:
+        if (self.config_map_ref is None) == (self.secret_ref is None):
+            raise ValueError(_ONE_ENV_SOURCE_MESSAGE)
+        return self
+
+
+def _sources_count_cel() -> str:
+    return " + ".join(f"(has(self.{name}) ? 1 : 0)" for name in VOLUME_SOURCES) + " == 1"
+
+
+class Volume(CamelModel):
+    """An extra volume of the worker pods: one of the types restricted Pod Security admits, written as in a Pod
+    spec (`secret: {secretName: models}`). Mount it with spec.pod.volumeMounts."""
+
+    model_config = cel(
+        ("!has(self.hostPath)", _HOST_PATH_MESSAGE),
+        (_sources_count_cel(), _ONE_SOURCE_MESSAGE),
+        (f"!(self.name in {cel_list(_OWN_VOLUMES)})", _OWN_VOLUME_MESSAGE),
+    )
+
+    name: VolumeName = Field(description="Volume name, referred to by spec.pod.volumeMounts.")
+    config_map: KubeObject | None = Field(default=None, description="A ConfigMap's keys as files.")
+    secret: KubeObject | None = Field(default=None, description="A Secret's keys as files.")
+    empty_dir: KubeObject | None = Field(default=None, description="A scratch directory living as long as the pod.")
+    persistent_volume_claim: KubeObject | None = Field(default=None, description="A PersistentVolumeClaim.")
+    projected: KubeObject | None = Field(default=None, description="Several sources in one directory.")
+    downward_api: KubeObject | None = Field(
+        default=None, alias="downwardAPI", description="The pod's own fields as files."
+    )
+    csi: KubeObject | None = Field(default=None, description="An inline CSI volume (a secrets-store driver).")
+    ephemeral: KubeObject | None = Field(default=None, description="A generic ephemeral volume.")
+    host_path: KubeObject | None = Field(default=None, description="Refused: restricted Pod Security forbids it.")
+
+    @model_validator(mode="after")
+    def _admitted(self) -> Volume:
+        if self.host_path is not None:
+            raise ValueError(_HOST_PATH_MESSAGE)
+        sources = [name for name in self.to_k8s() if name in VOLUME_SOURCES]
+        if len(sources) != 1:
+            raise ValueError(f"{_ONE_SOURCE_MESSAGE} (volume {self.name}: {', '.join(sources) or 'none'})")
+        if self.name in _OWN_VOLUMES:
+            raise ValueError(_OWN_VOLUME_MESSAGE)
+        return self
+
+
+class VolumeMount(CamelModel):
+    """Where the worker container mounts one of spec.pod.volumes."""
+
+    model_config = cel(
+        (
+            " && ".join(f"self.mountPath != '{path}' && !self.mountPath.startsWith('{path}/')" for path in _OWN_MOUNTS),
+            _OWN_MOUNT_MESSAGE,
+        )
+    )
+
+    name: VolumeName = Field(description="The volume's name in spec.pod.volumes.")
+    mount_path: str = Field(
+        min_length=2, max_length=1024, pattern=r"^/[^:]*$", description="Absolute path in the container."
+    )
+    sub_path: str | None = Field(
+        default=None, max_length=1024, pattern=r"^[^/].*$", description="A path inside the volume to mount instead."
+    )
+    read_only: bool | None = Field(default=None, description="Mount read-only.")
+
+    @model_validator(mode="after")
+    def _not_over_own(self) -> VolumeMount:
+        path = self.mount_path.rstrip("/")
+        if any(path == own or path.startswith(f"{own}/") for own in _OWN_MOUNTS):
+            raise ValueError(_OWN_MOUNT_MESSAGE)
+        return self
+
+
+class PodSpec(CamelModel):
+    """How the worker pods are shaped: placement, identity, pull secrets, extra volumes. The operator keeps the
+    restricted security context (non-root, read-only root, no privilege escalation, no capabilities): what would
+    relax it is refused at admission."""
+
+    model_config = cel(
+        ("!has(self.securityContext)", _SECURITY_CONTEXT_MESSAGE),
+        ("!has(self.hostNetwork) && !has(self.hostPID) && !has(self.hostIPC)", _HOST_NAMESPACES_MESSAGE),
+        (
+            "!has(self.volumeMounts) || self.volumeMounts.all(m, has(self.volumes) && "
+            "self.volumes.exists(v, v.name == m.name))",
+            _MOUNT_NEEDS_VOLUME,
+        ),
+    )
+
+    image_pull_secrets: list[LocalObjectReference] | None = Field(
+        default=None,
+        max_length=16,
+        description="Secrets (kubernetes.io/dockerconfigjson) the kubelet pulls spec.image with.",
+    )
+    service_account_name: ObjectName | None = Field(
+        default=None,
+        description="The ServiceAccount the pods run as (workload identity for cloud storage). Its API token is "
+        "still not mounted: workers talk to Redis only.",
+    )
+    node_selector: dict[str, LabelValue] | None = Field(
+        default=None, max_length=32, description="Node labels the pods must be scheduled on."
+    )
+    tolerations: list[Toleration] | None = Field(default=None, max_length=32, description="Taints tolerated.")
+    affinity: KubeObject | None = Field(
+        default=None,
+        description="Node and pod (anti-)affinity, as in a Pod spec; the workers carry the labels "
+        "app.kubernetes.io/name=phoenix-worker and app.kubernetes.io/instance=<stage>.",
+    )
+    topology_spread_constraints: list[KubeObject] | None = Field(
+        default=None,
+        max_length=8,
+        description="How the pods spread over zones or nodes, as in a Pod spec (select them by the labels above).",
+    )
+    priority_class_name: ObjectName | None = Field(default=None, description="The pods' PriorityClass.")
+    labels: dict[str, LabelValue] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra labels on the pods (cost allocation, mesh). Not the operator's own: "
+        + ", ".join(OPERATOR_LABELS)
+        + f", {PREFIX}/*.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, !(k in {cel_list(OPERATOR_LABELS)}) && !k.startsWith('{PREFIX}/'))",
+                    "message": _LABELS_MESSAGE,
+                }
+            ]
+        },
+    )
+    annotations: dict[str, Annotated[str, Field(max_length=4096)]] | None = Field(
+        default=None,
+        max_length=64,
+        description="Extra annotations on the pods (service mesh injection, cost allocation). Not the operator's "
+        "own: " + ", ".join(OPERATOR_POD_ANNOTATIONS) + f", {PREFIX}/*.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, !(k in {cel_list(OPERATOR_POD_ANNOTATIONS)}) && !k.startsWith('{PREFIX}/'))",
+                    "message": _ANNOTATIONS_MESSAGE,
+                }
+            ]
+        },
+    )
+    env_from: list[EnvFromSource] | None = Field(
+        default=None,
+        max_length=16,
+        description="ConfigMaps and Secrets whose keys become environment variables. The variables the operator "
+        "sets win over them (Kubernetes gives `env` precedence).",
+    )
+    volumes: list[Volume] | None = Field(
+        default=None,
+        max_length=16,
+        description="Extra volumes: " + ", ".join(VOLUME_SOURCES) + " (what restricted Pod Security admits).",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    volume_mounts: list[VolumeMount] | None = Field(
+        default=None, max_length=16, description="Where the worker container mounts spec.pod.volumes."
+    )
+    termination_grace_period_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=90_000,
+        description="Seconds from SIGTERM to SIGKILL. Default: worker.processingTimeout + "
+        f"{SHUTDOWN_MARGIN_SECONDS}, so a record started just before a scale-in or rollout still finishes and "
+        f"commits. The worker drains in-flight records for this minus {SHUTDOWN_MARGIN_SECONDS} s "
+        "(SHUTDOWN_GRACE).",
+    )
+    security_context: KubeObject | None = Field(
+        default=None, description="Refused: the operator sets the restricted security context itself."
+    )
+    host_network: bool | None = Field(default=None, description="Refused: restricted Pod Security forbids it.")
+    host_pid: bool | None = Field(
+        default=None, alias="hostPID", description="Refused: restricted Pod Security forbids it."
+    )
+    host_ipc: bool | None = Field(
+        default=None, alias="hostIPC", description="Refused: restricted Pod Security forbids it."
+    )
+
+    @field_validator("labels")
+    @classmethod
+    def _not_own_labels(cls, labels: dict[str, str] | None) -> dict[str, str] | None:
+        if clashes := sorted(key for key in labels or {} if _own_key(key, OPERATOR_LABELS)):
+            raise ValueError(f"{_LABELS_MESSAGE} (got {', '.join(clashes)})")
+        return labels
+
+    @field_validator("annotations")
+    @classmethod
+    def _not_own_annotations(cls, annotations: dict[str, str] | None) -> dict[str, str] | None:
+        if clashes := sorted(key for key in annotations or {} if _own_key(key, OPERATOR_POD_ANNOTATIONS)):
+            raise ValueError(f"{_ANNOTATIONS_MESSAGE} (got {', '.join(clashes)})")
+        return annotations
+
+    @model_validator(mode="after")
+    def _no_privileges(self) -> PodSpec:
+        if self.security_context is not None:
+            raise ValueError(_SECURITY_CONTEXT_MESSAGE)
+        if self.host_network is not None or self.host_pid is not None or self.host_ipc is not None:
+            raise ValueError(_HOST_NAMESPACES_MESSAGE)
+        names = [volume.name for volume in self.volumes or []]
+        if duplicates := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"spec.pod.volumes names must be unique (repeated: {', '.join(duplicates)})")
+        if missing := sorted({mount.name for mount in self.volume_mounts or []} - set(names)):
+            raise ValueError(f"{_MOUNT_NEEDS_VOLUME} (got {', '.join(missing)})")
+        return self

@@ -1,0 +1,204 @@
+"""Worker pods shaped by spec.pod, under the restricted Pod Security Standard (the pipeline's namespace enforces
+it): a stage with a pull secret, a ServiceAccount, labels, annotations, an envFrom ConfigMap and its processor's
+code in a ConfigMap volume runs on the node; a stage asking for privileges is refused by the API server; a long
+job survives a scale-in, committed by the pod that is going, within the termination grace that follows
+processingTimeout."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_client
+import yaml
+
+from phoenix.keys import StageKeys
+from phoenix.worker_runtime.locks import committed_by
+from tests.e2e.kube import apply_documents, is_ready, kubectl, kubectl_json, pods
+from tests.e2e.pipeline import NAMESPACE, Pipeline
+
+pytestmark = pytest.mark.e2e
+
+STAGE = "longjob"
+JOB_SECONDS = 45  # longer than the 30 s grace pods had before, well inside processingTimeout
+PROCESSING_TIMEOUT = 120
+# The processor, mounted from a ConfigMap and found through PYTHONPATH (set by envFrom): no image of its own.
+SLOW_PROCESSOR = """
+import asyncio
+import os
+
+from phoenix.worker_runtime import BaseProcessor
+
+
+class SlowProcessor(BaseProcessor):
+    async def process(self, record_id, user_id, data):
+        await asyncio.sleep(float(os.environ["SLOW_SECONDS"]))
+        return None
+"""
+POD = {
+    "imagePullSecrets": [{"name": "longjob-registry"}],
+    "serviceAccountName": "longjob",
+    "labels": {"team": "e2e"},
+    "annotations": {"example.com/cost-center": "cc-42"},
+    "envFrom": [{"configMapRef": {"name": "longjob-env"}}],
+    "volumes": [{"name": "code", "configMap": {"name": "longjob-code"}}],
+    "volumeMounts": [{"name": "code", "mountPath": "/processors", "readOnly": True}],
+}
+
+
+def longjob_stage(image: str, replicas: int) -> dict[str, Any]:
+    """A final stage of `replicas` pods whose records each take JOB_SECONDS; a record left by a killed pod would be
+    claimed by another only after 10 minutes, so within the test only the pod that took it can commit it."""
+    return {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": STAGE},
+        "spec": {
+            "processor": "slow:SlowProcessor",
+            "image": image,
+            "redis": {
+                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
+                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
+            },
+            "replicas": {"min": replicas, "max": replicas},
+            "autoscaling": {"lagCount": 1, "pollingInterval": 2, "cooldownPeriod": 5},
+            "worker": {"processingTimeout": PROCESSING_TIMEOUT, "claimIdleMs": 600_000, "lockTimeout": 600},
+            "resources": {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "250m", "memory": "256Mi"}},
+            "pod": POD,
+        },
+    }
+
+
+def _objects() -> list[dict[str, Any]]:
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "longjob"}},
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "longjob-registry"},
+            "type": "kubernetes.io/dockerconfigjson",
+            "stringData": {".dockerconfigjson": '{"auths": {}}'},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "longjob-code"},
+            "data": {"slow.py": SLOW_PROCESSOR},
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "longjob-env"},
+            "data": {"PYTHONPATH": "/processors", "SLOW_SECONDS": str(JOB_SECONDS)},
+        },
+    ]
+
+
+def _stage_pods() -> list[dict[str, Any]]:
+    return pods(NAMESPACE, f"phoenix.io/stage={STAGE}")
+
+
+def _until(condition: Any, what: str, timeout: float) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (found := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(1)
+    return found
+
+
+@pytest.fixture(scope="module")
+def longjob(pipeline: Pipeline, phoenix_image: str) -> Iterator[None]:
+    apply_documents([*_objects(), longjob_stage(phoenix_image, replicas=2)], NAMESPACE)
+    kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", f"phoenixstage/{STAGE}", timeout=210)
+    _until(lambda: sum(is_ready(pod) for pod in _stage_pods()) == 2, "both longjob pods ready", 180)
+    yield
+    kubectl("delete", "-n", NAMESPACE, "phoenixstage", STAGE, "--wait=false")
+
+
+def test_the_namespace_enforces_restricted_and_every_worker_pod_is_admitted(longjob: None) -> None:
+    labels = kubectl_json("get", "namespace", NAMESPACE)["metadata"]["labels"]
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    for replica_set in kubectl_json("get", "replicasets", "-n", NAMESPACE)["items"]:
+        failures = [
+            c for c in (replica_set.get("status") or {}).get("conditions") or [] if c["type"] == "ReplicaFailure"
+        ]
+        assert not failures, f"{replica_set['metadata']['name']}: {failures}"
+    workers = pods(NAMESPACE, "app.kubernetes.io/name=phoenix-worker")
+    assert {pod["metadata"]["labels"]["phoenix.io/stage"] for pod in workers} >= {STAGE}
+    assert all(is_ready(pod) for pod in workers if pod["metadata"]["labels"]["phoenix.io/stage"] == STAGE)
+
+
+def test_a_stage_with_spec_pod_runs_shaped_as_asked(longjob: None) -> None:
+    for pod in _stage_pods():
+        spec, meta = pod["spec"], pod["metadata"]
+        assert spec["imagePullSecrets"] == [{"name": "longjob-registry"}]
+        assert spec["serviceAccountName"] == "longjob"
+        assert meta["labels"]["team"] == "e2e" and meta["labels"]["app.kubernetes.io/instance"] == STAGE
+        assert meta["annotations"]["example.com/cost-center"] == "cc-42"
+        assert spec["terminationGracePeriodSeconds"] == PROCESSING_TIMEOUT + 15
+        (container,) = spec["containers"]
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    budget = kubectl_json("get", "poddisruptionbudget", "-n", NAMESPACE, STAGE)
+    assert budget["spec"]["maxUnavailable"] == 1
+
+
+@pytest.mark.parametrize(
+    ("pod", "refusal"),
+    [
+        ({"securityContext": {"privileged": True}}, "spec.pod.securityContext is refused"),
+        ({"volumes": [{"name": "node", "hostPath": {"path": "/"}}]}, "hostPath volumes are refused"),
+    ],
+)
+def test_a_stage_asking_for_privileges_is_refused_by_the_api_server(
+    pipeline: Pipeline, phoenix_image: str, pod: dict[str, Any], refusal: str
+) -> None:
+    stage = longjob_stage(phoenix_image, replicas=1)
+    stage["metadata"]["name"] = "privileged"
+    stage["spec"]["pod"] = pod
+    with pytest.raises(RuntimeError) as refused:
+        kubectl("create", "-n", NAMESPACE, "-f", "-", input=yaml.safe_dump(stage))
+    assert refusal in str(refused.value), refused.value
+    assert not kubectl("get", "phoenixstage", "-n", NAMESPACE, "privileged", "--ignore-not-found").strip()
+
+
+def test_a_long_job_survives_a_scale_in(longjob: None, redis: redis_client.Redis, phoenix_image: str) -> None:
+    """Two records, one in flight on each pod; the stage's bounds drop to one pod (KEDA's HPA and the operator
+    bring the Deployment down): the pod that goes drains its record for up to processingTimeout and commits it
+    before it exits. No other pod could have (the record would be claimed only after 10 minutes)."""
+    streams = kubectl_json("get", "phoenixstage", "-n", NAMESPACE, STAGE)["status"]["streams"]
+    keys = StageKeys.for_stage(STAGE, NAMESPACE, input=streams["input"], group=streams["consumerGroup"])
+    records = {f"job-{n}-{time.time_ns()}": "" for n in range(2)}
+    for record in records:
+        records[record] = redis.xadd(keys.input, {"record_id": record, "user_id": "e2e"})
+
+    def consumers_of_pending() -> dict[str, str] | None:
+        entries = redis.xpending_range(keys.input, keys.consumer_group, "-", "+", 10)
+        owners = {entry["message_id"]: entry["consumer"] for entry in entries}
+        return owners if len(owners) == 2 and len(set(owners.values())) == 2 else None
+
+    owners = _until(consumers_of_pending, "one record in flight on each pod", 60)
+    started = time.monotonic()
+    apply_documents([longjob_stage(phoenix_image, replicas=1)], NAMESPACE)
+
+    def terminating() -> dict[str, Any] | None:
+        gone = [pod for pod in _stage_pods() if pod["metadata"].get("deletionTimestamp")]
+        return gone[0] if gone else None
+
+    going = _until(terminating, "a pod to be scaled in", 60)
+    name = going["metadata"]["name"]
+    (entry,) = [entry for entry, consumer in owners.items() if consumer.startswith(f"{name}-")]
+    record = next(record for record, entry_id in records.items() if entry_id == entry)
+    state = keys.record_prefix + record
+    assert committed_by(redis.get(state)) is None, "the record was done before the scale-in: no long job left"
+
+    _until(lambda: committed_by(redis.get(state)) == entry, f"{record} committed", JOB_SECONDS + 60)
+    assert time.monotonic() - started < PROCESSING_TIMEOUT
+    # Committed by the going pod itself: acknowledged, never delivered to another consumer.
+    assert redis.xpending(keys.input, keys.consumer_group)["pending"] <= 1
+    assert not redis.xpending_range(keys.input, keys.consumer_group, entry, entry, 1)
+    _until(lambda: not any(pod["metadata"]["name"] == name for pod in _stage_pods()), f"{name} gone", 60)
+    other = next(r for r in records if r != record)
+    _until(lambda: committed_by(redis.get(keys.record_prefix + other)) == records[other], "the other committed", 120)

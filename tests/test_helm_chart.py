@@ -1,0 +1,394 @@
+"""charts/phoenix: `helm lint` and `helm template` with every documented values set (charts/phoenix/ci/), a
+server-side dry-run of what they render, values.schema.json refusing typos, and the chart rendering with its
+defaults exactly the objects of manifests/ (kustomize), so the two cannot drift apart.
+
+helm comes from hack/build-helm.sh (`make helm`, part of `make test`; tests/fixtures/helm.py)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from phoenix.crds import PhoenixStage
+from phoenix.operator.builders import HEALTH_PORT, Owner, build_deployment
+from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, WORKER_APP_NAME
+from tests.fixtures.cluster_objects import ensure_namespace
+from tests.fixtures.control_plane import REPO_ROOT, ControlPlane, kube_bin_dir
+from tests.fixtures.helm import helm_binary
+
+pytestmark = pytest.mark.helm
+
+CHART = REPO_ROOT / "charts" / "phoenix"
+MANIFESTS = REPO_ROOT / "manifests"
+NAMESPACE = "phoenix-system"
+# The namespace the namespaced and network-policy overlays of manifests/ serve.
+PIPELINES = "phoenix-pipelines"
+VALUES_SETS = sorted((CHART / "ci").glob("*-values.yaml"))
+# (file or None for the defaults) of every documented values set.
+ALL_SETS: list[Path | None] = [None, *VALUES_SETS]
+# What Helm adds to the objects of manifests/: its two labels and, on the CRD, the policy that keeps it.
+HELM_LABELS = {"helm.sh/chart", "app.kubernetes.io/managed-by"}
+HELM_ANNOTATIONS = {"helm.sh/resource-policy"}
+# The chart's copies of manifests/ files it cannot read from outside its directory (`make manifests` copies them).
+CHART_FILES = {
+    "phoenix.io_phoenixstages.yaml": MANIFESTS / "crds" / "phoenix.io_phoenixstages.yaml",
+    "phoenix-dashboard.json": MANIFESTS / "grafana" / "phoenix-dashboard.json",
+    "prometheus-rule.yaml": MANIFESTS / "monitoring" / "prometheus-rule.yaml",
+}
+
+
+def set_id(values: Path | None) -> str:
+    return values.name.removesuffix("-values.yaml") if values else "default"
+
+
+@pytest.fixture(scope="session")
+def helm_path() -> Path:
+    path = helm_binary()
+    if not os.access(path, os.X_OK):
+        raise RuntimeError(f"missing {path}: build it with `make helm` (hack/build-helm.sh)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def helm_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Helm's cache, config and data in a directory of the session's: nothing read from or written to $HOME."""
+    home = tmp_path_factory.mktemp("helm-home")
+    return {
+        **os.environ,
+        **{f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")},
+    }
+
+
+class Helm:
+    def __init__(self, binary: Path, env: dict[str, str]) -> None:
+        self.binary, self.env = binary, env
+
+    def run(
+        self, *args: str, kubeconfig: Path | None = None, values: dict[str, Any] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """helm ARGS; `values` go in on stdin (`--values=-`)."""
+        env = {**self.env, "KUBECONFIG": str(kubeconfig)} if kubeconfig else self.env
+        stdin = None if values is None else yaml.safe_dump(values)
+        argv = [str(self.binary), *args, *([] if values is None else ["--values=-"])]
+        return subprocess.run(argv, env=env, input=stdin, capture_output=True, text=True, timeout=180)
+
+    def template(self, *args: str, values: dict[str, Any] | None = None) -> subprocess.CompletedProcess[str]:
+        return self.run("template", "phoenix", str(CHART), f"--namespace={NAMESPACE}", *args, values=values)
+
+    def render(self, *args: str, values: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+        result = self.template(*args, values=values)
+        assert result.returncode == 0, result.stderr
+        return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+
+
+@pytest.fixture(scope="session")
+def helm(helm_path: Path, helm_env: dict[str, str]) -> Helm:
+    return Helm(helm_path, helm_env)
+
+
+def values_args(values: Path | None) -> list[str]:
+    return [f"--values={values}"] if values else []
+
+
+def key(doc: dict[str, Any]) -> tuple[str, str, str, str]:
+    meta = doc["metadata"]
+    return doc["apiVersion"], doc["kind"], meta.get("namespace", ""), meta["name"]
+
+
+def by_key(documents: list[dict[str, Any]]) -> dict[tuple[str, str, str, str], dict[str, Any]]:
+    keyed = {key(doc): doc for doc in documents}
+    assert len(keyed) == len(documents), "two objects with the same kind, namespace and name"
+    return keyed
+
+
+def one(documents: list[dict[str, Any]], kind: str, name: str, namespace: str = NAMESPACE) -> dict[str, Any]:
+    [doc] = [d for d in documents if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert doc["metadata"].get("namespace", namespace) == namespace
+    return doc
+
+
+def operator_container(documents: list[dict[str, Any]]) -> dict[str, Any]:
+    [container] = one(documents, "Deployment", "phoenix-operator")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+@pytest.mark.parametrize("values", ALL_SETS, ids=set_id)
+def test_helm_lint_passes_with_every_values_set(helm: Helm, values: Path | None) -> None:
+    result = helm.run("lint", "--strict", str(CHART), *values_args(values))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_default_values_install_the_crd_rbac_and_two_operator_replicas(helm: Helm) -> None:
+    documents = helm.render()
+    assert sorted(doc["kind"] for doc in documents) == sorted(
+        [
+            "CustomResourceDefinition",
+            "ServiceAccount",
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "Role",
+            "RoleBinding",
+            "Deployment",
+            "PodDisruptionBudget",
+        ]
+    )
+    # Kept by `helm uninstall`, and with it every PhoenixStage.
+    crd = one(documents, "CustomResourceDefinition", "phoenixstages.phoenix.io")
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    container = operator_container(documents)
+    assert container["image"] == "ghcr.io/phoenix/phoenix:0.1.0"
+    assert container["args"] == ["--metrics-port=8080", "--leader-election"]
+
+
+def test_namespaced_mode_swaps_the_cluster_role_for_roles_in_the_served_namespaces(helm: Helm) -> None:
+    documents = helm.render("--set=watchNamespaces={team-a,team-b}")
+    assert not [doc for doc in documents if doc["kind"].startswith("Cluster")]
+    roles = {(doc["metadata"]["namespace"], doc["metadata"]["name"]) for doc in documents if doc["kind"] == "Role"}
+    assert roles == {
+        ("team-a", "phoenix-operator"),
+        ("team-b", "phoenix-operator"),
+        (NAMESPACE, "phoenix-operator-leader-election"),
+    }
+    assert operator_container(documents)["args"][-2:] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def test_monitoring_values_add_the_pod_monitors_rule_and_dashboard_with_their_selector_label(helm: Helm) -> None:
+    documents = helm.render(f"--values={CHART / 'ci' / 'monitoring-values.yaml'}")
+    monitoring = [doc for doc in documents if doc["apiVersion"] == "monitoring.coreos.com/v1"]
+    assert sorted(key(doc)[1:] for doc in monitoring) == [
+        ("PodMonitor", NAMESPACE, "phoenix-operator"),
+        ("PodMonitor", NAMESPACE, "phoenix-workers"),
+        ("PrometheusRule", NAMESPACE, "phoenix"),
+    ]
+    assert all(doc["metadata"]["labels"]["release"] == "monitoring" for doc in monitoring)
+    dashboard = one(documents, "ConfigMap", "phoenix-grafana-dashboard")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert dashboard["data"]["phoenix-dashboard.json"] == CHART_FILES["phoenix-dashboard.json"].read_text()
+
+
+def test_image_by_digest_wins_over_the_tag(helm: Helm) -> None:
+    documents = helm.render(f"--values={CHART / 'ci' / 'digest-values.yaml'}", "--set=image.tag=9.9.9")
+    digest = "sha256:" + "0123456789abcdef" * 4
+    assert operator_container(documents)["image"] == f"registry.example.com/platform/phoenix@{digest}"
+
+
+def test_pull_secrets_and_placement_reach_the_operator_pods(helm: Helm) -> None:
+    documents = helm.render(f"--values={CHART / 'ci' / 'pull-secrets-values.yaml'}")
+    pod = one(documents, "Deployment", "phoenix-operator")["spec"]["template"]["spec"]
+    assert pod["imagePullSecrets"] == [{"name": "registry-credentials"}]
+    assert pod["priorityClassName"] == "system-cluster-critical"
+    assert pod["nodeSelector"] == {"kubernetes.io/os": "linux"}
+    assert pod["tolerations"] == [
+        {"key": "dedicated", "operator": "Equal", "value": "platform", "effect": "NoSchedule"}
+    ]
+    assert operator_container(documents)["image"] == "registry.example.com/platform/phoenix:0.1.0"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set=operator.replica=3"], "replica"),  # unknown key
+        (["--set-string=operator.replicas=two"], "replicas"),  # wrong type
+        (["--set=monitoring.podMonitor=true"], "podMonitor"),
+        (["--set=image.digest=latest"], "digest"),
+        (["--set=networkPolicy.redis.ports={redis}"], "ports"),
+    ],
+    ids=["unknown-key", "wrong-type", "unknown-nested-key", "bad-digest", "port-not-a-number"],
+)
+def test_a_values_typo_fails_template(helm: Helm, args: list[str], message: str) -> None:
+    result = helm.template(*args)
+    assert result.returncode != 0
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert message in result.stderr
+
+
+def test_several_replicas_without_leader_election_are_refused(helm: Helm) -> None:
+    result = helm.template("--set=operator.leaderElection=false")
+    assert result.returncode != 0
+    assert "operator.replicas > 1 needs operator.leaderElection: true" in result.stderr
+    single = helm.render("--set=operator.leaderElection=false", "--set=operator.replicas=1")
+    assert "--leader-election" not in operator_container(single)["args"]
+    assert not [doc for doc in single if doc["metadata"]["name"] == "phoenix-operator-leader-election"]
+    assert not [doc for doc in single if doc["kind"] == "PodDisruptionBudget"]
+
+
+def test_crds_install_false_leaves_the_crd_out(helm: Helm) -> None:
+    assert not [doc for doc in helm.render("--set=crds.install=false") if doc["kind"] == "CustomResourceDefinition"]
+
+
+@pytest.mark.parametrize("name", sorted(CHART_FILES))
+def test_the_chart_files_are_copies_of_manifests(name: str) -> None:
+    assert (CHART / "files" / name).read_text() == CHART_FILES[name].read_text(), "run `make manifests`"
+
+
+# -- NetworkPolicies ------------------------------------------------------------------------------------------------
+
+
+def sample_worker_pod() -> dict[str, Any]:
+    """The pod template the operator builds for the sample router stage."""
+    stage = PhoenixStage.model_validate(yaml.safe_load((MANIFESTS / "samples" / "router.yaml").read_text()))
+    owner = Owner(
+        api_version=stage.api_version, kind="PhoenixStage", name=stage.metadata.name, namespace=PIPELINES, uid="u"
+    )
+    return build_deployment(owner, stage.spec)["spec"]["template"]
+
+
+def network_policies(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in documents if doc["kind"] == "NetworkPolicy"}
+
+
+def overlay_policies() -> dict[str, dict[str, Any]]:
+    directory = MANIFESTS / "network-policy"
+    names = yaml.safe_load((directory / "kustomization.yaml").read_text())["resources"]
+    return network_policies([yaml.safe_load((directory / name).read_text()) for name in names])
+
+
+def egress_ports(policy: dict[str, Any]) -> list[list[tuple[int, str]]]:
+    return [[(port["port"], port["protocol"]) for port in rule["ports"]] for rule in policy["spec"]["egress"]]
+
+
+def chart_policies(helm: Helm) -> dict[str, dict[str, Any]]:
+    return network_policies(helm.render(f"--values={CHART / 'ci' / 'network-policy-values.yaml'}"))
+
+
+@pytest.mark.parametrize("source", ["overlay", "chart"])
+def test_worker_policy_selects_the_pods_the_operator_builds_and_admits_only_their_metrics_port(
+    helm: Helm, source: str
+) -> None:
+    policy = (overlay_policies() if source == "overlay" else chart_policies(helm))["phoenix-workers"]
+    assert policy["metadata"]["namespace"] == PIPELINES
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector == {NAME_LABEL: WORKER_APP_NAME, MANAGED_BY_LABEL: MANAGED_BY}
+    pod = sample_worker_pod()
+    assert selector.items() <= pod["metadata"]["labels"].items()
+    [container] = pod["spec"]["containers"]
+    assert [port["containerPort"] for port in container["ports"]] == [HEALTH_PORT]
+    assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": HEALTH_PORT, "protocol": "TCP"}]}]
+    redis_and_dns = [[(6379, "TCP")], [(53, "UDP"), (53, "TCP")]]
+    extra = [[(443, "TCP")]] if source == "chart" else []
+    assert egress_ports(policy) == redis_and_dns + extra
+    if source == "chart":
+        assert policy["spec"]["egress"][-1]["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
+
+
+@pytest.mark.parametrize("source", ["overlay", "chart"])
+def test_operator_policy_admits_only_metrics_and_reaches_only_the_api_server_redis_and_dns(
+    helm: Helm, source: str
+) -> None:
+    policy = (overlay_policies() if source == "overlay" else chart_policies(helm))["phoenix-operator"]
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    assert policy["spec"]["podSelector"] == {"matchLabels": {NAME_LABEL: "phoenix-operator"}}
+    assert policy["spec"]["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}]}]
+    assert egress_ports(policy) == [[(443, "TCP"), (6443, "TCP")], [(6379, "TCP")], [(53, "UDP"), (53, "TCP")]]
+
+
+def test_network_policy_values_narrow_peers_and_ports(helm: Helm) -> None:
+    sentinel = {"redis": {"ports": [6379, 26379], "to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}]}}
+    scraper = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+    values = {
+        "watchNamespaces": ["team-a"],
+        "operator": {"metricsPort": 9090},
+        "networkPolicy": {"enabled": True, "metricsFrom": scraper, **sentinel},
+    }
+    policies = network_policies(helm.render(values=values))
+    assert policies["phoenix-workers"]["metadata"]["namespace"] == "team-a"
+    for name, port in (("phoenix-operator", 9090), ("phoenix-workers", HEALTH_PORT)):
+        spec = policies[name]["spec"]
+        assert spec["ingress"] == [{"ports": [{"port": port, "protocol": "TCP"}], "from": scraper}]
+        redis_rule = spec["egress"][1 if name == "phoenix-operator" else 0]
+        ports = [{"port": 6379, "protocol": "TCP"}, {"port": 26379, "protocol": "TCP"}]
+        assert redis_rule == {"ports": ports, "to": sentinel["redis"]["to"]}
+
+
+# -- Against the real API server, and manifests/ through kustomize ----------------------------------------------------
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("values", ALL_SETS, ids=set_id)
+def test_every_values_set_passes_a_server_side_dry_run(
+    helm: Helm, kube_cluster: ControlPlane, values: Path | None
+) -> None:
+    rendered = helm.template(*values_args(values))
+    assert rendered.returncode == 0, rendered.stderr
+    documents = [doc for doc in yaml.safe_load_all(rendered.stdout) if doc]
+    # A dry run creates nothing, so the namespaces the objects live in must exist for real.
+    for namespace in {doc["metadata"]["namespace"] for doc in documents if "namespace" in doc["metadata"]}:
+        ensure_namespace(kube_cluster, namespace)
+    result = kube_cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=rendered.stdout)
+    assert result.returncode == 0, result.stderr
+    assert len(result.stdout.splitlines()) == len(documents)
+
+
+@pytest.mark.kube
+def test_a_values_typo_fails_helm_install_and_installs_nothing(helm: Helm, kube_cluster: ControlPlane) -> None:
+    ensure_namespace(kube_cluster, "t-helm-typo")
+    args = ("install", "phoenix", str(CHART), "--namespace=t-helm-typo", "--set=operator.replicass=3")
+    result = helm.run(*args, kubeconfig=kube_cluster.kubeconfig)
+    assert result.returncode != 0
+    assert "additional properties 'replicass' not allowed" in result.stderr
+    assert helm.run("list", "--namespace=t-helm-typo", "--short", kubeconfig=kube_cluster.kubeconfig).stdout == ""
+    left = kube_cluster.kubectl("get", "deployments,serviceaccounts", "--namespace=t-helm-typo", "-o", "name")
+    assert "phoenix-operator" not in left.stdout
+
+
+def kustomize(*directories: str) -> list[dict[str, Any]]:
+    documents = []
+    for directory in directories:
+        result = subprocess.run(
+            [str(kube_bin_dir() / "kubectl"), "kustomize", str(MANIFESTS / directory)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert result.returncode == 0, result.stderr
+        documents += [doc for doc in yaml.safe_load_all(result.stdout) if doc]
+    return documents
+
+
+def without_helm_metadata(doc: dict[str, Any]) -> dict[str, Any]:
+    meta = dict(doc["metadata"])
+    for field, helm_keys in (("labels", HELM_LABELS), ("annotations", HELM_ANNOTATIONS)):
+        kept = {k: v for k, v in meta.get(field, {}).items() if k not in helm_keys}
+        if kept:
+            meta[field] = kept
+        else:
+            meta.pop(field, None)
+    return {**doc, "metadata": meta}
+
+
+def in_namespace(documents: list[dict[str, Any]], namespace: str) -> list[dict[str, Any]]:
+    """kustomizations without a namespace, applied with `kubectl apply -n NAMESPACE`."""
+    return [{**doc, "metadata": {"namespace": namespace, **doc["metadata"]}} for doc in documents]
+
+
+def drift_case(case: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(chart values, the objects of the equivalent kustomizations) of one install."""
+    base = [doc for doc in kustomize("") if doc["kind"] != "Namespace"]
+    if case == "default":
+        return {}, base
+    if case == "namespaced":
+        return {"watchNamespaces": [PIPELINES]}, [doc for doc in kustomize("namespaced") if doc["kind"] != "Namespace"]
+    if case == "monitoring":
+        values = {"monitoring": {"podMonitors": True, "prometheusRule": True, "grafanaDashboard": {"enabled": True}}}
+        return values, base + kustomize("monitoring") + in_namespace(kustomize("grafana"), NAMESPACE)
+    assert case == "network-policy"
+    return {"networkPolicy": {"enabled": True, "workerNamespaces": [PIPELINES]}}, base + kustomize("network-policy")
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", ["default", "namespaced", "monitoring", "network-policy"])
+def test_the_chart_renders_exactly_the_objects_of_manifests(helm: Helm, case: str) -> None:
+    """The Namespace aside (Helm installs into an existing one, `--create-namespace`), the chart and manifests/
+    install the same objects, field for field, once Helm's own labels and the CRD's keep policy are set aside."""
+    values, manifests = drift_case(case)
+    chart = by_key([without_helm_metadata(doc) for doc in helm.render(values=values)])
+    expected = by_key(manifests)
+    assert sorted(chart) == sorted(expected)
+    for object_key, doc in expected.items():
+        assert chart[object_key] == doc, f"{object_key} differs between charts/phoenix and manifests/"
