@@ -333,9 +333,10 @@ def _sha(script: str) -> str:
     return hashlib.sha1((PACKAGE / script).read_text().encode()).hexdigest()
 
 
-def check_calls(monitor: ScriptMonitor, scripts: set[str], namespace_slot: int) -> None:
+def check_calls(monitor: ScriptMonitor, scripts: set[str], namespace_slot: int | set[int]) -> None:
     """Each of `scripts` (paths under phoenix/) was called and ran; each of their calls has KEYS that hash to one
-    slot, the namespace's, and every key its commands touched is among them."""
+    slot, the namespace's (or one of the lanes' slots given), and every key its commands touched is among them."""
+    allowed = {namespace_slot} if isinstance(namespace_slot, int) else namespace_slot
     by_sha = {_sha(s): s for s in scripts}
     assert monitor.strays == []
     assert monitor.shas() <= {_sha(str(path.relative_to(PACKAGE))) for path in SCRIPTS}, "a script not of the package"
@@ -346,7 +347,7 @@ def check_calls(monitor: ScriptMonitor, scripts: set[str], namespace_slot: int) 
     for call in (c for c in monitor.calls if c.sha in by_sha):
         name = by_sha[call.sha]
         slots = {key_slot(key) for key in call.keys}
-        if slots != {namespace_slot}:
+        if len(slots) != 1 or not slots <= allowed:
             problems.append(f"{name}: KEYS {call.keys} hash to slots {sorted(slots)}")
         if undeclared := call.touched - set(call.keys):
             problems.append(f"{name}: touched {sorted(undeclared)} not in its KEYS {call.keys}")
@@ -360,6 +361,8 @@ WORKER_SCRIPTS = {
     "worker_runtime/retry_promote.lua",
     "worker_runtime/trim.lua",
 }
+# Run by a partitioned worker whose forwards are relayed (test_a_partitioned_worker_relays_...).
+RELAY_SCRIPTS = {"worker_runtime/relay_done.lua"}
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
     "worker_runtime/layout_check.lua",
@@ -373,7 +376,7 @@ DIRECT_SCRIPTS = {
 
 
 def test_the_live_checks_drive_every_script() -> None:
-    assert {str(path.relative_to(PACKAGE)) for path in SCRIPTS} == WORKER_SCRIPTS | DIRECT_SCRIPTS
+    assert {str(path.relative_to(PACKAGE)) for path in SCRIPTS} == WORKER_SCRIPTS | RELAY_SCRIPTS | DIRECT_SCRIPTS
 
 
 @pytest.fixture(scope="module")
@@ -437,6 +440,44 @@ async def test_a_worker_calls_its_scripts_with_their_keys_declared_in_one_slot(
         assert STAGE.record(record).encode() in settled
     renewed = [call for call in monitor.calls if call.sha == _sha("worker_runtime/locks_renew.lua") and call.inner]
     assert any(STAGE.record("long").encode() in call.keys for call in renewed)
+
+
+async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_in_one_slot(
+    cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """PARTITIONS=3 with a plain output stream on a cluster node: every script call (claims, commits to the outbox,
+    retries, trims, the relay's acknowledgement) has the keys of one lane, in that lane's slot."""
+    stage = StageKeys.for_stage("scripts", NAMESPACE, partitions=3)
+    output = "scripts-plain-output"  # a slot of its own: the commits go to each lane's outbox
+    records = [f"r{i}" for i in range(30)]
+    monitor_client = aioredis.Redis.from_url(cluster_url, decode_responses=False)
+    async with ScriptMonitor(monitor_client) as monitor:
+        for record in records:
+            action = "fail" if record == "r1" else ""
+            fields = {"record_id": record, "user_id": "u1", "data": json.dumps({"action": action})}
+            await cluster.xadd(stage.lane_of(record).input, fields)
+        async with running_worker(
+            cluster_url,
+            "scripts",
+            OutcomeProcessor,
+            key_namespace=NAMESPACE,
+            partitions=3,
+            output_queue=output,
+            max_attempts=2,
+        ) as worker:
+            await wait_until(lambda: drained(worker), "every lane drained", 60)
+            await wait_until(lambda: _count(cluster, output, len(records) - 1), "the outboxes relayed", 60)
+            await wait_until(lambda: _count(cluster, stage.lane_of("r1").dlq, 1), "the failing record dead", 60)
+    await monitor_client.aclose()
+    lane_slots = {key_slot(lane.input.encode()) for lane in stage.lanes}
+    assert len(lane_slots) == 3
+    check_calls(monitor, WORKER_SCRIPTS - {"worker_runtime/locks_renew.lua"} | RELAY_SCRIPTS, lane_slots)
+    done = [call for call in monitor.calls if call.sha == _sha("worker_runtime/relay_done.lua") and call.inner]
+    assert {call.keys[0] for call in done} <= {lane.outbox.encode() for lane in stage.lanes}
+
+
+async def _count(client: aioredis.Redis, stream: str, count: int) -> bool:
+    return await client.xlen(stream) >= count
 
 
 async def _settled(client: aioredis.Redis, worker: Worker, *, dead: int, forwarded: int) -> bool:

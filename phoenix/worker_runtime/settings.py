@@ -16,6 +16,7 @@ from phoenix.keys import (
     NAMESPACE_PATTERN,
     StageKeys,
     forward_stream,
+    input_stream,
     stage_of_input,
 )
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
@@ -61,13 +62,13 @@ class WorkerSettings(BaseSettings):
 
     input_queue: str = ""
     output_queue: str = ""
-    # The stage's partitions (phoenix/keys.py: one lane of input, DLQ, retry set, record keys each), and those of
-    # the stage OUTPUT_QUEUE is the input of (a forward goes to the record's partition there); the operator sets both.
-    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
-    output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
+    # The stage's partitions (lanes, phoenix/keys.py) and, for an output that is a stage's default input
+    # (`output.stage`), that stage's: a result goes to its record's partition there (docs/durability.md).
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+    output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
 
     lock_timeout: PositiveSeconds = 600
     idempotency_ttl: PositiveSeconds = 86400
@@ -140,6 +141,11 @@ class WorkerSettings(BaseSettings):
     @model_validator(mode="after")
     def _derive_defaults(self) -> WorkerSettings:
         # Names derived from SERVICE_NAME (phoenix.keys); frozen, so set through __dict__ once.
+        if self.partitions > 1 and (self.input_queue or self.dlq_name):
+            raise ValueError(
+                f"PARTITIONS={self.partitions}: a partitioned stage derives its input and DLQ streams (one per "
+                "partition); unset INPUT_QUEUE and DLQ_NAME"
+            )
         keys = StageKeys.for_stage(
             self.service_name,
             self.key_namespace,
@@ -158,6 +164,13 @@ class WorkerSettings(BaseSettings):
         self.__dict__.update(derived)
         if self.output_queue and self.output_queue == self.input_queue:
             raise ValueError("OUTPUT_QUEUE must differ from INPUT_QUEUE (a stage would feed itself)")
+        if self.output_partitions > 1 and not (
+            (found := stage_of_input(self.output_queue)) and self.output_queue == input_stream(found[1], found[0])
+        ):
+            raise ValueError(
+                "OUTPUT_PARTITIONS applies to an output that is a stage's default input (output.stage): set "
+                "OUTPUT_QUEUE to it, or unset OUTPUT_PARTITIONS"
+            )
         if self.output_retention and not self.output_queue:
             raise ValueError("OUTPUT_RETENTION applies to an output stream: set OUTPUT_QUEUE too, or unset it")
         if self.stream_maxlen is not None:
@@ -220,7 +233,7 @@ class WorkerSettings(BaseSettings):
 
     @property
     def keys(self) -> StageKeys:
-        # A stage of several partitions names no stream of its own: its lanes' derive from SERVICE_NAME.
+        # A partitioned stage's INPUT_QUEUE and DLQ_NAME are the stage-wide names derived (its lanes' are in `lanes`).
         named = self.partitions == 1
         return StageKeys.for_stage(
             self.service_name,

@@ -22,6 +22,8 @@
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset, then
 --       the items' record keys (record_prefix .. record_id), one per item in item order: KEYS[4 + n] is item n's.
 --       Every key the script touches is declared (a Redis Cluster node checks them; they share one hash tag).
+--       All are one lane's (a partition of the stage, lanes.py); the output stream is the lane's outbox when its
+--       forwards are relayed (another slot, or a stream that depends on the record): written the same way.
 -- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, done_prefix, the forwarded entry's field
 --       names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id and by code:
 --       C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms member | L - |
