@@ -81,7 +81,8 @@ bench-peers: $(STAMP) $(PEERS_STAMP)  ## The benchmark with taskiq-redis, dramat
 bench-operator: $(STAMP) kube  ## The operator's reconcile cost over many stages
 	$(BIN)/python -m bench.operator_scale
 
-# The hashed pins the image installs (Dockerfile): requirements.lock from pyproject.toml's dependencies, and
+# The hashed pins the image installs (Dockerfile): requirements.lock from pyproject.toml's dependencies and its
+# `tracing` extra (the OpenTelemetry SDK and OTLP exporter, used only when OTEL_EXPORTER_OTLP_ENDPOINT is set), and
 # requirements-build.lock from its build-system.requires. uv runs from a virtualenv of its own, never .venv's.
 LOCK_TOOLS := .cache/lock-tools
 LOCK_ARGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
@@ -91,7 +92,7 @@ $(LOCK_TOOLS)/bin/uv:
 	$(LOCK_TOOLS)/bin/pip install --quiet uv==0.13.9
 
 lock: $(LOCK_TOOLS)/bin/uv  ## Re-pin the image's hashed requirements
-	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml $(LOCK_ARGS) -o requirements.lock
+	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml --extra tracing $(LOCK_ARGS) -o requirements.lock
 	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(LOCK_TOOLS)/bin/uv pip compile - $(LOCK_ARGS) -o requirements-build.lock
 

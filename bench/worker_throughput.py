@@ -8,6 +8,8 @@ with --peers-python, also the no-op workers of taskiq-redis, dramatiq and arq (b
 virtualenv) on the same Valkey.
 (c0) the same worker with input trimming and output backpressure off (TRIM_INTERVAL one day,
      OUTPUT_HIGH_WATER=0): what those cost is 1 - c/c0.
+(ct) the same worker tracing every message (OTEL_TRACES_SAMPLER=always_on), its spans exported over OTLP/HTTP to a
+     sink in this process that reads and drops them: what tracing costs per message is ct's CPU - c's.
 With --compare-with DIR, a checkout of another commit (`git worktree add ../base <commit>`): its worker, started
 from DIR, runs in every round too, and the bench prints how this worker's CPU and Redis time per message compare.
 (a), (c0) and (c) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and the
@@ -32,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import redis.asyncio as aioredis
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 from phoenix.embedded import embedded_valkey
 
@@ -43,6 +47,14 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "batch": ("bench.noop:BatchNoopProcessor", {}),
     # (c0): no background trimming within the run, no backpressure measurement.
     "untrimmed": ("bench.noop:NoopProcessor", {"TRIM_INTERVAL": "86400", "OUTPUT_HIGH_WATER": "0"}),
+}
+# (ct): every message traced. The span queue holds a whole run, so that spans are exported rather than dropped and
+# the exporter's work is in the figure too (a production stage this fast samples, or raises the queue likewise).
+TRACED_ENV = {
+    "OTEL_TRACES_SAMPLER": "always_on",
+    "OTEL_BSP_MAX_QUEUE_SIZE": "1000000",
+    "OTEL_BSP_MAX_EXPORT_BATCH_SIZE": "2048",
+    "OTEL_BSP_SCHEDULE_DELAY": "200",
 }
 # Commands of trimming and backpressure (run by trim.lua and the measuring job), counted apart.
 TRIM_COMMANDS = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "cmdstat_type"}
@@ -223,13 +235,41 @@ def compared(mine: list[WorkerRun], theirs: list[WorkerRun]) -> str:
     )
 
 
+class OtlpSink:
+    """Accepts OTLP/HTTP exports and drops them, counting what came: the cheapest collector there is."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+
+    async def traces(self, request: web.Request) -> web.Response:
+        self.bytes += len(await request.read())
+        return web.Response(content_type="application/x-protobuf")  # an empty ExportTraceServiceResponse
+
+
+def traced_cost(plain: list[WorkerRun], traced: list[WorkerRun], exported: int, messages: int) -> str:
+    """What tracing every message adds: worker CPU per message (medians of the rounds) and the OTLP bytes sent."""
+    ours, base = (statistics.median(r.cpu_us_per_msg for r in runs) for runs in (traced, plain))
+    rate = median_run(traced).rate / median_run(plain).rate
+    return (
+        f"+{ours - base:.0f} us worker CPU ({base:.0f} -> {ours:.0f} us, {ours / base - 1:+.0%}), "
+        f"throughput x{rate:.2f}, {exported / messages:.0f} bytes of OTLP exported"
+    )
+
+
 async def run(
     n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None, other: Path | None
 ) -> int:
     floors: list[float] = []
     runs: dict[str, list[WorkerRun]] = {name: [] for name in VARIANTS}
+    traced: list[WorkerRun] = []
     theirs: list[WorkerRun] = []
+    sink = OtlpSink()
+    app = web.Application()
+    app.router.add_post("/v1/traces", sink.traces)
     with embedded_valkey() as url:
+        server = TestServer(app, host="127.0.0.1")
+        await server.start_server()
+        traced_env = {**TRACED_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.port}"}
         client = aioredis.Redis.from_url(url)
         b = await original(client, n)
         # Each round runs the floor right before the workers, and ratios are taken per round: on a shared
@@ -238,10 +278,12 @@ async def run(
             floors.append(await floor(client, n))
             for name, (processor, env) in VARIANTS.items():
                 runs[name].append(await phoenix_worker(client, url, n, concurrency, log_level, processor, env))
+            noop = VARIANTS["process"][0]
+            traced.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, traced_env))
             if other:
-                noop = VARIANTS["process"][0]
                 theirs.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, {}, other))
         await client.aclose()
+        await server.close()
         peers = peer_rates(peers_python, url, n) if peers_python else []
     a = statistics.median(floors)
     c = median_run(runs["process"]).rate
@@ -261,6 +303,8 @@ async def run(
     print(f"(c) phoenix worker, process_batch()          : {describe(runs['batch'])}")
     c0 = median_run(runs["untrimmed"]).rate
     print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
+    print(f"(ct) process(), every message traced       : {describe(traced)}")
+    print(f"    tracing at 100% sampling, per message: {traced_cost(runs['process'], traced, sink.bytes, n * rounds)}")
     if other:
         print(f"(c) {other}, process(): {describe(theirs)}")
         print(f"    this worker vs that one, per message: {compared(runs['process'], theirs)}")

@@ -25,6 +25,7 @@ from phoenix.crds.definition import custom_resource_definition
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.billing import BillingSettings
 from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.tracing import READ_VARIABLES
 from tests.fixtures.docs import DOCS, README, marked_block, table
 from tests.fixtures.eventually import eventually
 from tests.fixtures.processes import LoggedProcess, free_loopback_port
@@ -155,6 +156,12 @@ def test_every_worker_variable_is_documented_once() -> None:
     documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "## Configuring the worker")]
     variables = [*WorkerSettings.model_fields, *BillingSettings.model_fields]
     assert sorted(documented) == sorted(name.upper() for name in variables)
+
+
+def test_every_tracing_variable_the_worker_reads_is_documented_once() -> None:
+    documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "### Traces (OTEL_*)")]
+    assert len(documented) == len(set(documented)) and all(name.startswith("OTEL_") for name in documented)
+    assert set(READ_VARIABLES) <= set(documented)
 
 
 def _spec_fields(node: dict[str, Any], path: str = "") -> list[str]:

@@ -36,9 +36,18 @@ def pins(lock: str) -> dict[str, tuple[str, list[str], str]]:
     return found
 
 
+# The extras the image has besides the dependencies (Makefile `lock`: --extra).
+IMAGE_EXTRAS = ("tracing",)
+
+
 def runtime_requirements() -> dict[str, Requirement]:
-    """pyproject.toml's dependencies that apply on the lock's platform, by name."""
-    requirements = (Requirement(text) for text in PYPROJECT["project"]["dependencies"])
+    """pyproject.toml's dependencies and the image's extras that apply on the lock's platform, by name."""
+    project = PYPROJECT["project"]
+    texts = [
+        *project["dependencies"],
+        *(text for extra in IMAGE_EXTRAS for text in project["optional-dependencies"][extra]),
+    ]
+    requirements = (Requirement(text) for text in texts)
     return {canonicalize_name(r.name): r for r in requirements if not r.marker or r.marker.evaluate(LOCK_ENVIRONMENT)}
 
 
@@ -66,6 +75,8 @@ def test_lock_pins_every_requirement_within_its_range_with_hashes(lock: str, req
 def test_lock_has_no_direct_pin_that_pyproject_no_longer_asks_for() -> None:
     direct = {name for name, (_, _, why) in pins("requirements.lock").items() if "(pyproject.toml)" in why}
     assert direct == set(runtime_requirements()), "requirements.lock is out of date: run `make lock`"
+    makefile = (ROOT / "Makefile").read_text()
+    assert all(f"--extra {extra}" in makefile for extra in IMAGE_EXTRAS), "`make lock` must lock the image's extras"
 
 
 def test_the_dockerfile_installs_only_from_the_lock_files_by_hash() -> None:

@@ -6,6 +6,7 @@ commands."""
 from __future__ import annotations
 
 import json
+import time
 
 import redis.asyncio as aioredis
 
@@ -31,9 +32,9 @@ async def _enqueue(redis: aioredis.Redis, record_id: str) -> str:
     return await redis.xadd(lane.input, {"record_id": record_id, "user_id": "u1", "data": "{}"})
 
 
-async def _dead_letter(redis: aioredis.Redis, record_id: str) -> str:
+async def _dead_letter(redis: aioredis.Redis, record_id: str, entry_id: str = "*") -> str:
     fields = {"record_id": record_id, "user_id": "u1", "data": "{}", "error": "bad", "error_type": "ValueError"}
-    return await redis.xadd(STAGE.lane_of(record_id).dlq, fields)
+    return await redis.xadd(STAGE.lane_of(record_id).dlq, fields, id=entry_id)
 
 
 async def _stage_with_work(redis: aioredis.Redis) -> list[str]:
@@ -87,8 +88,10 @@ async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lan
 ) -> None:
     await claim(redis, STAGE, "uid-p", adopt=True)
     dead = _spread(6)
-    for record_id in dead:
-        await _dead_letter(redis, record_id)
+    # A millisecond apart: entries of different lanes added in one millisecond have no order between them.
+    first_ms = int(time.time() * 1000)
+    for i, record_id in enumerate(dead):
+        await _dead_letter(redis, record_id, f"{first_ms + i}-0")
     listed = [json.loads(line) for line in phoenix(redis_url, "dlq", "list", *NS, "--count", "4").splitlines()]
     assert [entry["record_id"] for entry in listed] == dead[:4]  # the oldest four over every lane
     assert [entry["partition"] for entry in listed] == [partition_of(r, PARTITIONS) for r in dead[:4]]

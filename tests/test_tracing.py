@@ -1,23 +1,251 @@
-"""Trace context travels from stage to stage in the `traceparent` field."""
+"""Traces of records: the spans' shape with the OpenTelemetry SDK's in-memory exporter and the real Worker against the
+real Valkey; the configuration from the OTEL_* environment; the pass-through when nothing records.
+
+The export path (OTLP over HTTP, three stages as subprocesses) is in test_tracing_export.py."""
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
 
+import pytest
+import redis.asyncio as aioredis
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from phoenix.worker_runtime import dlq
+from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing, otlp_header_values
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.inprocess import running_worker
 from tests.fixtures.records import committed
-from tests.fixtures.stage_s import IN, OUT, outputs
-from tests.fixtures.workers import WorkerPool
+from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, add, idle, outputs
+from tests.fixtures.workers import ROOT, WorkerPool
+from tests.processors import ScriptedBatchProcessor
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+TRACE_ID = int("0af7651916cd43dd8448eb211c80319c", 16)
+PARENT_SPAN_ID = int("b7ad6b7169203331", 16)
 
 
-async def test_traceparent_is_carried_to_the_next_stage(redis: aioredis.Redis, workers: WorkerPool) -> None:
+@pytest.fixture
+def exporter() -> Iterator[InMemorySpanExporter]:
+    memory = InMemorySpanExporter()
+    yield memory
+    memory.clear()
+
+
+@pytest.fixture
+def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
+    """A provider of the test's own: the process's global one stays unconfigured for the other tests."""
+    sdk = TracerProvider()
+    sdk.add_span_processor(SimpleSpanProcessor(exporter))
+    yield sdk
+    sdk.shutdown()
+
+
+def named(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
+    return [s for s in spans if s.name == name]
+
+
+def parent_id(span: ReadableSpan) -> int | None:
+    return span.parent.span_id if span.parent else None
+
+
+def traceparent(span: ReadableSpan) -> str:
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+async def spans_when(exporter: InMemorySpanExporter, name: str, count: int) -> tuple[ReadableSpan, ...]:
+    async def enough() -> tuple[ReadableSpan, ...] | None:
+        spans = exporter.get_finished_spans()
+        return spans if len(named(spans, name)) >= count else None
+
+    return await wait_until(enough, f"{count} {name!r} spans")
+
+
+async def test_a_record_gets_wait_process_and_commit_spans(
+    redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    entry_id = await redis.xadd(IN, {"record_id": "r1", "data": "{}", "traceparent": TRACEPARENT})
+    async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
+        spans = await spans_when(exporter, "s commit", 1)
+    (process,) = named(spans, "s process")
+    (wait,) = named(spans, "s wait")
+    (commit,) = named(spans, "s commit")
+    (settle,) = named(spans, "s settle")
+    # One trace, the previous stage's span as the process span's parent, wait and commit under it.
+    assert {process.context.trace_id, wait.context.trace_id, commit.context.trace_id} == {TRACE_ID}
+    assert parent_id(process) == PARENT_SPAN_ID and process.kind is trace.SpanKind.CONSUMER
+    assert parent_id(wait) == parent_id(commit) == process.context.span_id
+    assert process.attributes is not None and commit.attributes is not None
+    assert {k: process.attributes[k] for k in process.attributes if k.startswith("messaging.")} == {
+        "messaging.system": "redis",
+        "messaging.destination.name": IN,
+        "messaging.consumer.group.name": KEYS.consumer_group,
+        "messaging.operation.type": "process",
+        "messaging.message.id": entry_id,
+    }
+    assert process.attributes["phoenix.outcome"] == commit.attributes["phoenix.outcome"] == "commit"
+    assert process.attributes["phoenix.record_id"] == "r1" and process.attributes["phoenix.attempt"] == 1
+    # The wait runs from the entry id's milliseconds to the start of processing; then process, then commit.
+    assert wait.start_time == int(entry_id.partition("-")[0]) * 1_000_000
+    assert wait.end_time == process.start_time
+    assert process.end_time is not None and commit.start_time == process.end_time
+    # The batch write links to the records' process spans, each record's commit back to the batch write.
+    assert [link.context.span_id for link in settle.links] == [process.context.span_id]
+    assert [link.context.span_id for link in commit.links] == [settle.context.span_id]
+    # The next stage continues from this stage's process span.
+    (forwarded,) = await outputs(redis)
+    assert forwarded["traceparent"] == traceparent(process)
+
+
+async def test_a_record_without_trace_context_starts_a_trace_the_next_stage_continues(
+    redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    await add(redis, "r1")
+    async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
+        spans = await spans_when(exporter, "s commit", 1)
+    (process,) = named(spans, "s process")
+    assert process.parent is None
+    (forwarded,) = await outputs(redis)
+    assert forwarded["traceparent"] == traceparent(process)
+
+
+async def test_a_retry_is_a_child_of_the_failed_attempt_in_the_same_trace(
+    redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    await redis.set("dependency-down:s", 1)
+    await add(redis, "r1")  # no trace context: the first attempt starts the trace, the retry must stay in it
+    async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
+        await spans_when(exporter, "s commit", 1)
+        await redis.delete("dependency-down:s")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed on its retry")
+        spans = await spans_when(exporter, "s commit", 2)
+    first, second = sorted(named(spans, "s process"), key=lambda s: s.start_time or 0)[:2]
+    assert first.attributes is not None and second.attributes is not None
+    assert (first.attributes["phoenix.outcome"], first.attributes["phoenix.attempt"]) == ("retry", 1)
+    assert first.status.status_code is trace.StatusCode.ERROR
+    assert second.context.trace_id == first.context.trace_id
+    assert parent_id(second) == first.context.span_id and second.attributes["phoenix.attempt"] == 2
+    commits = {s.attributes["phoenix.outcome"] for s in named(spans, "s commit") if s.attributes}
+    assert {"retry", "commit"} <= commits
+
+
+async def test_a_dead_letter_replayed_continues_the_records_trace(
+    redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    await redis.xadd(IN, {"record_id": "r1", "data": json.dumps({"action": "invalid"}), "traceparent": TRACEPARENT})
+    async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
+        spans = await spans_when(exporter, "s commit", 1)
+        (failed,) = named(spans, "s process")
+        assert failed.attributes is not None and failed.attributes["phoenix.outcome"] == "dlq"
+        ((dead_id, dead),) = await redis.xrange(DLQ)
+        assert dead["traceparent"] == traceparent(failed)
+        # The record is fixed meanwhile (its action dropped), then replayed as `phoenix dlq replay` does.
+        await redis.xadd(DLQ, {**dead, "data": "{}"})
+        await redis.xdel(DLQ, dead_id)
+        assert await dlq.replay(redis, DLQ, IN, None) == 1
+        await wait_until(lambda: committed(redis, "s", "r1"), "the replayed r1 committed")
+        spans = await spans_when(exporter, "s process", 2)
+    replayed = max(named(spans, "s process"), key=lambda s: s.start_time or 0)
+    assert replayed.context.trace_id == TRACE_ID and parent_id(replayed) == failed.context.span_id
+
+
+async def test_a_duplicate_is_a_span_with_outcome_duplicate(
+    redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    await add(redis, "r1")
+    async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+        await redis.xadd(IN, {"record_id": "r1", "data": "{}", "traceparent": TRACEPARENT})
+        spans = await spans_when(exporter, "s commit", 2)
+        await wait_until(lambda: idle(redis), "the duplicate acknowledged")
+    duplicate = [s for s in named(spans, "s process") if s.context.trace_id == TRACE_ID]
+    assert [s.attributes and s.attributes["phoenix.outcome"] for s in duplicate] == ["duplicate"]
+    commit = [s for s in named(spans, "s commit") if s.context.trace_id == TRACE_ID]
+    assert [s.attributes and s.attributes["phoenix.outcome"] for s in commit] == ["duplicate"]
+    assert len(await outputs(redis)) == 1
+
+
+async def test_a_batch_processor_gives_each_record_its_own_spans(
+    redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    for n in range(3):
+        await add(redis, f"r{n}")
+    async with running_worker(redis_url, processor=ScriptedBatchProcessor, output_queue=OUT, tracer_provider=provider):
+        spans = await spans_when(exporter, "s commit", 3)
+    processes = named(spans, "s process")
+    assert len({s.context.trace_id for s in processes}) == 3  # three records, three traces
+    by_parent = {parent_id(s) for s in named(spans, "s commit")}
+    assert by_parent == {s.context.span_id for s in processes}
+    forwarded = {o["record_id"]: o["traceparent"] for o in await outputs(redis)}
+    assert forwarded == {(s.attributes or {})["phoenix.record_id"]: traceparent(s) for s in processes}
+
+
+def test_nothing_is_configured_without_the_environment() -> None:
+    assert configure_tracing("s", {}) is None
+    assert configure_tracing("s", {"OTEL_SERVICE_NAME": "x", "OTEL_TRACES_SAMPLER": "always_on"}) is None
+    assert (
+        configure_tracing("s", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_SDK_DISABLED": "true"})
+        is None
+    )
+    assert (
+        configure_tracing("s", {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_TRACES_EXPORTER": "none"})
+        is None
+    )
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        (
+            {"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"},
+            "OTEL_EXPORTER_OTLP_PROTOCOL=grpc: only http/protobuf is supported",
+        ),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER=zipkin: only otlp, console and none"),
+    ],
+)
+def test_an_unsupported_exporter_is_refused(env: dict[str, str], message: str) -> None:
+    with pytest.raises(TracingConfigError, match=message):
+        configure_tracing("s", env)
+
+
+def test_a_worker_with_unsupported_tracing_exits_2_with_one_line() -> None:
+    env = {
+        "PATH": "",
+        "PYTHONPATH": str(ROOT),
+        "SERVICE_NAME": "s",
+        "PROCESSOR": "tests.processors:ScriptedProcessor",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1",
+        "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "grpc",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "phoenix", "worker"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 2
+    line = "phoenix worker: invalid configuration: OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc: only http/protobuf is"
+    assert done.stderr.strip().splitlines() == [f"{line} supported"]
+
+
+def test_otlp_header_values_are_known_secrets() -> None:
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20s3cr3t,x-team=a"}
+    assert otlp_header_values(env) == ["Bearer%20s3cr3t", "Bearer s3cr3t", "a", "a"]
+
+
+async def test_traceparent_is_carried_unchanged_when_nothing_records(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
     await redis.xadd(IN, {"record_id": "t1", "data": "{}", "traceparent": TRACEPARENT})
     await redis.xadd(IN, {"record_id": "t2", "data": "{}"})
     workers.start("s", OUTPUT_QUEUE=OUT)
     await wait_until(lambda: committed(redis, "s", "t2"), "both processed")
     by_id = {o["record_id"]: o for o in await outputs(redis)}
-    # With the OpenTelemetry API and no SDK the context passes through unchanged (same trace, same parent).
+    # With the OpenTelemetry API and no SDK configured the context passes through unchanged (same trace, parent).
     assert by_id["t1"]["traceparent"] == TRACEPARENT
     assert "traceparent" not in by_id["t2"]

@@ -51,11 +51,11 @@ def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
         ({b"record_id": b"\xff"}, 1000, "entry is not valid UTF-8: invalid start byte at byte 0"),
         ({b"record_id": b"r", b"data": b'"' + b"x" * 100 + b'"'}, 50, "entry is 116 bytes, over MAX_MESSAGE_BYTES=50"),
         ({b"record_id": b"r", b"retry_count": b"two"}, 1000, "bad runtime field: "),
-        # MAX_ENTRY_FIELDS=4 here: four fields of the entry's own plus the four a retry adds are let through.
+        # MAX_ENTRY_FIELDS=4 here: four fields of the entry's own plus the five a retry adds are let through.
         (
-            {b"record_id": b"r", **{b"f%d" % i: b"" for i in range(8)}},
+            {b"record_id": b"r", **{b"f%d" % i: b"" for i in range(9)}},
             1000,
-            "entry has 9 fields, over MAX_ENTRY_FIELDS=4",
+            "entry has 10 fields, over MAX_ENTRY_FIELDS=4",
         ),
         ({b"record_id": b"r", b"packed_fields": b"[]"}, 1000, "entry carries the packed_fields of an entry too wide"),
     ],

@@ -73,6 +73,8 @@ async def record_repair(
 
 def format_report(r: RecordReport) -> list[str]:
     lines = [f"record {r.record_id} of stage {r.service} ({r.input_stream}, group {r.group})"]
+    if r.trace_ids:  # where to look it up in the tracing backend (docs/observability.md)
+        lines.append("  trace:  " + ", ".join(r.trace_ids))
     if not r.group_exists:
         lines.append("  group: does not exist (no worker has started on this input yet)")
     else:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import signal
 import sys
 import time
@@ -20,11 +21,13 @@ from phoenix.operator import (
     handlers,  # noqa: F401  (registers the kopf handlers)
     leader,
 )
+from phoenix.operator.constants import MANAGED_BY
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.kube import KubeApi, load_client
 from phoenix.operator.metrics import LEADER, REGISTRY
 from phoenix.operator.options import OperatorOptions, parse_options
 from phoenix.worker_runtime.health import start_health_server
+from phoenix.worker_runtime.tracing import TraceIdsFilter, TracingConfigError, configure_tracing
 
 # Kubernetes calls run in threads (the official client blocks); 200 stages reconciling at once need more
 # than asyncio's default of cpu+4 threads to stay quick.
@@ -122,6 +125,15 @@ async def operate(
 def run(options: OperatorOptions) -> int:
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat[options.log_format.upper()])
     lease = None
+    try:
+        # The same OTEL_* environment as the workers': a span per reconcile (reconcile.converge_stage).
+        shutdown_tracing = configure_tracing(MANAGED_BY)  # its service.name unless OTEL_SERVICE_NAME
+    except TracingConfigError as exc:
+        print(f"phoenix operator: invalid configuration: {exc}", file=sys.stderr)
+        return 2
+    if shutdown_tracing is not None:
+        for handler in logging.getLogger().handlers:  # kopf.configure's: every line it writes
+            handler.addFilter(TraceIdsFilter())
     if options.leader_election:
         try:
             lease = leader.lease_config(options.lease_name, options.lease_namespace)
@@ -136,6 +148,8 @@ def run(options: OperatorOptions) -> int:
         loop.run_until_complete(operate(options, api_client, context, lease))
     finally:
         loop.close()
+        if shutdown_tracing is not None:
+            shutdown_tracing()
     return 0
 
 

@@ -36,6 +36,7 @@ from phoenix.operator.status.readiness import (
 from phoenix.operator.status.registry import StageRecord
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
+from phoenix.worker_runtime.tracing import operation_span
 
 logger = logging.getLogger(__name__)
 MAX_BACKOFF_SECONDS = 120.0
@@ -294,28 +295,36 @@ def kopf_retry(error: StageError, retry: int) -> kopf.TemporaryError | kopf.Perm
 
 async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
     """Reconcile the stage with `body`; writes status and Events; raises StageError when it cannot run."""
+    attributes = {"k8s.namespace.name": record.namespace, "phoenix.stage": record.name}
     async with record.reconcile_lock:
         generation = record.generation
-        done: list[Action] = []
-        try:
-            async with ctx.events.reporting(record, RECONCILE):
-                result = await reconcile(ctx.kube, ctx.pool, record, body, done)
-        except StageError as error:
-            record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
-            await ctx.writer.update(record, *failed_status(error, generation))
-            for action in done:
-                await ctx.events.normal(record, action.reason, action.message)
-            raise
-        record.error = None
-        await retain_clients(ctx)
-        await ctx.writer.update(record, *reconciled_status(result, generation))
-        for action in result.actions:
+        # A span per reconcile, its status write and Events included (nothing unless OTEL_* configures tracing); a
+        # StageError marks it failed. Log lines inside it carry its trace_id and span_id.
+        with operation_span("reconcile", {**attributes, "phoenix.generation": generation or 0}):
+            await _converge(ctx, record, body, generation)
+
+
+async def _converge(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any], generation: int | None) -> None:
+    done: list[Action] = []
+    try:
+        async with ctx.events.reporting(record, RECONCILE):
+            result = await reconcile(ctx.kube, ctx.pool, record, body, done)
+    except StageError as error:
+        record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
+        await ctx.writer.update(record, *failed_status(error, generation))
+        for action in done:
             await ctx.events.normal(record, action.reason, action.message)
-        if result.autoscaling.reason == CHILD_NOT_OWNED:
-            # The stage runs (at replicas.min) but leaves another's KEDA object alone: a Warning once per cause.
-            await ctx.events.warning(record, OWNERSHIP, StageError(CHILD_NOT_OWNED, result.autoscaling.message))
-        else:
-            ctx.events.resolved(record, OWNERSHIP)
+        raise
+    record.error = None
+    await retain_clients(ctx)
+    await ctx.writer.update(record, *reconciled_status(result, generation))
+    for action in result.actions:
+        await ctx.events.normal(record, action.reason, action.message)
+    if result.autoscaling.reason == CHILD_NOT_OWNED:
+        # The stage runs (at replicas.min) but leaves another's KEDA object alone: a Warning once per cause.
+        await ctx.events.warning(record, OWNERSHIP, StageError(CHILD_NOT_OWNED, result.autoscaling.message))
+    else:
+        ctx.events.resolved(record, OWNERSHIP)
 
 
 async def reconcile_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:

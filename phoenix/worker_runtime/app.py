@@ -20,6 +20,7 @@ from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.ownership import KeysHeld, LayoutDiffers
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
+from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing, otlp_header_values
 from phoenix.worker_runtime.worker import Worker
 
 # A shutdown still running this long after the grace period is stuck; unfinished entries stay pending, so
@@ -60,15 +61,20 @@ def main() -> int:
         billing = load_billing_settings()
         billing.check(settings.concurrency)
         processor_class = load_processor_class(settings.processor)
-    except (ConfigurationError, ProcessorLoadError, RedisSpecError) as exc:
+        # Before the processor's initialize(), which may then configure an SDK of its own instead (tracing.py).
+        shutdown_tracing = configure_tracing(settings.service_name)
+    except (ConfigurationError, ProcessorLoadError, RedisSpecError, TracingConfigError) as exc:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
     # Before anything is logged; the billing keys register themselves (ApiKeyProvider), users' keys per task.
     scrub.register(*settings.redis.secrets())
     scrub.register(os.environ.get(API_KEY_ENV))
+    scrub.register(*otlp_header_values())  # an exporter's error may quote its Authorization header
     configure_logging(settings.service_name, settings.log_level, settings.log_format)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:
         code = runner.run(_serve(settings, billing, processor_class))
+    if shutdown_tracing is not None:
+        shutdown_tracing()  # the spans of the last batches, sent before the process ends
     if BLOCKING_THREADS.leaked:
         # A thread stuck in a processor's library code cannot be stopped, and the interpreter would wait for it at
         # exit; its record was settled already, so nothing is lost by leaving now.

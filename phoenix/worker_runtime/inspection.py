@@ -23,6 +23,7 @@ from phoenix.worker_runtime.reclaim import id_order
 from phoenix.worker_runtime.redis_client import text, text_range
 from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.tracing import trace_id_of
 
 DEFAULT_SCAN_LIMIT = 100_000
 _PAGE = 1000
@@ -110,6 +111,13 @@ class RecordReport:
     retries: list[WaitingRetry] = field(default_factory=list)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     forwarded: list[Forwarded] = field(default_factory=list)
+    # The traces its entries carry (traceparent), in the order seen: one, unless someone re-added it by hand.
+    trace_ids: list[str] = field(default_factory=list)
+
+    def saw_trace(self, fields: dict[str, str]) -> None:
+        trace_id = trace_id_of(fields.get("traceparent"))
+        if trace_id and trace_id not in self.trace_ids:
+            self.trace_ids.append(trace_id)
 
     @property
     def diagnosis(self) -> str:
@@ -128,9 +136,13 @@ async def inspect_record(
     now_ms = time.time() * 1000
     report = RecordReport(s.service_name, record_id, lane.input, s.consumer_group, s.claim_idle_ms / 1000, scan_limit)
     last_delivered = await _read_group(client, s, lane.input, report)
+    seen: list[dict[str, str]] = []
     async for entry_id, fields in entries_of(client, lane.input, record_id, scan_limit):
         report.entries.append(await _input_entry(client, s, lane.input, entry_id, fields, last_delivered, now_ms))
+        seen.append(fields)
     report.entries.reverse()  # oldest first, as in the stream
+    for fields in reversed(seen):
+        report.saw_trace(fields)
 
     key = lane.record(record_id)
     pipe = client.pipeline(transaction=False)
@@ -148,9 +160,11 @@ async def inspect_record(
         fields = retry_member_fields(member)
         if fields.get("record_id") == record_id:
             report.retries.append(_waiting_retry(fields, due_ms, now_ms))
+            report.saw_trace(fields)
     report.retries.sort(key=lambda r: r.due_at)
 
     async for entry_id, fields in entries_of(client, lane.dlq, record_id, scan_limit):
+        report.saw_trace(fields)
         report.dead_letters.append(
             DeadLetter(
                 entry_id,
@@ -162,7 +176,8 @@ async def inspect_record(
         )
     if s.output_queue:
         output = s.output_of(record_id)
-        async for entry_id, _ in entries_of(client, output, record_id, scan_limit):
+        async for entry_id, fields in entries_of(client, output, record_id, scan_limit):
+            report.saw_trace(fields)
             report.forwarded.append(Forwarded(output, entry_id, _age(entry_id, now_ms)))
     return report
 

@@ -13,6 +13,7 @@ from structlog.typing import EventDict
 
 from phoenix.worker_runtime import jsoncodec
 from phoenix.worker_runtime.scrub import scrub
+from phoenix.worker_runtime.tracing import log_ids
 
 _log = structlog.get_logger("phoenix.worker")
 
@@ -35,6 +36,15 @@ def add_message_context(_logger: Any, _method: str, event_dict: EventDict) -> Ev
         event_dict.setdefault("record_id", message.record_id)
         event_dict.setdefault("user_id", message.user_id)
         event_dict.setdefault("message_id", message.entry_id)
+    return event_dict
+
+
+def add_trace_context(_logger: Any, _method: str, event_dict: EventDict) -> EventDict:
+    """structlog processor: trace_id and span_id of the span the line is written in (a record's process span, a
+    reconcile), so that a line and its trace can be found from each other."""
+    if (ids := log_ids()) is not None:
+        for key, value in ids.items():
+            event_dict.setdefault(key, value)
     return event_dict
 
 
@@ -82,6 +92,7 @@ def configure_logging(service: str, level: str = "info", fmt: str = "json") -> N
     structlog.configure(
         processors=[
             add_message_context,
+            add_trace_context,
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),

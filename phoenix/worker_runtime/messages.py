@@ -36,8 +36,9 @@ ENVELOPE_FIELDS = frozenset(
 )
 # The failure history a retried entry carries; a replay or a manual reprocess starts it afresh.
 RETRY_STATE_FIELDS = ("retry_count", "first_failed_at", "last_error")
-# A retry adds its history and original_id to an entry: MAX_ENTRY_FIELDS does not count them.
-_RETRY_ADDED_FIELDS = len(RETRY_STATE_FIELDS) + 1
+# A retry adds its history, original_id and, when traces are recorded, a traceparent (tracing.py) to an entry:
+# MAX_ENTRY_FIELDS does not count them.
+_RETRY_ADDED_FIELDS = len(RETRY_STATE_FIELDS) + 2
 # Enough of the error to diagnose a waiting retry (`phoenix inspect`) without bloating the entry.
 _LAST_ERROR_CHARS = 500
 RawFields = dict[bytes, bytes]

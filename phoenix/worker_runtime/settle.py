@@ -8,6 +8,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import structlog
 from redis.asyncio import Redis
@@ -22,6 +23,9 @@ from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
+
+if TYPE_CHECKING:
+    from phoenix.worker_runtime.tracing import MessageTracing, RecordTrace
 
 FieldValue = str | bytes | int
 
@@ -46,6 +50,7 @@ class Outcome:
     started_at: float = 0.0
     duplicate: bool = False  # set after the write: a commit found the record committed by another worker
     lane: int = 0  # the lane (partition) of the entry: its batch is settled with that lane's keys
+    trace: RecordTrace | None = None  # the record's process span, when traces are recorded (tracing.py)
 
 
 # settle.lua's code of a commit, by how many values it forwards: none, user_id and data, and a traceparent.
@@ -91,6 +96,7 @@ class Settler:
         lock_value: str,
         on_settled: Callable[[list[Outcome]], None],
         routes: Sequence[Route] | None = None,
+        tracing: MessageTracing | None = None,
     ) -> None:
         self._script = lua.register(client, "settle.lua")
         s = settings
@@ -106,6 +112,7 @@ class Settler:
             *OUTPUT_FIELDS,
         ]
         self._on_settled = on_settled
+        self._tracing = tracing if tracing is not None and tracing.recording else None
         self._client = client
         self._replicas, self._replicas_timeout_ms = s.min_replicas_ack, s.min_replicas_timeout_ms
         self._queues: list[list[Outcome]] = [[] for _ in routes]
@@ -144,10 +151,17 @@ class Settler:
                     if not queue:
                         continue
                     batch, queues[lane] = queue[: self._MAX_BATCH], queue[self._MAX_BATCH :]
-                    for position in await self._write(lane, batch):
-                        batch[position - 1].duplicate = True
+                    if self._tracing is None:
+                        await self._write_batch(lane, batch)
+                    else:
+                        with self._tracing.settling(batch):
+                            await self._write_batch(lane, batch)
                     self._on_settled(batch)
             self._idle.set()
+
+    async def _write_batch(self, lane: int, batch: list[Outcome]) -> None:
+        for position in await self._write(lane, batch):
+            batch[position - 1].duplicate = True
 
     async def _commit(self, lane: int, outcomes: list[Outcome]) -> list[int]:
         # settle.lua's KEYS: the lane's four, then each item's record key (every key a script touches is declared).

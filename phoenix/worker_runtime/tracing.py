@@ -1,43 +1,285 @@
-"""W3C trace context from stage to stage through the `traceparent` message field.
+"""OpenTelemetry traces: per record and stage a wait, a process and a commit span, and a span per operator reconcile.
 
-Works with the OpenTelemetry API alone (the context passes through unchanged) and records a span per message
-when an SDK is configured (do that in the processor's `initialize()`); without the `opentelemetry-api` package
-it does nothing at all.
+The standard environment configures them (configure_tracing): OTEL_EXPORTER_OTLP_ENDPOINT (or
+OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_TRACES_EXPORTER=otlp|console) turns export on, OTEL_SERVICE_NAME,
+OTEL_TRACES_SAMPLER, OTEL_BSP_* and the exporter's own OTEL_EXPORTER_OTLP_* are read by the SDK. Unset, nothing is
+configured and the worker's only cost per message is the `recording` flag it checks. A processor may still configure
+an SDK of its own in `initialize()`: MessageTracing is built after it and records into it.
+
+Per record and stage (docs/observability.md): `{stage} process` (CONSUMER, parent: the traceparent the entry
+carries, so the next stage continues the trace) with two children, `{stage} wait` (from the entry id's timestamp to
+when the worker took the record up) and `{stage} commit` (from the outcome to its durable write, linked to the
+`{stage} settle` span of the batch write, which links back to every record's process span). A failed attempt's
+retry and dead letter carry its process span's traceparent: the next attempt, or a DLQ replay, is its child.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+import os
+import time
+import urllib.parse
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 try:
-    from opentelemetry import propagate, trace
-except ImportError:  # tracing is optional
+    from opentelemetry import trace
+except ImportError:  # tracing is optional (the `tracing` extra)
     trace = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, TracerProvider
+
+    from phoenix.worker_runtime.messages import Message
+    from phoenix.worker_runtime.settings import WorkerSettings
+    from phoenix.worker_runtime.settle import Outcome
+
+_SCOPE = "phoenix"
+# Any of these set means export was asked for (the SDK's own default exporter, otlp, would be on otherwise).
+_ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+_PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
+_HEADERS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
+# Every variable Phoenix itself reads (the SDK and exporter read more): docs/configuration.md documents each.
+READ_VARIABLES = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", *_ENDPOINTS, *_PROTOCOLS, *_HEADERS)
+# The one-word outcome on a record's spans, by settle.Action's value.
+_OUTCOMES = {"C": "commit", "D": "dlq", "R": "retry", "L": "leave", "S": "duplicate"}
+
+
+class TracingConfigError(Exception):
+    """The OTEL_* environment asks for something this installation cannot do; the text names the variable."""
+
+
+def _exporter_name(env: Mapping[str, str]) -> str:
+    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return "none"
+    named = env.get("OTEL_TRACES_EXPORTER", "").strip().lower()
+    if named:
+        return named
+    return "otlp" if any(env.get(name) for name in _ENDPOINTS) else "none"
+
+
+def configure_tracing(default_service: str, env: Mapping[str, str] | None = None) -> Callable[[], None] | None:
+    """Install the SDK's tracer provider and exporter when the environment asks for export; returns the shutdown
+    (it flushes the spans not yet sent), or None when nothing was configured. Raises TracingConfigError."""
+    env = os.environ if env is None else env
+    exporter_name = _exporter_name(env)
+    if exporter_name == "none":
+        return None
+    if exporter_name not in ("otlp", "console"):
+        raise TracingConfigError(f"OTEL_TRACES_EXPORTER={exporter_name}: only otlp, console and none are supported")
+    protocols = [(name, env[name]) for name in _PROTOCOLS if env.get(name)]
+    if exporter_name == "otlp" and protocols and protocols[0][1] != "http/protobuf":
+        raise TracingConfigError(f"{protocols[0][0]}={protocols[0][1]}: only http/protobuf is supported")
+    try:
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+    except ImportError:
+        raise TracingConfigError(
+            "tracing is configured (OTEL_EXPORTER_OTLP_ENDPOINT or OTEL_TRACES_EXPORTER) but the OpenTelemetry SDK "
+            "is not installed: install phoenix-streams[tracing]"
+        ) from None
+    exporter: SpanExporter
+    if exporter_name == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()  # endpoint, headers, timeout, compression: its OTEL_EXPORTER_OTLP_* variables
+    else:
+        exporter = ConsoleSpanExporter()
+    # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), the batching from OTEL_BSP_*: the SDK reads them itself.
+    service = env.get("OTEL_SERVICE_NAME") or default_service
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider.shutdown
+
+
+def otlp_header_values(env: Mapping[str, str] | None = None) -> list[str]:
+    """The values of OTEL_EXPORTER_OTLP_(TRACES_)HEADERS (`name=value,...`, URL-encoded): credentials, as a rule."""
+    env = os.environ if env is None else env
+    values = []
+    for name in _HEADERS:
+        for pair in env.get(name, "").split(","):
+            if (value := pair.partition("=")[2].strip()) != "":
+                values += [value, urllib.parse.unquote(value)]
+    return values
+
+
+def _ns(seconds: float) -> int:
+    return int(seconds * 1e9)
+
+
+def traceparent_of(span: Span) -> str:
+    """The W3C traceparent naming `span` as the parent (what the next stage, a retry or a dead letter carries)."""
+    ctx = span.get_span_context()
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+
+
+def trace_id_of(traceparent: str | None) -> str | None:
+    """The trace id a W3C traceparent names (`00-<trace id>-<span id>-<flags>`); None when absent or malformed."""
+    parts = (traceparent or "").split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or parts[1] == "0" * 32:
+        return None
+    try:
+        int(parts[1], 16)
+    except ValueError:
+        return None
+    return parts[1]
+
+
+def _parent(traceparent: str | None) -> Any:
+    """The context a traceparent names; None (a new trace) when absent or malformed."""
+    if not traceparent:
+        return None
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+
+
+def log_ids() -> dict[str, str] | None:
+    """trace_id and span_id of the current span, for a log line; None outside a recorded span."""
+    if trace is None:
+        return None
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return None
+    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+
+
+class TraceIdsFilter(logging.Filter):
+    """For stdlib logging (the operator's kopf lines): trace_id and span_id on a record written inside a span, as
+    log.add_trace_context does for the workers' structlog lines; a JSON formatter writes them as fields."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if (ids := log_ids()) is not None:
+            record.trace_id, record.span_id = ids["trace_id"], ids["span_id"]
+        return True
+
+
+@dataclass(slots=True)
+class RecordTrace:
+    """A record's process span, carried on its Outcome to the settle, where its commit span is made."""
+
+    span: Span
+    traceparent: str  # the span's: what the forwarded entry, a retry or a dead letter carries
+    ended_ns: int  # the process span's end: the commit span starts there
+    commit_ids: dict[str, str] | None = None  # trace_id, span_id of the commit span once made (the log line's)
 
 
 class MessageTracing:
-    def __init__(self, stage: str) -> None:
-        self._stage = stage
-        # Decided once, at worker start: asking the API per message costs an environment lookup each time.
-        self._recording = trace is not None and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+    """The worker's spans. `recording` is decided once, when the worker is built: False without a configured SDK,
+    and then no method but `traceparent` passing is ever called."""
 
-    def span(self, record_id: str, traceparent: str | None) -> contextlib.AbstractContextManager[str | None]:
-        """Around one processor call; yields the traceparent the forwarded message carries to the next stage."""
-        if trace is None or (traceparent is None and not self._recording):
-            return contextlib.nullcontext(traceparent)  # nothing to continue, nobody recording
-        return self._span(record_id, traceparent)
+    def __init__(self, settings: WorkerSettings, provider: TracerProvider | None = None) -> None:
+        self._stage = stage = settings.service_name
+        self.recording: bool = False
+        if trace is None:
+            return
+        provider = provider or trace.get_tracer_provider()
+        self.recording = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+        self._tracer = provider.get_tracer(_SCOPE)
+        self._process_name, self._wait_name = f"{stage} process", f"{stage} wait"
+        self._commit_name, self._settle_name = f"{stage} commit", f"{stage} settle"
+        # The messaging semantic conventions, the same on every span of this stage.
+        self._attributes: dict[str, str] = {
+            "messaging.system": "redis",
+            "messaging.destination.name": settings.input_queue,
+            "messaging.consumer.group.name": settings.consumer_group,
+            "phoenix.stage": stage,
+        }
+
+    def begin(self, m: Message, read_at: float) -> RecordTrace:
+        """The record's process span from `read_at` on, with its wait span (the entry id's time to `read_at`).
+
+        The message's raw fields take the span's traceparent, so that its retry or dead letter, made from them,
+        continues this attempt."""
+        attributes: dict[str, str | int] = {
+            **self._attributes,
+            "messaging.operation.type": "process",
+            "messaging.message.id": m.entry_id,
+            "phoenix.record_id": m.record_id,
+            "phoenix.attempt": m.retry_count + 1,
+        }
+        start = _ns(read_at)
+        span = self._tracer.start_span(
+            self._process_name,
+            _parent(m.traceparent),
+            kind=trace.SpanKind.CONSUMER,
+            attributes=attributes,
+            start_time=start,
+        )
+        wait = self._tracer.start_span(
+            self._wait_name,
+            trace.set_span_in_context(span),
+            attributes={**self._attributes, "messaging.message.id": m.entry_id},
+            start_time=min(m.enqueued_at_ms * 1_000_000, start),
+        )
+        wait.end(end_time=start)
+        traceparent = traceparent_of(span)
+        m.raw[b"traceparent"] = traceparent.encode()
+        return RecordTrace(span, traceparent, start)
+
+    def current(self, record: RecordTrace) -> contextlib.AbstractContextManager[Any]:
+        """The process span as the current span (the processor's own spans and log lines are inside it)."""
+        return trace.use_span(record.span, end_on_exit=False)
+
+    def end(self, record: RecordTrace, outcome: Outcome) -> None:
+        """End the process span with the outcome decided; the outcome carries it to the commit."""
+        span = record.span
+        span.set_attribute("phoenix.outcome", _OUTCOMES[outcome.action.value])
+        if outcome.action.value in ("R", "D"):
+            span.set_status(trace.Status(trace.StatusCode.ERROR))
+        record.ended_ns = time.time_ns()
+        span.end(end_time=record.ended_ns)
+        outcome.trace = record
+
+    def duplicate(self, m: Message, outcome: Outcome) -> None:
+        """A record the claim found committed already: a process span of no length, outcome duplicate."""
+        self.end(self.begin(m, time.time()), outcome)
 
     @contextlib.contextmanager
-    def _span(self, record_id: str, traceparent: str | None) -> Iterator[str | None]:
-        parent = propagate.extract({"traceparent": traceparent} if traceparent else {})
-        tracer = trace.get_tracer("phoenix.worker_runtime")
-        with tracer.start_as_current_span(
-            f"{self._stage} process",
-            context=parent,
-            kind=trace.SpanKind.CONSUMER,
-            attributes={"messaging.system": "redis", "phoenix.stage": self._stage, "phoenix.record_id": record_id},
-        ):
-            carrier: dict[str, str] = {}
-            propagate.inject(carrier)
-            yield carrier.get("traceparent", traceparent)
+    def settling(self, batch: Sequence[Outcome]) -> Iterator[None]:
+        """Around one batch write: its settle span, linked to every record's process span; once written, each
+        record's commit span, a child of its process span linked to the settle span, with the final outcome."""
+        links = [trace.Link(o.trace.span.get_span_context()) for o in batch if o.trace is not None]
+        if not links:
+            yield
+            return
+        settle = self._tracer.start_span(
+            self._settle_name,
+            context=None,
+            kind=trace.SpanKind.PRODUCER,
+            attributes={**self._attributes, "messaging.batch.message_count": len(batch)},
+            links=links,
+        )
+        yield
+        settled_link = [trace.Link(settle.get_span_context())]
+        now = time.time_ns()
+        for o in batch:
+            record = o.trace
+            if record is None:
+                continue
+            outcome = "duplicate" if o.duplicate else _OUTCOMES[o.action.value]
+            commit = self._tracer.start_span(
+                self._commit_name,
+                trace.set_span_in_context(record.span),
+                attributes={**self._attributes, "messaging.message.id": o.entry_id, "phoenix.outcome": outcome},
+                links=settled_link,
+                start_time=min(record.ended_ns, now),
+            )
+            ctx = commit.get_span_context()
+            record.commit_ids = {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+            commit.end(end_time=now)
+        settle.end(end_time=now)
+
+
+@contextlib.contextmanager
+def operation_span(name: str, attributes: Mapping[str, str | int]) -> Iterator[None]:
+    """A span around one operator operation (a reconcile); an exception marks it failed. Nothing without an SDK."""
+    if trace is None:
+        yield
+        return
+    with trace.get_tracer(_SCOPE).start_as_current_span(name, attributes=attributes):
+        yield

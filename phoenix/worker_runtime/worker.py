@@ -15,7 +15,7 @@ import time
 from collections import ChainMap
 from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from redis.asyncio import Redis
@@ -48,10 +48,15 @@ from phoenix.worker_runtime.relay import Relay
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler, refused_by_item
-from phoenix.worker_runtime.tracing import MessageTracing
+from phoenix.worker_runtime.tracing import MessageTracing, RecordTrace
 from phoenix.worker_runtime.trim import Trimmer
 
+if TYPE_CHECKING:
+    from opentelemetry.trace import TracerProvider
+
 log = structlog.get_logger("phoenix.worker")
+# Around a processor call when no span is recorded: one shared object, nothing allocated per message.
+_NO_SPAN = contextlib.nullcontext()
 
 if sys.version_info >= (3, 12):
 
@@ -127,14 +132,18 @@ class Worker:
         billing: ApiKeyProvider,
         *,
         swap_env_key: bool = False,
+        tracer_provider: TracerProvider | None = None,
     ) -> None:
-        """`client` must return bytes (decode_responses=False): entries are decoded here, one by one."""
+        """`client` must return bytes (decode_responses=False): entries are decoded here, one by one.
+        `tracer_provider`: where the spans go; the global one (configure_tracing, or a processor's) by default."""
         self.settings = settings
         self.processor = processor
         self.billing = billing
         self._swap_env_key = swap_env_key
         self.redis = client
         self.locks = RecordLocks(client, settings)
+        # Built after the processor's initialize(), where a team may configure an OpenTelemetry SDK of its own.
+        self._tracing = MessageTracing(settings, tracer_provider)
         self.retries = RetryScheduler(client, settings)
         self.lanes = [
             Lane(i, keys, Reclaimer(client, settings, keys.input)) for i, keys in enumerate(settings.keys.lanes)
@@ -143,8 +152,6 @@ class Worker:
         self._turn = 0  # the lane whose turn it is to read
         self._turn_started = 0  # entries the current intake turn started (each holds a slot until settled)
         self._route(slots_matter=False)  # again once Redis tells whether it is a cluster (_wait_for_redis)
-        # Built after the processor's initialize(), which is where a team configures an OpenTelemetry SDK.
-        self._tracing = MessageTracing(settings.service_name)
         stage = settings.service_name
         self.breaker = CircuitBreaker(
             settings.circuit_failure_threshold,
@@ -186,7 +193,7 @@ class Worker:
         s, client = self.settings, self.redis
         self._slots_matter = slots_matter
         routes = lanes.routes(s, slots_matter=slots_matter)
-        self.settler = Settler(client, s, self.locks.lock_value, self._on_settled, routes)
+        self.settler = Settler(client, s, self.locks.lock_value, self._on_settled, routes, self._tracing)
         self.backpressure = Backpressure(client, s, routes)
         self.trimmer = Trimmer(client, s, routes)
         self.relay = Relay(client, s, routes)
@@ -619,7 +626,10 @@ class Worker:
             message = candidates[index]
             if claim == Claim.DUPLICATE:
                 skipped += 1
-                self._settle_without_flight(lane, Outcome(Action.SKIP, message.entry_id, message.record_id, False))
+                skip = Outcome(Action.SKIP, message.entry_id, message.record_id, False)
+                if self._tracing.recording:
+                    self._tracing.duplicate(message, skip)
+                self._settle_without_flight(lane, skip)
                 self._m_outcome["skipped_duplicate"].inc()
                 log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
             else:
@@ -648,6 +658,7 @@ class Worker:
         done = time.time()
         commit, leave = Action.COMMIT, Action.LEAVE  # once per batch, as in _dispatch
         processed = duplicates = 0
+        traced = self._tracing.recording
         lines: list[dict[str, Any]] = []
         lane = self.lanes[batch[0].lane]  # a batch is of one lane
         in_flight, settling, during_history_read = (
@@ -667,15 +678,16 @@ class Worker:
             else:
                 processed += 1
             if self._log_each_message:
-                lines.append(
-                    {
-                        "event": "duplicate_discarded" if outcome.duplicate else "processing_complete",
-                        "record_id": outcome.record_id,
-                        "message_id": outcome.entry_id,
-                        "user_id": flight.message.user_id if flight else "",
-                        "duration_seconds": round(done - outcome.started_at, 6),
-                    }
-                )
+                line = {
+                    "event": "duplicate_discarded" if outcome.duplicate else "processing_complete",
+                    "record_id": outcome.record_id,
+                    "message_id": outcome.entry_id,
+                    "user_id": flight.message.user_id if flight else "",
+                    "duration_seconds": round(done - outcome.started_at, 6),
+                }
+                if traced and outcome.trace is not None and outcome.trace.commit_ids:
+                    line.update(outcome.trace.commit_ids)  # the line of the record's commit span
+                lines.append(line)
         if lines:
             log_info_lines(lines)
         self._m_outcome["processed"].inc(processed)
@@ -695,31 +707,42 @@ class Worker:
         if not self.breaker.try_acquire():
             outcome = self._fast_fail(m)
         else:
-            try:
-                with self._tracing.span(m.record_id, m.traceparent) as traceparent:
+            tracing = self._tracing
+            record_trace = tracing.begin(m, started) if tracing.recording else None
+            # The next stage continues this stage's span; unrecorded, the context passes through unchanged.
+            traceparent = m.traceparent if record_trace is None else record_trace.traceparent
+            # The outcome is decided inside the span too: the failure's log line carries the trace's ids.
+            with _NO_SPAN if record_trace is None else tracing.current(record_trace):
+                try:
                     if self.billing.enabled:
                         with await self._user_key_scope(m.user_id):
                             result = await self.processor.process(m.record_id, m.user_id, m.data)
                     else:
                         result = await self.processor.process(m.record_id, m.user_id, m.data)
-            except BaseException as exc:  # SystemExit and the like too: they fail the record, not the worker
-                outcome = self._raised_outcome(flight, exc, started)
-            else:
-                outcome = self._result_outcome(m, result, started, traceparent)
+                except BaseException as exc:  # SystemExit and the like too: they fail the record, not the worker
+                    outcome = self._raised_outcome(flight, exc, started)
+                else:
+                    outcome = self._result_outcome(m, result, started, traceparent)
+            if record_trace is not None:
+                tracing.end(record_trace, outcome)
         outcome.started_at = started
         self._submit(flight, outcome)
 
     async def _handle_batch(self, flights: list[InFlight]) -> None:
         """The records of one read in one process_batch call; each still gets its own outcome, as in _handle.
-        Trace context is passed through unchanged: one call cannot be the current span of every record."""
+        Each record gets its own process span, none of them current: one call cannot be inside every record's."""
         started = time.time()
+        tracing = self._tracing
         admitted: list[InFlight] = []
         outcomes: list[tuple[InFlight, Outcome]] = []
+        traces: dict[str, RecordTrace] = {}
         for flight in flights:
             m = flight.message
             self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
             if self.breaker.try_acquire():
                 admitted.append(flight)
+                if tracing.recording:
+                    traces[flight.message.entry_id] = tracing.begin(flight.message, started)
             else:
                 CURRENT_MESSAGE.set(m)
                 outcomes.append((flight, self._fast_fail(m)))
@@ -733,9 +756,14 @@ class Worker:
         else:
             for f, result in zip(admitted, results, strict=True):
                 CURRENT_MESSAGE.set(f.message)
-                outcomes.append((f, self._result_outcome(f.message, result, started, f.message.traceparent)))
+                m = f.message
+                record_trace = traces.get(m.entry_id) if traces else None
+                traceparent = m.traceparent if record_trace is None else record_trace.traceparent
+                outcomes.append((f, self._result_outcome(m, result, started, traceparent)))
         CURRENT_MESSAGE.set(None)
         for flight, outcome in outcomes:
+            if traces and (record_trace := traces.get(outcome.entry_id)) is not None:
+                tracing.end(record_trace, outcome)
             outcome.started_at = started
             self._submit(flight, outcome)
 

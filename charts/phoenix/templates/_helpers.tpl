@@ -34,6 +34,9 @@ ones): manifests/rbac/cluster-role.yaml and manifests/namespaced/role.yaml. */}}
 - apiGroups: ["keda.sh"]
   resources: ["scaledobjects", "triggerauthentications"]
   verbs: ["get", "list", "watch", "create", "update", "patch", "delete"]
+- apiGroups: ["policy"]
+  resources: ["poddisruptionbudgets"]
+  verbs: ["get", "list", "watch", "create", "patch", "delete"]
 # get only: the Secrets a stage names in spec.redis, read again every 10 s for a rotation; never list or watch.
 - apiGroups: [""]
   resources: ["secrets"]

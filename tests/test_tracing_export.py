@@ -1,0 +1,166 @@
+"""The export path for real: `phoenix worker` subprocesses configured by the standard OTEL_* environment send their
+spans over OTLP/HTTP to a receiver on loopback (tests/fixtures/otlp_receiver.py), which decodes them with
+opentelemetry-proto. One record through router -> parser -> grouper is one trace there; a retried record's second
+attempt is in its trace; the workers' JSON log lines carry the trace's id; the operator's reconciles are spans."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+import redis as sync_redis
+import redis.asyncio as aioredis
+
+from phoenix.demo import PIPELINE, SHOWCASE_SAMPLE
+from phoenix.keys import input_stream
+from phoenix.stages.samples import ensure_samples
+from tests.fixtures.cli import phoenix
+from tests.fixtures.control_plane import ControlPlane
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.operator_process import final_stage, kubectl_apply, running_operator
+from tests.fixtures.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
+from tests.fixtures.records import committed
+from tests.fixtures.stage_s import OUT, add
+from tests.fixtures.workers import WorkerPool, WorkerProcess
+
+CONSUMER_KIND = 5  # opentelemetry.proto's Span.SpanKind
+
+
+def otel_env(receiver: OtlpReceiver) -> dict[str, str]:
+    # Spans sent within a fifth of a second rather than the SDK's 5 s, so the test waits little.
+    return {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url, "OTEL_BSP_SCHEDULE_DELAY": "200", "LOG_FORMAT": "json"}
+
+
+def of_record(receiver: OtlpReceiver, record_id: str) -> list[ReceivedSpan]:
+    return [s for s in receiver.spans if s.attributes.get("phoenix.record_id") == record_id]
+
+
+def lines_with(worker: WorkerProcess, trace_id: str) -> list[dict[str, object]]:
+    return [line for line in worker.events() if line.get("trace_id") == trace_id]
+
+
+async def test_one_record_through_three_stages_is_one_trace(
+    redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path
+) -> None:
+    document = {s.name: s for s in ensure_samples(tmp_path / "samples")}[SHOWCASE_SAMPLE]
+    async with otlp_receiver() as receiver:
+        stages = {
+            stage.name: workers.start(
+                stage.name,
+                processor=stage.name,
+                **({"OUTPUT_QUEUE": stage.output} if stage.output else {}),
+                **otel_env(receiver),
+            )
+            for stage in PIPELINE
+        }
+        data = json.dumps({"document_url": document.resolve().as_uri()})
+        await redis.xadd(input_stream("router"), {"record_id": "rec-1", "user_id": "u1", "data": data})
+
+        async def traced() -> str | None:
+            # The record's process spans are found by its id, everything else of its trace by the trace id.
+            ids = {s.trace_id for s in of_record(receiver, "rec-1")}
+            done = ids and any(s.name == "grouper commit" for s in receiver.trace(next(iter(ids))))
+            return next(iter(ids)) if done and len(ids) == 1 else None
+
+        trace_id = await wait_until(traced, "the grouper's commit span in the record's one trace", timeout=120)
+        spans = receiver.trace(trace_id)
+        print(receiver.render(trace_id))  # the text docs/observability.md shows
+    by_name = {s.name: s for s in spans}
+    assert sorted(by_name) == sorted(
+        f"{stage.name} {kind}" for stage in PIPELINE for kind in ("wait", "process", "commit")
+    )
+    assert len(spans) == 9  # one of each, none twice
+    # The right parents: each stage's process continues the previous stage's; its wait and commit are under it.
+    assert by_name["router process"].parent_id == ""
+    assert by_name["parser process"].parent_id == by_name["router process"].span_id
+    assert by_name["grouper process"].parent_id == by_name["parser process"].span_id
+    for stage in PIPELINE:
+        process = by_name[f"{stage.name} process"]
+        assert process.service == stage.name and process.kind == CONSUMER_KIND
+        assert process.attributes["messaging.system"] == "redis"
+        assert process.attributes["messaging.destination.name"] == input_stream(stage.name)
+        assert process.attributes["phoenix.outcome"] == "commit"
+        for kind in ("wait", "commit"):
+            assert by_name[f"{stage.name} {kind}"].parent_id == process.span_id
+        assert by_name[f"{stage.name} wait"].end_ns == process.start_ns
+        # The batch write that made it durable came too, linked to the record's process span.
+        assert any(s.name == f"{stage.name} settle" and process.span_id in s.links for s in receiver.spans)
+        # Every stage wrote a line in the record's trace: its processing_complete, with the commit span's id.
+        (line,) = [line for line in lines_with(stages[stage.name], trace_id) if line["event"] == "processing_complete"]
+        assert line["record_id"] == "rec-1" and line["span_id"] == by_name[f"{stage.name} commit"].span_id
+
+
+async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_it(
+    redis: aioredis.Redis, redis_url: str, workers: WorkerPool
+) -> None:
+    await redis.set("dependency-down:s", 1)
+    await add(redis, "r1")
+    async with otlp_receiver() as receiver:
+        worker = workers.start("s", OUTPUT_QUEUE=OUT, **otel_env(receiver))
+        await wait_until(lambda: worker.logged("processing_failed_will_retry"), "the first attempt failed")
+        await redis.delete("dependency-down:s")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed on a later attempt", timeout=60)
+
+        async def both_attempts() -> list[ReceivedSpan] | None:
+            processes = [s for s in of_record(receiver, "r1") if s.name == "s process"]
+            done = [s for s in processes if s.attributes.get("phoenix.outcome") == "commit"]
+            return processes if done else None
+
+        processes = sorted(
+            await wait_until(both_attempts, "the committed attempt's span received"), key=lambda s: s.start_ns
+        )
+    assert {s.trace_id for s in processes} == {processes[0].trace_id}
+    assert [s.attributes["phoenix.outcome"] for s in processes[:-1]] == ["retry"] * (len(processes) - 1)
+    assert [s.attributes["phoenix.attempt"] for s in processes] == list(range(1, len(processes) + 1))
+    for before, after in itertools.pairwise(processes):
+        assert after.parent_id == before.span_id  # each attempt continues the one that failed
+    # The failure's line is written inside the failed attempt's span.
+    failed = [line for line in worker.events() if line["event"] == "processing_failed_will_retry"]
+    assert failed[0]["trace_id"] == processes[0].trace_id and failed[0]["span_id"] == processes[0].span_id
+    # `phoenix inspect` names the trace (from the retried entry and the forwarded one; the first carried none).
+    text = phoenix(redis_url, "inspect", "--service", "s", "r1", "--output", OUT)
+    assert f"  trace:  {processes[0].trace_id}\n" in text
+    report = json.loads(phoenix(redis_url, "inspect", "--service", "s", "r1", "--output", OUT, "--json"))
+    assert report["trace_ids"] == [processes[0].trace_id]
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("redis_db", [11], indirect=True)
+async def test_the_operator_traces_each_reconcile(
+    kube_cluster: ControlPlane,
+    operator_kubeconfig: Path,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url, _ = redis_db
+    async with otlp_receiver() as receiver:
+        for name, value in otel_env(receiver).items():
+            monkeypatch.setenv(name, value)  # the operator's environment: start_operator passes the test's on
+        # JSON lines (LOG_FORMAT, as the manifests set it), to find the ones written inside the reconcile's span.
+        monkeypatch.setenv("LOG_FORMAT", "json")
+        with contextlib.ExitStack() as stack:
+            # In a thread: the receiver answers on this event loop while the operator starts and reconciles.
+            operator = running_operator(kube_cluster, operator_kubeconfig, log_name="operator-tracing")
+            process, _ = await asyncio.to_thread(stack.enter_context, operator)
+            await asyncio.to_thread(kubectl_apply, kube_cluster, final_stage(url, kube_namespace, name="traced"))
+
+            async def reconciled() -> list[ReceivedSpan]:
+                return [
+                    s for s in receiver.spans if s.name == "reconcile" and s.attributes["phoenix.stage"] == "traced"
+                ]
+
+            spans = await wait_until(reconciled, "the reconcile's span received", timeout=120)
+            await asyncio.to_thread(stack.close)
+    log = [json.loads(line) for line in process.log_path.read_text().splitlines() if line.startswith("{")]
+    span = spans[0]
+    assert span.service == "phoenix-operator" and span.parent_id == ""
+    assert span.attributes["k8s.namespace.name"] == kube_namespace and span.end_ns >= span.start_ns
+    # The Events it posted are logged inside it, with its ids.
+    inside = [line for line in log if line.get("trace_id") == span.trace_id]
+    assert inside and all(line["span_id"] == span.span_id for line in inside)
+    assert any("traced" in str(line.get("message")) for line in inside)
