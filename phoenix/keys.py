@@ -224,8 +224,9 @@ class StageKeys:
         return f"{self._stage}:outbox"
 
     def replay_ledger(self, request_id: str) -> str:
-        """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing."""
-        return f"{self._whole_stage}:replay:{request_id}"
+        """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing. A
+        lane has its own, in its slot: the ledger is written in one transaction with the lane's move."""
+        return f"{self._stage}:replay:{request_id}"
 
     @property
     def replay_ledgers_pattern(self) -> str:

@@ -85,6 +85,7 @@ def test_explicit_names_win() -> None:
         "output": "out",
         "consumerGroup": "g",
         "dlq": "dead",
+        "partitions": 1,
     }
 
 
@@ -150,6 +151,7 @@ def test_partitioned_stage_derives_its_streams_and_forwards_to_the_next_stages_p
     spec = make_spec(partitions=4, output={"stage": "grouper"})
     env = env_of(build_deployment(OWNER, spec, output_partitions=8))
     assert (env["PARTITIONS"], env["OUTPUT_PARTITIONS"]) == ("4", "8")
+    assert StreamsStatus.of(resolve_streams("parser", "docs", spec)).partitions == 4
     assert env["OUTPUT_QUEUE"] == "phoenix:{docs}:grouper:input"  # the next stage as a whole; the worker picks a lane
     assert "INPUT_QUEUE" not in env and "DLQ_NAME" not in env
     assert "OUTPUT_PARTITIONS" not in env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))

@@ -233,6 +233,7 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
     assert row == {
         "namespace": "default",
         "stage": "s",
+        "partitions": 1,
         "length": 1,
         "pending": 0,
         "lag": 1,

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
 from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
-from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, claim
+from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.stage_s import KEYS, add, idle
@@ -116,10 +116,11 @@ async def test_delete_removes_what_its_own_stage_created_and_nothing_else(
         await claim(redis, keys, uid, adopt=True)
         await _fill(redis, keys)
     assert await destroy(redis, B, UID_A) == NotHeld("team-b/shared (uid uid-b)")  # not its uid: nothing
-    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 9)
+    # The nine, and the layout the claim wrote.
+    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 10)
     assert [key async for key in redis.scan_iter(match="phoenix:{team-b}:*")] == []
-    # team-a's keys, all nine and its marker, untouched.
-    assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 10
+    # team-a's keys, all ten and its marker, untouched.
+    assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 11
     assert await destroy(redis, B, UID_B) == NotHeld("")  # gone, marker too: nothing more to do
 
 
@@ -134,7 +135,8 @@ async def test_delete_keeps_a_key_of_another_type_and_a_stream_it_did_not_create
     await redis.hset(A.retry, "a", "hash")
     await redis.set(A.record_prefix + "x", "done")
     await redis.rpush(A.record_prefix + "list", "someone's list")
-    assert await destroy(redis, A, UID_A) == Destroyed("shared-group", [A.dlq], 2)  # the group, one record key
+    # The group, one record key, the layout.
+    assert await destroy(redis, A, UID_A) == Destroyed("shared-group", [A.dlq], 3)
     assert [g["name"] for g in await redis.xinfo_groups(A.input)] == ["fan-out-reader"]
     assert await redis.xlen(A.input) == 1
     assert (await redis.type(A.dlq), await redis.type(A.retry)) == ("string", "hash")
@@ -172,3 +174,96 @@ async def test_the_stages_worker_brings_a_flushed_group_back_with_its_marker(
     # The operator's next claim finds its own marker, not a group of nobody's.
     assert (await _marker(redis, KEYS))["uid"] == "stage-uid"
     assert await claim(redis, KEYS, "stage-uid", adopt=True) == Claimed(group=False, dlq=False)
+
+
+# --- partitions: a marker per lane, the layout -------------------------------------------------------------------
+
+P4 = StageKeys.for_stage("shared", "team-a", partitions=4)
+
+
+async def test_a_partitioned_stage_claims_each_lane_and_writes_its_layout(redis: aioredis.Redis) -> None:
+    assert await claim(redis, P4, UID_A, adopt=True) == Claimed(group=True, dlq=True)
+    assert await redis.hgetall(P4.layout) == {"partitions": "4"}
+    for p, lane in enumerate(P4.lanes):
+        assert lane.input == f"phoenix:{{team-a~{p}}}:shared:input"
+        assert (await _marker(redis, lane))["input"] == lane.input
+        assert [g["name"] for g in await redis.xinfo_groups(lane.input)] == ["shared-group"]
+        assert (await redis.type(lane.dlq), await redis.xlen(lane.dlq)) == ("stream", 0)
+    # The stage-wide marker beside the layout, audit and ledgers; no one-partition stream of the stage.
+    assert await _marker(redis, P4) == {"stage": "team-a/shared", "uid": UID_A}
+    assert await redis.exists(A.input, A.dlq) == 0
+    assert await claim(redis, P4, UID_A, adopt=False) == Claimed(group=False, dlq=False)
+    # A lane held by another stage's uid refuses the whole claim again.
+    await redis.hset(P4.lanes[2].owner, "uid", "uid-other")
+    with pytest.raises(KeysHeld, match=r"team-a/shared \(uid uid-other\)"):
+        await claim(redis, P4, UID_A, adopt=False)
+
+
+async def test_another_partition_count_than_the_layout_is_refused_with_how_to_change_it(
+    redis: aioredis.Redis,
+) -> None:
+    await claim(redis, P4, UID_A, adopt=True)
+    with pytest.raises(LayoutDiffers) as refused:
+        await claim(redis, StageKeys.for_stage("shared", "team-a", partitions=2), UID_A, adopt=True)
+    assert (refused.value.layout, refused.value.wanted) == (4, 2)
+    assert "set partitions back to 4" in str(refused.value) and "deletionPolicy Delete" in str(refused.value)
+    with pytest.raises(LayoutDiffers):
+        await claim(redis, A, UID_A, adopt=True)  # one partition: the same refusal
+    assert await redis.hgetall(P4.layout) == {"partitions": "4"}
+    assert await redis.exists(A.input, A.dlq) == 0
+
+
+async def test_a_stage_claimed_before_layouts_existed_is_one_partition(redis: aioredis.Redis) -> None:
+    """Keys of one partition with no layout (claimed by an earlier release): a count of 4 is refused; 1 writes
+    the layout."""
+    await claim(redis, B, UID_B, adopt=True)
+    await redis.delete(B.layout)
+    await redis.xadd(B.input, {"record_id": "waiting"})
+    with pytest.raises(LayoutDiffers) as refused:
+        await claim(redis, StageKeys.for_stage("shared", "team-b", partitions=4), UID_B, adopt=True)
+    assert (refused.value.layout, refused.value.wanted) == (1, 4)
+    assert await redis.exists(B.layout) == 0
+    assert await claim(redis, B, UID_B, adopt=True) == Claimed(group=False, dlq=False)
+    assert await redis.hgetall(B.layout) == {"partitions": "1"}
+
+
+async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis.Redis) -> None:
+    for keys, uid in ((P4, UID_A), (B, UID_B)):
+        await claim(redis, keys, uid, adopt=True)
+    for lane in P4.lanes:
+        await _fill(redis, lane)  # the lane's keys (a replay ledger too), and the stage-wide audit (the same each time)
+        await redis.xadd(lane.outbox, {"record_id": "r1"})
+    before_b = sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")])
+    assert await destroy(redis, P4, UID_B) == NotHeld("team-a/shared (uid uid-a)")
+    await redis.hset(P4.lanes[3].owner, "uid", "uid-other")  # one lane adopted by another: nothing deleted
+    assert await destroy(redis, P4, UID_A) == NotHeld("team-a/shared (uid uid-other)")
+    assert await redis.xlen(P4.lanes[0].input) == 1
+    await redis.hset(P4.lanes[3].owner, "uid", UID_A)
+    destroyed = await destroy(redis, P4, UID_A)
+    assert isinstance(destroyed, Destroyed)
+    assert destroyed.streams == [s for lane in P4.lanes for s in (lane.input, lane.dlq)]
+    # Per lane: input, DLQ, retry, 2 records, replay ledger, backpressure, trim counter, outbox; audit, layout.
+    assert destroyed.keys == 4 * 9 + 2
+    assert [key async for key in redis.scan_iter(match="phoenix:{team-a*")] == []
+    assert sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")]) == before_b
+
+
+async def test_a_worker_started_with_another_partition_count_exits_with_one_line(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    await claim(redis, KEYS, "stage-uid", adopt=True)
+    await add(redis, "r1")
+    by_hand = StageKeys.for_stage("h")
+    await redis.xadd(by_hand.input, {"record_id": "r1"})  # a stage run by hand before layouts: no layout at all
+    # The stage's own worker, and one run by hand.
+    for service, env in (("s", {"STAGE_UID": "stage-uid"}), ("h", {})):
+        started = workers.start(service, PARTITIONS="4", **env)
+        assert started.process.popen.wait(timeout=60) == 2
+        lines = started.process.log_path.read_text().splitlines()
+        assert len(lines) == 1 and lines[0].startswith(
+            f"phoenix worker: refusing to start with PARTITIONS=4: stage default/{service} is laid out in 1 "
+            "partition(s) in Redis, not the 4 asked for; its records are in the lanes of the old count: set "
+            "partitions back to 1"
+        ), lines
+    assert (await redis.xlen(KEYS.input), await redis.xlen(by_hand.input)) == (1, 1)
+    assert await redis.exists(by_hand.layout) == 0

@@ -365,6 +365,7 @@ WORKER_SCRIPTS = {
 RELAY_SCRIPTS = {"worker_runtime/relay_done.lua"}
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
+    "worker_runtime/layout_check.lua",
     "operator/delete_owned.lua",
     "worker_runtime/dlq_replay.lua",
     "worker_runtime/repair_unlock.lua",
@@ -557,3 +558,37 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
     reclaim = _sha("worker_runtime/repair_reclaim.lua")
     reclaim_keys = [c.keys for c in monitor.calls if c.sha == reclaim and c.inner]  # a NOSCRIPT attempt runs nothing
     assert reclaim_keys == [[STAGE.input.encode(), STAGE.record("a").encode(), STAGE.record("b").encode()]]
+
+
+async def test_a_partitioned_stages_claim_and_delete_call_their_scripts_one_slot_each(
+    cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """A stage of 4 partitions: the layout checked under the stage-wide tag, each lane claimed and deleted by its
+    own calls under its own tag, every call's KEYS in one slot."""
+    stage = StageKeys.for_stage("lanes", NAMESPACE, partitions=4)
+    monitor_client = aioredis.Redis.from_url(cluster_url, decode_responses=False)
+    async with ScriptMonitor(monitor_client) as monitor:
+        assert await ownership.claim(cluster, stage, "uid-p", adopt=True) == Claimed(group=True, dlq=True)
+        for lane in stage.lanes:
+            await cluster.set(lane.record("r"), DONE + "1-0")
+        destroyed = await destroy(cluster, stage, "uid-p")
+        assert isinstance(destroyed, Destroyed) and len(destroyed.streams) == 8
+    await monitor_client.aclose()
+    scripts = {
+        _sha(s): s
+        for s in ("worker_runtime/claim_keys.lua", "worker_runtime/layout_check.lua", "operator/delete_owned.lua")
+    }
+    calls = [c for c in monitor.calls if c.sha in scripts and c.inner]
+    slots = {key_slot(stage.input.encode()), *(key_slot(lane.input.encode()) for lane in stage.lanes)}
+    assert len(slots) == 5  # four lanes and the stage as a whole, each its own slot
+    for call in calls:
+        assert len({key_slot(key) for key in call.keys}) == 1, (scripts[call.sha], call.keys)
+        assert call.touched <= set(call.keys), (scripts[call.sha], call.touched - set(call.keys))
+    called = {scripts[c.sha]: set() for c in calls}
+    for call in calls:
+        called[scripts[call.sha]].add(key_slot(call.keys[0]))
+    assert called == {
+        "worker_runtime/layout_check.lua": {key_slot(stage.layout.encode())},
+        "worker_runtime/claim_keys.lua": slots - {key_slot(stage.layout.encode())},
+        "operator/delete_owned.lua": slots,
+    }

@@ -15,7 +15,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from phoenix.cli import migrate, records, status
-from phoenix.cli.stage import add_redis_argument, confirm, fail, redis_spec, stage_keys
+from phoenix.cli.stage import StageUsageError, add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
 from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.options import OperatorOptions
@@ -24,6 +24,7 @@ from phoenix.producer import BATCH as PRODUCER_BATCH
 from phoenix.producer import NotReplicated, Producer, Record
 from phoenix.redis_spec import RedisSpecError
 from phoenix.worker_runtime import audit, dlq
+from phoenix.worker_runtime.ownership import laid_out
 from phoenix.worker_runtime.redis_client import text_range
 
 # What a dry run lists of the entries it would move, at most.
@@ -105,10 +106,40 @@ async def _send(producer: Producer, batch: list[Record], *, print_ids: bool) -> 
     return 0
 
 
+async def _dlq_lanes(client: Redis, args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(DLQ, input) of each lane of the stage, as its layout in Redis has it: a dead letter goes back to the input
+    of its own lane (the record's partition). One pair, with --dlq/--input applied, for a stage of one partition."""
+    (keys,) = await laid_out(client, [stage_keys(args)])
+    if keys.partitions == 1:
+        return [(args.dlq or keys.dlq, getattr(args, "input", None) or keys.input)]
+    if args.dlq or getattr(args, "input", None):
+        raise StageUsageError(
+            f"stage {keys.namespace}/{keys.name} has {keys.partitions} partitions, each with its own DLQ and input: "
+            "leave out --dlq and --input"
+        )
+    return [(lane.dlq, lane.input) for lane in keys.lanes]
+
+
+def _oldest_first(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _lane_fields(lanes: list[tuple[str, str]], p: int) -> dict[str, int]:
+    """The partition an entry came from, for a stage of several."""
+    return {"partition": p} if len(lanes) > 1 else {}
+
+
 async def _dlq_list(args: argparse.Namespace) -> int:
     async with _client(args) as client:
-        entries = await text_range(client, args.dlq or stage_keys(args).dlq, count=args.count)
-    for entry_id, fields in entries:
+        lanes = await _dlq_lanes(client, args)
+        found = [
+            (entry_id, {**fields, **_lane_fields(lanes, p)})
+            for p, (dlq_stream, _) in enumerate(lanes)
+            for entry_id, fields in await text_range(client, dlq_stream, count=args.count)
+        ]
+    # The oldest `count` over every lane.
+    for entry_id, fields in sorted(found, key=lambda entry: _oldest_first(entry[0]))[: args.count]:
         print(json.dumps({"id": entry_id, **fields}))
     return 0
 
@@ -118,42 +149,63 @@ async def _audit(client: Redis, args: argparse.Namespace, action: str, count: in
     await audit.record(client, stream, audit.Repair(audit.person(), action, count, detail))
 
 
+def _streams(lanes: list[tuple[str, str]], which: int) -> str:
+    """The DLQ (0) or input (1) stream, or how many partitions' when there are several."""
+    return lanes[0][which] if len(lanes) == 1 else f"the {('DLQs', 'inputs')[which]} of its {len(lanes)} partitions"
+
+
 async def _dlq_replay(args: argparse.Namespace) -> int:
-    q = stage_keys(args)
-    dlq_stream, input_stream = args.dlq or q.dlq, args.input or q.input
     limit = None if args.count == "all" else int(args.count)
     async with _client(args) as client:
-        length = await client.xlen(dlq_stream)
+        lanes = await _dlq_lanes(client, args)
+        dlq_streams, input_streams = _streams(lanes, 0), _streams(lanes, 1)
+        lengths = [await client.xlen(dlq_stream) for dlq_stream, _ in lanes]
+        length = sum(lengths)
         wanted = length if limit is None else min(limit, length)
-        what = f"{wanted} of the {length} entries of {dlq_stream} (oldest first) back to {input_stream}"
+        what = f"{wanted} of the {length} entries of {dlq_streams} (oldest first) back to {input_streams}"
         if args.dry_run:
-            for entry_id, fields in await text_range(client, dlq_stream, count=min(wanted, DRY_RUN_SHOWN)):
-                print(f"would move {entry_id} (record {fields.get('record_id', '?')}, {fields.get('error_type', '?')})")
+            shown = 0
+            for dlq_stream, _ in lanes:
+                for entry_id, fields in await text_range(client, dlq_stream, count=min(wanted, DRY_RUN_SHOWN) - shown):
+                    record, error = fields.get("record_id", "?"), fields.get("error_type", "?")
+                    print(f"would move {entry_id} (record {record}, {error})")
+                    shown += 1
+                if shown >= min(wanted, DRY_RUN_SHOWN):
+                    break
             if wanted > DRY_RUN_SHOWN:
                 print(f"... and {wanted - DRY_RUN_SHOWN} more")
             print(f"would move {what}; nothing changed")
             return 0
         if not wanted:
-            print(f"nothing to replay: {dlq_stream} is empty")
+            print(f"nothing to replay: {dlq_streams} {'is' if len(lanes) == 1 else 'are'} empty")
             return 0
         if not confirm(f"Move {what}?", args.yes):
             return 1
-        moved = await dlq.replay(client, dlq_stream, input_stream, limit)
-        await _audit(client, args, "dlq-replay", moved, f"moved {moved} entries of {dlq_stream} back to {input_stream}")
-    print(f"moved {moved} entries back to {input_stream}")
+        moved = 0
+        for dlq_stream, input_stream in lanes:  # each lane's dead letters back to its own input
+            if limit is not None and moved >= limit:
+                break
+            moved += await dlq.replay(client, dlq_stream, input_stream, None if limit is None else limit - moved)
+        await _audit(
+            client, args, "dlq-replay", moved, f"moved {moved} entries of {dlq_streams} back to {input_streams}"
+        )
+    print(f"moved {moved} entries back to {input_streams}")
     return 0
 
 
 async def _dlq_export(args: argparse.Namespace) -> int:
-    dlq_stream = args.dlq or stage_keys(args).dlq
     count, last = 0, None
     async with _client(args) as client:
-        async for entry_id, fields in dlq.entries(client, dlq_stream):
-            print(json.dumps({"id": entry_id, **fields}))
-            count, last = count + 1, entry_id
+        lanes = await _dlq_lanes(client, args)
+        for p, (dlq_stream, _) in enumerate(lanes):
+            async for entry_id, fields in dlq.entries(client, dlq_stream):
+                print(json.dumps({"id": entry_id, **fields, **_lane_fields(lanes, p)}))
+                count += 1
+                if last is None or _oldest_first(entry_id) > _oldest_first(last):
+                    last = entry_id
     # On stderr, so stdout stays pure JSON lines when redirected to a file.
     print(
-        f"exported {count} entries of {dlq_stream}"
+        f"exported {count} entries of {_streams(lanes, 0)}"
         + (
             f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
             f"{f' --namespace {args.namespace}' if args.namespace != DEFAULT_NAMESPACE else ''}"
@@ -167,21 +219,25 @@ async def _dlq_export(args: argparse.Namespace) -> int:
 
 
 async def _dlq_purge(args: argparse.Namespace) -> int:
-    dlq_stream = args.dlq or stage_keys(args).dlq
-    what = f"entries of {dlq_stream} up to {args.through}" if args.through else f"every entry of {dlq_stream}"
-    if not confirm(f"Delete {what}?", args.yes):
-        return 1
     async with _client(args) as client:
-        if args.through:
-            deleted = await dlq.purge_through(client, dlq_stream, args.through)
-        else:
-            # One transaction: the count is exactly what was deleted.
-            pipe = client.pipeline(transaction=True)
-            pipe.xlen(dlq_stream)
-            pipe.delete(dlq_stream)
-            deleted, _ = await pipe.execute()
+        lanes = await _dlq_lanes(client, args)
+        streams = _streams(lanes, 0)
+        what = f"entries of {streams} up to {args.through}" if args.through else f"every entry of {streams}"
+        if not confirm(f"Delete {what}?", args.yes):
+            return 1
+        deleted = 0
+        for dlq_stream, _ in lanes:
+            if args.through:
+                # An entry id is its time: through it in every lane is what an export up to it printed.
+                deleted += await dlq.purge_through(client, dlq_stream, args.through)
+            else:
+                # One transaction: the count is exactly what was deleted.
+                pipe = client.pipeline(transaction=True)
+                pipe.xlen(dlq_stream)
+                pipe.delete(dlq_stream)
+                deleted += (await pipe.execute())[0]
         await _audit(client, args, "dlq-purge", deleted, f"deleted {what}: {deleted} entries")
-    print(f"deleted {deleted} entries from {dlq_stream}")
+    print(f"deleted {deleted} entries from {streams}")
     return 0
 
 
@@ -305,6 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RedisSpecError as exc:
         print(f"phoenix {args.command}: invalid Redis configuration: {exc}", file=sys.stderr)
         return 2
+    except StageUsageError as exc:
+        return fail(f"phoenix {args.command}: {exc}")
     except KeyboardInterrupt:
         return 130
     except RedisError as exc:

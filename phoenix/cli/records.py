@@ -9,7 +9,15 @@ import json
 
 import redis.asyncio as aioredis
 
-from phoenix.cli.stage import StageSettings, add_stage_arguments, client, confirm, fail, stage_settings
+from phoenix.cli.stage import (
+    StageSettings,
+    add_stage_arguments,
+    client,
+    confirm,
+    fail,
+    laid_out_settings,
+    stage_settings,
+)
 from phoenix.worker_runtime import audit, repair
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, duration, inspect_record
 from phoenix.worker_runtime.repair import Reclaimed, ReprocessError, UnlockResult, UnlockStatus
@@ -131,7 +139,7 @@ def render_inspection(report: RecordReport, repairs: list[audit.Repair], as_json
 
 async def inspect(args: argparse.Namespace) -> int:
     async with client(args) as redis:
-        found = await inspect_with_repairs(redis, stage_settings(args), args.record_id, args.scan)
+        found = await inspect_with_repairs(redis, await laid_out_settings(redis, args), args.record_id, args.scan)
     print(render_inspection(*found, args.json))
     return 0
 
@@ -160,8 +168,8 @@ def _holder(result: UnlockResult) -> str:
 
 
 async def unlock(args: argparse.Namespace) -> int:
-    settings = stage_settings(args)
     async with client(args) as redis:
+        settings = await laid_out_settings(redis, args)
         preview = await repair.unlock_preview(redis, settings, args.record_id)
         if preview.status is UnlockStatus.NOT_LOCKED:
             print(f"{preview.key} is not locked: nothing to release")
@@ -212,10 +220,12 @@ def _reclaim_line(r: Reclaimed, settings: StageSettings, planned: bool) -> str:
 
 
 async def reclaim(args: argparse.Namespace) -> int:
-    settings = stage_settings(args)
     async with client(args) as redis:
+        settings = await laid_out_settings(redis, args)
         plan = await repair.plan_reclaim(redis, settings, args.idle_ms)
-        where = f"idle over {plan.min_idle_ms} ms in {settings.input_queue}"
+        keys = settings.keys
+        inputs = keys.input if keys.partitions == 1 else f"the inputs of its {keys.partitions} partitions"
+        where = f"idle over {plan.min_idle_ms} ms in {inputs}"
         if args.dry_run:
             for r in plan.entries:
                 print(_reclaim_line(r, settings, planned=True))
@@ -237,13 +247,14 @@ async def reclaim(args: argparse.Namespace) -> int:
 
 
 async def reprocess(args: argparse.Namespace) -> int:
-    settings = stage_settings(args)
     async with client(args) as redis:
+        settings = await laid_out_settings(redis, args)
         try:
             plan = await repair.plan_reprocess(redis, settings, args.record_id, args.scan)
             marker = f"delete {plan.record_key} (committed by {plan.committed_by}) and " if plan.committed_by else ""
             take = " and remove it from the DLQ" if plan.source == "dlq" else ""
-            what = f"{marker}add a copy of {plan.source} entry {plan.source_entry_id} to {settings.input_queue}{take}"
+            lane_input = settings.keys.lane_of(args.record_id).input  # the record's partition of the stage
+            what = f"{marker}add a copy of {plan.source} entry {plan.source_entry_id} to {lane_input}{take}"
             if args.dry_run:
                 print(f"would reprocess {args.record_id}: {what}; nothing changed")
                 return 0
@@ -255,7 +266,7 @@ async def reprocess(args: argparse.Namespace) -> int:
             return fail(str(exc))
         cleared = f"deleted {plan.record_key}; " if marker_deleted else ""
         done = (
-            f"{cleared}enqueued {args.record_id} as {new_id} in {settings.input_queue} (from {plan.source} entry "
+            f"{cleared}enqueued {args.record_id} as {new_id} in {lane_input} (from {plan.source} entry "
             f"{plan.source_entry_id})"
         )
         await record_repair(redis, settings, "reprocess", 1, done, args.record_id)

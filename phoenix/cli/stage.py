@@ -11,8 +11,9 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
-from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
+from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, stage_of_input
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, SOCKET_TIMEOUT_SECONDS, RedisSpec, RedisSpecError, connect
+from phoenix.worker_runtime.ownership import laid_out
 from phoenix.worker_runtime.settings import WorkerSettings
 
 DEFAULT_REDIS_URL = "redis://localhost:6379/0"
@@ -31,6 +32,10 @@ _REDIS_OPTIONS = {
 }
 _PATHS = {"tls_ca", "tls_cert", "tls_key"}
 _SECONDS = {"connect_timeout", "socket_timeout"}
+
+
+class StageUsageError(Exception):
+    """Options that do not fit the stage as Redis has it (one line, exit 1; nothing done)."""
 
 
 class StageSettings(WorkerSettings):
@@ -130,6 +135,31 @@ def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = Fals
 def stage_settings(args: argparse.Namespace) -> StageSettings:
     given = {field: getattr(args, option) for option, field in _OVERRIDES.items() if getattr(args, option, None)}
     return StageSettings(service_name=args.service, key_namespace=args.namespace, **given)
+
+
+async def laid_out_settings(client: aioredis.Redis, args: argparse.Namespace) -> StageSettings:
+    """stage_settings with the partitions of the stage's layout in Redis, and of the next stage's when --output
+    is the input of one: a record is looked for in its partition of each. One round trip."""
+    settings = stage_settings(args)
+    next_stage = stage_of_input(settings.output_queue)
+    following = [StageKeys.for_stage(next_stage[1], next_stage[0])] if next_stage else []
+    stage, *following = await laid_out(client, [settings.keys, *following])
+    output_partitions = following[0].partitions if following else 1
+    if stage.partitions == output_partitions == 1:
+        return settings
+    if stage.partitions > 1 and (args.input or args.dlq):
+        raise StageUsageError(
+            f"stage {stage.namespace}/{stage.name} has {stage.partitions} partitions, each with its own input and "
+            "DLQ: leave out --input and --dlq"
+        )
+    given = {field: getattr(args, option) for option, field in _OVERRIDES.items() if getattr(args, option, None)}
+    return StageSettings(
+        service_name=args.service,
+        key_namespace=args.namespace,
+        partitions=stage.partitions,
+        output_partitions=output_partitions,
+        **given,
+    )
 
 
 def stage_keys(args: argparse.Namespace) -> StageKeys:

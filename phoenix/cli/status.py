@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from phoenix.cli.stage import add_redis_argument, client
 from phoenix.console import TableDisplay, format_columns
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_streams_pattern, stage_of_input
-from phoenix.worker_runtime.queue_stats import collect
+from phoenix.worker_runtime.ownership import laid_out
+from phoenix.worker_runtime.queue_stats import collect_lanes, summed
 
 _COLUMNS = {
     "LENGTH": "length",
@@ -34,6 +35,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
         action="append",
         help="stage name (repeatable), of --namespace, else of default; default: every stage found",
     )
+    st.add_argument("--partitions", action="store_true", help="a row per partition of each partitioned stage")
     st.add_argument("--json", action="store_true", help="one JSON array of stages (one per snapshot with --watch)")
     st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C (redrawn on a terminal)")
     st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
@@ -41,46 +43,54 @@ def add_command(sub: argparse._SubParsersAction) -> None:
 
 
 async def _discover(redis: aioredis.Redis, namespace: str | None) -> list[StageKeys]:
-    """Every stage with a default input stream, in `namespace` (None: in every namespace)."""
+    """Every stage with a default input stream (of any partition), in `namespace` (None: in every namespace)."""
     pattern = input_streams_pattern(namespace)
     found = {stage_of_input(key) async for key in redis.scan_iter(match=pattern, _type="stream")}
     return [StageKeys.for_stage(name, ns) for ns, name in sorted(f for f in found if f is not None)]
 
 
 async def snapshot(
-    redis: aioredis.Redis, services: Sequence[str] | None, namespace: str | None = None
+    redis: aioredis.Redis, services: Sequence[str] | None, namespace: str | None = None, partitions: bool = False
 ) -> list[dict[str, object]]:
-    """[{"namespace": ns, "stage": name, "length": ..., ...}] for the given stages (of `namespace`, default
-    `default`), or every stage found (in `namespace`, or in every namespace when None)."""
+    """[{"namespace": ns, "stage": name, "partitions": K, "length": ..., ...}] for the given stages (of
+    `namespace`, default `default`), or every stage found (in `namespace`, or in every namespace when None),
+    summed over their partitions; with `partitions`, a stage of several partitions also has a row per partition
+    (`partition`: p) after its own."""
     if services:
         stages = [StageKeys.for_stage(s, namespace or DEFAULT_NAMESPACE) for s in services]
     else:
         stages = await _discover(redis, namespace)
-    stats = await collect(redis, stages)
-    return [
-        {"namespace": keys.namespace, "stage": keys.name, **st.as_status()}
-        for keys, st in zip(stages, stats, strict=True)
-    ]
+    stages = await laid_out(redis, stages)
+    rows: list[dict[str, object]] = []
+    for keys, lanes in zip(stages, await collect_lanes(redis, stages), strict=True):
+        stage = {"namespace": keys.namespace, "stage": keys.name, "partitions": keys.partitions}
+        rows.append({**stage, **summed(lanes).as_status()})
+        if partitions and keys.partitions > 1:
+            rows += [{**stage, "partition": p, **lane.as_status()} for p, lane in enumerate(lanes)]
+    return rows
 
 
 def format_status_table(rows: Sequence[dict[str, object]]) -> list[str]:
-    lines = [("NAMESPACE", "STAGE", *_COLUMNS)]
+    lanes = any("partition" in row for row in rows)
+    lines = [("NAMESPACE", "STAGE", *(["PARTITION"] if lanes else []), *_COLUMNS)]
     for row in rows:
         cells = ("-" if row[k] is None else str(row[k]) for k in _COLUMNS.values())
-        lines.append((str(row["namespace"]), str(row["stage"]), *cells))
+        # The stage's own row, summed, shows its partition count; a partition's row its number.
+        lane = [f"#{row['partition']}" if "partition" in row else f"({row['partitions']})"] if lanes else []
+        lines.append((str(row["namespace"]), str(row["stage"]), *lane, *cells))
     return format_columns(lines)
 
 
 async def status(args: argparse.Namespace) -> int:
     async with client(args) as redis:
         if not args.watch:
-            rows = await snapshot(redis, args.service, args.namespace)
+            rows = await snapshot(redis, args.service, args.namespace, args.partitions)
             print(json.dumps(rows) if args.json else "\n".join(format_status_table(rows)))
             return 0
         display = TableDisplay(sys.stdout, time.monotonic())
         try:
             while True:
-                rows = await snapshot(redis, args.service, args.namespace)
+                rows = await snapshot(redis, args.service, args.namespace, args.partitions)
                 if args.json:
                     print(json.dumps(rows), flush=True)
                 else:

@@ -95,10 +95,22 @@ class StreamsStatus(StatusModel):
     output: str | None = Field(default=None, description="Stream results go to; absent for a final stage.")
     consumer_group: str = Field(description="Consumer group of the stage's workers.")
     dlq: str = Field(description="Dead-letter stream.")
+    partitions: int = Field(
+        default=1,
+        ge=1,
+        description="Partitions of the stage: with more than one, input and dlq are named as of the stage as a "
+        "whole, and each partition p has its own, with `{<namespace>~<p>}` in place of `{<namespace>}`.",
+    )
 
     @classmethod
     def of(cls, keys: StageKeys) -> StreamsStatus:
-        return cls(input=keys.input, output=keys.output, consumer_group=keys.consumer_group, dlq=keys.dlq)
+        return cls(
+            input=keys.input,
+            output=keys.output,
+            consumer_group=keys.consumer_group,
+            dlq=keys.dlq,
+            partitions=keys.partitions,
+        )
 
 
 class ReplayStatus(StatusModel):

@@ -26,7 +26,7 @@ from phoenix.operator.constants import (
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.kube import KubeApi
-from phoenix.operator.redis_ops import replay_once
+from phoenix.operator.redis_ops import replay_lanes
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.status.registry import StageRecord
 from phoenix.operator.status.writer import StatusWriter
@@ -134,7 +134,7 @@ async def replay(
 
     1. The request gets an id, recorded in status.replayRequest before anything moves, and only if the server
        still has the annotation (so a stale copy of an already removed annotation is no new request).
-    2. The move runs under that id in Redis (redis_ops.replay_once): a repeated attempt continues, never redoes.
+    2. The move runs under that id in Redis (redis_ops.replay_lanes): a repeated attempt continues, never redoes.
     3. The annotation is removed if it still holds the request's value (a different, newer value stays and is
        carried out next).
     4. status.lastReplay is written and status.replayRequest cleared.
@@ -158,13 +158,7 @@ async def replay(
     if record.streams is None or record.redis is None:
         raise StageError("NotReconciled", "the stage has not been reconciled yet; the replay waits for it")
     limit = parse_replay_count(pending["count"])
-    moved = await replay_once(
-        pool.client(record.redis),
-        record.streams.replay_ledger(pending["id"]),
-        record.streams.dlq,
-        record.streams.input,
-        limit,
-    )
+    moved = await replay_lanes(pool.client(record.redis), record.streams, pending["id"], limit)
     if requested is not None and requested == pending["count"]:
         await kube.remove_stage_annotation(record.namespace, record.name, REPLAY_ANNOTATION, requested)
     last = {"requested": moved if limit is None else limit, "moved": moved, "at": _now()}

@@ -89,6 +89,7 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
         registry.forget((body["metadata"]["namespace"], body["metadata"]["name"]))
     else:
         registry.observe(body)
+        stage.next_stage_seen(_context(memo), body)
 
 
 @kopf.on.event(*DEPLOYMENTS, labels=MANAGED)

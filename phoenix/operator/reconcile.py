@@ -35,7 +35,7 @@ from phoenix.operator.status.readiness import (
 )
 from phoenix.operator.status.registry import StageRecord
 from phoenix.redis_spec import RedisSpec, RedisSpecError
-from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, claim
+from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from phoenix.worker_runtime.tracing import operation_span
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ _KEEP_DATA_HINT = "set spec.deletionPolicy to Retain to keep the data and let th
 # Ready reasons of a stage refused its Redis keys (worker_runtime/ownership.py); retried, so it converges by itself.
 KEYS_HELD = "KeysHeldByAnotherStage"
 LEGACY_KEYS = "LegacyKeysFound"
+# spec.partitions differs from the stage's layout in Redis (worker_runtime/ownership.py); retried, so the stage
+# starts once the count is set back or the keys are gone.
+PARTITIONS_CHANGED = "PartitionsChanged"
 
 
 @dataclass(frozen=True)
@@ -125,17 +128,34 @@ async def refuse_unmigrated(client: Redis, streams: StageKeys) -> None:
         )
 
 
-async def output_partitions(kube: KubeApi, stage: PhoenixStage) -> int:
-    """The partitions of the stage `output.stage` names, read from that PhoenixStage (its workers forward each
-    record to its partition there); 1 for an output stream, and while that stage does not exist yet (when it
-    appears with another count, this stage is reconciled again: converge.py)."""
+async def output_partitions(kube: KubeApi, client: Redis, stage: PhoenixStage) -> tuple[int, int]:
+    """The partitions of the stage `output.stage` names, which its workers forward each record to its partition
+    of: its layout in Redis (where its records are, also while a change of its count is refused), else its spec,
+    else 1 (no such stage yet). Also the count its spec asks for (1 when it does not exist): when it changes, this
+    stage is reconciled again (next_stage_seen). (1, 1) for an output stream."""
     output = stage.spec.output
     if output is None or output.stage is None:
-        return 1
+        return 1, 1
     body = await kube.get_stage(stage.namespace, output.stage)
-    partitions = ((body or {}).get("spec") or {}).get("partitions", 1)
+    asked = ((body or {}).get("spec") or {}).get("partitions", 1)
     # The API server checked it (an int in 1..MAX_PARTITIONS); anything else is read as the default.
-    return partitions if isinstance(partitions, int) and partitions >= 1 else 1
+    asked = asked if isinstance(asked, int) and asked >= 1 else 1
+    laid_out = await client.hget(StageKeys.for_stage(output.stage, stage.namespace).layout, "partitions")
+    return (asked if laid_out is None else int(laid_out)), asked
+
+
+def next_stage_seen(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
+    """A stage was created or changed: the stages whose output.stage it is, reconciled while it asked for another
+    partition count (or did not exist), are marked for repair (the converger reconciles them: output_partitions)."""
+    meta = body["metadata"]
+    partitions = (body.get("spec") or {}).get("partitions", 1)
+    for record in ctx.registry.records():
+        output = ((record.body or {}).get("spec") or {}).get("output") or {}
+        if record.namespace != meta["namespace"] or output.get("stage") != meta["name"]:
+            continue
+        if record.next_partitions is not None and record.next_partitions != partitions:
+            record.drift[f"the next stage {meta['name']} asks for {partitions} partition(s)"] = "Deployment"
+            ctx.wake.set()
 
 
 async def prepare_streams(
@@ -151,6 +171,8 @@ async def prepare_streams(
         raise StageError(KEYS_HELD, _held_message(exc, streams)) from None
     except KeyOfAnotherType as exc:
         raise StageError("StreamConflict", str(exc)) from None
+    except LayoutDiffers as exc:
+        raise StageError(PARTITIONS_CHANGED, str(exc)) from None
     except RedisSpecError as exc:
         # The CA or client certificate of spec.redis.tls cannot be loaded: the Secret must change.
         raise StageError("InvalidSecret", f"spec.redis.tls: {exc}") from None
@@ -206,8 +228,13 @@ async def reconcile(
     # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
     record.redis_versions, redis = target.versions, target.spec
     existed_before = record.streams is not None or bool(record.status.get("streams"))
-    forward_partitions = await output_partitions(kube, stage)
     actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before)
+    try:
+        forward_partitions, next_partitions = await output_partitions(kube, pool.client(redis), stage)
+    except (RedisError, OSError) as exc:
+        pool.failed(redis, exc)
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
+    record.next_partitions = next_partitions
     record.streams, record.redis = streams, redis
     async with record.deployment_lock:
         autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis)
@@ -231,7 +258,8 @@ def reconciled_status(result: Reconciled, generation: int | None) -> tuple[dict[
         ConditionType.STREAM_READY,
         True,
         "StreamReady",
-        f"stream {result.streams.input} with consumer group {result.streams.consumer_group}, DLQ {result.streams.dlq}",
+        f"stream {result.streams.input} with consumer group {result.streams.consumer_group}, DLQ {result.streams.dlq}"
+        + (f", in {result.streams.partitions} partitions" if result.streams.partitions > 1 else ""),
         observed_generation=generation,
     )
     fields = {

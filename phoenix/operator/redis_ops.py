@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lua as runtime_lua
@@ -51,45 +52,97 @@ async def _batches(client: Redis, pattern: str) -> AsyncIterator[list[str]]:
         yield batch
 
 
+async def _marker(client: Redis, owner: str) -> dict[str, str]:
+    return {text(k): text(v) for k, v in (await client.hgetall(owner)).items()}
+
+
 async def destroy(client: Redis, keys: StageKeys, uid: str) -> Destroyed | NotHeld:
     """deletionPolicy Delete: remove what the PhoenixStage `uid` owns of the stage's keys, each only while it has
-    its type: the streams and group its marker says it created, its retry set, record keys, audit stream,
-    backpressure figure, DLQ trim counter and replay ledgers, and last the marker (a retry after a failure finds
-    it still there). A stage whose marker names another stage or uid, or is missing, deletes nothing."""
-    raw = await client.hgetall(keys.owner)
-    marker = {text(k): text(v) for k, v in raw.items()}
-    if marker.get("stage") != stage_ref(keys) or marker.get("uid") != uid:
-        holder = marker.get("stage", "")
-        return NotHeld(f"{holder} (uid {marker.get('uid') or 'none'})" if holder else "")
-    created = set(marker.get("created", "input,dlq,group").split(","))
+    its type: of each lane, the streams and group its marker says it created, its retry set, record keys, replay
+    ledgers, backpressure figure, DLQ trim counter and outbox, and last its marker; of the stage as a whole its
+    audit stream and layout (a stage of several partitions: with its stage-wide marker, last; a retry
+    after a failure finds it still there). A stage whose marker (or any lane's) names another stage or uid, or
+    that has none, deletes nothing."""
+    whole = await _marker(client, keys.owner)
+    if not _holds(whole, keys, uid):
+        holder = whole.get("stage", "")
+        return NotHeld(f"{holder} (uid {whole.get('uid') or 'none'})" if holder else "")
+    lanes = [(lane, whole if lane.owner == keys.owner else await _marker(client, lane.owner)) for lane in keys.lanes]
+    for _, marker in lanes:
+        if marker and not _holds(marker, keys, uid):
+            return NotHeld(f"{marker.get('stage', '')} (uid {marker.get('uid') or 'none'})")
     delete = client.register_script(_DELETE_OWNED)
+    count, group_destroyed, streams = 0, None, []
+    stage_wide = [(keys.audit, "stream"), (keys.layout, "hash")]
+    for lane, marker in lanes:
+        if not marker:
+            continue  # a lane never claimed (a claim refused half-way) has nothing of this stage's
+        created = set(marker.get("created", "input,dlq,group").split(","))
+        input_stream, dlq, group = marker.get("input", lane.input), marker.get("dlq", lane.dlq), marker.get("group")
+        named = [(input_stream, "input"), (dlq, "dlq")]
+        destroyed_group = group if group and "group" in created else None
+        # The group goes with its stream when the stage created that; else it is destroyed alone.
+        alone = destroyed_group if destroyed_group and "input" not in created else ""
+        final = [
+            *((stream, "stream" if word in created else "-") for stream, word in named),
+            (lane.retry, "zset"),
+            (lane.backpressure, "string"),
+            (lane.dlq_trimmed, "string"),
+            (lane.outbox, "stream"),
+            *(stage_wide if lane.owner == keys.owner else []),
+        ]
+        scanned = [(lane.record_prefix + "*", "string"), (lane.replay_ledgers_pattern, "hash")]
+        done = await _delete_owned(client, delete, lane.owner, uid, scanned, final, alone)
+        if done < 0:
+            return NotHeld(marker["stage"])  # adopted by another PhoenixStage meanwhile
+        count += done
+        group_destroyed = group_destroyed or destroyed_group
+        streams += [stream for stream, word in named if word in created]
+    if keys.owner not in {lane.owner for lane in keys.lanes}:
+        done = await _delete_owned(client, delete, keys.owner, uid, [], stage_wide, "")
+        if done < 0:
+            return NotHeld(whole["stage"])
+        count += done
+    return Destroyed(group_destroyed, streams, count)
+
+
+def _holds(marker: dict[str, str], keys: StageKeys, uid: str) -> bool:
+    return marker.get("stage") == stage_ref(keys) and marker.get("uid") == uid
+
+
+async def _delete_owned(
+    client: Redis,
+    delete: AsyncScript,
+    owner: str,
+    uid: str,
+    scanned: list[tuple[str, str]],
+    final: list[tuple[str, str]],
+    group: str,
+) -> int:
+    """delete_owned.lua under the marker `owner` (one slot): the keys matching each (pattern, type) of `scanned`
+    in batches, then `final` (key, type), destroying `group` first, and the marker last; -1 when the marker names
+    another uid."""
     count = 0
-    for pattern, kind in ((keys.record_prefix + "*", "string"), (keys.replay_ledgers_pattern, "hash")):
+    for pattern, kind in scanned:
         async for batch in _batches(client, pattern):
-            done = int(await delete(keys=[keys.owner, *batch], args=[uid, "", "0", *[kind] * len(batch)]))
+            done = int(await delete(keys=[owner, *batch], args=[uid, "", "0", *[kind] * len(batch)]))
             if done < 0:
-                return NotHeld(marker["stage"])  # adopted by another PhoenixStage meanwhile
+                return done
             count += done
-    input_stream, dlq, group = marker.get("input", keys.input), marker.get("dlq", keys.dlq), marker.get("group")
-    streams = [(input_stream, "input"), (dlq, "dlq")]
-    destroyed_group = group if group and "group" in created else None
-    # The group goes with its stream when the stage created that; else it is destroyed alone.
-    alone = destroyed_group if destroyed_group and "input" not in created else ""
-    final = [
-        *((stream, "stream" if word in created else "-") for stream, word in streams),
-        (keys.retry, "zset"),
-        (keys.audit, "stream"),
-        (keys.backpressure, "string"),
-        (keys.dlq_trimmed, "string"),
-    ]
-    done = int(
-        await delete(
-            keys=[keys.owner, *(key for key, _ in final)], args=[uid, alone, "1", *(kind for _, kind in final)]
-        )
-    )
-    if done < 0:
-        return NotHeld(marker["stage"])
-    return Destroyed(destroyed_group, [stream for stream, word in streams if word in created], count + done)
+    done = int(await delete(keys=[owner, *(key for key, _ in final)], args=[uid, group, "1", *(k for _, k in final)]))
+    return done if done < 0 else count + done
+
+
+async def replay_lanes(client: Redis, keys: StageKeys, request_id: str, limit: int | None) -> int:
+    """replay_once for each lane of the stage (its DLQ back to its own input, its own ledger in its slot), up to
+    `limit` (None: all) in all; a repeated attempt finds each lane's ledger and continues where it stopped."""
+    moved = 0
+    for lane in keys.lanes:
+        if limit is not None and moved >= limit:
+            break
+        rest = None if limit is None else limit - moved
+        moved += await replay_once(client, lane.replay_ledger(request_id), lane.dlq, lane.input, rest)
+    return moved
 
 
 async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None) -> int:

@@ -17,7 +17,7 @@ from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingS
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
-from phoenix.worker_runtime.ownership import KeysHeld
+from phoenix.worker_runtime.ownership import KeysHeld, LayoutDiffers
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing, otlp_header_values
@@ -128,6 +128,9 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
             "this worker keys of its own (KEY_NAMESPACE, SERVICE_NAME, INPUT_QUEUE)",
             file=sys.stderr,
         )
+        return 2
+    except LayoutDiffers as exc:
+        print(f"phoenix worker: refusing to start with PARTITIONS={exc.wanted}: {exc}", file=sys.stderr)
         return 2
     finally:
         await processor.cleanup()

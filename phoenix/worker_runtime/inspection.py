@@ -132,20 +132,19 @@ async def inspect_record(
 ) -> RecordReport:
     """`client` must decode responses (the CLI's does, replacing undecodable bytes)."""
     s = settings
+    lane = s.keys.lane_of(record_id)  # the record's partition: the stage itself when it has one
     now_ms = time.time() * 1000
-    report = RecordReport(
-        s.service_name, record_id, s.input_queue, s.consumer_group, s.claim_idle_ms / 1000, scan_limit
-    )
-    last_delivered = await _read_group(client, s, report)
+    report = RecordReport(s.service_name, record_id, lane.input, s.consumer_group, s.claim_idle_ms / 1000, scan_limit)
+    last_delivered = await _read_group(client, s, lane.input, report)
     seen: list[dict[str, str]] = []
-    async for entry_id, fields in entries_of(client, s.input_queue, record_id, scan_limit):
-        report.entries.append(await _input_entry(client, s, entry_id, fields, last_delivered, now_ms))
+    async for entry_id, fields in entries_of(client, lane.input, record_id, scan_limit):
+        report.entries.append(await _input_entry(client, s, lane.input, entry_id, fields, last_delivered, now_ms))
         seen.append(fields)
     report.entries.reverse()  # oldest first, as in the stream
     for fields in reversed(seen):
         report.saw_trace(fields)
 
-    key = s.record_prefix + record_id
+    key = lane.record(record_id)
     pipe = client.pipeline(transaction=False)
     # One by one, not chained: redis-py types a pipeline's commands as returning awaitables, not the pipeline.
     pipe.get(key)
@@ -157,14 +156,14 @@ async def inspect_record(
     if (committer := committed_by(state)) is not None:
         report.marker = Marker(key, committer, ttl)
 
-    async for member, due_ms in client.zscan_iter(s.retry_queue):
+    async for member, due_ms in client.zscan_iter(lane.retry):
         fields = retry_member_fields(member)
         if fields.get("record_id") == record_id:
             report.retries.append(_waiting_retry(fields, due_ms, now_ms))
             report.saw_trace(fields)
     report.retries.sort(key=lambda r: r.due_at)
 
-    async for entry_id, fields in entries_of(client, s.dlq_name, record_id, scan_limit):
+    async for entry_id, fields in entries_of(client, lane.dlq, record_id, scan_limit):
         report.saw_trace(fields)
         report.dead_letters.append(
             DeadLetter(
@@ -176,16 +175,18 @@ async def inspect_record(
             )
         )
     if s.output_queue:
-        async for entry_id, fields in entries_of(client, s.output_queue, record_id, scan_limit):
+        output = s.output_of(record_id)
+        async for entry_id, fields in entries_of(client, output, record_id, scan_limit):
             report.saw_trace(fields)
-            report.forwarded.append(Forwarded(s.output_queue, entry_id, _age(entry_id, now_ms)))
+            report.forwarded.append(Forwarded(output, entry_id, _age(entry_id, now_ms)))
     return report
 
 
-async def _read_group(client: Redis, s: WorkerSettings, report: RecordReport) -> str | None:
-    """Fill in the group's lag and consumers; returns its last-delivered id (None: no such group)."""
+async def _read_group(client: Redis, s: WorkerSettings, stream: str, report: RecordReport) -> str | None:
+    """Fill in the group's lag and consumers on `stream` (the record's input); returns its last-delivered id (None:
+    no such group)."""
     try:
-        groups = await client.xinfo_groups(s.input_queue)
+        groups = await client.xinfo_groups(stream)
     except ResponseError:
         return None  # no stream yet
     group = next((g for g in groups if g["name"] == s.consumer_group), None)
@@ -193,7 +194,7 @@ async def _read_group(client: Redis, s: WorkerSettings, report: RecordReport) ->
         return None
     report.group_exists = True
     report.lag = group.get("lag")
-    for c in await client.xinfo_consumers(s.input_queue, s.consumer_group):
+    for c in await client.xinfo_consumers(stream, s.consumer_group):
         idle = int(c["idle"])
         report.consumers[c["name"]] = Consumer(c["name"], idle / 1000, int(c["pending"]), consumer_alive(idle, s))
     return group["last-delivered-id"]
@@ -218,6 +219,7 @@ async def entries_of(
 async def _input_entry(
     client: Redis,
     s: WorkerSettings,
+    stream: str,
     entry_id: str,
     fields: dict[str, str],
     last_delivered: str | None,
@@ -226,7 +228,7 @@ async def _input_entry(
     age, retry_count = _age(entry_id, now_ms), int(fields.get(_RETRY_COUNT) or 0)
     if last_delivered is None or id_order(entry_id) > id_order(last_delivered):
         return InputEntry(entry_id, age, "waiting", retry_count)
-    rows = await client.xpending_range(s.input_queue, s.consumer_group, min=entry_id, max=entry_id, count=1)
+    rows = await client.xpending_range(stream, s.consumer_group, min=entry_id, max=entry_id, count=1)
     if not rows:
         return InputEntry(entry_id, age, "acknowledged", retry_count)
     row = rows[0]

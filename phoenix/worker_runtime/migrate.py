@@ -105,7 +105,14 @@ async def plan_migration(
     )
     if plan.empty:
         return plan
-    if moving_to is not None and text(moving_to) != namespace:
+    laid_out = await client.hget(new.layout, "partitions")
+    if laid_out is not None and int(laid_out) > 1:
+        # v1 data is of one partition; spreading it over lanes is not migrate's (records would change slots).
+        refusal = (
+            f"stage {name} of namespace {namespace} is laid out in {int(laid_out)} partitions; phoenix migrate moves "
+            "v1 data to a stage of one partition only: migrate it before setting spec.partitions"
+        )
+    elif moving_to is not None and text(moving_to) != namespace:
         refusal = (
             f"a move of stage {name} to namespace {text(moving_to)} was interrupted: run phoenix migrate again with "
             f"--namespace {text(moving_to)} to finish it"

@@ -17,6 +17,12 @@ The claim (claim_keys.lua: checks and creation in one script, so two claimants c
 - otherwise the group (from id 0, MKSTREAM) and an empty DLQ are created where missing, and the marker written. An
   input stream no group reads yet counts as created by the stage: the entries in it were enqueued for it.
 
+A stage of several partitions has a marker per partition (each lane's keys are in their own slot, so each lane is
+claimed by its own script) and, once its lanes are claimed, a stage-wide one (`stage`, `uid` only) beside its audit,
+ledgers and layout; and every stage a layout (`StageKeys.layout`: `partitions`), checked and written first
+(layout_check.lua): a count that differs from the layout is refused (LayoutDiffers), since the records sit in the
+lanes of the old count; docs/operations.md says how to change it.
+
 The operator claims before it creates the stage's Deployment, and passes the uid to its pods (STAGE_UID), whose
 workers claim again at start and when they re-create a lost group (Redis flushed), never adopting. A worker run by
 hand (no STAGE_UID) only checks at start that no marker holds its keys (holder_at_start) and otherwise starts as
@@ -25,11 +31,12 @@ it always did, writing no marker: an operator-managed stage of those keys is the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
-from phoenix.keys import StageKeys
+from phoenix.keys import StageKeys, input_stream
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.redis_client import text
 
@@ -70,13 +77,82 @@ class KeyOfAnotherType(Exception):
         return f"WRONGTYPE: {self.key} is a {self.type}, not a stream"
 
 
+# How to change the partitions of a stage with data; the worker and the operator say it with their refusal.
+REPARTITION_HOWTO = (
+    "its records are in the lanes of the old count: set partitions back to {layout}, or drain the stage (stop its "
+    "producers and let its workers empty its input and retry set, handle its DLQ), delete its Redis keys (delete "
+    "the PhoenixStage with deletionPolicy Delete, which deletes them and the layout), then create it with "
+    "partitions {wanted} (docs/operations.md, Changing partitions)"
+)
+
+
+@dataclass(frozen=True)
+class LayoutDiffers(Exception):
+    """The stage's layout in Redis has `layout` partitions; it was asked to run with `wanted`."""
+
+    stage: str
+    layout: int
+    wanted: int
+
+    def __str__(self) -> str:
+        howto = REPARTITION_HOWTO.format(layout=self.layout, wanted=self.wanted)
+        return (
+            f"stage {self.stage} is laid out in {self.layout} partition(s) in Redis, not the {self.wanted} asked for; "
+            f"{howto}"
+        )
+
+
 def stage_ref(keys: StageKeys) -> str:
     return f"{keys.namespace}/{keys.name}"
 
 
+async def check_layout(client: Redis, keys: StageKeys) -> None:
+    """Raise LayoutDiffers unless the stage's layout has `keys.partitions`; write it when the stage has none."""
+    script = lua.register(client, "layout_check.lua")
+    reply = await script(keys=[keys.layout, input_stream(keys.name, keys.namespace)], args=[keys.partitions])
+    if text(reply[0]) == "differs":
+        raise LayoutDiffers(stage_ref(keys), int(text(reply[1])), keys.partitions)
+
+
+async def laid_out(client: Redis, stages: Sequence[StageKeys]) -> list[StageKeys]:
+    """The stages as their layouts in Redis have them: a stage whose layout has K > 1 partitions gets its K lanes
+    (its input and DLQ derived); one with no layout or one partition stays as given. One round trip."""
+    pipe = client.pipeline(transaction=False)
+    for keys in stages:
+        pipe.hget(keys.layout, "partitions")
+    out = []
+    for keys, found in zip(stages, await pipe.execute(), strict=True):
+        partitions = 1 if found is None else int(found)
+        if partitions != keys.partitions:
+            keys = StageKeys.for_stage(
+                keys.name,
+                keys.namespace,
+                group=keys.consumer_group,
+                output=keys.output,
+                partitions=partitions,
+                **({"input": keys.input, "dlq": keys.dlq} if partitions == 1 else {}),
+            )
+        out.append(keys)
+    return out
+
+
 async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Claimed:
-    """Claim the stage's keys for the PhoenixStage `uid` and create the missing ones; raises KeysHeld or
-    KeyOfAnotherType (nothing written then)."""
+    """Check the stage's layout (LayoutDiffers), then claim each lane's keys for the PhoenixStage `uid` and create
+    the missing ones; raises KeysHeld or KeyOfAnotherType (nothing written to that lane then). The result: what
+    any lane created, and the uid any lane was adopted from."""
+    await check_layout(client, keys)
+    claims = [await _claim_lane(client, lane, uid, adopt) for lane in keys.lanes]
+    if keys.partitions > 1 and uid:
+        # The stage-wide marker, beside its audit, ledgers and layout (one slot): deleting them checks it.
+        await client.hset(keys.owner, mapping={"stage": stage_ref(keys), "uid": uid})
+    return Claimed(
+        group=any(c.group for c in claims),
+        dlq=any(c.dlq for c in claims),
+        adopted_from=next((c.adopted_from for c in claims if c.adopted_from is not None), None),
+    )
+
+
+async def _claim_lane(client: Redis, keys: StageKeys, uid: str, adopt: bool) -> Claimed:
     script = lua.register(client, "claim_keys.lua")
     args = [stage_ref(keys), uid, keys.consumer_group, "1" if adopt else "0"]
     reply = await script(keys=[keys.owner, keys.input, keys.dlq, *keys.holder_markers[1:]], args=args)
@@ -90,11 +166,11 @@ async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Cla
 
 
 async def holder_at_start(client: Redis, keys: StageKeys) -> str | None:
-    """For a worker run by hand: the stage ("<namespace>/<name>", with its uid) holding its keys, or None when no
-    marker does (or the only one names this stage with no uid: moved by `phoenix migrate`, held by no PhoenixStage).
-    One round trip."""
+    """For a worker run by hand: the stage ("<namespace>/<name>", with its uid) holding its keys (of any lane), or
+    None when no marker does (or the only one names this stage with no uid: moved by `phoenix migrate`, held by no
+    PhoenixStage). One round trip."""
     pipe = client.pipeline(transaction=False)
-    for marker in keys.holder_markers:
+    for marker in {marker: None for lane in keys.lanes for marker in lane.holder_markers}:
         pipe.hmget(marker, "stage", "uid")
     for stage, uid in await pipe.execute():
         stage, uid = (None if stage is None else text(stage)), ("" if uid is None else text(uid))

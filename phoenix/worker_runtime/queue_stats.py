@@ -3,7 +3,8 @@ plus the age of the oldest unfinished entry (the first undelivered one or the ol
 any consumer group reads the stage's output.
 
 Used by `phoenix status`, the demo and the operator's status refresh; all stages go out in one pipeline, and a
-second one asks for the first undelivered entry of the stages that have a backlog.
+second one asks for the first undelivered entry of the stages that have a backlog. A stage of several partitions
+is read lane by lane (collect_lanes) and summed (collect): what waits, is pending or dead-lettered in any lane.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypedDict
 
 from redis.asyncio import Redis
@@ -71,7 +72,53 @@ class _Extra(TypedDict):
 
 
 async def collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStats]:
-    """At most two round trips for any number of stages; a missing stream or group reads as empty."""
+    """Each stage's figures, summed over its lanes; at most two round trips for any number of stages."""
+    return [summed(lanes) for lanes in await collect_lanes(client, stages)]
+
+
+async def collect_lanes(client: Redis, stages: Sequence[StageKeys]) -> list[list[QueueStats]]:
+    """Each stage's figures per lane (one for a stage of one partition), in partition order."""
+    lanes = [lane for st in stages for lane in st.lanes]
+    # The output is the stage's as a whole: asked once, of its first lane.
+    stats = await _collect(client, [replace(lane, output=None) if lane.partition else lane for lane in lanes])
+    out, at = [], 0
+    for st in stages:
+        out.append(stats[at : at + st.partitions])
+        at += st.partitions
+    return out
+
+
+def summed(lanes: Sequence[QueueStats]) -> QueueStats:
+    """One stage's figures from its lanes': counts added, ages the oldest, consumers the most in any lane (every
+    worker reads every lane), unknown (None) when any lane's is."""
+    if len(lanes) == 1:
+        return lanes[0]
+
+    def total(values: list[int | None]) -> int | None:
+        return None if any(v is None for v in values) else sum(v for v in values if v is not None)
+
+    def oldest(values: list[float | None]) -> float | None:
+        return max((v for v in values if v is not None), default=None)
+
+    paused = [lane.backpressure for lane in lanes if lane.backpressure is not None]
+    return QueueStats(
+        length=sum(lane.length for lane in lanes),
+        pending=sum(lane.pending for lane in lanes),
+        lag=total([lane.lag for lane in lanes]),
+        oldest_pending_seconds=oldest([lane.oldest_pending_seconds for lane in lanes]),
+        dlq_length=sum(lane.dlq_length for lane in lanes),
+        consumers=max(lane.consumers for lane in lanes),
+        group_exists=all(lane.group_exists for lane in lanes),
+        oldest_undelivered_seconds=oldest([lane.oldest_undelivered_seconds for lane in lanes]),
+        read=total([lane.read for lane in lanes]),
+        dlq_trimmed=sum(lane.dlq_trimmed for lane in lanes),
+        backpressure=max(paused) if paused else None,
+        output_unread=lanes[0].output_unread,
+    )
+
+
+async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStats]:
+    """At most two round trips for any number of stages (lanes); a missing stream or group reads as empty."""
     pipe = client.pipeline(transaction=False)
     for st in stages:
         pipe.xlen(st.input)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import FAILURE_FIELDS
 from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, consumer_alive, entries_of
@@ -49,13 +50,14 @@ async def unlock_preview(client: Redis, settings: WorkerSettings, record_id: str
     """What `unlock` without force would do now, changing nothing: RELEASED (would release), HOLDER_ALIVE (would
     refuse) or NOT_LOCKED. The release itself checks again, atomically."""
     s = settings
-    key = s.record_prefix + record_id
+    lane = s.keys.lane_of(record_id)  # the record's partition: the stage itself when it has one
+    key = lane.record(record_id)
     token = locked_by(await _record_state(client, key))
     if token is None:
         return UnlockResult(UnlockStatus.NOT_LOCKED, key)
     holder = lock_holder(token)
     idle_ms = next(
-        (int(c["idle"]) for c in await _consumers(client, s) if text(c["name"]) == holder),
+        (int(c["idle"]) for c in await _consumers(client, lane) if text(c["name"]) == holder),
         None,
     )
     alive = idle_ms is not None and consumer_alive(idle_ms, s)
@@ -63,9 +65,9 @@ async def unlock_preview(client: Redis, settings: WorkerSettings, record_id: str
     return UnlockResult(status, key, holder, None if idle_ms is None else idle_ms / 1000)
 
 
-async def _consumers(client: Redis, s: WorkerSettings) -> list[dict]:
+async def _consumers(client: Redis, lane: StageKeys) -> list[dict]:
     try:
-        return await client.xinfo_consumers(s.input_queue, s.consumer_group)
+        return await client.xinfo_consumers(lane.input, lane.consumer_group)
     except ResponseError:  # no stream or no group: the holder is in no group
         return []
 
@@ -73,7 +75,8 @@ async def _consumers(client: Redis, s: WorkerSettings) -> list[dict]:
 async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, force: bool) -> UnlockResult:
     """Release the record's lock unless its holder is alive (consumer idle below CLAIM_IDLE_MS) or `force`."""
     s = settings
-    key = s.record_prefix + record_id
+    lane = s.keys.lane_of(record_id)
+    key = lane.record(record_id)
     value = await _record_state(client, key)
     token = locked_by(value)
     if value is None or token is None:
@@ -81,7 +84,7 @@ async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, for
     holder = lock_holder(token)
     script = lua.register(client, "repair_unlock.lua")
     status, idle_ms = await script(
-        keys=[key, s.input_queue],
+        keys=[key, lane.input],
         args=[value, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"],
     )
     idle = None if int(idle_ms) < 0 else int(idle_ms) / 1000
@@ -102,15 +105,15 @@ class Reclaimed:
 
 @dataclass(frozen=True)
 class ReclaimPlan:
-    """The entries pending for at least `min_idle_ms`, oldest first, each with the status it would get
-    (moved or poison) and the lock value to release ('' when its consumer holds none)."""
+    """The entries pending for at least `min_idle_ms`, oldest first in each lane, each with the status it would get
+    (moved or poison), the lock value to release ('' when its consumer holds none) and its lane."""
 
     min_idle_ms: int
-    candidates: list[tuple[Reclaimed, str]]
+    candidates: list[tuple[Reclaimed, str, StageKeys]]
 
     @property
     def entries(self) -> list[Reclaimed]:
-        return [c for c, _ in self.candidates]
+        return [c for c, _, _ in self.candidates]
 
     @property
     def movable(self) -> int:
@@ -121,13 +124,14 @@ async def plan_reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int
     """What `reclaim` would do now (default idle: CLAIM_IDLE_MS), changing nothing."""
     s = settings
     min_idle = s.claim_idle_ms if min_idle_ms is None else min_idle_ms
-    candidates: list[tuple[Reclaimed, str]] = []
-    start = "-"
-    while rows := await client.xpending_range(
-        s.input_queue, s.consumer_group, min=start, max="+", count=_RECLAIM_BATCH, idle=min_idle
-    ):
-        start = "(" + text(rows[-1]["message_id"])
-        candidates += [await _candidate(client, s, row) for row in rows]
+    candidates: list[tuple[Reclaimed, str, StageKeys]] = []
+    for lane in s.keys.lanes:
+        start = "-"
+        while rows := await client.xpending_range(
+            lane.input, lane.consumer_group, min=start, max="+", count=_RECLAIM_BATCH, idle=min_idle
+        ):
+            start = "(" + text(rows[-1]["message_id"])
+            candidates += [(*await _candidate(client, s, lane, row), lane) for row in rows]
     return ReclaimPlan(min_idle, candidates)
 
 
@@ -136,25 +140,29 @@ async def reclaim(client: Redis, settings: WorkerSettings, plan: ReclaimPlan) ->
     s = settings
     script = lua.register(client, "repair_reclaim.lua")
     done: list[Reclaimed] = []
-    for first in range(0, len(plan.candidates), _RECLAIM_BATCH):
-        batch = plan.candidates[first : first + _RECLAIM_BATCH]
-        # The script's KEYS: the input, then each candidate's record key; ARGV: its fixed head, then two per candidate.
-        keys = [s.input_queue, *(s.record_prefix + c.record_id for c, _ in batch)]
-        args: list[str | int] = [s.consumer_group, plan.min_idle_ms, s.max_deliveries, LUA_UNPACK_LIMIT]
-        for c, lock_value in batch:
-            args += (c.entry_id, lock_value)
-        replies = await script(keys=keys, args=args)
-        for (c, _), (status, new_id, released) in zip(batch, replies, strict=True):
-            done.append(replace(c, status=text(status), new_entry_id=text(new_id), lock_released=bool(released)))
+    for lane in s.keys.lanes:  # one lane's keys per call: one slot
+        of_lane = [(c, lock_value) for c, lock_value, at in plan.candidates if at == lane]
+        for first in range(0, len(of_lane), _RECLAIM_BATCH):
+            batch = of_lane[first : first + _RECLAIM_BATCH]
+            # The script's KEYS: the input, then each candidate's record key; ARGV: its fixed head, then two per
+            # candidate.
+            keys = [lane.input, *(lane.record(c.record_id) for c, _ in batch)]
+            args: list[str | int] = [lane.consumer_group, plan.min_idle_ms, s.max_deliveries, LUA_UNPACK_LIMIT]
+            for c, lock_value in batch:
+                args += (c.entry_id, lock_value)
+            replies = await script(keys=keys, args=args)
+            for (c, _), (status, new_id, released) in zip(batch, replies, strict=True):
+                done.append(replace(c, status=text(status), new_entry_id=text(new_id), lock_released=bool(released)))
     return done
 
 
-async def _candidate(client: Redis, s: WorkerSettings, row: dict) -> tuple[Reclaimed, str]:
-    """A pending entry with its record, and the lock's token if its consumer holds the record's lock ('' if not)."""
+async def _candidate(client: Redis, s: WorkerSettings, lane: StageKeys, row: dict) -> tuple[Reclaimed, str]:
+    """A pending entry of `lane` with its record, and the lock's token if its consumer holds the record's lock ('' if
+    not)."""
     entry_id, consumer = text(row["message_id"]), text(row["consumer"])
-    entries = await text_range(client, s.input_queue, first=entry_id, last=entry_id)
+    entries = await text_range(client, lane.input, first=entry_id, last=entry_id)
     record_id = entries[0][1].get("record_id", "") if entries else ""
-    value = await _record_state(client, s.record_prefix + record_id) if record_id else None
+    value = await _record_state(client, lane.record(record_id)) if record_id else None
     token = locked_by(value)
     owned = token is not None and lock_holder(token) == consumer
     deliveries = int(row["times_delivered"])
@@ -199,16 +207,16 @@ async def plan_reprocess(
 ) -> ReprocessPlan:
     """The record's newest entry, in the input stream or the DLQ (where it is newer when the record was
     dead-lettered last), gives the new entry's fields."""
-    s = settings
+    lane = settings.keys.lane_of(record_id)  # the record's partition: the stage itself when it has one
     found = []
-    for name, stream in (("input", s.input_queue), ("dlq", s.dlq_name)):
+    for name, stream in (("input", lane.input), ("dlq", lane.dlq)):
         async for entry_id, fields in entries_of(client, stream, record_id, scan_limit):
             found.append((id_order(entry_id), name, entry_id, fields))
             break
     if not found:
         raise ReprocessError(
             f"no entry of record {record_id} in the newest {scan_limit} entries of "
-            f"{s.input_queue} or {s.dlq_name}: add it with `phoenix enqueue`"
+            f"{lane.input} or {lane.dlq}: add it with `phoenix enqueue`"
         )
     _, name, entry_id, fields = max(found, key=lambda f: f[0])
     if PACKED_FIELDS in fields or len(fields) > SCRIPT_SAFE_FIELDS:
@@ -219,7 +227,7 @@ async def plan_reprocess(
         )
     kept = {k: v for k, v in fields.items() if k not in _DROPPED_ON_REPROCESS}
     kept.setdefault("original_id", fields.get("original_id", entry_id))
-    record_key = s.record_prefix + record_id
+    record_key = lane.record(record_id)
     return ReprocessPlan(
         record_id, name, entry_id, kept, record_key, committed_by(await _record_state(client, record_key))
     )
@@ -227,11 +235,11 @@ async def plan_reprocess(
 
 async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan) -> tuple[str, bool]:
     """Carry out the plan atomically; returns (new entry id, whether a marker was deleted)."""
-    s = settings
+    lane = settings.keys.lane_of(plan.record_id)
     script = lua.register(client, "repair_reprocess.lua")
     flat = [item for pair in plan.fields.items() for item in pair]
     reply = await script(
-        keys=[plan.record_key, s.input_queue, s.dlq_name],
+        keys=[plan.record_key, lane.input, lane.dlq],
         args=[DONE, plan.source_entry_id if plan.source == "dlq" else "", *flat],
     )
     if text(reply[0]) == "locked":

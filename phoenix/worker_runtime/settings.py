@@ -10,7 +10,15 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from phoenix.keys import DEFAULT_NAMESPACE, MAX_PARTITIONS, NAMESPACE_PATTERN, StageKeys, input_stream, stage_of_input
+from phoenix.keys import (
+    DEFAULT_NAMESPACE,
+    MAX_PARTITIONS,
+    NAMESPACE_PATTERN,
+    StageKeys,
+    forward_stream,
+    input_stream,
+    stage_of_input,
+)
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
@@ -54,10 +62,6 @@ class WorkerSettings(BaseSettings):
 
     input_queue: str = ""
     output_queue: str = ""
-    # The stage's partitions (phoenix/keys.py: one lane of input, DLQ, retry set, record keys each), and those of
-    # the stage OUTPUT_QUEUE is the input of (a forward goes to the record's partition there); the operator sets both.
-    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
-    output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
@@ -236,6 +240,15 @@ class WorkerSettings(BaseSettings):
             output=self.output_queue,
             partitions=self.partitions,
         )
+
+    def output_of(self, record_id: str) -> str:
+        """The stream the record's result goes to: OUTPUT_QUEUE, or, when that is the input of a stage of
+        OUTPUT_PARTITIONS > 1 partitions, the record's partition of it."""
+        next_stage = stage_of_input(self.output_queue) if self.output_partitions > 1 else None
+        if next_stage is None:
+            return self.output_queue
+        namespace, name = next_stage
+        return forward_stream(name, namespace, record_id, self.output_partitions)
 
     @property
     def retention(self) -> Retention | None:

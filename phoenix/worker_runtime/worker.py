@@ -264,29 +264,31 @@ class Worker:
 
         A worker of an operator-managed stage (STAGE_UID) claims the stage's keys with it (ownership.py): a group
         lost in a Redis flush comes back with its marker. Raises KeysHeld when another stage holds them.
-        Each lane's keys are claimed (created) apart, in their own slot; then the relay's groups on the outboxes."""
+        Each lane's keys are claimed (created) apart, in their own slot (after the layout is checked); then the
+        relay's groups on the outboxes."""
         s = self.settings
-        for lane in self.lanes:
-            keys = lane.keys
-            if s.stage_uid:
-                try:
-                    claimed = await ownership.claim(self.redis, keys, s.stage_uid, adopt=False)
-                except ownership.KeyOfAnotherType as exc:
-                    raise ResponseError(str(exc)) from None  # as XGROUP CREATE says it: retried like Redis errors
-                if claimed.group:
-                    log.info("consumer_group_created", stream=keys.input, group=s.consumer_group)
-                continue
+        if s.stage_uid:
             try:
-                await self.redis.xgroup_create(keys.input, s.consumer_group, id="0", mkstream=True)
-                log.info("consumer_group_created", stream=keys.input, group=s.consumer_group)
-            except ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
+                # The layout checked, then each lane claimed in its own slot (ownership.claim).
+                claimed = await ownership.claim(self.redis, s.keys, s.stage_uid, adopt=False)
+            except ownership.KeyOfAnotherType as exc:
+                raise ResponseError(str(exc)) from None  # as XGROUP CREATE says it: retried like Redis errors
+            if claimed.group:
+                log.info("consumer_group_created", stream=s.keys.input, group=s.consumer_group)
+        else:
+            for lane in self.lanes:
+                try:
+                    await self.redis.xgroup_create(lane.keys.input, s.consumer_group, id="0", mkstream=True)
+                    log.info("consumer_group_created", stream=lane.keys.input, group=s.consumer_group)
+                except ResponseError as exc:
+                    if "BUSYGROUP" not in str(exc):
+                        raise
         await self.relay.ensure_groups()
 
     async def _wait_for_redis(self) -> bool:
         """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
-        when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them)."""
+        when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them), LayoutDiffers
+        when PARTITIONS differs from the stage's layout."""
         delay = 0.5
         while not self._stopping.is_set():
             try:
@@ -295,6 +297,7 @@ class Worker:
                     for lane in self.lanes:
                         if holder := await ownership.holder_at_start(self.redis, lane.keys):
                             raise ownership.KeysHeld(holder, lane.keys.input)
+                    await ownership.check_layout(self.redis, s.keys)  # a stage's own worker: with its claim
                 if await lanes.cluster_enabled(self.redis, s.redis.mode):
                     self._route(slots_matter=True)  # a forward to another slot goes through the outbox
                 await self.ensure_group()

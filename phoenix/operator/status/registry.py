@@ -39,6 +39,8 @@ class StageRecord:
     # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
     # with it (drift.differences).
     children: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    # The partitions its output.stage asked for in its spec at the last reconcile (1: no such stage); None: not yet.
+    next_partitions: int | None = None
     # spec.paused as last reconciled by this process (None: not yet), for the Paused and Resumed Events.
     paused: bool | None = None
     # Why the stage's world departs from its spec (cause -> kind of what is repaired), noticed since its last
