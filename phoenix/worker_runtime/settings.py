@@ -62,6 +62,10 @@ class WorkerSettings(BaseSettings):
 
     input_queue: str = ""
     output_queue: str = ""
+    # The stage's partitions (phoenix/keys.py: one lane of input, DLQ, retry set, record keys each), and those of
+    # the stage OUTPUT_QUEUE is the input of (a forward goes to the record's partition there); the operator sets both.
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+    output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
