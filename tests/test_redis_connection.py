@@ -53,6 +53,12 @@ def test_an_unescaped_password_stops_a_command_with_one_line_that_shows_none_of_
     assert_shows_no_part_of(password, done.stdout, done.stderr)
 
 
+def test_cluster_mode_takes_the_hosts_as_seed_nodes() -> None:
+    spec = RedisSpec.from_url("rediss://app:pw@n1:7000,n2,[::1]:7002/0", mode="cluster", tls_ca=Path("/ca.pem"))
+    assert spec.hosts == (("n1", 7000), ("n2", 6379), ("::1", 7002))
+    assert spec.redacted == "rediss://app:***@n1:7000,n2:6379,[::1]:7002/0 (cluster)"
+
+
 def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
     spec = RedisSpec.from_url("redis://app:s3cr%23et@127.0.0.1:6379/4")
     assert spec.password is not None and spec.password.get_secret_value() == "s3cr#et"
@@ -63,8 +69,12 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
 @pytest.mark.parametrize(
     ("variables", "message"),
     [
-        ({"redis_mode": "cluster"}, "REDIS_MODE=cluster is not supported yet"),
-        ({"redis_mode": "replicated"}, "REDIS_MODE must be one of standalone, sentinel (got 'replicated')"),
+        ({"redis_mode": "cluster", "redis_url": "redis://127.0.0.1:7000/2"}, "a Redis Cluster has database 0 only"),
+        (
+            {"redis_mode": "cluster", "redis_sentinel_master": "m"},
+            "REDIS_SENTINEL_* settings apply only with REDIS_MODE=sentinel",
+        ),
+        ({"redis_mode": "replicated"}, "REDIS_MODE must be one of standalone, sentinel, cluster (got 'replicated')"),
         ({"redis_mode": "sentinel"}, "REDIS_MODE=sentinel needs REDIS_SENTINEL_MASTER"),
         ({"redis_sentinel_master": "mymaster"}, "REDIS_SENTINEL_* settings apply only with REDIS_MODE=sentinel"),
         ({"redis_tls_ca_file": "/etc/ssl/certs/ca-certificates.crt"}, "REDIS_TLS_* settings need a rediss:// URL"),
