@@ -7,7 +7,13 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: demo test eval ocr tls-redis e2e bench bench-peers bench-operator manifests kube lint lock clean
+.PHONY: help demo test eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube lint format \
+	lock clean
+.DEFAULT_GOAL := help
+
+# The targets a person runs, with what each does (the `##` comments on their lines).
+help:
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z0-9-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,13 +21,13 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev,tracing]'
 	touch $(STAMP)
 
-venv: $(STAMP)
+venv: $(STAMP)  ## Create .venv with the package and its dev tools
 
-demo: $(STAMP) ocr
+demo: $(STAMP) ocr  ## Run the example pipeline on an embedded Valkey
 	$(BIN)/python -m phoenix.demo
 
 # Precision and recall of the example parser over the report corpus (phoenix/stages/corpus.py).
-eval: $(STAMP) ocr
+eval: $(STAMP) ocr  ## Precision and recall of the example parser
 	$(BIN)/python -m phoenix.stages.evaluation
 
 # The router reads scanned pages with Tesseract: installed from Debian when missing and we can (root, apt-get).
@@ -39,18 +45,18 @@ tls-redis:
 	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
 
 # Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube) for the suite.
-test: $(STAMP) lint kube ocr tls-redis
+test: $(STAMP) lint kube ocr tls-redis  ## Lint, then the whole test suite (builds the local control plane once)
 	$(BIN)/python -m pytest -q
 
 kube:
 	bash hack/build-kube.sh
 
 # The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
-e2e: $(STAMP)
+e2e: $(STAMP)  ## The e2e suite on a real single-node Kubernetes (Linux, root)
 	bash hack/e2e.sh
 
 # BENCH_ARGS: options of bench/worker_throughput.py, e.g. BENCH_ARGS="--compare-with ../base --log-level info".
-bench: $(STAMP)
+bench: $(STAMP)  ## Worker throughput against its references, same run
 	$(BIN)/python -m bench.worker_throughput $(BENCH_ARGS)
 
 # taskiq-redis, dramatiq and arq in a virtualenv of their own, so they never meet Phoenix's dependencies.
@@ -60,10 +66,10 @@ $(PEERS_STAMP): bench/peers/peers-requirements.txt
 	$(PEERS_VENV)/bin/pip install --quiet -r bench/peers/peers-requirements.txt
 	touch $(PEERS_STAMP)
 
-bench-peers: $(STAMP) $(PEERS_STAMP)
+bench-peers: $(STAMP) $(PEERS_STAMP)  ## The benchmark with taskiq-redis, dramatiq and arq beside Phoenix
 	$(BIN)/python -m bench.worker_throughput --peers-python $(PEERS_VENV)/bin/python
 
-bench-operator: $(STAMP) kube
+bench-operator: $(STAMP) kube  ## The operator's reconcile cost over many stages
 	$(BIN)/python -m bench.operator_scale
 
 # The hashed pins the image installs (Dockerfile): requirements.lock from pyproject.toml's dependencies, and
@@ -75,18 +81,30 @@ $(LOCK_TOOLS)/bin/uv:
 	$(PYTHON) -m venv $(LOCK_TOOLS)
 	$(LOCK_TOOLS)/bin/pip install --quiet uv==0.13.9
 
-lock: $(LOCK_TOOLS)/bin/uv
+lock: $(LOCK_TOOLS)/bin/uv  ## Re-pin the image's hashed requirements
 	$(LOCK_TOOLS)/bin/uv pip compile pyproject.toml $(LOCK_ARGS) -o requirements.lock
 	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(LOCK_TOOLS)/bin/uv pip compile - $(LOCK_ARGS) -o requirements-build.lock
 
-manifests: $(STAMP)
+manifests: $(STAMP)  ## Regenerate the CRD from phoenix/crds
 	$(BIN)/python -m phoenix.crds.generate
 
-lint: $(STAMP)
+lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy, shellcheck over hack/, codespell
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy phoenix
+	shellcheck hack/*.sh hack/lib/*.sh .ci/run
+	$(BIN)/codespell
 
-clean:
+format: $(STAMP)  ## Fix what ruff can: imports, style, formatting
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+# hack/'s scripts are checked like the Python: shellcheck from Debian, installed when missing and we can.
+shellcheck:
+	@command -v shellcheck >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && apt-get install -y -qq shellcheck >/dev/null; } \
+	  || { echo "shellcheck is needed by make lint (apt-get install shellcheck)" >&2; exit 1; }
+
+clean:  ## Remove .venv and every cache
 	rm -rf $(VENV) .cache .pytest_cache .ruff_cache .mypy_cache

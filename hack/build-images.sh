@@ -74,7 +74,8 @@ if ! fresh python "$python_key" || ! buildah inspect --type image "$python_ref" 
   echo "image $python_ref"
 fi
 
-phoenix_key=$(hash_of Dockerfile .dockerignore pyproject.toml requirements.lock requirements-build.lock README.md $(find phoenix -type f -not -path '*/__pycache__/*' | sort) <(echo "$python_key"))
+mapfile -t phoenix_files < <(find phoenix -type f -not -path '*/__pycache__/*' | sort)
+phoenix_key=$(hash_of Dockerfile .dockerignore pyproject.toml requirements.lock requirements-build.lock README.md "${phoenix_files[@]}" <(echo "$python_key"))
 phoenix_ref=phoenix.local/phoenix:$phoenix_key
 if ! fresh phoenix "$phoenix_key"; then
   buildah bud --quiet --layers --build-arg "BASE_IMAGE=$python_ref" -v "$host_ca:$host_ca:ro" -t "$phoenix_ref" . >/dev/null

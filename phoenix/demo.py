@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import secrets
 import signal
@@ -26,10 +25,12 @@ from typing import TextIO
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from phoenix import producer
 from phoenix.cli.stage import add_connection_arguments, redis_env, redis_spec
 from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_stream
+from phoenix.producer import Producer
 from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.stages.keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
@@ -221,12 +222,10 @@ def plan_records(samples: Sequence[Path], copies: int, run_id: str) -> list[Reco
     return records
 
 
-async def enqueue(client: aioredis.Redis, stream: str, records: Sequence[Record]) -> None:
-    async with client.pipeline(transaction=False) as pipe:
-        for r in records:
-            data = json.dumps({"document_url": r.document.resolve().as_uri()})
-            pipe.xadd(stream, {"record_id": r.record_id, "user_id": r.user_id, "data": data})
-        await pipe.execute()
+async def enqueue(client: aioredis.Redis, stage: str, records: Sequence[Record]) -> None:
+    await Producer(client, stage).send_many(
+        producer.Record(r.record_id, {"document_url": r.document.resolve().as_uri()}, r.user_id) for r in records
+    )
 
 
 async def finished_records(client: aioredis.Redis, records: Sequence[Record], since_id: str) -> tuple[int, int]:
@@ -257,7 +256,7 @@ async def run_pipeline(
     client: aioredis.Redis, workers: Sequence[WorkerProcess], records: Sequence[Record], timeout: float, out: TextIO
 ) -> None:
     since_id = f"{int(time.time() * 1000)}-0"  # DLQ entries of this run are newer than this
-    await enqueue(client, PIPELINE[0].queues.input, records)
+    await enqueue(client, PIPELINE[0].queues.name, records)
     started = time.monotonic()
     display, meter = TableDisplay(out, started), RateMeter()
     while True:

@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from phoenix.producer import Record
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.docs import DOCS, marked_block
@@ -183,8 +184,8 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     assert short.returncode == 1
     late_id = short.stdout.strip()
     assert short.stderr.strip() == (
-        f"{late_id} acknowledged by 1 of 2 replicas within 300 ms: a failover now could lose it; enqueueing the "
-        "record again is safe (its record id makes a second entry a duplicate)"
+        f"{late_id} acknowledged by 1 of 2 replicas within 300 ms: a failover now could lose it; sending the "
+        "record again is safe (a record id makes a second entry a duplicate)"
     )
     client = sentinels.client(primary)
     try:
@@ -206,7 +207,7 @@ async def test_documented_producer_waits_for_replicas(sentinels: SentinelSet) ->
     produce = namespace["produce"]
     client = sentinels.master()
     try:
-        entry_id = await produce(client, "a", "r-1", {"n": 1}, replicas=2)
+        [entry_id] = await produce(client, "a", [Record("r-1", {"n": 1})], replicas=2)
         replicas = await sentinels.replicas(await sentinels.primary())
         for address in replicas:
             copy = sentinels.client(address)
@@ -215,7 +216,7 @@ async def test_documented_producer_waits_for_replicas(sentinels: SentinelSet) ->
             finally:
                 await copy.aclose()
         async with sentinels.frozen(replicas[0]):
-            with pytest.raises(RuntimeError, match=r"^\S+ is on 1 of 2 replicas: a failover could lose it$"):
-                await produce(client, "a", "r-2", {"n": 2}, replicas=2)
+            with pytest.raises(RuntimeError, match=r"^1 records are on 1 of 2 replicas$"):
+                await produce(client, "a", [Record("r-2", {"n": 2})], replicas=2)
     finally:
         await client.aclose()

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by hack/build-*.sh: build Go commands from their published modules with the machine's toolchain into a
 # cache directory, and reuse them while the versions stamped there still match.
 

@@ -7,12 +7,12 @@ import asyncio
 import json
 import os
 import sys
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
+from itertools import islice
+from typing import Any, TextIO
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
 
 from phoenix.cli import migrate, records, status
 from phoenix.cli.stage import add_redis_argument, confirm, fail, redis_spec, stage_keys
@@ -20,6 +20,8 @@ from phoenix.cli.stage import client as _client
 from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
+from phoenix.producer import BATCH as PRODUCER_BATCH
+from phoenix.producer import NotReplicated, Producer, Record
 from phoenix.redis_spec import RedisSpecError
 from phoenix.worker_runtime import audit, dlq
 from phoenix.worker_runtime.redis_client import text_range
@@ -28,31 +30,78 @@ from phoenix.worker_runtime.redis_client import text_range
 DRY_RUN_SHOWN = 20
 
 
+def _records_from(lines: Iterable[str]) -> Iterator[Record]:
+    """The records of JSON lines (record_id, user_id, data); a bad line raises ValueError naming it."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+            if not isinstance(item, dict):
+                raise ValueError("not a JSON object")
+            unknown = set(item) - {"record_id", "user_id", "data", "traceparent"}
+            if unknown:
+                raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
+            if not isinstance(item.get("record_id"), str) or not item["record_id"]:
+                raise ValueError("no record_id (a non-empty string)")
+            data = item.get("data", {})
+            if not isinstance(data, dict):
+                raise ValueError("data is not a JSON object")
+            yield Record(item["record_id"], data, str(item.get("user_id", "")), item.get("traceparent"))
+        except ValueError as exc:
+            raise ValueError(f"line {number}: {exc}") from None
+
+
 async def _enqueue(args: argparse.Namespace) -> int:
-    stream = args.stream or stage_keys(args).input
-    fields: dict[FieldT, EncodableT] = {"record_id": args.record_id, "user_id": args.user_id}
-    data = json.loads(args.data) if args.data else {}
-    for item in args.field:
-        key, _, value = item.partition("=")
-        data[key] = value
-    fields["data"] = json.dumps(data)
     async with _client(args) as client:
-        if not args.min_replicas_ack:
-            print(await client.xadd(stream, fields))
-            return 0
-        # WAIT counts the writes of its own connection: one pipeline keeps the XADD and the WAIT on one.
-        pipe = client.pipeline(transaction=False)
-        pipe.xadd(stream, fields)
-        pipe.wait(args.min_replicas_ack, args.min_replicas_timeout_ms)
-        entry_id, acked = await pipe.execute()
-    print(entry_id)
-    if acked < args.min_replicas_ack:
-        # The entry stays on the primary (Redis cannot take it back); only a failover before it replicates loses it.
-        return fail(
-            f"{entry_id} acknowledged by {acked} of {args.min_replicas_ack} replicas within "
-            f"{args.min_replicas_timeout_ms} ms: a failover now could lose it; enqueueing the record again is safe "
-            "(its record id makes a second entry a duplicate)"
+        producer = Producer(
+            client,
+            None if args.stream else args.service,
+            args.namespace,
+            stream=args.stream,
+            min_replicas_ack=args.min_replicas_ack,
+            min_replicas_timeout_ms=args.min_replicas_timeout_ms,
         )
+        if args.source is None:
+            data = json.loads(args.data) if args.data else {}
+            for item in args.field:
+                key, _, value = item.partition("=")
+                data[key] = value
+            return await _send(producer, [Record(args.record_id, data, args.user_id)], print_ids=True)
+        return await _enqueue_lines(producer, args.source)
+
+
+async def _enqueue_lines(producer: Producer, lines: TextIO) -> int:
+    """JSON lines in batches: each batch checked whole before it is sent, so a bad line stops the run at a batch
+    boundary and says how many went before (sending them again is safe: their record ids make duplicates)."""
+    sent = 0
+    with lines:
+        records = _records_from(lines)
+        while True:
+            try:
+                batch = list(islice(records, PRODUCER_BATCH))
+            except ValueError as exc:
+                return fail(f"{exc}; {sent} records enqueued before it, nothing after")
+            if not batch:
+                break
+            if (code := await _send(producer, batch, print_ids=False)) != 0:
+                return code
+            sent += len(batch)
+    print(f"{sent} records enqueued")
+    return 0
+
+
+async def _send(producer: Producer, batch: list[Record], *, print_ids: bool) -> int:
+    try:
+        ids = await producer.send_many(batch)
+    except NotReplicated as exc:
+        # The entries stay on the primary (Redis cannot take them back); only a failover before they replicate
+        # loses them.
+        if print_ids:
+            print(*exc.entry_ids, sep="\n")
+        return fail(str(exc))
+    if print_ids:
+        print(*ids, sep="\n")
     return 0
 
 
@@ -155,7 +204,15 @@ def _parser() -> argparse.ArgumentParser:
     target = e.add_mutually_exclusive_group(required=True)
     target.add_argument("--service", help="stage name: writes to phoenix:{namespace}:service:input")
     target.add_argument("--stream", help="explicit stream key")
-    e.add_argument("--record-id", required=True)
+    source = e.add_mutually_exclusive_group(required=True)
+    source.add_argument("--record-id", help="one record, its data from --data and --field")
+    source.add_argument(
+        "--from",
+        dest="source",
+        type=argparse.FileType("r"),
+        metavar="FILE",
+        help="JSON lines, one record each: record_id, user_id, data (a JSON object); - for stdin; sent pipelined",
+    )
     e.add_argument("--user-id", default="")
     e.add_argument("--data", help="JSON object")
     e.add_argument("--field", action="append", default=[], metavar="KEY=VALUE", help="add a string to data")

@@ -1,0 +1,194 @@
+"""The producer API (phoenix/producer.py) and `phoenix enqueue --from`: records land where the stage's workers read
+them, in their partition, with the replica check, on one Redis and on a cluster node."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+
+from phoenix.embedded import start_valkey
+from phoenix.keys import StageKeys
+from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer
+from tests.fixtures.cli import run_phoenix
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.valkey_cluster import single_node_cluster
+
+STAGE = StageKeys.for_stage("parser", "team", partitions=4)
+
+
+async def _records_by_stream(client: aioredis.Redis | AsyncRedisCluster, streams: list[str]) -> dict[str, list[str]]:
+    return {s: [f["record_id"] for _, f in await client.xrange(s)] for s in streams}
+
+
+async def _set_layout(client: aioredis.Redis | AsyncRedisCluster, partitions: int) -> None:
+    await client.hset(STAGE.layout, "partitions", partitions)
+
+
+async def test_a_stage_without_layout_is_one_partition_and_ids_come_back_in_order(redis: aioredis.Redis) -> None:
+    producer = Producer(redis, "parser", "team")
+    ids = await producer.send_many(Record(f"r{i}", {"i": i}, "u1") for i in range(BATCH + 5))
+    entries = await redis.xrange(STAGE.input)  # the one partition's names: phoenix:{team}:parser:input
+    assert STAGE.input == "phoenix:{team}:parser:input"
+    assert [entry_id for entry_id, _ in entries] == ids
+    assert entries[7][1] == {"record_id": "r7", "user_id": "u1", "data": '{"i": 7}'}
+    assert await producer.send("one", {"x": 1}) == (await redis.xrange(STAGE.input, "-", "+"))[-1][0]
+
+
+async def test_records_go_to_their_partition_as_the_layout_says(redis: aioredis.Redis) -> None:
+    producer = Producer(redis, "parser", "team")
+    await producer.send("before", {})  # no layout yet: the one-partition stream
+    await _set_layout(redis, 4)  # the operator creates the stage: the producer looks again, then keeps it
+    ids = await producer.send_many(
+        Record(f"r{i}", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01") for i in range(50)
+    )
+    lanes = [lane.input for lane in STAGE.lanes]
+    by_stream = await _records_by_stream(redis, lanes)
+    assert sum(map(len, by_stream.values())) == 50 and all(by_stream.values())  # spread over all four
+    for stream, record_ids in by_stream.items():
+        assert {STAGE.lane_of(r).input for r in record_ids} == {stream}
+    for i, entry_id in enumerate(ids):  # each id is its record's entry, in its lane (ids repeat across streams)
+        [(_, fields)] = await redis.xrange(STAGE.lane_of(f"r{i}").input, entry_id, entry_id)
+        assert fields["record_id"] == f"r{i}"
+    assert (await redis.xrange(lanes[0], count=1))[0][1]["traceparent"].startswith("00-111")
+    assert [f["record_id"] for _, f in await redis.xrange(STAGE.input)] == ["before"]
+
+
+async def test_an_explicit_stream_and_an_explicit_count_need_no_layout(redis: aioredis.Redis) -> None:
+    await Producer(redis, stream="jobs").send_many([Record("a"), Record("b")])
+    assert [f["record_id"] for _, f in await redis.xrange("jobs")] == ["a", "b"]
+    await Producer(redis, "parser", "team", partitions=4).send("c")
+    assert await redis.xlen(STAGE.lane_of("c").input) == 1
+    with pytest.raises(ValueError, match="a stage or a stream"):
+        Producer(redis, "parser", stream="jobs")
+    with pytest.raises(ValueError, match="needs a record_id"):
+        await Producer(redis, stream="jobs").send("")
+
+
+def test_the_sync_producer_writes_the_same(redis_url: str) -> None:
+    with redis.Redis.from_url(redis_url, decode_responses=True) as client:
+        client.hset(STAGE.layout, "partitions", 4)
+        ids = SyncProducer(client, "parser", "team").send_many(Record(f"s{i}") for i in range(20))
+        for i, entry_id in enumerate(ids):
+            [(_, fields)] = client.xrange(STAGE.lane_of(f"s{i}").input, entry_id, entry_id)
+            assert fields["record_id"] == f"s{i}"
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[str, int]]:
+    """A primary with one replica: its URL and the replica's pid (to freeze it)."""
+    primary = start_valkey()
+    replica = start_valkey(replicaof=f"{primary.host} {primary.port}")
+    try:
+        with redis.Redis(host=replica.host, port=replica.port) as copy:
+            pid = int(copy.info("server")["process_id"])
+        yield f"redis://{primary.host}:{primary.port}/0", pid
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+async def test_min_replicas_ack_waits_on_the_writing_connection(replicated: tuple[str, int]) -> None:
+    url, replica_pid = replicated
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        await wait_until(lambda: _connected_replicas(client), "the replica connected", timeout=30)
+        acked = Producer(client, "parser", "team", partitions=4, min_replicas_ack=1, min_replicas_timeout_ms=20_000)
+        assert len(await acked.send_many(Record(f"r{i}") for i in range(30))) == 30
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            short = Producer(client, "parser", "team", partitions=4, min_replicas_ack=1, min_replicas_timeout_ms=300)
+            with pytest.raises(NotReplicated, match="acknowledged by 0 of 1 replicas within 300 ms") as raised:
+                await short.send_many([Record("late-1"), Record("late-2")])
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        assert len(raised.value.entry_ids) == 2  # written all the same: the ids say where
+    finally:
+        await client.aclose()
+
+
+async def _connected_replicas(client: aioredis.Redis) -> bool:
+    return (await client.info("replication")).get("slave0", {}).get("state") == "online"
+
+
+@pytest.fixture
+async def cluster_client() -> AsyncIterator[AsyncRedisCluster]:
+    with single_node_cluster() as url:
+        client = AsyncRedisCluster.from_url(url, decode_responses=True)
+        try:
+            await client.initialize()
+            yield client
+        finally:
+            await client.aclose()
+
+
+async def test_on_a_cluster_each_node_gets_its_entries_and_its_own_wait(cluster_client: AsyncRedisCluster) -> None:
+    await _set_layout(cluster_client, 4)
+    ids = await Producer(cluster_client, "parser", "team").send_many(Record(f"c{i}") for i in range(40))
+    by_stream = await _records_by_stream(cluster_client, [lane.input for lane in STAGE.lanes])
+    assert Counter(r for rs in by_stream.values() for r in rs) == Counter(f"c{i}" for i in range(40))
+    assert len(ids) == 40
+    # No replica: the per-node WAIT (on the connection of the XADDs) answers 0 at once.
+    no_replica = Producer(cluster_client, "parser", "team", min_replicas_ack=1, min_replicas_timeout_ms=200)
+    with pytest.raises(NotReplicated, match="by 0 of 1 replicas") as raised:
+        await no_replica.send_many(Record(f"w{i}") for i in range(6))
+    assert all(raised.value.entry_ids)
+    # The connection was handed back usable.
+    assert await cluster_client.xlen(STAGE.lane_of("w0").input) >= 1
+
+
+def test_sync_producer_on_a_cluster() -> None:
+    with single_node_cluster() as url, RedisCluster.from_url(url, decode_responses=True) as client:
+        client.hset(STAGE.layout, "partitions", 4)
+        SyncProducer(client, "parser", "team").send_many(Record(f"k{i}") for i in range(12))
+        with pytest.raises(NotReplicated):
+            SyncProducer(client, "parser", "team", min_replicas_ack=1, min_replicas_timeout_ms=100).send("k-w")
+        assert sum(client.xlen(lane.input) for lane in STAGE.lanes) == 13
+
+
+async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_url: str, tmp_path: Path) -> None:
+    await _set_layout(redis, 4)
+    lines = [json.dumps({"record_id": f"f{i}", "user_id": "u", "data": {"n": i}}) for i in range(BATCH + 10)]
+    source = tmp_path / "records.jsonl"
+    source.write_text("\n".join(lines) + "\n\n")
+    done = run_phoenix(redis_url, "enqueue", "--service", "parser", "--namespace", "team", "--from", str(source))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{BATCH + 10} records enqueued\n"
+    piped = subprocess.run(  # noqa: ASYNC221 (a short CLI run, as in tests/fixtures/cli.py)
+        [sys.executable, "-m", "phoenix", "enqueue", "--service", "parser", "--namespace", "team", "--from", "-"],
+        input=json.dumps({"record_id": "from-stdin"}) + "\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "REDIS_URL": redis_url},
+    )
+    assert piped.returncode == 0, piped.stderr
+    by_stream = await _records_by_stream(redis, [lane.input for lane in STAGE.lanes])
+    assert sum(map(len, by_stream.values())) == BATCH + 11
+    entry = await redis.xrange(STAGE.lane_of("f3").input, count=BATCH)
+    assert {"record_id": "f3", "user_id": "u", "data": '{"n": 3}'} in [fields for _, fields in entry]
+
+
+async def test_enqueue_from_stops_at_a_bad_line_and_says_what_went_before(
+    redis: aioredis.Redis, redis_url: str, tmp_path: Path
+) -> None:
+    good = [json.dumps({"record_id": f"g{i}"}) for i in range(BATCH)]  # one whole batch, sent
+    source = tmp_path / "bad.jsonl"
+    source.write_text("\n".join([*good, json.dumps({"record_id": "h", "data": [1]}), json.dumps({"record_id": "i"})]))
+    done = run_phoenix(redis_url, "enqueue", "--service", "s", "--from", str(source))
+    assert done.returncode == 1
+    assert f"line {BATCH + 1}: data is not a JSON object; {BATCH} records enqueued before it" in done.stderr
+    assert await redis.xlen(StageKeys.for_stage("s").input) == BATCH
+    missing = run_phoenix(redis_url, "enqueue", "--service", "s", "--from", str(tmp_path / "nope.jsonl"))
+    assert missing.returncode == 2 and "can't open" in missing.stderr
