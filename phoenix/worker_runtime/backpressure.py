@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 
 import structlog
 from redis.asyncio import Redis
 
 from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime.lanes import Output, Route
 from phoenix.worker_runtime.settings import WorkerSettings
 
 log = structlog.get_logger("phoenix.backpressure")
@@ -46,17 +48,22 @@ async def unfinished_entries(client: Redis, stream: str, *, retained: bool = Fal
 
 
 class Backpressure:
-    def __init__(self, client: Redis, settings: WorkerSettings) -> None:
+    def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
+        """Measures every stream the stage's results wait in: the output (each partition of a partitioned next
+        stage) and the outbox of each relayed lane of `routes`, summed against the marks."""
         s = settings
         self._client = client
         self._output = s.output_queue
+        self._streams = Output(s).streams
+        self._outboxes = tuple(r.keys.outbox for r in routes if r.relayed)
         self._retained = bool(s.output_retention)
         # True while the output is bounded by OUTPUT_RETENTION rather than read: forwards then count for nothing.
         # Assumed from the start when a retention is set, until the first measurement tells.
         self._uncounted = self._retained
         self._high = s.output_high_water
         self._low = s.output_low_water or 0
-        self._key = s.keys.backpressure
+        # Each lane's report key (the operator reads any): the pause holds for the stage as a whole.
+        self._report_keys = tuple(r.keys.backpressure for r in routes)
         self._report_ttl = max(_MIN_REPORT_TTL_SECONDS, round(_REPORT_TTL_INTERVALS * s.backpressure_interval))
         self.enabled = bool(s.output_queue and s.output_high_water)
         self._measured = 0
@@ -88,9 +95,11 @@ class Backpressure:
         """The background job: measure, pause or resume, and refresh the report while paused."""
         # Forwards noted before the measurement are committed, hence in it; those noted meanwhile may not be.
         counted = self._forwarded_since
-        measured = await unfinished_entries(self._client, self._output, retained=self._retained)
-        self._uncounted = measured is None
-        unfinished = measured or 0
+        measured = [await unfinished_entries(self._client, stream, retained=self._retained) for stream in self._streams]
+        # An outbox always counts: what it holds is not yet where it goes.
+        outboxes = [await unfinished_entries(self._client, outbox) or 0 for outbox in self._outboxes]
+        self._uncounted = all(m is None for m in measured)
+        unfinished = sum(m or 0 for m in measured) + sum(outboxes)
         self._measured = unfinished
         self._forwarded_since -= counted
         self._m_unfinished.set(unfinished)
@@ -98,12 +107,14 @@ class Backpressure:
             self.paused = False
             self._m_paused.set(0)
             self._resumed.set()
-            await self._client.delete(self._key)
+            for key in self._report_keys:
+                await self._client.delete(key)
             log.info("backpressure_resumed", output=self._output, unfinished=unfinished, low_water=self._low)
         elif not self.paused and unfinished >= self._high:
             self._pause(unfinished)
         if self.paused:
-            await self._client.set(self._key, unfinished, ex=self._report_ttl)
+            for key in self._report_keys:
+                await self._client.set(key, unfinished, ex=self._report_ttl)
 
     def _pause(self, unfinished: int) -> None:
         self.paused = True

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
+from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.messages import Message
 from phoenix.worker_runtime.settings import WorkerSettings
@@ -61,20 +62,22 @@ class RecordLocks:
         self._acquire = lua.register(client, "locks_acquire.lua")
         self._renew = lua.register(client, "locks_renew.lua")
 
-    async def acquire(self, messages: Sequence[Message]) -> dict[int, int]:
-        """Lock the messages' records; returns those not locked, by position in `messages`: a Claim member."""
+    async def acquire(self, messages: Sequence[Message], lane: StageKeys) -> dict[int, int]:
+        """Lock the messages' records (all of `lane`); returns those not locked, by position in `messages`: a Claim
+        member."""
         s = self._settings
-        prefix = s.record_prefix
+        prefix = lane.record_prefix
         keys = [prefix + m.record_id for m in messages]
         args = (self.lock_value, math.ceil(s.lock_timeout), math.ceil(s.idempotency_ttl), DONE)
         refused = await self._acquire(keys=keys, args=args)
         return {refused[i] - 1: refused[i + 1] for i in range(0, len(refused), 2)}
 
-    async def renew(self, messages: Sequence[Message]) -> list[str]:
-        """Extend the locks still ours and reset their entries' idle time; returns record ids whose lock is gone."""
+    async def renew(self, messages: Sequence[Message], lane: StageKeys) -> list[str]:
+        """Extend the locks still ours and reset their entries' idle time (all of `lane`); returns record ids whose
+        lock is gone."""
         s = self._settings
-        prefix = s.record_prefix
-        keys = [s.input_queue, *(prefix + m.record_id for m in messages)]
+        prefix = lane.record_prefix
+        keys = [lane.input, *(prefix + m.record_id for m in messages)]
         args: list[str | int] = [s.consumer_group, s.consumer_name, self.lock_value, math.ceil(s.lock_timeout), DONE]
         for m in messages:
             args += (m.entry_id, m.record_id)

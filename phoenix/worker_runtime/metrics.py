@@ -114,3 +114,13 @@ LEAKED_THREADS = Gauge(
     "run_blocking threads still running after their call was cancelled; /healthz fails at MAX_LEAKED_THREADS.",
     ["stage"],
 )
+OUTBOX_BACKLOG = Gauge(
+    "phoenix_outbox_backlog_messages",
+    "Committed results in the stage's outboxes not yet relayed to their streams (a forward to another slot).",
+    ["stage"],
+)
+OUTBOX_RELAYED = Counter(
+    "phoenix_outbox_relayed_messages",
+    "Committed results the relay moved from the stage's outboxes to their streams.",
+    ["stage"],
+)

@@ -15,9 +15,11 @@ _FORGET_CONSUMER_AFTER_MS = 3_600_000
 
 
 class Reclaimer:
-    def __init__(self, client: Redis, settings: WorkerSettings) -> None:
+    def __init__(self, client: Redis, settings: WorkerSettings, stream: str) -> None:
+        """`stream`: the lane's input (or outbox) whose pending entries this reclaims."""
         self._client = client
         self._s = settings
+        self._stream = stream
         self._cursor = "0-0"
 
     async def claim(self, count: int) -> tuple[list[Entry], int]:
@@ -28,7 +30,7 @@ class Reclaimer:
         """
         s = self._s
         cursor, claimed, deleted = await self._client.xautoclaim(
-            s.input_queue, s.consumer_group, s.consumer_name, s.claim_idle_ms, self._cursor, count=count
+            self._stream, s.consumer_group, s.consumer_name, s.claim_idle_ms, self._cursor, count=count
         )
         self._cursor = cursor.decode() if isinstance(cursor, bytes) else cursor
         return list(claimed), len(deleted)
@@ -44,7 +46,7 @@ class Reclaimer:
             return {}
         s = self._s
         rows = await self._client.xpending_range(
-            s.input_queue,
+            self._stream,
             s.consumer_group,
             min=min(entry_ids, key=id_order),
             max=max(entry_ids, key=id_order),
@@ -56,10 +58,10 @@ class Reclaimer:
     async def forget_dead_consumers(self) -> list[str]:
         s = self._s
         gone = []
-        for c in await self._client.xinfo_consumers(s.input_queue, s.consumer_group):
+        for c in await self._client.xinfo_consumers(self._stream, s.consumer_group):
             name = text(c["name"])
             if name != s.consumer_name and int(c["pending"]) == 0 and int(c["idle"]) > _FORGET_CONSUMER_AFTER_MS:
-                await self._client.xgroup_delconsumer(s.input_queue, s.consumer_group, name)
+                await self._client.xgroup_delconsumer(self._stream, s.consumer_group, name)
                 gone.append(name)
         return gone
 

@@ -47,6 +47,15 @@ async def read_group(
     return cast(list[tuple[bytes, list[Entry]]], reply)[0][1] if reply else []
 
 
+async def read_groups(
+    client: aioredis.Redis, group: str, consumer: str, streams: list[str], count: int, block: int
+) -> list[tuple[bytes, list[Entry]]]:
+    """XREADGROUP of new entries of several streams (one slot on a cluster) at once: (stream, entries) of those that
+    had any."""
+    reply = await client.xreadgroup(group, consumer, dict.fromkeys(streams, ">"), count=count, block=block)
+    return cast(list[tuple[bytes, list[Entry]]], reply or [])
+
+
 def text(value: object) -> str:
     """A reply item (or error) as str, whether the client decodes responses or not."""
     return value.decode() if isinstance(value, bytes) else str(value)

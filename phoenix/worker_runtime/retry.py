@@ -38,12 +38,14 @@ class RetryScheduler:
         self._promote = lua.register(client, "retry_promote.lua")
 
     async def promote_due(self) -> int:
-        s = self._settings
+        """Every lane's due retries, each into its own lane's input (one script call per lane and batch)."""
         moved = 0
-        while True:
-            n = await self._promote(
-                keys=[s.retry_queue, s.input_queue], args=[self._BATCH, LUA_UNPACK_LIMIT, PACKED_FIELDS]
-            )
-            moved += n
-            if n < self._BATCH:
-                return moved
+        for lane in self._settings.keys.lanes:
+            while True:
+                n = await self._promote(
+                    keys=[lane.retry, lane.input], args=[self._BATCH, LUA_UNPACK_LIMIT, PACKED_FIELDS]
+                )
+                moved += n
+                if n < self._BATCH:
+                    break
+        return moved

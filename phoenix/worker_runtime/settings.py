@@ -10,7 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from phoenix.keys import DEFAULT_NAMESPACE, NAMESPACE_PATTERN, StageKeys
+from phoenix.keys import DEFAULT_NAMESPACE, NAMESPACE_PATTERN, StageKeys, input_stream, stage_of_input
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
@@ -57,6 +57,10 @@ class WorkerSettings(BaseSettings):
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
+    # The stage's partitions (lanes, phoenix/keys.py) and, for an output that is a stage's default input
+    # (`output.stage`), that stage's: a result goes to its record's partition there (docs/durability.md).
+    partitions: int = Field(1, ge=1, le=1024)
+    output_partitions: int = Field(1, ge=1, le=1024)
 
     lock_timeout: PositiveSeconds = 600
     idempotency_ttl: PositiveSeconds = 86400
@@ -129,12 +133,18 @@ class WorkerSettings(BaseSettings):
     @model_validator(mode="after")
     def _derive_defaults(self) -> WorkerSettings:
         # Names derived from SERVICE_NAME (phoenix.keys); frozen, so set through __dict__ once.
+        if self.partitions > 1 and (self.input_queue or self.dlq_name):
+            raise ValueError(
+                f"PARTITIONS={self.partitions}: a partitioned stage derives its input and DLQ streams (one per "
+                "partition); unset INPUT_QUEUE and DLQ_NAME"
+            )
         keys = StageKeys.for_stage(
             self.service_name,
             self.key_namespace,
             input=self.input_queue,
             group=self.consumer_group,
             dlq=self.dlq_name,
+            partitions=self.partitions,
         )
         derived = {
             "input_queue": keys.input,
@@ -146,6 +156,13 @@ class WorkerSettings(BaseSettings):
         self.__dict__.update(derived)
         if self.output_queue and self.output_queue == self.input_queue:
             raise ValueError("OUTPUT_QUEUE must differ from INPUT_QUEUE (a stage would feed itself)")
+        if self.output_partitions > 1 and not (
+            (found := stage_of_input(self.output_queue)) and self.output_queue == input_stream(found[1], found[0])
+        ):
+            raise ValueError(
+                "OUTPUT_PARTITIONS applies to an output that is a stage's default input (output.stage): set "
+                "OUTPUT_QUEUE to it, or unset OUTPUT_PARTITIONS"
+            )
         if self.output_retention and not self.output_queue:
             raise ValueError("OUTPUT_RETENTION applies to an output stream: set OUTPUT_QUEUE too, or unset it")
         if self.stream_maxlen is not None:
@@ -208,13 +225,16 @@ class WorkerSettings(BaseSettings):
 
     @property
     def keys(self) -> StageKeys:
+        # A partitioned stage's INPUT_QUEUE and DLQ_NAME are the stage-wide names derived (its lanes' are in `lanes`).
+        named = self.partitions == 1
         return StageKeys.for_stage(
             self.service_name,
             self.key_namespace,
-            input=self.input_queue,
+            input=self.input_queue if named else None,
             group=self.consumer_group,
-            dlq=self.dlq_name,
+            dlq=self.dlq_name if named else None,
             output=self.output_queue,
+            partitions=self.partitions,
         )
 
     @property

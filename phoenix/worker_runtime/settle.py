@@ -15,6 +15,8 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import minimal_dead_letter
+from phoenix.worker_runtime.lanes import Route
+from phoenix.worker_runtime.lanes import routes as routes_of
 from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
 from phoenix.worker_runtime.redis_client import script_then_wait
@@ -44,6 +46,7 @@ class Outcome:
     fields: Sequence[FieldValue] = ()
     started_at: float = 0.0
     duplicate: bool = False  # set after the write: a commit found the record committed by another worker
+    lane: int = 0  # the lane (partition) of the entry: its batch is settled with that lane's keys
 
 
 # settle.lua's code of a commit, by how many values it forwards: none, user_id and data, and a traceparent.
@@ -72,21 +75,30 @@ def refused_by_item(exc: RedisError) -> bool:
 
 
 class Settler:
-    """Queues outcomes and writes everything queued since the last write in one script call.
+    """Queues outcomes and writes everything queued since the last write in one script call per lane.
 
-    `on_settled` gets each written batch, once it is durable in Redis; the worker frees slots there.
+    `on_settled` gets each written batch (all of one lane), once it is durable in Redis; the worker frees slots
+    there. `routes`: each lane's keys and forward stream (lanes.py); unset, the stage's one lane forwarding to its
+    output.
     `stalled_for` tells liveness how long work has waited without any commit succeeding.
     """
 
     _MAX_BATCH = 512
 
     def __init__(
-        self, client: Redis, settings: WorkerSettings, lock_value: str, on_settled: Callable[[list[Outcome]], None]
+        self,
+        client: Redis,
+        settings: WorkerSettings,
+        lock_value: str,
+        on_settled: Callable[[list[Outcome]], None],
+        routes: Sequence[Route] | None = None,
     ) -> None:
         self._script = lua.register(client, "settle.lua")
         s = settings
-        self._keys = [s.input_queue, s.output_queue or s.input_queue, s.dlq_name, s.retry_queue]
-        self._record_prefix = s.record_prefix
+        routes = routes or routes_of(s, slots_matter=False)
+        # Per lane: settle.lua's four stage keys (all in the lane's slot), and its record key prefix.
+        self._keys = [[r.keys.input, r.forward or r.keys.input, r.keys.dlq, r.keys.retry] for r in routes]
+        self._record_prefixes = [r.keys.record_prefix for r in routes]
         self._head: list[FieldValue] = [
             s.consumer_group,
             lock_value,
@@ -97,7 +109,7 @@ class Settler:
         self._on_settled = on_settled
         self._client = client
         self._replicas, self._replicas_timeout_ms = s.min_replicas_ack, s.min_replicas_timeout_ms
-        self._queue: list[Outcome] = []
+        self._queues: list[list[Outcome]] = [[] for _ in routes]
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._idle.set()
@@ -105,8 +117,9 @@ class Settler:
         self._progress_at = time.monotonic()
 
     def submit(self, outcome: Outcome) -> None:
-        self._queue.append(outcome)
-        if len(self._queue) == 1:  # the first since the committer took the queue: it may be asleep
+        queue = self._queues[outcome.lane]
+        queue.append(outcome)
+        if len(queue) == 1:  # the first since the committer took the queue: it may be asleep
             if self._idle.is_set():  # work after a rest: its wait starts now, not at the last commit
                 self._progress_at = time.monotonic()
             self._idle.clear()
@@ -125,17 +138,22 @@ class Settler:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            while self._queue:
-                batch, self._queue = self._queue[: self._MAX_BATCH], self._queue[self._MAX_BATCH :]
-                for position in await self._write(batch):
-                    batch[position - 1].duplicate = True
-                self._on_settled(batch)
+            queues = self._queues
+            while any(queues):
+                # A batch of each lane in turn: a busy lane delays another by one script call at most.
+                for lane, queue in enumerate(queues):
+                    if not queue:
+                        continue
+                    batch, queues[lane] = queue[: self._MAX_BATCH], queue[self._MAX_BATCH :]
+                    for position in await self._write(lane, batch):
+                        batch[position - 1].duplicate = True
+                    self._on_settled(batch)
             self._idle.set()
 
-    async def _commit(self, outcomes: list[Outcome]) -> list[int]:
-        # settle.lua's KEYS: the stage's four, then each item's record key (every key a script touches is declared).
-        prefix = self._record_prefix
-        keys = self._keys + [prefix + o.record_id for o in outcomes]
+    async def _commit(self, lane: int, outcomes: list[Outcome]) -> list[int]:
+        # settle.lua's KEYS: the lane's four, then each item's record key (every key a script touches is declared).
+        prefix = self._record_prefixes[lane]
+        keys = self._keys[lane] + [prefix + o.record_id for o in outcomes]
         args = self._args(outcomes)
         if not self._replicas:
             return await self._script(keys=keys, args=args)
@@ -154,30 +172,30 @@ class Settler:
             )
         return result
 
-    async def _write(self, outcomes: list[Outcome]) -> list[int]:
+    async def _write(self, lane: int, outcomes: list[Outcome]) -> list[int]:
         """Returns the positions (from 1) of the commits that found their record committed already.
 
         A script error is about what the batch holds (the same batch would fail forever): halves are written
         apart until the item that fails alone is found, which then gets its fallback (_write_alone). A script
         stops at its error without undoing the writes before it; writing those items again is safe, since a
         commit finds its own marker (not forwarded twice) and a retry's ZADD is idempotent."""
-        error = await self._try(outcomes)
+        error = await self._try(lane, outcomes)
         if isinstance(error, list):
             return error
         if len(outcomes) == 1:
-            await self._write_alone(outcomes[0], error)
+            await self._write_alone(lane, outcomes[0], error)
             return []
         half = len(outcomes) // 2
-        first = await self._write(outcomes[:half])
-        return first + [half + position for position in await self._write(outcomes[half:])]
+        first = await self._write(lane, outcomes[:half])
+        return first + [half + position for position in await self._write(lane, outcomes[half:])]
 
-    async def _try(self, outcomes: list[Outcome]) -> list[int] | RedisError:
+    async def _try(self, lane: int, outcomes: list[Outcome]) -> list[int] | RedisError:
         """The script's reply, or the script error; connection errors and Redis refusing writes are waited out
         (nothing was acknowledged: the entries stay pending, so waiting loses nothing)."""
         delay = 0.1
         while True:
             try:
-                written = await self._commit(outcomes)
+                written = await self._commit(lane, outcomes)
                 self._progress_at = time.monotonic()  # the one liveness cost: a clock read per script call
                 return written
             except RedisError as exc:
@@ -187,12 +205,12 @@ class Settler:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
 
-    async def _write_alone(self, outcome: Outcome, error: RedisError) -> None:
+    async def _write_alone(self, lane: int, outcome: Outcome, error: RedisError) -> None:
         """An item the script fails on alone: a dead letter is written again in its minimal form; anything else,
         or a minimal dead letter that fails too, is left pending (lock released) for a later attempt, and logged."""
         if outcome.action is Action.DEAD_LETTER:
             outcome.fields = minimal_dead_letter(outcome.fields, str(error))
-            again = await self._try([outcome])
+            again = await self._try(lane, [outcome])
             if isinstance(again, list):
                 log.error("dead_letter_rewritten", message_id=outcome.entry_id, error=str(error))
                 return
@@ -205,7 +223,7 @@ class Settler:
             error=str(error),
         )
         outcome.action, outcome.fields = Action.LEAVE, ()
-        await self._try([outcome])  # pending either way; this releases the lock (a leave cannot fail on its item)
+        await self._try(lane, [outcome])  # pending either way; this releases the lock (a leave cannot fail on its item)
 
     def _args(self, outcomes: list[Outcome]) -> list[FieldValue]:
         args = list(self._head)

@@ -9,28 +9,36 @@ phoenix_output_unread gauge) and kept to OUTPUT_RETENTION when the owner chose o
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from phoenix.worker_runtime import lua, metrics
+from phoenix.worker_runtime.lanes import Output, Route
 from phoenix.worker_runtime.settings import WorkerSettings
 
 log = structlog.get_logger("phoenix.trim")
 
 
 class Trimmer:
-    def __init__(self, client: Redis, settings: WorkerSettings) -> None:
+    def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
+        """One trim.lua call per lane of `routes`, each with the lane's keys only (one slot): the output is given
+        to a lane's call when its commits forward to it in the lane's own script (to the outbox: the relay
+        deletes what it moved)."""
         self._script = lua.register(client, "trim.lua")
         self._client = client
         s = settings
-        self._keys = [s.input_queue, s.dlq_name, s.keys.dlq_trimmed]
+        self._calls = [
+            [r.keys.input, r.keys.dlq, r.keys.dlq_trimmed, *([r.forward] if r.forward and not r.relayed else [])]
+            for r in routes
+        ]
         self._args: list[str | int] = [s.dlq_maxlen, "", 0]
-        if s.output_queue:
-            self._keys.append(s.output_queue)
         self._retention = s.retention
         if self._retention is not None:
             self._args[1:] = self._retention.script_args()
+        self._outputs = Output(s).streams
         self._output = s.output_queue
         self._high_water = s.output_high_water
         self._dlq_maxlen = s.dlq_maxlen
@@ -41,26 +49,36 @@ class Trimmer:
         self._m_retention_trimmed = metrics.OUTPUT_RETENTION_TRIMMED.labels(s.service_name)
 
     async def trim(self) -> None:
-        _, dlq_trimmed, unread, output_trimmed = await self._script(keys=self._keys, args=self._args)
+        dlq_trimmed = output_trimmed = 0
+        unread: bool | None = None  # only a call given the output tells
+        for keys in self._calls:
+            _, dlq_count, output_unread, output_count = await self._script(keys=keys, args=self._args)
+            dlq_trimmed += dlq_count
+            output_trimmed += output_count
+            if len(keys) == 4:
+                unread = bool(unread) or bool(output_unread)
         if dlq_trimmed:
             self._m_dlq_trimmed.inc(dlq_trimmed)
             # Evidence is being discarded: say so every time, with how much.
             log.warning("dlq_trimmed", count=dlq_trimmed, dlq_maxlen=self._dlq_maxlen)
         if output_trimmed:
             self._m_retention_trimmed.inc(output_trimmed)
-        if self._output and bool(unread) != self.output_unread:
-            self._note_unread(bool(unread))
+        if self._output and unread is not None and unread != self.output_unread:
+            self._note_unread(unread)
 
     async def look_at_output(self) -> None:
         """Whether a consumer group reads the output, trimming nothing: the start-up line. A start must not trim
         ahead of TRIM_INTERVAL (a stage may keep what it acknowledged on purpose, for a long interval)."""
         if not self._output:
             return
-        try:
-            groups = await self._client.xinfo_groups(self._output)
-        except ResponseError:  # no stream yet: nobody reads it, as trim.lua counts it
-            groups = []
-        self._note_unread(not groups)
+        unread = False
+        for stream in self._outputs:  # each partition of the next stage: unread when any is
+            try:
+                groups = await self._client.xinfo_groups(stream)
+            except ResponseError:  # no stream yet: nobody reads it, as trim.lua counts it
+                groups = []
+            unread = unread or not groups
+        self._note_unread(unread)
 
     def _note_unread(self, unread: bool) -> None:
         """Log when the output starts or stops being read by a consumer group (a group may come later)."""

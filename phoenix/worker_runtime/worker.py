@@ -2,6 +2,8 @@
 
 Round trips are amortised over batches: one XREADGROUP, one claim script (locks + idempotency markers)
 and, for everything that finished meanwhile, one settle script. Per message the runtime adds no round trip.
+A partitioned stage (PARTITIONS) has one Lane per partition: each has its own intake state and Redis calls (one
+slot each), and all share the CONCURRENCY slots, the circuit breaker, the processor and the settler.
 """
 
 from __future__ import annotations
@@ -10,8 +12,9 @@ import asyncio
 import contextlib
 import sys
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
-from dataclasses import dataclass
+from collections import ChainMap
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
@@ -20,7 +23,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from phoenix.worker_runtime import metrics, ownership
+from phoenix.keys import StageKeys
+from phoenix.worker_runtime import lanes, metrics, ownership
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
@@ -38,8 +42,9 @@ from phoenix.worker_runtime.messages import (
 )
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError
 from phoenix.worker_runtime.reclaim import Reclaimer
-from phoenix.worker_runtime.redis_client import Entry, read_group
+from phoenix.worker_runtime.redis_client import Entry, read_group, read_groups
 from phoenix.worker_runtime.redis_risk import assess_redis
+from phoenix.worker_runtime.relay import Relay
 from phoenix.worker_runtime.retry import RetryScheduler, retry_member
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler, refused_by_item
@@ -75,10 +80,30 @@ class InFlight:
 
     message: Message
     deadline: float  # monotonic; the watchdog cancels the processor call past it (PROCESSING_TIMEOUT)
+    lane: int = 0
     task: asyncio.Task[None] | None = None
     timed_out: bool = False
     # Its outcome went to the settler: once only, so a call given up past its timeout cannot commit when it ends.
     submitted: bool = False
+
+
+@dataclass(slots=True, eq=False)
+class Lane:
+    """The intake state of one partition of the stage: its input's cursor and history reads, its idle claims."""
+
+    index: int
+    keys: StageKeys
+    reclaimer: Reclaimer
+    cursor: str = "0"
+    reread_own_pending: bool = True  # at start: own pending entries first (id 0), then new ones (>)
+    next_claim: float = 0.0  # monotonic; at start a claim is due, so a replacement pod picks up its predecessor's work
+    in_flight: dict[str, InFlight] = field(default_factory=dict)
+    # Entries handed to the settler without being in flight (dead letters, duplicates): a history read must not
+    # take them a second time.
+    settling_without_flight: set[str] = field(default_factory=set)
+    # Entries acknowledged while a history read was on its way: Redis may have answered the read before
+    # the settle, and once settled they are no longer in flight, so nothing else tells they are done.
+    settled_during_history_read: set[str] | None = None
 
 
 _RECLAIM_BATCH = 100
@@ -86,6 +111,9 @@ _RECLAIM_BATCH = 100
 # settled: Redis and Python then work at the same time instead of taking turns. Hence also at most half of
 # CONCURRENCY per read: with one read filling every slot, the next read would wait for its whole settle.
 _READ_BATCH = 200
+# A partitioned stage on Redis Cluster waits for new entries on one lane at a time (a read is single-slot): this long,
+# so an entry arriving on another lane waits for it at most.
+_LANE_BLOCK_MS = 100
 # What a processor's Redis calls raise while Redis cannot be reached (MasterNotFoundError is a ConnectionError).
 _REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 
@@ -107,11 +135,14 @@ class Worker:
         self._swap_env_key = swap_env_key
         self.redis = client
         self.locks = RecordLocks(client, settings)
-        self.settler = Settler(client, settings, self.locks.lock_value, self._on_settled)
         self.retries = RetryScheduler(client, settings)
-        self.reclaimer = Reclaimer(client, settings)
-        self.backpressure = Backpressure(client, settings)
-        self.trimmer = Trimmer(client, settings)
+        self.lanes = [
+            Lane(i, keys, Reclaimer(client, settings, keys.input)) for i, keys in enumerate(settings.keys.lanes)
+        ]
+        self._lane_of_stream = {lane.keys.input.encode(): lane for lane in self.lanes}
+        self._turn = 0  # the lane whose turn it is to read
+        self._turn_started = 0  # entries the current intake turn started (each holds a slot until settled)
+        self._route(slots_matter=False)  # again once Redis tells whether it is a cluster (_wait_for_redis)
         # Built after the processor's initialize(), which is where a team configures an OpenTelemetry SDK.
         self._tracing = MessageTracing(settings.service_name)
         stage = settings.service_name
@@ -126,19 +157,11 @@ class Worker:
         # READ_MEMORY_BYTES: a read asks for no more entries of MAX_MESSAGE_BYTES than fit in it (docs/durability.md).
         by_memory = settings.read_memory_bytes // settings.max_message_bytes
         self._read_batch = max(1, min(_READ_BATCH, (settings.concurrency + 1) // 2, by_memory))
-        self.in_flight: dict[str, InFlight] = {}
-        # Entries handed to the settler without being in flight (dead letters, duplicates): a history read must not
-        # take them a second time.
-        self._settling_without_flight: set[str] = set()
-        # Entries acknowledged while a history read was on its way: Redis may have answered the read before
-        # the settle, and once settled they are no longer in flight, so nothing else tells they are done.
-        self._settled_during_history_read: set[str] | None = None
         self._slots_used = 0
         self._slot_freed = asyncio.Event()
         self._stopping = asyncio.Event()
         # Per-message success lines are info; skipping their arguments matters at tens of thousands a second.
         self._log_each_message = settings.log_level in ("debug", "info")
-        self._reread_own_pending = True  # at start: own pending entries first (id 0), then new ones (>)
         # The intake's last sign of health: an iteration whose Redis calls returned, or that waited on purpose.
         self.last_beat = time.monotonic()
         self._liveness_timeout = settings.liveness_timeout or 0.0  # always derived when unset (settings.py)
@@ -156,6 +179,37 @@ class Worker:
         self._m_contention = metrics.LOCK_CONTENTION.labels(stage)
         metrics.LEAKED_THREADS.labels(stage).set_function(lambda: BLOCKING_THREADS.leaked)
         self._m_circuit.set(CircuitState.CLOSED)
+
+    def _route(self, *, slots_matter: bool) -> None:
+        """Build what depends on where each lane's commits forward (lanes.py): the settler, backpressure, the
+        trimmer and the outbox relay."""
+        s, client = self.settings, self.redis
+        self._slots_matter = slots_matter
+        routes = lanes.routes(s, slots_matter=slots_matter)
+        self.settler = Settler(client, s, self.locks.lock_value, self._on_settled, routes)
+        self.backpressure = Backpressure(client, s, routes)
+        self.trimmer = Trimmer(client, s, routes)
+        self.relay = Relay(client, s, routes)
+
+    @property
+    def in_flight(self) -> Mapping[str, InFlight]:
+        """The messages in flight by entry id: of the one lane, or a view over every lane's (ids may repeat across
+        lanes: count with `_flights`)."""
+        if len(self.lanes) == 1:
+            return self.lanes[0].in_flight
+        return ChainMap(*(lane.in_flight for lane in self.lanes))
+
+    def _flights(self) -> Iterator[InFlight]:
+        for lane in self.lanes:
+            yield from lane.in_flight.values()
+
+    def _in_flight_count(self) -> int:
+        return sum(len(lane.in_flight) for lane in self.lanes)
+
+    def _reread_own_pending(self) -> None:
+        """Every lane reads its own pending entries again before new ones."""
+        for lane in self.lanes:
+            lane.reread_own_pending = True
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -186,7 +240,7 @@ class Worker:
         reason = "; ".join(reasons)
         if not self._liveness_failed:
             self._liveness_failed = True
-            log.error("liveness_failed", reason=reason, in_flight=len(self.in_flight))
+            log.error("liveness_failed", reason=reason, in_flight=self._in_flight_count())
         return False, reason
 
     async def ready(self) -> tuple[bool, str]:
@@ -202,22 +256,26 @@ class Worker:
         """Create the group at id 0 with MKSTREAM so entries added before the first worker are not skipped.
 
         A worker of an operator-managed stage (STAGE_UID) claims the stage's keys with it (ownership.py): a group
-        lost in a Redis flush comes back with its marker. Raises KeysHeld when another stage holds them."""
+        lost in a Redis flush comes back with its marker. Raises KeysHeld when another stage holds them.
+        Each lane's keys are claimed (created) apart, in their own slot; then the relay's groups on the outboxes."""
         s = self.settings
-        if s.stage_uid:
+        for lane in self.lanes:
+            keys = lane.keys
+            if s.stage_uid:
+                try:
+                    claimed = await ownership.claim(self.redis, keys, s.stage_uid, adopt=False)
+                except ownership.KeyOfAnotherType as exc:
+                    raise ResponseError(str(exc)) from None  # as XGROUP CREATE says it: retried like Redis errors
+                if claimed.group:
+                    log.info("consumer_group_created", stream=keys.input, group=s.consumer_group)
+                continue
             try:
-                claimed = await ownership.claim(self.redis, s.keys, s.stage_uid, adopt=False)
-            except ownership.KeyOfAnotherType as exc:
-                raise ResponseError(str(exc)) from None  # as XGROUP CREATE says it: retried like Redis errors
-            if claimed.group:
-                log.info("consumer_group_created", stream=s.input_queue, group=s.consumer_group)
-            return
-        try:
-            await self.redis.xgroup_create(s.input_queue, s.consumer_group, id="0", mkstream=True)
-            log.info("consumer_group_created", stream=s.input_queue, group=s.consumer_group)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+                await self.redis.xgroup_create(keys.input, s.consumer_group, id="0", mkstream=True)
+                log.info("consumer_group_created", stream=keys.input, group=s.consumer_group)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+        await self.relay.ensure_groups()
 
     async def _wait_for_redis(self) -> bool:
         """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
@@ -226,8 +284,12 @@ class Worker:
         while not self._stopping.is_set():
             try:
                 s = self.settings
-                if not s.stage_uid and (holder := await ownership.holder_at_start(self.redis, s.keys)):
-                    raise ownership.KeysHeld(holder, s.input_queue)
+                if not s.stage_uid:
+                    for lane in self.lanes:
+                        if holder := await ownership.holder_at_start(self.redis, lane.keys):
+                            raise ownership.KeysHeld(holder, lane.keys.input)
+                if await lanes.cluster_enabled(self.redis):
+                    self._route(slots_matter=True)  # a forward to another slot goes through the outbox
                 await self.ensure_group()
                 return True
             except RedisError as exc:
@@ -246,7 +308,9 @@ class Worker:
         log.info(
             "worker_started",
             input=s.input_queue,
+            partitions=s.partitions,
             output=s.output_queue or None,
+            output_partitions=s.output_partitions,
             group=s.consumer_group,
             consumer=s.consumer_name,
             concurrency=s.concurrency,
@@ -264,6 +328,8 @@ class Worker:
             ),
             asyncio.create_task(self._every(s.trim_interval, self.trimmer.trim), name="trimmer"),
         ]
+        if self.relay.enabled:
+            background.append(asyncio.create_task(self.relay.run(), name="relay"))
         if self.backpressure.enabled:
             background.append(
                 asyncio.create_task(
@@ -295,7 +361,7 @@ class Worker:
         """Let in-flight messages finish; past the grace period, cancel them: they stay pending, locks released."""
         # The flights hold their tasks (asyncio keeps only weak references): a task is done before its
         # outcome settles and the flight goes, so no per-task bookkeeping is needed besides.
-        tasks = {f.task for f in self.in_flight.values() if f.task is not None and not f.task.done()}
+        tasks = {f.task for f in self._flights() if f.task is not None and not f.task.done()}
         if tasks:
             log.info("draining", in_flight=len(tasks), grace_seconds=self.settings.shutdown_grace)
             _, unfinished = await asyncio.wait(tasks, timeout=self.settings.shutdown_grace)
@@ -306,7 +372,7 @@ class Worker:
                 # TIMEOUT_GRACE to end, as after a timeout; at most 10 s, well within app.py's exit deadline.
                 await asyncio.wait(unfinished, timeout=min(self.settings.timeout_grace, 10))
         # A call that ignored its cancellation: its entry stays pending, its lock released for the next worker.
-        for flight in list(self.in_flight.values()):
+        for flight in list(self._flights()):
             if not flight.submitted:
                 self._give_up(flight, self._leave(flight.message))
 
@@ -343,25 +409,20 @@ class Worker:
         if n:
             self._slots_used -= n
             self._slot_freed.set()
-        self._m_in_flight.set(len(self.in_flight))
+        self._m_in_flight.set(self._in_flight_count())
 
     # -- reading ---------------------------------------------------------------------------------------------
 
     async def _intake_loop(self) -> None:
-        """The one way work comes in: own pending entries first, idle entries of dead workers whenever a claim
-        is due (every CLAIM_INTERVAL, and at start so a replacement pod picks up its predecessor's work), else
+        """The one way work comes in: per lane, own pending entries first, idle entries of dead workers whenever a
+        claim is due (every CLAIM_INTERVAL, and at start so a replacement pod picks up its predecessor's work), else
         new entries. Whatever the source, it is read into slots reserved beforehand, so CONCURRENCY holds."""
-        s = self.settings
-        cursor = "0"
-        next_claim = time.monotonic()
         delay = 0.1
         failed = False
         while not self._stopping.is_set():
             if not failed:  # a read Redis keeps not answering (a socket timeout, retried) is no beat
                 self.last_beat = time.monotonic()
             failed = False
-            if self._reread_own_pending:
-                self._reread_own_pending, cursor = False, "0"
             trial_slots = self.breaker.trial_slots()
             if trial_slots == 0:
                 # Open, or all half-open trials running: pull no new work until the breaker lets calls through.
@@ -374,14 +435,9 @@ class Worker:
             n = await self._reserve(self._read_batch if trial_slots is None else min(self._read_batch, trial_slots))
             if n == 0:
                 continue
-            started = 0
+            self._turn_started = 0
             try:
-                if cursor == ">" and time.monotonic() >= next_claim:
-                    started, done = await self._claim_idle(n)
-                    if done:
-                        next_claim = time.monotonic() + s.claim_interval
-                else:
-                    started, cursor = await self._read(cursor, n)
+                await self._intake_turn(n)
                 delay = 0.1
             except RedisError as exc:
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
@@ -398,47 +454,90 @@ class Worker:
                     # A broken connection (a failover): a read may have delivered entries whose reply never came,
                     # or the claim after a read failed. They are pending on this consumer: read them again first,
                     # as at start, instead of leaving them to a reclaim after CLAIM_IDLE_MS.
-                    self._reread_own_pending = True
+                    self._reread_own_pending()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
             finally:
-                self._release(n - started)
+                self._release(n - self._turn_started)
 
-    async def _read(self, cursor: str, n: int) -> tuple[int, str]:
-        """XREADGROUP from `cursor` ("0": own pending history, ">": new). Returns (started, next cursor)."""
+    async def _intake_turn(self, n: int) -> None:
+        """Read into `n` reserved slots: the lanes take turns (a busy lane reads once per round, so it cannot
+        starve another), and the first lane with something to do uses the turn. With one lane the read of new
+        entries blocks (BLOCK_MS); with several they are read without blocking, and only when no lane had any
+        does the worker wait for the first new entry (_wait_for_new)."""
+        s, all_lanes = self.settings, self.lanes
+        single = len(all_lanes) == 1
+        for _ in all_lanes:
+            lane = all_lanes[self._turn]
+            self._turn = (self._turn + 1) % len(all_lanes)
+            if lane.reread_own_pending:
+                lane.reread_own_pending, lane.cursor = False, "0"
+            if lane.cursor != ">":
+                lane.cursor = await self._read_history(lane, n)
+                return
+            if time.monotonic() >= lane.next_claim:
+                if await self._claim_idle(lane, n):
+                    lane.next_claim = time.monotonic() + s.claim_interval
+                return
+            block = s.block_ms if single else None
+            new = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, ">", n, block)
+            if new or single:
+                await self._dispatch(lane, new, None)
+                return
+        await self._wait_for_new(n)
+
+    async def _wait_for_new(self, n: int) -> None:
+        """Every lane was empty: block until new entries come. On a single Redis one XREADGROUP waits on every
+        lane at once (n // lanes entries of each at most, so CONCURRENCY holds); on a cluster, or with fewer
+        slots than lanes, one lane waits _LANE_BLOCK_MS, the next lane next time."""
+        s, all_lanes = self.settings, self.lanes
+        if not self._slots_matter and n >= len(all_lanes):
+            streams = [lane.keys.input for lane in all_lanes]
+            count = n // len(all_lanes)
+            for stream, entries in await read_groups(
+                self.redis, s.consumer_group, s.consumer_name, streams, count, s.block_ms
+            ):
+                await self._dispatch(self._lane_of_stream[stream], entries, None)
+            return
+        lane = all_lanes[self._turn]
+        self._turn = (self._turn + 1) % len(all_lanes)
+        block = min(s.block_ms, _LANE_BLOCK_MS)
+        new = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, ">", n, block)
+        await self._dispatch(lane, new, None)
+
+    async def _read_history(self, lane: Lane, n: int) -> str:
+        """XREADGROUP of the lane's own pending entries from its cursor; returns the next cursor (">" once all were
+        read again: from then on only new entries)."""
         s = self.settings
-        if cursor == ">":
-            new = await read_group(self.redis, s.consumer_group, s.consumer_name, s.input_queue, cursor, n, s.block_ms)
-            return await self._dispatch(new, None), ">"
-        self._settled_during_history_read = settled = set[str]()
+        lane.settled_during_history_read = settled = set[str]()
         try:
-            entries = await read_group(self.redis, s.consumer_group, s.consumer_name, s.input_queue, cursor, n)
+            entries = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, lane.cursor, n)
             if not entries:
-                return 0, ">"  # own history replayed: from now on only new entries
-            counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
+                return ">"
+            counts = await lane.reclaimer.delivery_counts([e[0].decode() for e in entries])
         finally:
-            self._settled_during_history_read = None
+            lane.settled_during_history_read = None
         unsettled = [e for e in entries if e[0].decode() not in settled]
-        return await self._dispatch(unsettled, counts), entries[-1][0].decode()
+        await self._dispatch(lane, unsettled, counts)
+        return entries[-1][0].decode()
 
-    async def _claim_idle(self, n: int) -> tuple[int, bool]:
-        """XAUTOCLAIM a slice of the group's idle entries. Returns (started, whole pending list walked)."""
-        entries, trimmed = await self.reclaimer.claim(n)
+    async def _claim_idle(self, lane: Lane, n: int) -> bool:
+        """XAUTOCLAIM a slice of the lane's idle entries. Returns whether its whole pending list was walked."""
+        entries, trimmed = await lane.reclaimer.claim(n)
         if trimmed:
             self._m_trimmed.inc(trimmed)
             log.warning("trimmed_pending_cleared", count=trimmed)
-        started = 0
         if entries:
             self._m_reclaimed.inc(len(entries))
             log.warning("stale_messages_claimed", count=len(entries), idle_ms=self.settings.claim_idle_ms)
-            counts = await self.reclaimer.delivery_counts([e[0].decode() for e in entries])
-            started = await self._dispatch(entries, counts)
-        if not self.reclaimer.exhausted:
-            return started, False
-        gone = await self.reclaimer.forget_dead_consumers()
+            counts = await lane.reclaimer.delivery_counts([e[0].decode() for e in entries])
+            await self._dispatch(lane, entries, counts)
+        if not lane.reclaimer.exhausted:
+            return False
+        gone = await lane.reclaimer.forget_dead_consumers()
         if gone:
             log.info("dead_consumers_removed", consumers=gone)
-        return started, True
+        return True
 
     async def _promote_retries(self) -> None:
         moved = await self.retries.promote_due()
@@ -446,12 +545,13 @@ class Worker:
             log.info("retries_requeued", count=moved)
 
     async def _renew_locks(self) -> None:
-        if not self.in_flight:
-            return
-        lost = await self.locks.renew([f.message for f in self.in_flight.values()])
-        for record_id in lost:
-            # The commit still refuses to forward a record twice (it checks the marker), so this is a warning.
-            log.warning("lock_lost", record_id=record_id)
+        for lane in self.lanes:
+            if not lane.in_flight:
+                continue
+            lost = await self.locks.renew([f.message for f in lane.in_flight.values()], lane.keys)
+            for record_id in lost:
+                # The commit still refuses to forward a record twice (it checks the marker), so this is a warning.
+                log.warning("lock_lost", record_id=record_id)
 
     async def _enforce_timeouts(self) -> None:
         """PROCESSING_TIMEOUT, enforced by one periodic scan instead of a timer per message. A call still running
@@ -459,7 +559,7 @@ class Worker:
         lock freed; whatever it returns later is ignored."""
         now = time.monotonic()
         s = self.settings
-        for flight in list(self.in_flight.values()):
+        for flight in list(self._flights()):
             if flight.submitted or flight.deadline >= now:
                 continue
             if not flight.timed_out:
@@ -477,18 +577,20 @@ class Worker:
 
     # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
 
-    async def _dispatch(self, entries: Sequence[Entry], counts: dict[str, int] | None) -> int:
-        """Parse, poison-check, claim and start; returns how many entries now hold a slot until settled.
+    async def _dispatch(self, lane: Lane, entries: Sequence[Entry], counts: dict[str, int] | None) -> None:
+        """Parse, poison-check, claim and start entries of `lane`; adds how many now hold a slot until settled to
+        the turn's count.
 
         Every Redis call comes before anything is started, so an error here leaves no slot taken.
         """
         s = self.settings
+        in_flight, settling = lane.in_flight, lane.settling_without_flight
         candidates: list[Message] = []
         dead: list[tuple[str, dict[bytes, bytes], str, str, int]] = []
         trimmed: list[str] = []
         for raw_id, raw in entries:
             entry_id = raw_id.decode()
-            if entry_id in self.in_flight or entry_id in self._settling_without_flight:
+            if entry_id in in_flight or entry_id in settling:
                 continue  # our own unsettled entry seen again in a history read
             if raw is None:
                 trimmed.append(entry_id)  # trimmed from the stream while pending: nothing left to process
@@ -503,18 +605,18 @@ class Worker:
             else:
                 candidates.append(parsed)
         if trimmed:
-            await self.redis.xack(s.input_queue, s.consumer_group, *trimmed)
+            await self.redis.xack(lane.keys.input, s.consumer_group, *trimmed)
             self._m_trimmed.inc(len(trimmed))
             log.warning("trimmed_pending_cleared", count=len(trimmed))
-        refused = await self.locks.acquire(candidates) if candidates else {}
+        refused = await self.locks.acquire(candidates, lane.keys) if candidates else {}
         for args in dead:
-            self._dead_letter(*args)
+            self._dead_letter(lane, *args)
         skipped = 0
         for index, claim in refused.items():
             message = candidates[index]
             if claim == Claim.DUPLICATE:
                 skipped += 1
-                self._settle_without_flight(Outcome(Action.SKIP, message.entry_id, message.record_id, False))
+                self._settle_without_flight(lane, Outcome(Action.SKIP, message.entry_id, message.record_id, False))
                 self._m_outcome["skipped_duplicate"].inc()
                 log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
             else:
@@ -522,15 +624,16 @@ class Worker:
                 log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
         acquired = [m for index, m in enumerate(candidates) if index not in refused] if refused else candidates
         deadline = time.monotonic() + s.processing_timeout
-        flights = [InFlight(message, deadline) for message in acquired]
+        index = lane.index
+        flights = [InFlight(message, deadline, index) for message in acquired]
         for flight in flights:
-            self.in_flight[flight.message.entry_id] = flight
+            in_flight[flight.message.entry_id] = flight
+        self._turn_started += len(dead) + skipped + len(flights)
         if self._batches and flights:
             self._start(self._handle_batch(flights), flights)
         else:
             for flight in flights:
                 self._start(self._handle(flight), (flight,))
-        return len(dead) + skipped + len(flights)
 
     def _start(self, coro: Coroutine[Any, Any, None], flights: Sequence[InFlight]) -> None:
         task = _start_task(coro)
@@ -543,11 +646,17 @@ class Worker:
         commit, leave = Action.COMMIT, Action.LEAVE  # once per batch, as in _dispatch
         processed = duplicates = 0
         lines: list[dict[str, Any]] = []
+        lane = self.lanes[batch[0].lane]  # a batch is of one lane
+        in_flight, settling, during_history_read = (
+            lane.in_flight,
+            lane.settling_without_flight,
+            lane.settled_during_history_read,
+        )
         for outcome in batch:
-            flight = self.in_flight.pop(outcome.entry_id, None)
-            self._settling_without_flight.discard(outcome.entry_id)
-            if self._settled_during_history_read is not None and outcome.action is not leave:
-                self._settled_during_history_read.add(outcome.entry_id)
+            flight = in_flight.pop(outcome.entry_id, None)
+            settling.discard(outcome.entry_id)
+            if during_history_read is not None and outcome.action is not leave:
+                during_history_read.add(outcome.entry_id)
             if outcome.action is not commit:
                 continue  # dead letters, retries and deferrals were counted and logged when decided
             if outcome.duplicate:
@@ -664,6 +773,7 @@ class Worker:
             log.warning("late_outcome_ignored", record_id=flight.message.record_id, outcome=outcome.action.name)
             return
         flight.submitted = True
+        outcome.lane = flight.lane
         self.settler.submit(outcome)
 
     def _give_up(self, flight: InFlight, outcome: Outcome) -> None:
@@ -770,17 +880,20 @@ class Worker:
             log.warning("message_retrying_long", retrying_for_seconds=round(now - first), retry_count=m.retry_count + 1)
         return Outcome(Action.RETRY, m.entry_id, m.record_id, True, (delay_ms, member))
 
-    def _settle_without_flight(self, outcome: Outcome) -> None:
+    def _settle_without_flight(self, lane: Lane, outcome: Outcome) -> None:
         """Hand the settler an entry that never was in flight; until settled, a history read passes it by."""
-        self._settling_without_flight.add(outcome.entry_id)
+        lane.settling_without_flight.add(outcome.entry_id)
+        outcome.lane = lane.index
         self.settler.submit(outcome)
 
-    def _dead_letter(self, entry_id: str, raw: RawFields, reason: str, error_type: str, attempts: int) -> None:
+    def _dead_letter(
+        self, lane: Lane, entry_id: str, raw: RawFields, reason: str, error_type: str, attempts: int
+    ) -> None:
         """Malformed or poison entries: no lock was taken, nothing to process; the DLQ keeps them with the reason."""
         fields = dead_letter_fields(
             raw, entry_id, error=reason, error_type=error_type, stage=self.settings.service_name, attempts=attempts
         )
-        self._settle_without_flight(Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
+        self._settle_without_flight(lane, Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
         self._m_outcome["dead_lettered"].inc()
         log.warning("message_dead_lettered", message_id=entry_id, error=reason, error_type=error_type)
 
@@ -788,7 +901,7 @@ class Worker:
         self._m_circuit.set(state)
         if state is CircuitState.HALF_OPEN:
             # Messages left pending while open are ours: offer them to the trial calls first.
-            self._reread_own_pending = True
+            self._reread_own_pending()
 
 
 def _error_text(exc: BaseException) -> str:

@@ -1,0 +1,93 @@
+"""The lanes of a stage and where their commits forward (docs/durability.md, "Partitions").
+
+A stage of PARTITIONS=K reads K lanes (phoenix/keys.py: one full set of per-record keys per partition, under the
+tag `{<namespace>~<p>}`); a stage of one partition has one lane, its keys of today. Every commit of a lane is one
+settle.lua call whose keys are that lane's, so on Redis Cluster it runs in the lane's slot. Its forward goes:
+- straight to the output, in the same script, when every record of the lane goes to one stream and that stream is
+  in the lane's slot, or the server is no cluster (one Redis runs a script over any keys): the atomic hop;
+- otherwise to the lane's outbox, in the same script, and relay.py moves it on: the relayed hop. That is a
+  cluster's forward to another slot (a plain stream, a stage of one partition), and on every server a forward to a
+  stage of another partition count, whose stream depends on the record (settle.lua writes one output stream).
+The choice is made once per lane, at start, never per message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.crc import key_slot
+
+from phoenix.keys import StageKeys, forward_stream, input_stream, stage_of_input
+from phoenix.worker_runtime.settings import WorkerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """Where a lane's commits write: `keys` are the lane's; `forward` the stream settle.lua XADDs a result to (the
+    output itself, or the lane's outbox when `relayed`), None for a stage without output."""
+
+    keys: StageKeys
+    forward: str | None
+    relayed: bool = False
+
+
+class Output:
+    """The stream a result of the stage goes to: OUTPUT_QUEUE, or, when that is a stage's default input
+    (`output.stage`), the record's partition of that stage's OUTPUT_PARTITIONS."""
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        self._queue = settings.output_queue
+        found = stage_of_input(self._queue) if self._queue else None
+        # Only the unpartitioned name of a stage's input is `output.stage`; a partitioned name is a stream given.
+        self._stage = found if found and self._queue == input_stream(found[1], found[0]) else None
+        self._partitions = settings.output_partitions if self._stage else 1
+
+    @property
+    def streams(self) -> tuple[str, ...]:
+        """Every stream results may go to: one, or each partition of the next stage."""
+        if not self._queue:
+            return ()
+        if self._stage is None or self._partitions == 1:
+            return (self._queue,)
+        namespace, stage = self._stage
+        return tuple(input_stream(stage, namespace, p) for p in range(self._partitions))
+
+    def target(self, record_id: str) -> str:
+        """The stream the result of `record_id` goes to (the relay's question, per entry)."""
+        if self._stage is None or self._partitions == 1:
+            return self._queue
+        namespace, stage = self._stage
+        return forward_stream(stage, namespace, record_id, self._partitions)
+
+    def target_of_lane(self, lane: StageKeys) -> str | None:
+        """The one stream every result of `lane` goes to, or None when it depends on the record."""
+        if self._stage is None or self._partitions == 1:
+            return self._queue
+        if self._partitions != lane.partitions:
+            return None
+        # Same count: partition_of(record, K) is the lane's own partition in both stages.
+        namespace, stage = self._stage
+        return input_stream(stage, namespace, lane.partition)
+
+
+def routes(settings: WorkerSettings, *, slots_matter: bool) -> tuple[Route, ...]:
+    """Each lane's route; `slots_matter`: the server is a cluster (a script may touch one slot only)."""
+    output = Output(settings)
+    found = []
+    for lane in settings.keys.lanes:
+        if not settings.output_queue:
+            found.append(Route(lane, None))
+            continue
+        target = output.target_of_lane(lane)
+        if target is not None and (not slots_matter or key_slot(target.encode()) == key_slot(lane.input.encode())):
+            found.append(Route(lane, target))
+        else:
+            found.append(Route(lane, lane.outbox, relayed=True))
+    return tuple(found)
+
+
+async def cluster_enabled(client: Redis) -> bool:
+    """Whether the server checks slots (cluster mode): a single Redis, primary or Sentinel-managed, does not."""
+    info = await client.info("cluster")
+    return str(info.get("cluster_enabled", 0)) == "1"

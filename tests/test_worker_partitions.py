@@ -1,0 +1,330 @@
+"""Partitioned stages (PARTITIONS): the real Worker reads, retries, dead-letters and reclaims per lane, commits per
+lane, and forwards a result straight to the next stage in the same script when the lane's one target shares its
+slot, through the lane's outbox and the relay otherwise: exactly once, also with workers SIGKILLed. Relays that
+only a cluster needs run on the single-node cluster fixture, which refuses CROSSSLOT in scripts as a cluster does."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+from redis.exceptions import ClusterCrossSlotError
+
+from phoenix.keys import StageKeys, input_stream, partition_of
+from phoenix.worker_runtime import lanes, metrics
+from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
+from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.inprocess import drained, running_worker
+from tests.fixtures.valkey_cluster import single_node_cluster
+from tests.fixtures.workers import WorkerPool, WorkerProcess
+from tests.processors import OutcomeProcessor
+
+OUTCOMES = "tests.processors:OutcomeProcessor"
+PLAIN = "phoenix-partitions-results"  # a plain stream: a slot of its own
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    with single_node_cluster() as url:
+        yield url
+
+
+@pytest.fixture
+async def cluster(cluster_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(cluster_url, decode_responses=True)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+async def enqueue(client: aioredis.Redis, keys: StageKeys, records: list[str], **data: object) -> None:
+    """Each record into its partition's input, as the producer writes them."""
+    pipe = client.pipeline(transaction=False)
+    for record in records:
+        pipe.xadd(keys.lane_of(record).input, {"record_id": record, "user_id": "u", "data": json.dumps(data)})
+    await pipe.execute()
+
+
+async def arrived(client: aioredis.Redis, streams: list[str]) -> list[tuple[str, str]]:
+    """(stream, record id) of every entry of `streams`."""
+    return [(s, fields["record_id"]) for s in streams for _, fields in await client.xrange(s)]
+
+
+def test_partitions_and_output_partitions_are_checked_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = {"SERVICE_NAME": "p", "PROCESSOR": OUTCOMES, "PARTITIONS": "4"}
+    for name, value in {**base, "INPUT_QUEUE": "mine"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigurationError, match=r"PARTITIONS=4: .*unset INPUT_QUEUE and DLQ_NAME"):
+        load_settings()
+    monkeypatch.delenv("INPUT_QUEUE")
+    monkeypatch.setenv("DLQ_NAME", "mine")
+    with pytest.raises(ConfigurationError, match="unset INPUT_QUEUE and DLQ_NAME"):
+        load_settings()
+    monkeypatch.delenv("DLQ_NAME")
+    monkeypatch.setenv("OUTPUT_PARTITIONS", "3")
+    monkeypatch.setenv("OUTPUT_QUEUE", PLAIN)
+    with pytest.raises(ConfigurationError, match="OUTPUT_PARTITIONS applies to an output that is a stage's"):
+        load_settings()
+    monkeypatch.setenv("OUTPUT_QUEUE", input_stream("next"))
+    settings = load_settings()
+    assert settings.keys.partitions == 4 and [lane.partition for lane in settings.keys.lanes] == [0, 1, 2, 3]
+
+
+async def test_every_record_is_processed_once_in_its_own_lane(redis: aioredis.Redis, redis_url: str) -> None:
+    """K=4 -> K=4: each lane's keys are used, and each result goes to the same partition of the next stage, in the
+    commit itself (no outbox)."""
+    stage, nxt = StageKeys.for_stage("p", partitions=4), StageKeys.for_stage("q", partitions=4)
+    records = [f"r{i}" for i in range(400)]
+    await enqueue(redis, stage, records)
+    async with running_worker(
+        redis_url,
+        "p",
+        OutcomeProcessor,
+        partitions=4,
+        output_queue=input_stream("q"),
+        output_partitions=4,
+        concurrency=16,
+    ) as worker:
+        await wait_until(lambda: drained(worker), "every lane drained", 60)
+        assert [r.relayed for r in lanes.routes(worker.settings, slots_matter=True)] == [False] * 4
+    forwarded = await arrived(redis, [lane.input for lane in nxt.lanes])
+    assert sorted(r for _, r in forwarded) == sorted(records)  # exactly once
+    assert all(stream == nxt.lane_of(record).input for stream, record in forwarded)
+    for lane in stage.lanes:
+        assert await redis.xinfo_groups(lane.input), lane.input
+        assert not await redis.exists(lane.outbox)
+    for record in records:
+        assert (await redis.get(stage.lane_of(record).record(record)) or "").startswith("done")
+    assert {partition_of(r, 4) for r in records} == {0, 1, 2, 3}
+
+
+async def test_retries_and_dead_letters_stay_in_their_lane(redis: aioredis.Redis, redis_url: str) -> None:
+    stage = StageKeys.for_stage("p", partitions=3)
+    failing = [f"fail{i}" for i in range(6)]
+    invalid = [f"bad{i}" for i in range(6)]
+    await enqueue(redis, stage, failing, action="fail")
+    await enqueue(redis, stage, invalid, action="invalid")
+    async with running_worker(
+        redis_url,
+        "p",
+        OutcomeProcessor,
+        partitions=3,
+        max_attempts=2,
+        circuit_failure_threshold=1000,  # the failures are the records', not a dependency's
+        retry_base_seconds=0.05,
+        retry_max_seconds=0.1,
+    ) as worker:
+        await wait_until(lambda: _dead(redis, stage, len(failing) + len(invalid)), "every record dead-lettered", 60)
+        await wait_until(lambda: drained(worker), "drained", 60)
+    for lane in stage.lanes:
+        dead = [fields["record_id"] for _, fields in await redis.xrange(lane.dlq)]
+        assert all(stage.lane_of(r) == lane for r in dead)
+        assert await redis.zcard(lane.retry) == 0
+        retried = [f for _, f in await redis.xrange(lane.input) if f.get("retry_count")]
+        assert all(stage.lane_of(f["record_id"]) == lane for f in retried)
+    assert {len(await redis.xrange(lane.dlq)) > 0 for lane in stage.lanes} == {True}
+
+
+async def _dead(client: aioredis.Redis, stage: StageKeys, count: int) -> bool:
+    return sum([await client.xlen(lane.dlq) for lane in stage.lanes]) == count
+
+
+async def test_a_dead_consumers_entries_are_reclaimed_in_each_lane(redis: aioredis.Redis, redis_url: str) -> None:
+    stage = StageKeys.for_stage("p", partitions=4)
+    records = [f"r{i}" for i in range(40)]
+    await enqueue(redis, stage, records)
+    for lane in stage.lanes:  # delivered to a consumer that then died
+        await redis.xgroup_create(lane.input, stage.consumer_group, id="0")
+        await redis.xreadgroup(stage.consumer_group, "dead-1", {lane.input: ">"})
+    async with running_worker(
+        redis_url, "p", OutcomeProcessor, partitions=4, output_queue=PLAIN, claim_idle_ms=200, claim_interval=0.2
+    ) as worker:
+        await wait_until(lambda: drained(worker), "the dead consumer's entries reclaimed", 60)
+    assert sorted(r for _, r in await arrived(redis, [PLAIN])) == sorted(records)
+
+
+async def test_a_busy_lane_does_not_starve_another(redis: aioredis.Redis, redis_url: str) -> None:
+    """5,000 entries wait in one lane when one record arrives in another: it is processed long before the busy
+    lane is through."""
+    stage = StageKeys.for_stage("p", partitions=2)
+    busy = [r for r in (f"b{i}" for i in range(20_000)) if partition_of(r, 2) == 0][:5000]
+    quiet = next(r for r in (f"q{i}" for i in range(100)) if partition_of(r, 2) == 1)
+    await enqueue(redis, stage, busy, action="sleep:0.001")
+    async with running_worker(redis_url, "p", OutcomeProcessor, partitions=2, concurrency=4) as worker:
+        await wait_until(lambda: _started(redis, stage), "the busy lane being read", 60)
+        await enqueue(redis, stage, [quiet])
+        await wait_until(
+            lambda: _committed(redis, stage, quiet), "the quiet lane's record processed", 60, interval=0.01
+        )
+        busy_left = await _unread_or_pending(redis, stage.lanes[0])
+        await wait_until(lambda: drained(worker), "drained", 120)
+    assert busy_left > 1000, busy_left
+
+
+async def _started(client: aioredis.Redis, stage: StageKeys) -> bool:
+    groups = await client.xinfo_groups(stage.lanes[0].input)
+    return bool(groups) and int(groups[0]["entries-read"] or 0) > 0
+
+
+async def _committed(client: aioredis.Redis, stage: StageKeys, record: str) -> bool:
+    return (await client.get(stage.lane_of(record).record(record)) or "").startswith("done")
+
+
+async def _unread_or_pending(client: aioredis.Redis, lane: StageKeys) -> int:
+    (group,) = await client.xinfo_groups(lane.input)
+    return int(group["lag"]) + int(group["pending"])
+
+
+async def test_a_forward_to_another_partition_count_is_relayed_exactly_once(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """K=4 -> K=3 on a single Redis: a lane's records go to three streams, so through the outbox; the relay moves
+    each to its record's partition of the next stage, once, and empties the outbox."""
+    stage, nxt = StageKeys.for_stage("p", partitions=4), StageKeys.for_stage("q", partitions=3)
+    records = [f"r{i}" for i in range(300)]
+    await enqueue(redis, stage, records)
+    relayed = metrics.OUTBOX_RELAYED.labels("p")
+    before = relayed._value.get()
+    async with running_worker(
+        redis_url, "p", OutcomeProcessor, partitions=4, output_queue=input_stream("q"), output_partitions=3
+    ) as worker:
+        assert all(r.relayed for r in lanes.routes(worker.settings, slots_matter=False))
+        await wait_until(lambda: drained(worker), "drained", 60)
+        await wait_until(lambda: _outboxes_empty(redis, stage), "the outboxes relayed", 60)
+    forwarded = await arrived(redis, [lane.input for lane in nxt.lanes])
+    assert sorted(r for _, r in forwarded) == sorted(records)
+    assert all(stream == nxt.lane_of(record).input for stream, record in forwarded)
+    assert relayed._value.get() - before == len(records)
+    assert all(json.loads(f["data"])["seen_by"] == "p" for _, f in await redis.xrange(nxt.lanes[0].input))
+
+
+async def _outboxes_empty(client: aioredis.Redis, stage: StageKeys) -> bool:
+    for lane in stage.lanes:
+        if await client.xlen(lane.outbox):
+            return False
+        groups = await client.xinfo_groups(lane.outbox) if await client.exists(lane.outbox) else []
+        if any(int(g["pending"]) for g in groups):
+            return False
+    return True
+
+
+async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_the_relay_carries_it(
+    cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """The same commit, by the real Settler, of a lane whose output is in another slot: straight to the output
+    the cluster refuses it (CROSSSLOT: nothing written); through the lane's outbox it is written."""
+    settings = WorkerSettings(
+        service_name="p", processor=OUTCOMES, redis_url=cluster_url, partitions=2, output_queue=PLAIN
+    )
+    lane = settings.keys.lanes[1]
+    assert key_slot(PLAIN.encode()) != key_slot(lane.input.encode())
+    raw = aioredis.Redis.from_url(cluster_url, decode_responses=False)
+    await raw.xgroup_create(lane.input, "p-group", id="0", mkstream=True)
+    entry = await raw.xadd(lane.input, {"record_id": "r", "user_id": "u", "data": "{}"})
+    await raw.xreadgroup("p-group", settings.consumer_name, {lane.input: ">"})
+    commit = Outcome(Action.COMMIT, entry.decode(), "r", True, ("u", "{}"), lane=1)
+    direct = Settler(raw, settings, "lock x", print, lanes.routes(settings, slots_matter=False))
+    with pytest.raises(ClusterCrossSlotError, match="same slot"):  # CROSSSLOT
+        await direct._commit(1, [commit])  # the one script call the settler would retry forever
+    assert not await raw.exists(PLAIN) and not await raw.exists(lane.record("r"))
+    settled: list[Outcome] = []
+    relayed = Settler(raw, settings, "lock x", settled.extend, lanes.routes(settings, slots_matter=True))
+    task = asyncio.create_task(relayed.run())
+    relayed.submit(commit)
+    await asyncio.wait_for(relayed.flush(), 30)
+    task.cancel()
+    assert [o.action for o in settled] == [Action.COMMIT]
+    assert [f[b"record_id"] for _, f in await raw.xrange(lane.outbox)] == [b"r"]
+    assert (await raw.xpending(lane.input, "p-group"))["pending"] == 0
+    assert (await raw.get(lane.record("r"))).startswith(b"done")
+    await raw.aclose()
+
+
+async def test_on_a_cluster_forwards_to_a_plain_stream_are_relayed_and_same_count_ones_are_not(
+    cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """K=4 -> K=4 commits straight to the next stage (same slot); that stage's K=4 -> a plain stream is relayed."""
+    first, second = StageKeys.for_stage("p", partitions=4), StageKeys.for_stage("q", partitions=4)
+    records = [f"r{i}" for i in range(200)]
+    await enqueue(cluster, first, records)
+    async with (
+        running_worker(
+            cluster_url, "p", OutcomeProcessor, partitions=4, output_queue=input_stream("q"), output_partitions=4
+        ) as p,
+        running_worker(cluster_url, "q", OutcomeProcessor, partitions=4, output_queue=PLAIN) as q,
+    ):
+        await wait_until(lambda: _count(cluster, PLAIN, len(records)), "every record at the end", 60)
+        await wait_until(lambda: drained(p), "p drained", 60)
+        await wait_until(lambda: drained(q), "q drained", 60)
+        await wait_until(lambda: _outboxes_empty(cluster, second), "q's outboxes relayed", 60)
+    assert sorted(r for _, r in await arrived(cluster, [PLAIN])) == sorted(records)
+    assert not any([await cluster.exists(lane.outbox) for lane in first.lanes])
+    assert all([await cluster.exists(lane.outbox) for lane in second.lanes])
+
+
+async def _count(client: aioredis.Redis, stream: str, count: int) -> bool:
+    return await client.xlen(stream) >= count
+
+
+RECORDS = 1500
+
+
+async def test_a_partitioned_pipeline_delivers_exactly_once_with_workers_sigkilled(
+    cluster: aioredis.Redis, cluster_url: str, tmp_path: Path
+) -> None:
+    """K=4 -> K=3 (relayed) -> a plain stream (relayed), real `phoenix worker` processes on the cluster node, two
+    per stage, SIGKILLed and replaced while records flow: each record arrives once, nothing pending or dead."""
+    pool = WorkerPool(cluster_url, tmp_path / "logs")
+    stages = {
+        "k4": {"PARTITIONS": "4", "OUTPUT_QUEUE": input_stream("k3"), "OUTPUT_PARTITIONS": "3"},
+        "k3": {"PARTITIONS": "3", "OUTPUT_QUEUE": PLAIN},
+    }
+
+    def start(stage: str) -> WorkerProcess:
+        return pool.start(stage, processor=OUTCOMES, CONCURRENCY="8", MAX_DELIVERIES="30", **stages[stage])
+
+    first = StageKeys.for_stage("k4", partitions=4)
+    keys = {"k4": first, "k3": StageKeys.for_stage("k3", partitions=3)}
+    rng = random.Random(21)
+    try:
+        live = {stage: [start(stage), start(stage)] for stage in stages}
+        records = [f"r{i}" for i in range(RECORDS)]
+        for chunk in range(0, RECORDS, 100):
+            await enqueue(cluster, first, records[chunk : chunk + 100], action="sleep:0.005")
+        kills = 0
+        while kills < 6 and await cluster.xlen(PLAIN) < RECORDS:
+            await asyncio.sleep(0.5)
+            stage = rng.choice(list(stages))
+            live[stage].pop(rng.randrange(2)).kill()
+            kills += 1
+            live[stage].append(start(stage))
+        await wait_until(lambda: _pipeline_drained(cluster, keys), "the pipeline drained", 180)
+        for workers in live.values():
+            assert all(w.alive for w in workers)
+    finally:
+        pool.stop_all()
+    ids = [r for _, r in await arrived(cluster, [PLAIN])]
+    assert len(ids) == RECORDS and set(ids) == set(records)  # exactly once
+    for stage in keys.values():
+        for lane in stage.lanes:
+            assert await cluster.xlen(lane.dlq) == 0
+    assert kills >= 3
+
+
+async def _pipeline_drained(client: aioredis.Redis, keys: dict[str, StageKeys]) -> bool:
+    if await client.xlen(PLAIN) < RECORDS:
+        return False
+    for stage in keys.values():
+        for lane in stage.lanes:
+            if (await client.xpending(lane.input, stage.consumer_group))["pending"] or await client.zcard(lane.retry):
+                return False
+        if not await _outboxes_empty(client, stage):
+            return False
+    return True
