@@ -427,7 +427,7 @@ REDIS_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
         {**_URL_REF, "sentinel": {"masterName": "mymaster"}},
         "redis.sentinel is only read with redis.mode sentinel",
     ),
-    "cluster, not yet": ({**_URL_REF, "mode": "cluster"}, "redis.mode cluster is not supported yet"),
+    "cluster": ({**_URL_REF, "mode": "cluster"}, None),
     "an unknown mode": ({**_URL_REF, "mode": "replicated"}, "replicated"),
     "a client certificate by key": (
         {**_URL_REF, "tls": {"clientCertSecretRef": {"name": "client", "key": "tls.crt"}}},

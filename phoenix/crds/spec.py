@@ -117,7 +117,6 @@ class RedisMode(StrEnum):
     CLUSTER = "cluster"
 
 
-_CLUSTER_MESSAGE = "redis.mode cluster is not supported yet (Redis Cluster support is a separate issue)"
 _SENTINEL_NEEDS_MASTER = "redis.mode sentinel needs redis.sentinel.masterName"
 _SENTINEL_ONLY_IN_SENTINEL_MODE = "redis.sentinel is only read with redis.mode sentinel"
 
@@ -169,14 +168,14 @@ class RedisSpec(CamelModel):
     """How the worker (and KEDA) reach Redis. Only Secret references: no credential is ever written in a spec."""
 
     model_config = cel(
-        ("!has(self.mode) || self.mode != 'cluster'", _CLUSTER_MESSAGE),
         ("!has(self.mode) || self.mode != 'sentinel' || has(self.sentinel)", _SENTINEL_NEEDS_MASTER),
         ("!has(self.sentinel) || (has(self.mode) && self.mode == 'sentinel')", _SENTINEL_ONLY_IN_SENTINEL_MODE),
     )
 
     url_secret_ref: SecretKeyRef = Field(
         description="Secret key holding the Redis URL (`redis://[user:password@]host:port/db`, or `rediss://` "
-        "for TLS; in sentinel mode the hosts are the Sentinels, `host1:26379,host2:26379`). Given to the worker "
+        "for TLS; in sentinel mode the hosts are the Sentinels, `host1:26379,host2:26379`; in cluster mode seed "
+        "nodes of the Redis Cluster, `node1:6379,node2:6379`, database 0). Given to the worker "
         "as REDIS_URL."
     )
     password_secret_ref: SecretKeyRef | None = Field(
@@ -187,15 +186,13 @@ class RedisSpec(CamelModel):
     mode: RedisMode = Field(
         default=RedisMode.STANDALONE,
         description="standalone: the URL names the Redis itself; sentinel: the URL names the Sentinels "
-        "(set `sentinel.masterName`). cluster is refused until Redis Cluster is supported. REDIS_MODE.",
+        "(set `sentinel.masterName`); cluster: the URL names seed nodes of a Redis Cluster. REDIS_MODE.",
     )
     sentinel: RedisSentinel | None = Field(default=None, description="Sentinel mode's master name and credentials.")
     tls: RedisTls | None = Field(default=None, description="CA and client certificate for a `rediss://` URL.")
 
     @model_validator(mode="after")
     def _mode_fits(self) -> RedisSpec:
-        if self.mode is RedisMode.CLUSTER:
-            raise ValueError(_CLUSTER_MESSAGE)
         if self.mode is RedisMode.SENTINEL and self.sentinel is None:
             raise ValueError(_SENTINEL_NEEDS_MASTER)
         if self.sentinel is not None and self.mode is not RedisMode.SENTINEL:

@@ -10,6 +10,7 @@ from importlib.resources import files
 from redis.asyncio import Redis
 
 from phoenix.keys import StageKeys
+from phoenix.redis_spec import is_cluster
 from phoenix.worker_runtime import lua as runtime_lua
 from phoenix.worker_runtime.dlq import replay_args
 from phoenix.worker_runtime.ownership import stage_ref
@@ -110,6 +111,10 @@ async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, l
         want = REPLAY_BATCH if limit is None else min(REPLAY_BATCH, limit - moved)
         if want <= 0:
             break
+        if is_cluster(client):
+            # A cluster transaction cannot load a script (redis-py's Pipeline does; its ClusterPipeline does not):
+            # loaded on every primary first, again each batch, as a promoted replica never got it.
+            await client.script_load(move.script)
         pipe = client.pipeline(transaction=True)
         pipe.hincrby(ledger, "claimed", 1)
         pipe.expire(ledger, REPLAY_LEDGER_TTL_SECONDS)
