@@ -5,6 +5,7 @@ migrated while traffic runs) and a primary SIGKILLed mid-run (its replica takes 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -42,14 +43,34 @@ def cluster() -> Iterator[ValkeyCluster]:
 
 
 @pytest.fixture
-async def client(cluster: ValkeyCluster) -> AsyncIterator[aioredis.Redis]:
-    """The runtime's own cluster client (decoded), every primary flushed before the test."""
-    spec = RedisSpec.from_url(cluster.url, mode="cluster")
-    found = connect(spec, decode_responses=True)
+def fresh_cluster() -> Iterator[ValkeyCluster]:
+    """A cluster of its own, for a test that SIGKILLs a primary (the shared one would be left without a replica)."""
+    with valkey_cluster() as started:
+        yield started
+
+
+@contextlib.asynccontextmanager
+async def _client_of(cluster: ValkeyCluster) -> AsyncIterator[aioredis.Redis]:
+    """The runtime's own cluster client (decoded), every primary flushed first."""
+    found = connect(RedisSpec.from_url(cluster.url, mode="cluster"), decode_responses=True)
     await found.initialize()  # type: ignore[attr-defined]
     await found.flushdb(target_nodes="primaries")  # type: ignore[call-arg]
-    yield found
-    await found.aclose()
+    try:
+        yield found
+    finally:
+        await found.aclose()
+
+
+@pytest.fixture
+async def client(cluster: ValkeyCluster) -> AsyncIterator[aioredis.Redis]:
+    async with _client_of(cluster) as found:
+        yield found
+
+
+@pytest.fixture
+async def fresh_client(fresh_cluster: ValkeyCluster) -> AsyncIterator[aioredis.Redis]:
+    async with _client_of(fresh_cluster) as found:
+        yield found
 
 
 async def _add(client: aioredis.Redis, ids: list[str], **data: str) -> None:
@@ -98,7 +119,7 @@ async def test_the_cli_enqueues_shows_inspects_and_handles_the_dlq_on_the_cluste
     assert "moved 3 entries back" in _cli(cluster, "dlq", "replay", "--service", "c", "--yes")
     assert await client.xlen(keys.input) == 6 and await client.xlen(keys.dlq) == 0
     await client.xadd(keys.dlq, {"record_id": "x"})
-    assert "deleted 1 entries" in _cli(cluster, "dlq", "purge", "--service", "c", "--yes")
+    assert "deleted 1 entries" in _cli(cluster, "dlq", "purge", "--service", "c", "--all", "--yes")
 
 
 async def test_the_operators_pool_replays_and_destroys_on_the_cluster(
@@ -162,11 +183,12 @@ async def _at_least(client: aioredis.Redis, stream: str, count: int) -> bool | N
 
 
 async def test_resharding_and_a_failover_mid_run_lose_and_repeat_nothing(
-    cluster: ValkeyCluster, client: aioredis.Redis, tmp_path: Path
+    fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:
     """Two stages, three workers each, one partition (every key of the namespace in the slot of {default}): mid-run
     that busy slot is migrated to another primary, then that primary is SIGKILLed and its replica takes over. Every
     record arrives once, nothing is pending, retried or dead-lettered, and no worker exits."""
+    cluster, client = fresh_cluster, fresh_client
     slot = client.keyslot(A_IN)  # type: ignore[attr-defined]
     ids = [f"r{i}" for i in range(RECORDS)]
     # The producer's side: on the slot's primary, and on its replica before anything runs.
@@ -206,11 +228,12 @@ K = 8
 
 
 async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through_failover_and_migration(
-    cluster: ValkeyCluster, client: aioredis.Redis, tmp_path: Path
+    fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:
     """Two stages of 8 partitions, 3 real `phoenix worker` processes each, 20,000 records: mid-run one busy slot is
     migrated to another primary and a primary is SIGKILLed (its replica takes over). Every record arrives exactly
     once, nothing is pending, retried or dead-lettered, and no worker exits."""
+    cluster, client = fresh_cluster, fresh_client
     # pa -> pb -> the inputs of pc (no worker reads them): every hop keeps the record's partition, so each commit
     # (marker + forward + ack) is one script in one slot; the results are counted on pc's eight lane inputs.
     stages = {
@@ -221,7 +244,7 @@ async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through
     results = [lane.input for lane in keys["pc"].lanes]
     records = [Record(f"r{i}", {"n": i}) for i in range(PARTITIONED_RECORDS)]
     # The producer API, each batch on a replica before it returns: a SIGKILLed primary loses no record.
-    await Producer(client, "pa", partitions=K, min_replicas_ack=1, min_replicas_timeout_ms=30_000).send_many(records)
+    await Producer(client, "pa", partitions=K, min_replicas_ack=1, min_replicas_timeout_ms=5000).send_many(records)
     pool = WorkerPool(cluster.url, tmp_path / "logs")
     env = {"MAX_DELIVERIES": "50"}
     try:

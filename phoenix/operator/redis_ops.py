@@ -111,14 +111,16 @@ async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, l
         want = REPLAY_BATCH if limit is None else min(REPLAY_BATCH, limit - moved)
         if want <= 0:
             break
-        if is_cluster(client):
-            # A cluster transaction cannot load a script (redis-py's Pipeline does; its ClusterPipeline does not):
-            # loaded on every primary first, again each batch, as a promoted replica never got it.
-            await client.script_load(move.script)
         pipe = client.pipeline(transaction=True)
         pipe.hincrby(ledger, "claimed", 1)
         pipe.expire(ledger, REPLAY_LEDGER_TTL_SECONDS)
-        await move(keys=[dlq, input_stream], args=replay_args(want, start), client=pipe)
+        if is_cluster(client):
+            # redis-py's cluster pipeline refuses scripts (its evalsha): the script is loaded on every primary
+            # first, again each batch, as a promoted replica never got it, and queued as a plain EVALSHA.
+            await client.script_load(move.script)
+            pipe.execute_command("EVALSHA", move.sha, 2, dlq, input_stream, *replay_args(want, start))
+        else:
+            await move(keys=[dlq, input_stream], args=replay_args(want, start), client=pipe)
         _, _, (count, seen, last) = await pipe.execute()
         record = client.pipeline(transaction=True)
         record.hincrby(ledger, "moved", count)
