@@ -345,8 +345,25 @@ class _Cluster(RedisCluster):
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
             return await super().execute_command(*args, **kwargs)
-        except SlotNotCoveredError as exc:  # after the client's own retries; a misuse stays what it is
+        except SlotNotCoveredError as exc:  # after the client's own retries
             raise ClusterUnavailable(str(exc)) from exc
+        except (RedisClusterException, IndexError) as exc:
+            # A command that found no node because another one emptied the slot map to rebuild it (a failover
+            # under way: redis-py #3935's race) is waited out; a misuse with a known map stays what it is.
+            if not self._initialize:
+                raise
+            raise ClusterUnavailable(f"the cluster's slot map is being rebuilt: {exc}") from exc
+        except RuntimeError as exc:
+            raise as_connection_error(exc) from exc
+
+
+def as_connection_error(exc: RuntimeError) -> ClusterUnavailable:
+    """asyncio's "unable to perform operation on <TCPTransport closed=True>; the handler is closed": a connection
+    the cluster client itself closed under a command (it drops every node's connections on CLUSTERDOWN), which
+    asyncio raises as RuntimeError. Anything else is a bug and re-raised."""
+    if "handler is closed" not in str(exc):
+        raise exc
+    return ClusterUnavailable(f"connection closed by a topology reset: {exc}")
 
 
 def is_cluster(client: object) -> bool:

@@ -32,10 +32,6 @@ class ScriptedProcessor(BaseProcessor):
     before or after the side effect. The Redis key `dependency-down:{stage}` makes every call fail.
     """
 
-    # The side effects' keys (str.format templates): ClusterScriptedProcessor puts both in one slot.
-    EFFECTS = "effects:{stage}"
-    PIDS = "pids:{stage}:{record_id}"
-
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
         stage = self.settings.service_name
         action = str(data.get("action", ""))
@@ -54,21 +50,13 @@ class ScriptedProcessor(BaseProcessor):
             await asyncio.sleep(float(action.partition(":")[2]))
         # One transaction, so a kill cannot separate the side effect from the record of who caused it.
         async with self.redis.pipeline(transaction=True) as pipe:
-            effects, pids = self.EFFECTS.format(stage=stage), self.PIDS.format(stage=stage, record_id=record_id)
-            pipe.hincrby(effects, record_id, 1).sadd(pids, os.getpid())
+            pipe.hincrby(f"effects:{stage}", record_id, 1).sadd(f"pids:{stage}:{record_id}", os.getpid())
             await pipe.execute()
         if action == "crash-after" and await self.redis.set(f"crashed:{stage}:{record_id}", 1, nx=True):
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "none":
             return None
         return {**data, "seen_by": stage}
-
-
-class ClusterScriptedProcessor(ScriptedProcessor):
-    """ScriptedProcessor on a Redis Cluster: the side effects' transaction needs its keys in one slot (hash tag)."""
-
-    EFFECTS = "effects:{{{stage}}}"
-    PIDS = "pids:{{{stage}}}:{record_id}"
 
 
 class OutcomeProcessor(BaseProcessor):

@@ -17,7 +17,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from phoenix.embedded import start_valkey
 from phoenix.keys import StageKeys
-from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
+from phoenix.redis_spec import ClusterUnavailable, RedisSpec, RedisSpecError, connect
 from phoenix.worker_runtime.settings import WorkerSettings, describe_validation_error
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import eventually, wait_until
@@ -53,6 +53,29 @@ def test_an_unescaped_password_stops_a_command_with_one_line_that_shows_none_of_
     assert_shows_no_part_of(password, done.stdout, done.stderr)
 
 
+def test_cluster_mode_takes_the_hosts_as_seed_nodes() -> None:
+    spec = RedisSpec.from_url("rediss://app:pw@n1:7000,n2,[::1]:7002/0", mode="cluster", tls_ca=Path("/ca.pem"))
+    assert spec.hosts == (("n1", 7000), ("n2", 6379), ("::1", 7002))
+    assert spec.redacted == "rediss://app:***@n1:7000,n2:6379,[::1]:7002/0 (cluster)"
+
+
+async def test_a_cluster_no_seed_answers_is_a_connection_error() -> None:
+    """redis-py raises RedisClusterException (no RedisError) when no seed answers: every caller would crash on it."""
+    spec = RedisSpec.from_url(f"redis://127.0.0.1:{free_loopback_port()}/0", mode="cluster", connect_timeout=1)
+    client = connect(spec, decode_responses=True)
+    try:
+        with pytest.raises(ClusterUnavailable, match="cannot be connected"):
+            await client.ping()
+    finally:
+        await client.aclose()
+
+
+def test_a_worker_waits_for_a_cluster_that_does_not_answer_yet(workers: WorkerPool) -> None:
+    w = workers.start("s", REDIS_URL=f"redis://127.0.0.1:{free_loopback_port()}/0", REDIS_MODE="cluster")
+    eventually(lambda: w.event_names().count("redis_unavailable") >= 2, "two redis_unavailable lines", 60)
+    assert w.alive
+
+
 def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
     spec = RedisSpec.from_url("redis://app:s3cr%23et@127.0.0.1:6379/4")
     assert spec.password is not None and spec.password.get_secret_value() == "s3cr#et"
@@ -63,8 +86,12 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
 @pytest.mark.parametrize(
     ("variables", "message"),
     [
-        ({"redis_mode": "cluster"}, "REDIS_MODE=cluster is not supported yet"),
-        ({"redis_mode": "replicated"}, "REDIS_MODE must be one of standalone, sentinel (got 'replicated')"),
+        ({"redis_mode": "cluster", "redis_url": "redis://127.0.0.1:7000/2"}, "a Redis Cluster has database 0 only"),
+        (
+            {"redis_mode": "cluster", "redis_sentinel_master": "m"},
+            "REDIS_SENTINEL_* settings apply only with REDIS_MODE=sentinel",
+        ),
+        ({"redis_mode": "replicated"}, "REDIS_MODE must be one of standalone, sentinel, cluster (got 'replicated')"),
         ({"redis_mode": "sentinel"}, "REDIS_MODE=sentinel needs REDIS_SENTINEL_MASTER"),
         ({"redis_sentinel_master": "mymaster"}, "REDIS_SENTINEL_* settings apply only with REDIS_MODE=sentinel"),
         ({"redis_tls_ca_file": "/etc/ssl/certs/ca-certificates.crt"}, "REDIS_TLS_* settings need a rediss:// URL"),

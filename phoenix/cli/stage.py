@@ -20,7 +20,7 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 # The connection options besides --redis-url, by RedisSpec field: each a flag, defaulting to the worker's variable.
 # The commands send no blocking reads, so the socket timeout only has to outlast a slow scan.
 _REDIS_OPTIONS = {
-    "mode": ("REDIS_MODE", "standalone (default) or sentinel: then the URL's hosts are the Sentinels"),
+    "mode": ("REDIS_MODE", "standalone (default); sentinel: the URL's hosts are the Sentinels; cluster: seed nodes"),
     "sentinel_master": ("REDIS_SENTINEL_MASTER", "the master's name the Sentinels monitor"),
     "sentinel_username": ("REDIS_SENTINEL_USERNAME", "the Sentinels' own user, when they have one"),
     "sentinel_password": ("REDIS_SENTINEL_PASSWORD", "the Sentinels' own password (prefer the variable)"),

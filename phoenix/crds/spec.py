@@ -171,7 +171,8 @@ class RedisSpec(CamelModel):
 
     url_secret_ref: SecretKeyRef = Field(
         description="Secret key holding the Redis URL (`redis://[user:password@]host:port/db`, or `rediss://` "
-        "for TLS; in sentinel mode the hosts are the Sentinels, `host1:26379,host2:26379`). Given to the worker "
+        "for TLS; in sentinel mode the hosts are the Sentinels, `host1:26379,host2:26379`; in cluster mode seed "
+        "nodes of the Redis Cluster, `node1:6379,node2:6379`, database 0). Given to the worker "
         "as REDIS_URL."
     )
     password_secret_ref: SecretKeyRef | None = Field(

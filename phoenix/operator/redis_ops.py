@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from phoenix.keys import StageKeys
+from phoenix.redis_spec import is_cluster
 from phoenix.worker_runtime import lua as runtime_lua
 from phoenix.worker_runtime.dlq import replay_args
 from phoenix.worker_runtime.ownership import stage_ref
@@ -166,7 +167,13 @@ async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, l
         pipe = client.pipeline(transaction=True)
         pipe.hincrby(ledger, "claimed", 1)
         pipe.expire(ledger, REPLAY_LEDGER_TTL_SECONDS)
-        await move(keys=[dlq, input_stream], args=replay_args(want, start), client=pipe)
+        if is_cluster(client):
+            # redis-py's cluster pipeline refuses scripts (its evalsha): the script is loaded on every primary
+            # first, again each batch, as a promoted replica never got it, and queued as a plain EVALSHA.
+            await client.script_load(move.script)
+            pipe.execute_command("EVALSHA", move.sha, 2, dlq, input_stream, *replay_args(want, start))
+        else:
+            await move(keys=[dlq, input_stream], args=replay_args(want, start), client=pipe)
         _, _, (count, seen, last) = await pipe.execute()
         record = client.pipeline(transaction=True)
         record.hincrby(ledger, "moved", count)

@@ -20,6 +20,7 @@ from phoenix.worker_runtime.lanes import Route
 from phoenix.worker_runtime.lanes import routes as routes_of
 from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
+from phoenix.worker_runtime.redis_client import script_then_wait
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
@@ -170,15 +171,11 @@ class Settler:
         args = self._args(outcomes)
         if not self._replicas:
             return await self._script(keys=keys, args=args)
-        # MIN_REPLICAS_ACK: WAIT counts the writes of the connection it runs on, so it follows the script on the
-        # same connection, in one pipeline. The commit stands either way (Redis cannot undo it); a short count
-        # is logged, since a failover now could lose this batch.
-        # `async with`: a pipeline whose execute fails before it sends (its scripts checked on a primary that is
-        # gone) keeps its connection otherwise, and redis-py prints "Unclosed Pipeline client" into the JSON logs.
-        async with self._client.pipeline(transaction=False) as pipe:
-            await self._script(keys=keys, args=args, client=pipe)
-            pipe.wait(self._replicas, self._replicas_timeout_ms)
-            result, acked = await pipe.execute()
+        # MIN_REPLICAS_ACK: WAIT follows the script on its connection. The commit stands either way (Redis cannot
+        # undo it); a short count is logged, since a failover now could lose this batch.
+        result, acked = await script_then_wait(
+            self._client, self._script, keys, args, self._replicas, self._replicas_timeout_ms
+        )
         if acked < self._replicas:
             log.warning(
                 "replicas_behind",
