@@ -262,12 +262,13 @@ def _id_ms(entry_id: bytes) -> int:
     return int(entry_id.decode().partition("-")[0])
 
 
-def peer_rates(peers_python: str, url: str, n: int) -> list[dict[str, Any]]:
-    """Each peer's no-op worker on the same Valkey, through bench/peers/driver.py in the peers' virtualenv."""
+def peer_rates(peers_python: str, url: str, cluster_url: str, n: int) -> list[dict[str, Any]]:
+    """Each peer's no-op worker on the same Valkey (taskiq's cluster broker on the same one-shard cluster as (d1)),
+    through bench/peers/driver.py in the peers' virtualenv."""
     rates = []
-    for peer in ("taskiq", "dramatiq", "arq"):
+    for peer, peer_url in (("taskiq", url), ("taskiq-cluster", cluster_url), ("dramatiq", url), ("arq", url)):
         done = subprocess.run(
-            [peers_python, str(ROOT / "bench" / "peers" / "driver.py"), peer, url, str(n)],
+            [peers_python, str(ROOT / "bench" / "peers" / "driver.py"), peer, peer_url, str(n)],
             capture_output=True,
             text=True,
             check=True,
@@ -379,7 +380,7 @@ async def run(
         await client.aclose()
         await cluster_client.aclose()
         await server.close()
-        peers = peer_rates(peers_python, url, n) if peers_python else []
+        peers = peer_rates(peers_python, url, cluster_url, n) if peers_python else []
     with valkey_cluster(SHARDS, replicas_each=0) as cluster:
         sharded = await sharded_worker(cluster.url, cluster.primaries(), n, concurrency, log_level, SHARD_PARTITIONS)
     a = statistics.median(floors)

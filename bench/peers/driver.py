@@ -1,12 +1,13 @@
 """Run with the peers' virtualenv: enqueue N no-op jobs for one peer, start its worker (its own CLI, one
 process), and print one JSON line with its throughput. Phoenix is not importable here, by design.
 
-    python bench/peers/driver.py {taskiq,dramatiq,arq} REDIS_URL MESSAGES
+    python bench/peers/driver.py {taskiq,taskiq-cluster,dramatiq,arq} REDIS_URL MESSAGES
 """
 
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import os
 import signal
@@ -21,22 +22,41 @@ import redis
 HERE = Path(__file__).resolve().parent
 
 
-def enqueue_taskiq(n: int) -> Callable[[redis.Redis], int]:
-    from taskiq_noop import broker, noop
+def enqueue_taskiq(module_name: str) -> Callable[[int], Callable[[redis.Redis], int]]:
+    """The enqueuer of a taskiq broker module (taskiq_noop: one Redis, taskiq_cluster_noop: a Redis Cluster)."""
 
-    async def send() -> None:
-        await broker.startup()  # creates the stream's consumer group at 0
-        for i in range(n):
-            await noop.kiq(i)
-        await broker.shutdown()
+    def enqueue(n: int) -> Callable[[redis.Redis], int]:
+        module = importlib.import_module(module_name)
 
-    asyncio.run(send())
+        async def send() -> None:
+            await module.broker.startup()  # creates the stream's consumer group at 0
+            for i in range(n):
+                await module.noop.kiq(i)
+            await module.broker.shutdown()
 
-    def remaining(r: redis.Redis) -> int:
-        group = next(g for g in r.xinfo_groups("peers:taskiq") if g["name"] == b"taskiq")
-        return int(group["lag"] or 0) + int(group["pending"])
+        asyncio.run(send())
 
-    return remaining
+        def remaining(r: redis.Redis) -> int:
+            group = next(g for g in r.xinfo_groups(module.QUEUE) if g["name"] == b"taskiq")
+            return int(group["lag"] or 0) + int(group["pending"])
+
+        return remaining
+
+    return enqueue
+
+
+def taskiq_worker(module_name: str) -> list[str]:
+    return [
+        "-m",
+        "taskiq",
+        "worker",
+        f"{module_name}:broker",
+        "--workers",
+        "1",
+        "--max-async-tasks",
+        "1000",
+        "--no-configure-logging",
+    ]
 
 
 def enqueue_dramatiq(n: int) -> Callable[[redis.Redis], int]:
@@ -63,19 +83,16 @@ def enqueue_arq(n: int) -> Callable[[redis.Redis], int]:
 
 PEERS: dict[str, tuple[Callable[[int], Callable[[redis.Redis], int]], list[str], str]] = {
     "taskiq": (
-        enqueue_taskiq,
-        [
-            "-m",
-            "taskiq",
-            "worker",
-            "taskiq_noop:broker",
-            "--workers",
-            "1",
-            "--max-async-tasks",
-            "1000",
-            "--no-configure-logging",
-        ],
+        enqueue_taskiq("taskiq_noop"),
+        taskiq_worker("taskiq_noop"),
         "taskiq-redis RedisStreamBroker, 1 process, --max-async-tasks 1000",
+    ),
+    # On the one-shard cluster the bench runs Phoenix's (d1) on (a single node holds every slot, so the driver's
+    # plain client reads the group's figures).
+    "taskiq-cluster": (
+        enqueue_taskiq("taskiq_cluster_noop"),
+        taskiq_worker("taskiq_cluster_noop"),
+        "taskiq-redis RedisStreamClusterBroker, one-shard cluster, 1 process, --max-async-tasks 1000",
     ),
     "dramatiq": (
         enqueue_dramatiq,
