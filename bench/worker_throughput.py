@@ -32,7 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,6 +43,7 @@ from aiohttp.test_utils import TestServer
 
 from phoenix.embedded import embedded_valkey
 from phoenix.keys import StageKeys
+from phoenix.producer import Producer, Record
 from phoenix.redis_spec import RedisSpec, connect
 from tests.fixtures.valkey_cluster import single_node_cluster, valkey_cluster
 
@@ -74,12 +75,11 @@ TRIM_COMMANDS = {"cmdstat_xtrim", "cmdstat_xinfo|groups", "cmdstat_xpending", "c
 async def fill(client: aioredis.Redis, stream: str, n: int) -> None:
     await client.delete(stream)
     await client.xgroup_create(stream, GROUP, id="0", mkstream=True)
-    pipe = client.pipeline(transaction=False)
-    for i in range(n):
-        pipe.xadd(stream, {"record_id": f"r{i}", "user_id": "u1", "data": json.dumps({"i": i})})
-        if len(pipe) >= 1000:
-            await pipe.execute()
-    await pipe.execute()
+    await Producer(client, stream=stream).send_many(records(n))
+
+
+def records(n: int) -> Iterator[Record]:
+    return (Record(f"r{i}", {"i": i}, "u1") for i in range(n))
 
 
 async def floor(client: aioredis.Redis, n: int) -> float:
@@ -213,13 +213,7 @@ async def sharded_worker(
     try:
         for lane in stage.lanes:
             await client.xgroup_create(lane.input, GROUP, id="0", mkstream=True)
-        pipe = client.pipeline()
-        for i in range(n):
-            record = f"r{i}"
-            pipe.xadd(stage.lane_of(record).input, {"record_id": record, "user_id": "u1", "data": json.dumps({"i": i})})
-            if len(pipe) >= 1000:
-                await pipe.execute()
-        await pipe.execute()
+        await Producer(client, "bench", partitions=partitions).send_many(records(n))
         env = dict(
             os.environ,
             SERVICE_NAME="bench",
