@@ -116,11 +116,11 @@ async def test_delete_removes_what_its_own_stage_created_and_nothing_else(
         await claim(redis, keys, uid, adopt=True)
         await _fill(redis, keys)
     assert await destroy(redis, B, UID_A) == NotHeld("team-b/shared (uid uid-b)")  # not its uid: nothing
-    # The nine, and the layout the claim wrote.
-    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 10)
+    # The nine (a stage of one partition has no layout).
+    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 9)
     assert [key async for key in redis.scan_iter(match="phoenix:{team-b}:*")] == []
-    # team-a's keys, all ten and its marker, untouched.
-    assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 11
+    # team-a's keys, all nine and its marker, untouched.
+    assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 10
     assert await destroy(redis, B, UID_B) == NotHeld("")  # gone, marker too: nothing more to do
 
 
@@ -135,8 +135,8 @@ async def test_delete_keeps_a_key_of_another_type_and_a_stream_it_did_not_create
     await redis.hset(A.retry, "a", "hash")
     await redis.set(A.record_prefix + "x", "done")
     await redis.rpush(A.record_prefix + "list", "someone's list")
-    # The group, one record key, the layout.
-    assert await destroy(redis, A, UID_A) == Destroyed("shared-group", [A.dlq], 3)
+    # The group and one record key.
+    assert await destroy(redis, A, UID_A) == Destroyed("shared-group", [A.dlq], 2)
     assert [g["name"] for g in await redis.xinfo_groups(A.input)] == ["fan-out-reader"]
     assert await redis.xlen(A.input) == 1
     assert (await redis.type(A.dlq), await redis.type(A.retry)) == ("string", "hash")
@@ -214,17 +214,16 @@ async def test_another_partition_count_than_the_layout_is_refused_with_how_to_ch
 
 
 async def test_a_stage_claimed_before_layouts_existed_is_one_partition(redis: aioredis.Redis) -> None:
-    """Keys of one partition with no layout (claimed by an earlier release): a count of 4 is refused; 1 writes
-    the layout."""
+    """Keys of one partition have no layout (no layout means one partition): a count of 4 is refused, 1 goes on
+    and writes none."""
     await claim(redis, B, UID_B, adopt=True)
-    await redis.delete(B.layout)
     await redis.xadd(B.input, {"record_id": "waiting"})
     with pytest.raises(LayoutDiffers) as refused:
         await claim(redis, StageKeys.for_stage("shared", "team-b", partitions=4), UID_B, adopt=True)
     assert (refused.value.layout, refused.value.wanted) == (1, 4)
     assert await redis.exists(B.layout) == 0
     assert await claim(redis, B, UID_B, adopt=True) == Claimed(group=False, dlq=False)
-    assert await redis.hgetall(B.layout) == {"partitions": "1"}
+    assert await redis.exists(B.layout) == 0
 
 
 async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis.Redis) -> None:

@@ -19,9 +19,9 @@ The claim (claim_keys.lua: checks and creation in one script, so two claimants c
 
 A stage of several partitions has a marker per partition (each lane's keys are in their own slot, so each lane is
 claimed by its own script) and, once its lanes are claimed, a stage-wide one (`stage`, `uid` only) beside its audit,
-ledgers and layout; and every stage a layout (`StageKeys.layout`: `partitions`), checked and written first
-(layout_check.lua): a count that differs from the layout is refused (LayoutDiffers), since the records sit in the
-lanes of the old count; docs/operations.md says how to change it.
+ledgers and layout (`StageKeys.layout`: `partitions`), checked and written first (layout_check.lua; a stage of one
+partition has none: no layout means one): a count that differs from the layout is refused (LayoutDiffers), since
+the records sit in the lanes of the old count; docs/operations.md says how to change it.
 
 The operator claims before it creates the stage's Deployment, and passes the uid to its pods (STAGE_UID), whose
 workers claim again at start and when they re-create a lost group (Redis flushed), never adopting. A worker run by
@@ -107,7 +107,8 @@ def stage_ref(keys: StageKeys) -> str:
 
 
 async def check_layout(client: Redis, keys: StageKeys) -> None:
-    """Raise LayoutDiffers unless the stage's layout has `keys.partitions`; write it when the stage has none."""
+    """Raise LayoutDiffers unless the stage's layout has `keys.partitions`; write it when the stage has none (and
+    more than one partition)."""
     script = lua.register(client, "layout_check.lua")
     reply = await script(keys=[keys.layout, input_stream(keys.name, keys.namespace)], args=[keys.partitions])
     if text(reply[0]) == "differs":
