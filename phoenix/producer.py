@@ -140,13 +140,17 @@ class _Sender:
 
     def __init__(
         self,
-        stage: str | None,
-        namespace: str,
-        stream: str | None,
-        partitions: int | None,
-        min_replicas_ack: int,
-        min_replicas_timeout_ms: int,
+        client: Any,
+        stage: str | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        *,
+        stream: str | None = None,
+        partitions: int | None = None,
+        min_replicas_ack: int = 0,
+        min_replicas_timeout_ms: int = 1000,
     ) -> None:
+        """`client`: of the subclass's kind (asyncio or synchronous; one Redis, a Sentinel's master, a cluster)."""
+        self.client = client
         self._target = _Target(stage, namespace, stream, partitions)
         self.min_replicas_ack, self.min_replicas_timeout_ms = min_replicas_ack, min_replicas_timeout_ms
 
@@ -161,19 +165,7 @@ class _Sender:
 class Producer(_Sender):
     """Sends records to a stage (or an explicit stream) through an asyncio client."""
 
-    def __init__(
-        self,
-        client: aioredis.Redis | AsyncRedisCluster,
-        stage: str | None = None,
-        namespace: str = DEFAULT_NAMESPACE,
-        *,
-        stream: str | None = None,
-        partitions: int | None = None,
-        min_replicas_ack: int = 0,
-        min_replicas_timeout_ms: int = 1000,
-    ) -> None:
-        super().__init__(stage, namespace, stream, partitions, min_replicas_ack, min_replicas_timeout_ms)
-        self.client = client
+    client: aioredis.Redis | AsyncRedisCluster
 
     async def send(
         self,
@@ -224,19 +216,7 @@ class Producer(_Sender):
 class SyncProducer(_Sender):
     """Sends records to a stage (or an explicit stream) through a synchronous client: the same as Producer."""
 
-    def __init__(
-        self,
-        client: redis.Redis | RedisCluster,
-        stage: str | None = None,
-        namespace: str = DEFAULT_NAMESPACE,
-        *,
-        stream: str | None = None,
-        partitions: int | None = None,
-        min_replicas_ack: int = 0,
-        min_replicas_timeout_ms: int = 1000,
-    ) -> None:
-        super().__init__(stage, namespace, stream, partitions, min_replicas_ack, min_replicas_timeout_ms)
-        self.client = client
+    client: redis.Redis | RedisCluster
 
     def send(
         self,
