@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.kube import apply_documents, is_ready, kubectl, pods, printed_columns, wait_rollout
-from tests.e2e.pipeline import NAMESPACE, Pipeline
+from tests.e2e.pipeline import NAMESPACE, RESTRICTED, Pipeline
 from tests.fixtures.eventually import eventually
 
 pytestmark = pytest.mark.e2e
@@ -28,6 +28,8 @@ def valkey(image: str) -> list[dict[str, Any]]:
         "args": ["--save", "", "--appendonly", "no", "--protected-mode", "no"],
         "ports": [{"name": "redis", "containerPort": 6379}],
         "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 2},
+        # The namespace enforces the restricted Pod Security Standard (conftest.py); no persistence, nothing written.
+        "securityContext": {**RESTRICTED, "runAsUser": 65532, "runAsGroup": 65532},
     }
     return [
         {
