@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from phoenix.embedded import embedded_valkey
+from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool
 
 pytest_plugins = ["tests.fixtures.kube", "tests.fixtures.sentinel"]
@@ -46,5 +47,21 @@ def workers(redis_url: str, tmp_path: Path) -> Iterator[WorkerPool]:
 async def raw_redis(redis_url: str, redis: aioredis.Redis) -> AsyncIterator[aioredis.Redis]:
     """A bytes client (decode_responses=False) on the same, already flushed, database."""
     client = aioredis.Redis.from_url(redis_url, decode_responses=False)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture(scope="module")
+def cluster_url() -> Iterator[str]:
+    """The embedded Valkey in cluster mode, one node holding every slot (tests/fixtures/valkey_cluster.py)."""
+    with single_node_cluster() as url:
+        yield url
+
+
+@pytest.fixture
+async def cluster(cluster_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A decoded client on the cluster node, flushed before each test."""
+    client = aioredis.Redis.from_url(cluster_url, decode_responses=True)
+    await client.flushall()
     yield client
     await client.aclose()

@@ -14,7 +14,6 @@ import asyncio
 import hashlib
 import json
 import re
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from importlib.resources import files
 from pathlib import Path
@@ -37,7 +36,6 @@ from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.key_service import running_key_service
-from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.processors import OutcomeProcessor
 
 PACKAGE = Path(str(files(phoenix)))
@@ -377,21 +375,6 @@ DIRECT_SCRIPTS = {
 
 def test_the_live_checks_drive_every_script() -> None:
     assert {str(path.relative_to(PACKAGE)) for path in SCRIPTS} == WORKER_SCRIPTS | RELAY_SCRIPTS | DIRECT_SCRIPTS
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    with single_node_cluster() as url:
-        yield url
-
-
-@pytest.fixture
-async def cluster(cluster_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A decoded client on the cluster node, flushed before each test."""
-    client = aioredis.Redis.from_url(cluster_url, decode_responses=True)
-    await client.flushall()
-    yield client
-    await client.aclose()
 
 
 STAGE = StageKeys.for_stage("scripts", NAMESPACE)

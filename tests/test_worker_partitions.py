@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -22,26 +21,11 @@ from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, 
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
-from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 from tests.processors import OutcomeProcessor
 
 OUTCOMES = "tests.processors:OutcomeProcessor"
 PLAIN = "phoenix-partitions-results"  # a plain stream: a slot of its own
-
-
-@pytest.fixture(scope="module")
-def cluster_url() -> Iterator[str]:
-    with single_node_cluster() as url:
-        yield url
-
-
-@pytest.fixture
-async def cluster(cluster_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(cluster_url, decode_responses=True)
-    await client.flushall()
-    yield client
-    await client.aclose()
 
 
 async def enqueue(client: aioredis.Redis, keys: StageKeys, records: list[str], **data: object) -> None:
