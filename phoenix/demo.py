@@ -32,7 +32,7 @@ from phoenix.embedded import embedded_valkey
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_stream
 from phoenix.producer import Producer
 from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
-from phoenix.stages.keys import grouped_key, parsed_key
+from phoenix.stages.data_keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.queue_stats import QueueStats, collect

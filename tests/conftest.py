@@ -13,7 +13,7 @@ from phoenix.embedded import embedded_valkey
 from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool
 
-pytest_plugins = ["tests.fixtures.kube", "tests.fixtures.sentinel"]
+pytest_plugins = ["tests.fixtures.kube_cluster", "tests.fixtures.sentinel"]
 
 
 @pytest.fixture(scope="session")

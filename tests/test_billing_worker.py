@@ -17,7 +17,7 @@ from phoenix.worker_runtime.billing import ApiKeyProvider
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import KeyService, running_key_service
 from tests.fixtures.records import committed
-from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY
 from tests.fixtures.workers import WorkerPool
 
 PROCESS_KEY = "sk-process-own-key"

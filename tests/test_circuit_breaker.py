@@ -11,7 +11,7 @@ from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.processes import free_loopback_port
-from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, IN, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool
 from tests.processors import UnreachableRedisProcessor
 

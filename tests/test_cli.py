@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from phoenix.keys import StageKeys
 from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
-from tests.fixtures.stage_s import DLQ, IN, OUT, add, idle
+from tests.fixtures.sample_stage import DLQ, IN, OUT, add, idle
 from tests.fixtures.workers import WorkerPool
 
 

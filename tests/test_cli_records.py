@@ -20,7 +20,7 @@ from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import phoenix, run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked, record_key
-from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, idle
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, idle
 from tests.fixtures.workers import FAST, WorkerPool
 
 

@@ -21,7 +21,7 @@ from phoenix.worker_runtime import audit as audit_log
 from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.records import locked, record_key
-from tests.fixtures.stage_s import DLQ, IN, KEYS, add
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, add
 
 ME = f"{getpass.getuser()}@{socket.gethostname()}"
 DEAD_LOCK = LOCKED + "dead-1:0123456789ab"

@@ -16,7 +16,7 @@ import psutil
 import redis
 
 from phoenix.keys import DEFAULT_NAMESPACE
-from phoenix.stages.keys import grouped_key
+from phoenix.stages.data_keys import grouped_key
 
 ROOT = Path(__file__).resolve().parents[1]
 STAGES = ("router", "parser", "grouper")

@@ -21,7 +21,7 @@ from tests.fixtures.cluster_objects import (
 )
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
-from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.kube_cluster import PlayKubelet
 
 pytestmark = pytest.mark.kube
 

@@ -18,7 +18,7 @@ from phoenix.operator.constants import REPLAY_ANNOTATION
 from tests.fixtures.cluster_objects import service_account_kubeconfig
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
-from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.operator_process import VENV_BIN, get_stage, kubectl_apply, running_operator, sample_documents
 
 pytestmark = pytest.mark.kube

@@ -20,13 +20,13 @@ from kubernetes import client
 from phoenix.keys import StageKeys
 from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION, STAGE_LABEL
 from phoenix.operator.status.durability import redis_risk_condition
-from phoenix.stages.keys import grouped_key
+from phoenix.stages.data_keys import grouped_key
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 from tests.fixtures.cluster_objects import ensure_namespace, install_keda_crds
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
-from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.kubelet_player import KubeletPlayer
 from tests.fixtures.operator_process import (
     condition,

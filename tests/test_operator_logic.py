@@ -9,21 +9,21 @@ import pytest
 
 from phoenix.crds import ConditionType, PhoenixStageSpec
 from phoenix.keys import StageKeys
-from phoenix.operator.actions import (
-    ReplayRequestError,
-    has_replay_work,
-    has_restart_request,
-    parse_replay_count,
-)
 from phoenix.operator.children import deployment_replicas
 from phoenix.operator.converge import current_view, due_work
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import scrub
 from phoenix.operator.kopf_settings import QuietHandlers
+from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.stage_requests import (
+    ReplayRequestError,
+    has_replay_work,
+    has_restart_request,
+    parse_replay_count,
+)
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import deployment_condition, ready_condition, replica_status, waits_for_keda
 from phoenix.operator.status.refresh import group_by_redis
-from phoenix.operator.status.registry import StageRecord
 from phoenix.operator.status.writer import merged_status, status_patch
 from phoenix.redis_spec import RedisSpec
 

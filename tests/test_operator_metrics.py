@@ -17,7 +17,7 @@ from phoenix.operator.metrics import (
     record_drift_repair,
     stage_figures,
 )
-from phoenix.operator.status.registry import StageRecord
+from phoenix.operator.stage_record import StageRecord
 from phoenix.worker_runtime.queue_stats import QueueStats
 
 LABELS = {"namespace": "team-a", "stage": "parser"}

@@ -23,7 +23,7 @@ from phoenix.redis_spec import RedisSpec
 from tests.fixtures.chain import enqueue
 from tests.fixtures.control_plane import REPO_ROOT, ControlPlane
 from tests.fixtures.eventually import eventually
-from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.operator_process import (
     condition,
     get_stage,

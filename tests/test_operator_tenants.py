@@ -16,7 +16,7 @@ from kubernetes import client
 from tests.fixtures.cluster_objects import ensure_namespace
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
-from tests.fixtures.kube import PlayKubelet
+from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.operator_process import (
     ServingOperator,
     condition,

@@ -11,7 +11,7 @@ from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
-from tests.fixtures.stage_s import KEYS, add, idle
+from tests.fixtures.sample_stage import KEYS, add, idle
 from tests.fixtures.workers import WorkerPool
 
 A = StageKeys.for_stage("shared", "team-a")

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from phoenix.embedded import embedded_valkey, start_valkey
 from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.operator.status.durability import redis_risk_condition
-from phoenix.stages.keys import grouped_key, pages_key, parsed_key
+from phoenix.stages.data_keys import grouped_key, pages_key, parsed_key
 from phoenix.stages.samples import ensure_samples
 from phoenix.worker_runtime.redis_risk import assess_redis
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue

@@ -20,8 +20,8 @@ from pydantic import SecretStr
 
 from phoenix.keys import DEFAULT_NAMESPACE
 from phoenix.stages.corpus import CORPUS, faxed_scan
+from phoenix.stages.data_keys import grouped_key, pages_key, parsed_key
 from phoenix.stages.grouper import GrouperProcessor
-from phoenix.stages.keys import grouped_key, pages_key, parsed_key
 from phoenix.stages.llm_extraction import LLMExtractionError, LLMReplyError
 from phoenix.stages.models import Category, Findings, Page, PageList
 from phoenix.stages.ocr import ocr_unavailable_reason
@@ -33,7 +33,7 @@ from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
 from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
-from tests.fixtures.stage_s import DLQ, add
+from tests.fixtures.sample_stage import DLQ, add
 
 P = TypeVar("P", bound=BaseProcessor)
 

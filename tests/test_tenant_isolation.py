@@ -13,7 +13,7 @@ import redis.asyncio as aioredis
 from cryptography.fernet import Fernet
 
 from phoenix.keys import StageKeys, billing_cache_key, input_stream, scope
-from phoenix.stages.keys import grouped_key, pages_key
+from phoenix.stages.data_keys import grouped_key, pages_key
 from phoenix.stages.samples import ensure_samples
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import running_key_service

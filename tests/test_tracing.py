@@ -22,7 +22,7 @@ from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.records import committed
-from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, add, idle, outputs
 from tests.fixtures.workers import ROOT, WorkerPool
 from tests.processors import ScriptedBatchProcessor
 

@@ -24,7 +24,7 @@ from tests.fixtures.eventually import wait_until
 from tests.fixtures.operator_process import final_stage, kubectl_apply, running_operator
 from tests.fixtures.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.fixtures.records import committed
-from tests.fixtures.stage_s import OUT, add
+from tests.fixtures.sample_stage import OUT, add
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 CONSUMER_KIND = 5  # opentelemetry.proto's Span.SpanKind

@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked_records
-from tests.fixtures.stage_s import DLQ, OUT, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, OUT, add, idle, outputs
 from tests.fixtures.workers import ROOT, WorkerPool
 
 BATCH = "tests.processors:ScriptedBatchProcessor"

@@ -8,7 +8,7 @@ import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked_records, record_key
-from tests.fixtures.stage_s import DLQ, IN, OUT, RETRY, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, IN, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 

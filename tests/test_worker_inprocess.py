@@ -19,7 +19,7 @@ from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
 from tests.fixtures.inprocess import run_burst
 from tests.fixtures.records import locked_records
-from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, outputs
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, outputs
 
 # --- parse_entry ---------------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from tests.fixtures.health import probe
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import locked_records
-from tests.fixtures.stage_s import DLQ, OUT, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, OUT, add, idle, outputs
 from tests.fixtures.tcp_proxy import tcp_proxy
 from tests.fixtures.workers import FAST, WorkerPool
 from tests.processors import OffRedisProcessor

@@ -24,7 +24,7 @@ from tests.fixtures.health import probe
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed, locked_records
-from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool
 from tests.processors import RELEASE_STUCK_THREADS, MisbehavingBatchProcessor, MisbehavingProcessor
 

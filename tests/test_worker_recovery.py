@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed, locked, locked_records, record_key
-from tests.fixtures.stage_s import DLQ, IN, OUT, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, IN, OUT, add, idle, outputs
 from tests.fixtures.workers import WorkerPool
 
 

@@ -19,7 +19,7 @@ from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Action, Outcome, Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
-from tests.fixtures.stage_s import DLQ, IN, KEYS, OUT, RETRY, add, outputs
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, outputs
 
 WIDE = 9_000  # fields: 18,000 values, more than twice what Lua can unpack
 

@@ -29,7 +29,7 @@ from phoenix.operator.builders import (
 from phoenix.operator.constants import POD_KEYS_ANNOTATION
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube import KubeApi
+from phoenix.operator.kube_api import KubeApi
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import CHILD_NOT_OWNED, KEDA_NOT_INSTALLED
 from phoenix.redis_spec import RedisSpec

@@ -17,12 +17,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from phoenix.operator import actions, reconcile
+from phoenix.operator import reconcile, stage_requests
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError
 from phoenix.operator.metrics import record_drift_repair
+from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.status.readiness import autoscaling_rechecked
-from phoenix.operator.status.registry import StageRecord
 
 logger = logging.getLogger(__name__)
 # How often the loop looks for due work when nothing wakes it (a pending request, a backoff that ended).
@@ -45,9 +45,9 @@ def due_work(record: StageRecord, view: Mapping[str, Any], now: float) -> str | 
     """The stage's next piece of work, most urgent first: repairs make restarts and replays possible again."""
     if record.drift:
         return "repair"
-    if actions.has_restart_request(view):
+    if stage_requests.has_restart_request(view):
         return "restart"
-    if actions.has_replay_work(view):
+    if stage_requests.has_replay_work(view):
         return "replay"
     if autoscaling_rechecked(view) and now - record.keda_checked_at >= KEDA_RECHECK_SECONDS:
         return "keda"
@@ -74,8 +74,8 @@ async def _recheck_keda(ctx: OperatorContext, record: StageRecord, view: Mapping
 
 WORK: dict[str, Work] = {
     "repair": _repair,
-    "restart": actions.restart_workers,
-    "replay": actions.replay_dlq,
+    "restart": stage_requests.restart_workers,
+    "replay": stage_requests.replay_dlq,
     "keda": _recheck_keda,
 }
 

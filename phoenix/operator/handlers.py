@@ -1,5 +1,5 @@
 """kopf wiring: which event calls which function. A stage's reconcile, deletion and drift live in reconcile.py,
-its restart and replay in actions.py (run by converge.py), its status refresh in status/refresh.py."""
+its restart and replay in stage_requests.py (run by converge.py), its status refresh in status/refresh.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.converge import converge_forever
 from phoenix.operator.kopf_settings import configure, quiet_handlers
-from phoenix.operator.kube import KEDA_GROUP, KEDA_VERSION
+from phoenix.operator.kube_api import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.metrics import observed_reconcile
 from phoenix.operator.redis_target import check_secrets_forever
 from phoenix.operator.status.refresh import refresh_forever

@@ -23,7 +23,7 @@ from phoenix.operator import (
 )
 from phoenix.operator.constants import MANAGED_BY
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.kube import KubeApi, load_client
+from phoenix.operator.kube_api import KubeApi, load_client
 from phoenix.operator.metrics import LEADER, REGISTRY
 from phoenix.operator.options import OperatorOptions, parse_options
 from phoenix.worker_runtime.health import start_health_server

@@ -22,10 +22,11 @@ from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError, scrub
-from phoenix.operator.kube import KubeApi
+from phoenix.operator.kube_api import KubeApi
 from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.redis_target import RedisTarget, read_redis_target
+from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import (
     CHILD_NOT_OWNED,
@@ -33,7 +34,6 @@ from phoenix.operator.status.readiness import (
     replica_status,
     waits_for_keda,
 )
-from phoenix.operator.status.registry import StageRecord
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from phoenix.worker_runtime.tracing import operation_span

@@ -22,7 +22,7 @@ from phoenix.crds import SecretKeyRef
 from phoenix.operator.builders import in_namespace
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube import KubeApi, secret_key
+from phoenix.operator.kube_api import KubeApi, secret_key
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 
 if TYPE_CHECKING:

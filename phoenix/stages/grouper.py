@@ -8,7 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings
 
 from phoenix.stages.biomarker_groups import group_biomarkers
-from phoenix.stages.keys import grouped_key, parsed_key
+from phoenix.stages.data_keys import grouped_key, parsed_key
 from phoenix.stages.models import Findings, GroupList
 from phoenix.worker_runtime import BaseProcessor, RecordNotFoundError
 

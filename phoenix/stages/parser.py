@@ -12,8 +12,8 @@ from prometheus_client import Counter
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
+from phoenix.stages.data_keys import pages_key, parsed_key
 from phoenix.stages.extraction import extract_findings
-from phoenix.stages.keys import pages_key, parsed_key
 from phoenix.stages.llm_extraction import LLMExtractor
 from phoenix.stages.models import Findings, Page, PageList
 from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError

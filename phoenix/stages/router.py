@@ -9,8 +9,8 @@ from pydantic import Field
 from pydantic_settings import BaseSettings
 
 from phoenix.stages.categories import tag_pages
+from phoenix.stages.data_keys import pages_key
 from phoenix.stages.documents import DocumentNotFoundError, document_url, load_document
-from phoenix.stages.keys import pages_key
 from phoenix.stages.models import PageList
 from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.pdf_text import UnreadablePdfError, extract_page_texts

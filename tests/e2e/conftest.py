@@ -26,7 +26,7 @@ import redis as redis_client
 
 from phoenix.stages.samples import ensure_samples
 from tests.e2e import evidence
-from tests.e2e.kube import (
+from tests.e2e.kubectl import (
     MANIFESTS,
     PHOENIX_IMAGE,
     VALKEY_IMAGE,

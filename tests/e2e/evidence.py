@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.e2e.kube import OPERATOR_NAMESPACE, REPO_ROOT, kubectl_binary, kubectl_json, port_forward
+from tests.e2e.kubectl import OPERATOR_NAMESPACE, REPO_ROOT, kubectl_binary, kubectl_json, port_forward
 from tests.e2e.pipeline import NAMESPACE as PIPELINE_NAMESPACE
 
 # The namespaces the suite works in besides the pipeline's.

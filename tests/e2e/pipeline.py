@@ -13,8 +13,8 @@ import redis as redis_client
 import yaml
 
 from phoenix.keys import StageKeys
-from phoenix.stages.keys import grouped_key
-from tests.e2e.kube import kubectl_json
+from phoenix.stages.data_keys import grouped_key
+from tests.e2e.kubectl import kubectl_json
 from tests.fixtures.cluster_objects import MANIFESTS
 
 NAMESPACE = "phoenix-e2e"

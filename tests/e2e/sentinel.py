@@ -20,7 +20,7 @@ from typing import Any
 
 import redis as redis_client
 
-from tests.e2e.kube import kubectl, port_forward
+from tests.e2e.kubectl import kubectl, port_forward
 from tests.e2e.pipeline import RESTRICTED
 from tests.fixtures.kube_pki import create_ca, issue_server_cert
 

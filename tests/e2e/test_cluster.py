@@ -16,7 +16,7 @@ import pytest
 import redis as redis_client
 
 from phoenix.keys import StageKeys
-from tests.e2e.kube import apply_documents, is_ready, kubectl, kubectl_json, pods
+from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
 from tests.e2e.pipeline import DOCUMENTS_URL, Pipeline, record_counts
 from tests.e2e.pipeline import NAMESPACE as PIPELINE_NAMESPACE
 from tests.e2e.valkey_cluster import NAMESPACE, cluster_set, form_cluster, node_clients, node_of, wait_set_ready

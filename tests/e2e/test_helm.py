@@ -19,7 +19,7 @@ import redis as redis_client
 import yaml
 
 from phoenix.operator.constants import HANDLED_RESTART_ANNOTATION, RESTART_ANNOTATION
-from tests.e2e.kube import (
+from tests.e2e.kubectl import (
     MANIFESTS,
     OPERATOR_NAMESPACE,
     install_operator_with_kustomize,

@@ -8,8 +8,8 @@ import json
 import pytest
 import redis as redis_client
 
-from phoenix.stages.keys import grouped_key
-from tests.e2e.kube import is_ready, kubectl, pods
+from phoenix.stages.data_keys import grouped_key
+from tests.e2e.kubectl import is_ready, kubectl, pods
 from tests.e2e.pipeline import (
     NAMESPACE,
     Pipeline,

@@ -16,7 +16,7 @@ import yaml
 
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
-from tests.e2e.kube import apply_documents, is_ready, kubectl, kubectl_json, pods
+from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
 from tests.e2e.pipeline import NAMESPACE, Pipeline
 
 pytestmark = pytest.mark.e2e

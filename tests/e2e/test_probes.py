@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.kube import apply_documents, is_ready, kubectl, pods, printed_columns, wait_rollout
+from tests.e2e.kubectl import apply_documents, is_ready, kubectl, pods, printed_columns, wait_rollout
 from tests.e2e.pipeline import NAMESPACE, RESTRICTED, Pipeline
 from tests.fixtures.eventually import eventually
 

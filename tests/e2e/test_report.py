@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.evidence import OPERATOR_NAMESPACE
-from tests.e2e.kube import port_forward
+from tests.e2e.kubectl import port_forward
 from tests.e2e.pipeline import NAMESPACE, Pipeline
 from tests.test_report import members
 

@@ -10,9 +10,9 @@ import uuid
 import pytest
 import redis as redis_client
 
-from phoenix.stages.keys import grouped_key
+from phoenix.stages.data_keys import grouped_key
 from phoenix.stages.samples import ensure_samples
-from tests.e2e.kube import is_ready, kubectl, kubectl_json, pods, wait_rollout
+from tests.e2e.kubectl import is_ready, kubectl, kubectl_json, pods, wait_rollout
 from tests.e2e.pipeline import (
     DOCUMENTS_URL,
     NAMESPACE,

@@ -17,7 +17,7 @@ import redis as redis_client
 
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
-from tests.e2e.kube import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
+from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
 from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents
 
 pytestmark = pytest.mark.e2e

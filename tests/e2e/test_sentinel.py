@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from phoenix.keys import StageKeys
-from tests.e2e.kube import apply_documents, is_ready, kubectl, kubectl_json, pods
+from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
 from tests.e2e.pipeline import (
     DOCUMENTS_URL,
     Pipeline,

@@ -17,7 +17,7 @@ from typing import Any
 import redis as redis_client
 from redis.crc import key_slot
 
-from tests.e2e.kube import kubectl, kubectl_json, port_forward
+from tests.e2e.kubectl import kubectl, kubectl_json, port_forward
 from tests.e2e.pipeline import RESTRICTED
 
 NAMESPACE = "phoenix-cluster"

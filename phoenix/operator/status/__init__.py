@@ -1,2 +1,3 @@
-"""Everything about a PhoenixStage's status: what the operator remembers of each stage (registry), the conditions
-(conditions, readiness), how status is written (writer, patcher) and the periodic refresh (refresh)."""
+"""Everything about a PhoenixStage's status: the conditions (conditions, readiness, durability), how status is
+written (writer, patcher) and the periodic refresh (refresh). What the operator remembers of each stage between
+events is not status: it is operator/stage_record.py."""

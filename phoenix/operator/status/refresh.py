@@ -25,6 +25,7 @@ from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.metrics import STAGES, stage_figures
 from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.stage_record import StageKey, StageRecord
 from phoenix.operator.status.conditions import find_condition
 from phoenix.operator.status.durability import (
     OUTPUT_NEVER_TRIMMED,
@@ -33,7 +34,6 @@ from phoenix.operator.status.durability import (
     redis_risk_condition,
 )
 from phoenix.operator.status.readiness import deployment_condition, replica_status
-from phoenix.operator.status.registry import StageKey, StageRecord
 from phoenix.redis_spec import RedisSpec
 from phoenix.worker_runtime.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis

@@ -6,10 +6,10 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phoenix.crds import Condition
-from phoenix.operator.kube import KubeApi
+from phoenix.operator.kube_api import KubeApi
+from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.status.conditions import set_condition
 from phoenix.operator.status.readiness import ready_condition
-from phoenix.operator.status.registry import StageRecord
 
 
 def merged_status(

@@ -25,10 +25,10 @@ from phoenix.operator.constants import (
 )
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, scrub
-from phoenix.operator.kube import KubeApi
+from phoenix.operator.kube_api import KubeApi
 from phoenix.operator.redis_ops import replay_lanes
 from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.status.registry import StageRecord
+from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.status.writer import StatusWriter
 from phoenix.worker_runtime import audit
 
