@@ -35,7 +35,7 @@ from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.stages.data_keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
-from phoenix.worker_runtime.queue_stats import QueueStats, collect
+from phoenix.tools.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_client import text_range
 from phoenix.worker_runtime.settings import WorkerSettings
 

@@ -191,7 +191,7 @@ class StageKeys:
 
     @property
     def audit(self) -> str:
-        """Stream of the repairs done to the stage by hand or by the operator (worker_runtime/audit.py); capped."""
+        """Stream of the repairs done to the stage by hand or by the operator (tools/audit.py); capped."""
         return f"{self._whole_stage}:audit"
 
     @property

@@ -11,7 +11,7 @@ import time
 import redis.asyncio as aioredis
 
 from phoenix.keys import LegacyStageKeys, StageKeys
-from phoenix.worker_runtime import migrate
+from phoenix.tools import migrate
 from phoenix.worker_runtime.locks import DONE, LOCKED
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until

@@ -15,7 +15,7 @@ from typing import Any
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
-from phoenix.worker_runtime.inspection import duration
+from phoenix.tools.inspection import duration
 from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import phoenix, run_phoenix
 from tests.fixtures.eventually import wait_until

@@ -17,7 +17,7 @@ from typing import Any
 
 import redis.asyncio as aioredis
 
-from phoenix.worker_runtime import audit as audit_log
+from phoenix.tools import audit as audit_log
 from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.records import locked, record_key

@@ -9,7 +9,7 @@ from phoenix.keys import StageKeys
 from phoenix.operator.status.durability import backpressure_condition, output_unread_condition, redis_risk_condition
 from phoenix.operator.status.readiness import ready_condition
 from phoenix.operator.status.writer import merged_status
-from phoenix.worker_runtime.queue_stats import collect
+from phoenix.tools.queue_stats import collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 
 

@@ -18,7 +18,7 @@ from phoenix.operator.metrics import (
     stage_figures,
 )
 from phoenix.operator.stage_record import StageRecord
-from phoenix.worker_runtime.queue_stats import QueueStats
+from phoenix.tools.queue_stats import QueueStats
 
 LABELS = {"namespace": "team-a", "stage": "parser"}
 OUTCOMES = ("success", "retry", "failed", "error")

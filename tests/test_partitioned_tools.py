@@ -11,8 +11,8 @@ import time
 import redis.asyncio as aioredis
 
 from phoenix.keys import LegacyStageKeys, StageKeys, partition_of
+from phoenix.tools.queue_stats import collect
 from phoenix.worker_runtime.ownership import claim
-from phoenix.worker_runtime.queue_stats import collect
 from tests.fixtures.cli import phoenix, run_phoenix
 
 PARTITIONS = 4

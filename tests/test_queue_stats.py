@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
-from phoenix.worker_runtime.queue_stats import collect
+from phoenix.tools.queue_stats import collect
 
 STAGE = StageKeys.for_stage("s")
 

@@ -27,7 +27,8 @@ from redis.exceptions import ResponseError
 import phoenix
 from phoenix.keys import StageKeys
 from phoenix.operator.redis_ops import Destroyed, destroy, replay_once
-from phoenix.worker_runtime import dlq, ownership, repair
+from phoenix.tools import repair
+from phoenix.worker_runtime import dlq, ownership
 from phoenix.worker_runtime.billing import ApiKeyProvider
 from phoenix.worker_runtime.locks import DONE, LOCKED
 from phoenix.worker_runtime.ownership import Claimed
@@ -366,9 +367,9 @@ DIRECT_SCRIPTS = {
     "worker_runtime/layout_check.lua",
     "operator/delete_owned.lua",
     "worker_runtime/dlq_replay.lua",
-    "worker_runtime/repair_unlock.lua",
-    "worker_runtime/repair_reclaim.lua",
-    "worker_runtime/repair_reprocess.lua",
+    "tools/repair_unlock.lua",
+    "tools/repair_reclaim.lua",
+    "tools/repair_reprocess.lua",
     "worker_runtime/billing_delete_if.lua",
 }
 
@@ -538,7 +539,7 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
     await monitor_client.aclose()
 
     check_calls(monitor, DIRECT_SCRIPTS, key_slot(STAGE.input.encode()))
-    reclaim = _sha("worker_runtime/repair_reclaim.lua")
+    reclaim = _sha("tools/repair_reclaim.lua")
     reclaim_keys = [c.keys for c in monitor.calls if c.sha == reclaim and c.inner]  # a NOSCRIPT attempt runs nothing
     assert reclaim_keys == [[STAGE.input.encode(), STAGE.record("a").encode(), STAGE.record("b").encode()]]
 

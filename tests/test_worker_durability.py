@@ -12,7 +12,7 @@ from pathlib import Path
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
-from phoenix.worker_runtime.queue_stats import collect
+from phoenix.tools.queue_stats import collect
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.workers import WorkerPool

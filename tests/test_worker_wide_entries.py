@@ -12,7 +12,8 @@ import json
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.worker_runtime import dlq, repair
+from phoenix.tools import repair
+from phoenix.worker_runtime import dlq
 from phoenix.worker_runtime.messages import PACKED_FIELDS, SCRIPT_SAFE_FIELDS, packed_pairs
 from phoenix.worker_runtime.retry import RetryScheduler
 from phoenix.worker_runtime.settings import WorkerSettings

@@ -23,7 +23,8 @@ from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.producer import BATCH as PRODUCER_BATCH
 from phoenix.producer import NotReplicated, Producer, Record
 from phoenix.redis_spec import RedisSpecError
-from phoenix.worker_runtime import audit, dlq
+from phoenix.tools import audit
+from phoenix.worker_runtime import dlq
 from phoenix.worker_runtime.ownership import laid_out
 from phoenix.worker_runtime.redis_client import text_range
 

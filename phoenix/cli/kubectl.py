@@ -34,8 +34,8 @@ from phoenix.operator.errors import StageError
 from phoenix.operator.kube_api import MERGE_PATCH, KubeApi
 from phoenix.operator.stage_requests import ReplayRequestError, parse_replay_count
 from phoenix.redis_spec import RedisSpec, RedisSpecError
-from phoenix.worker_runtime import audit
-from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport
+from phoenix.tools import audit
+from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport
 
 Json = dict[str, Any]
 _WAIT_POLL_SECONDS = 0.5

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from phoenix.cli.records import add_safety_arguments
 from phoenix.cli.stage import StageSettings, add_redis_argument, confirm, fail
-from phoenix.worker_runtime import audit
-from phoenix.worker_runtime.migrate import (
+from phoenix.tools import audit
+from phoenix.tools.migrate import (
     DEFAULT_ALIVE_IDLE_MS,
     MigrationPlan,
     MigrationRefused,

@@ -18,9 +18,9 @@ from phoenix.cli.stage import (
     laid_out_settings,
     stage_settings,
 )
-from phoenix.worker_runtime import audit, repair
-from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, RecordReport, duration, inspect_record
-from phoenix.worker_runtime.repair import Reclaimed, ReprocessError, UnlockResult, UnlockStatus
+from phoenix.tools import audit, repair
+from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport, duration, inspect_record
+from phoenix.tools.repair import Reclaimed, ReprocessError, UnlockResult, UnlockStatus
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:

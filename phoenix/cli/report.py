@@ -40,8 +40,8 @@ from phoenix.cli.stage import StageSettings, redis_client
 from phoenix.crds.spec import SECRET_NAME_PATTERN
 from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
 from phoenix.redis_spec import RedisSpec
+from phoenix.tools.queue_stats import collect
 from phoenix.worker_runtime import dlq
-from phoenix.worker_runtime.queue_stats import collect
 from phoenix.worker_runtime.redis_client import text
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.scrub import register as scrub_register

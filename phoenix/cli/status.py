@@ -14,8 +14,8 @@ import redis.asyncio as aioredis
 from phoenix.cli.stage import add_redis_argument, client
 from phoenix.console import TableDisplay, format_columns
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_streams_pattern, stage_of_input
+from phoenix.tools.queue_stats import collect_lanes, summed
 from phoenix.worker_runtime.ownership import laid_out
-from phoenix.worker_runtime.queue_stats import collect_lanes, summed
 
 _COLUMNS = {
     "LENGTH": "length",

@@ -21,7 +21,7 @@ from phoenix.crds import ConditionType
 from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.status.conditions import find_condition
 from phoenix.operator.status.readiness import replica_status
-from phoenix.worker_runtime.queue_stats import QueueStats
+from phoenix.tools.queue_stats import QueueStats
 
 REGISTRY = CollectorRegistry()
 

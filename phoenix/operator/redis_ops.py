@@ -5,19 +5,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from importlib.resources import files
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 from phoenix.keys import StageKeys
 from phoenix.redis_spec import is_cluster
-from phoenix.worker_runtime import lua as runtime_lua
+from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import replay_args
 from phoenix.worker_runtime.ownership import stage_ref
 from phoenix.worker_runtime.redis_client import text
 
-_DELETE_OWNED = files(__package__).joinpath("delete_owned.lua").read_text()
+_DELETE_OWNED = lua.source("delete_owned.lua", __package__)
 REPLAY_BATCH = 1000
 # Long enough to outlive any operator outage; short enough not to accumulate.
 REPLAY_LEDGER_TTL_SECONDS = 7 * 86400
@@ -154,7 +153,7 @@ async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, l
     crash between EXEC and that record leaves claimed > recorded: the request then ends there instead of moving
     again, so a crash can make a replay move fewer entries (they stay in the DLQ, nothing is lost), never more.
     """
-    move = runtime_lua.register(client, "dlq_replay.lua")
+    move = lua.register(client, "dlq_replay.lua")
     start = "-"  # entries the script keeps in the DLQ (too wide to replay) are looked at once per call
     while True:
         state = await client.hgetall(ledger)

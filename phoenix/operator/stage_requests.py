@@ -4,7 +4,7 @@
 back to the input. Bookkeeping lives in status fields beside the schema's own (status keeps unknown fields):
 `handledRestart` is the restart value already acted on; `replayRequest` is a replay being carried out.
 The converger (converge.py) runs them: restart_workers and replay_dlq at the end of this module. A replay is a
-repair: it goes into the stage's audit stream (worker_runtime/audit.py) and its Event says so.
+repair: it goes into the stage's audit stream (tools/audit.py) and its Event says so.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from phoenix.operator.redis_ops import replay_lanes
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.status.writer import StatusWriter
-from phoenix.worker_runtime import audit
+from phoenix.tools import audit
 
 logger = logging.getLogger(__name__)
 

@@ -8,6 +8,12 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
 
-def register(client: Redis, filename: str) -> AsyncScript:
-    """Register a script shipped in this package; redis-py runs it with EVALSHA, falling back to EVAL."""
-    return client.register_script(files(__package__).joinpath(filename).read_text())
+def register(client: Redis, filename: str, package: str | None = None) -> AsyncScript:
+    """Register a script shipped in `package` (the runtime's own by default: a caller elsewhere passes its
+    `__package__`); redis-py runs it with EVALSHA, falling back to EVAL."""
+    return client.register_script(source(filename, package))
+
+
+def source(filename: str, package: str | None = None) -> str:
+    """The text of a script shipped in `package` (the runtime's own by default)."""
+    return files(package or __package__).joinpath(filename).read_text()

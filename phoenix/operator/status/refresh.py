@@ -35,7 +35,7 @@ from phoenix.operator.status.durability import (
 )
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.redis_spec import RedisSpec
-from phoenix.worker_runtime.queue_stats import QueueStats, collect
+from phoenix.tools.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 
 logger = logging.getLogger(__name__)

@@ -11,9 +11,9 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from phoenix.keys import StageKeys
+from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, consumer_alive, entries_of
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import FAILURE_FIELDS
-from phoenix.worker_runtime.inspection import DEFAULT_SCAN_LIMIT, consumer_alive, entries_of
 from phoenix.worker_runtime.locks import DONE, committed_by, lock_holder, locked_by
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, RETRY_STATE_FIELDS, SCRIPT_SAFE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
@@ -82,7 +82,7 @@ async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, for
     if value is None or token is None:
         return UnlockResult(UnlockStatus.NOT_LOCKED, key)
     holder = lock_holder(token)
-    script = lua.register(client, "repair_unlock.lua")
+    script = lua.register(client, "repair_unlock.lua", __package__)
     status, idle_ms = await script(
         keys=[key, lane.input],
         args=[value, holder, s.consumer_group, s.claim_idle_ms, "1" if force else "0"],
@@ -138,7 +138,7 @@ async def plan_reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int
 async def reclaim(client: Redis, settings: WorkerSettings, plan: ReclaimPlan) -> list[Reclaimed]:
     """Carry out the plan: each entry re-enqueued atomically if it is still pending and idle (else 'busy')."""
     s = settings
-    script = lua.register(client, "repair_reclaim.lua")
+    script = lua.register(client, "repair_reclaim.lua", __package__)
     done: list[Reclaimed] = []
     for lane in s.keys.lanes:  # one lane's keys per call: one slot
         of_lane = [(c, lock_value) for c, lock_value, at in plan.candidates if at == lane]
@@ -236,7 +236,7 @@ async def plan_reprocess(
 async def reprocess(client: Redis, settings: WorkerSettings, plan: ReprocessPlan) -> tuple[str, bool]:
     """Carry out the plan atomically; returns (new entry id, whether a marker was deleted)."""
     lane = settings.keys.lane_of(plan.record_id)
-    script = lua.register(client, "repair_reprocess.lua")
+    script = lua.register(client, "repair_reprocess.lua", __package__)
     flat = [item for pair in plan.fields.items() for item in pair]
     reply = await script(
         keys=[plan.record_key, lane.input, lane.dlq],
