@@ -105,10 +105,11 @@ manifests: $(STAMP)  ## Regenerate the CRD and the chart's copies of manifests/
 	$(BIN)/python -m phoenix.crds.generate
 	cp manifests/grafana/phoenix-dashboard.json manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
 
-lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy, shellcheck over hack/, codespell
+lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy, the import layers (.importlinter), shellcheck over hack/, codespell
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy phoenix
+	$(BIN)/lint-imports
 	shellcheck hack/*.sh hack/lib/*.sh .ci/run
 	$(BIN)/codespell
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, PhoenixStageSpec
+from phoenix.kube_names import POD_KEYS_ANNOTATION
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -26,7 +27,6 @@ from phoenix.operator.builders import (
     scaled_object_patch,
     trigger_authentication_name,
 )
-from phoenix.operator.constants import POD_KEYS_ANNOTATION
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube_api import KubeApi
