@@ -15,9 +15,10 @@ import redis.asyncio as aioredis
 from phoenix.tools import repair
 from phoenix.worker_runtime import dlq
 from phoenix.worker_runtime.messages import PACKED_FIELDS, SCRIPT_SAFE_FIELDS, packed_pairs
+from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.retry import RetryScheduler
 from phoenix.worker_runtime.settings import WorkerSettings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, outputs
@@ -80,11 +81,13 @@ async def test_a_dead_letter_too_wide_for_the_script_is_written_minimal_and_the_
     task = asyncio.create_task(settler.run())
     try:
         for i in (0, 1):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[2], "r2", False, crafted))
-        settler.submit(Outcome(Action.RETRY, ids[3], "r3", False, (60_000, json.dumps(["record_id", "r3"]))))
+            settler.submit(Outcome(Disposition.COMMIT, ids[i], f"r{i}", ("u", "{}"), holds_lock=False))
+        settler.submit(Outcome(Disposition.DEAD_LETTER, ids[2], "r2", crafted, holds_lock=False))
+        settler.submit(
+            Outcome(Disposition.RETRY, ids[3], "r3", (60_000, json.dumps(["record_id", "r3"])), holds_lock=False)
+        )
         for i in (4, 5):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
+            settler.submit(Outcome(Disposition.COMMIT, ids[i], f"r{i}", ("u", "{}"), holds_lock=False))
         await asyncio.wait_for(settler.flush(), 10)
     finally:
         task.cancel()
@@ -113,18 +116,22 @@ async def test_a_settle_item_the_script_fails_on_is_isolated_and_the_rest_settle
     task = asyncio.create_task(settler.run())
     try:
         for i in (0, 1, 2):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
-        settler.submit(Outcome(Action.RETRY, ids[3], "r3", False, ("soon", json.dumps(["record_id", "r3"]))))
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[4], "r4", False, ("record_id", "r4", "error", "why")))
+            settler.submit(Outcome(Disposition.COMMIT, ids[i], f"r{i}", ("u", "{}"), holds_lock=False))
+        settler.submit(
+            Outcome(Disposition.RETRY, ids[3], "r3", ("soon", json.dumps(["record_id", "r3"])), holds_lock=False)
+        )
+        settler.submit(
+            Outcome(Disposition.DEAD_LETTER, ids[4], "r4", ("record_id", "r4", "error", "why"), holds_lock=False)
+        )
         for i in (5, 6):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
+            settler.submit(Outcome(Disposition.COMMIT, ids[i], f"r{i}", ("u", "{}"), holds_lock=False))
         await asyncio.wait_for(settler.flush(), 10)
     finally:
         task.cancel()
     assert sorted(o.entry_id for o in settled) == sorted(ids)
     assert [o["record_id"] for o in await outputs(redis)] == ["r0", "r1", "r2", "r5", "r6"]
     assert [f for _, f in await redis.xrange(DLQ)] == [{"record_id": "r4", "error": "why"}]
-    assert [o.action for o in settled if o.entry_id == ids[3]] == [Action.LEAVE]
+    assert [o.disposition for o in settled if o.entry_id == ids[3]] == [Disposition.LEAVE]
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [ids[3]]
 
@@ -143,13 +150,15 @@ async def test_a_settle_item_that_cannot_be_written_at_all_is_left_pending(
     settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
     task = asyncio.create_task(settler.run())
     try:
-        settler.submit(Outcome(Action.COMMIT, ids[0], "r0", False, ("u", "{}")))
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[1], "r1", True, ("record_id", "r1", "error", "why")))
-        settler.submit(Outcome(Action.COMMIT, ids[2], "r2", False, ("u", "{}")))
+        settler.submit(Outcome(Disposition.COMMIT, ids[0], "r0", ("u", "{}"), holds_lock=False))
+        settler.submit(
+            Outcome(Disposition.DEAD_LETTER, ids[1], "r1", ("record_id", "r1", "error", "why"), holds_lock=True)
+        )
+        settler.submit(Outcome(Disposition.COMMIT, ids[2], "r2", ("u", "{}"), holds_lock=False))
         await asyncio.wait_for(settler.flush(), 10)
     finally:
         task.cancel()
-    assert [(o.entry_id, o.action) for o in settled if o.entry_id == ids[1]] == [(ids[1], Action.LEAVE)]
+    assert [(o.entry_id, o.disposition) for o in settled if o.entry_id == ids[1]] == [(ids[1], Disposition.LEAVE)]
     assert [o["record_id"] for o in await outputs(redis)] == ["r0", "r2"]
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [ids[1]]
@@ -269,8 +278,10 @@ async def test_a_commit_whose_forward_fails_is_neither_lost_nor_doubled(
     settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
     task = asyncio.create_task(settler.run())
     try:
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[0], "r0", False, ("record_id", "r0", "error", "why")))
-        settler.submit(Outcome(Action.COMMIT, ids[1], "r1", False, ("u", "{}")))
+        settler.submit(
+            Outcome(Disposition.DEAD_LETTER, ids[0], "r0", ("record_id", "r0", "error", "why"), holds_lock=False)
+        )
+        settler.submit(Outcome(Disposition.COMMIT, ids[1], "r1", ("u", "{}"), holds_lock=False))
         await asyncio.wait_for(settler.flush(), 10)
     finally:
         task.cancel()
