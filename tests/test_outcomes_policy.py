@@ -73,7 +73,7 @@ def test_none_commits_without_forwarding_anything() -> None:
 
 def test_a_result_json_cannot_hold_is_dead_lettered_at_once() -> None:
     policy, _, stage = _policy()
-    outcome = policy.of_result(_message(retry_count=2), {(1, 2): "tuple key"}, time.time(), None)
+    outcome = policy.of_result(_message(retry_count=2), {(1, 2): "tuple key"}, time.time(), None)  # type: ignore[dict-item]
     assert outcome.disposition is Disposition.DEAD_LETTER and outcome.holds_lock
     fields = _dlq_fields(outcome)
     assert fields["error_type"] == "UnserializableResult" and fields["attempts"] == "3"
