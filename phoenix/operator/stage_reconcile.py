@@ -1,10 +1,13 @@
-"""Bring one PhoenixStage's world in line with its spec: Redis streams and group, Deployment, KEDA objects
-(children.py), then write its status and Events; and delete its Redis data when it goes with deletionPolicy
-Delete. handlers.py (kopf) and converge.py (drift repair) call into this module."""
+"""Reconcile one PhoenixStage: bring its world in line with its spec (Redis streams and group, then the
+Deployment, KEDA objects and PodDisruptionBudget of children.py), then write its status and Events.
+
+reconcile_stage is the one entry, run by the kopf handler on a create, a spec change or the operator's start
+(handlers.stage_changed) and by the converger for a drift repair or a KEDA re-check (converge.py); apply_spec is
+its Redis-and-children step. Also here: what marks a stage for repair from watch events (child_changed,
+next_stage_seen). Its deletion is stage_delete.py."""
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,13 +20,12 @@ from redis.exceptions import RedisError, ResponseError
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
 from phoenix.operator.builders import Owner, resolve_streams
-from phoenix.operator.children import Action, apply_autoscaling, apply_deployment, apply_disruption_budget
+from phoenix.operator.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import StageError, scrub
+from phoenix.operator.errors import StageError, retry_delay, scrub
 from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.operator.redis_target import RedisTarget, read_redis_target
 from phoenix.operator.stage_record import StageRecord
@@ -38,11 +40,8 @@ from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from phoenix.worker_runtime.tracing import operation_span
 
-logger = logging.getLogger(__name__)
-MAX_BACKOFF_SECONDS = 120.0
-# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning).
-RECONCILE, DELETE, OWNERSHIP = "reconcile", "delete", "ownership"
-_KEEP_DATA_HINT = "set spec.deletionPolicy to Retain to keep the data and let the stage go"
+# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning); stage_delete.py has its own.
+RECONCILE, OWNERSHIP = "reconcile", "ownership"
 # Ready reasons of a stage refused its Redis keys (worker_runtime/ownership.py); retried, so it converges by itself.
 KEYS_HELD = "KeysHeldByAnotherStage"
 LEGACY_KEYS = "LegacyKeysFound"
@@ -58,7 +57,7 @@ class Reconciled:
     streams: StageKeys
     deployment: dict[str, Any]
     autoscaling: Condition
-    actions: list[Action] = field(default_factory=list)
+    actions: list[ActionTaken] = field(default_factory=list)
 
 
 def stage_model(body: Mapping[str, Any]) -> PhoenixStage:
@@ -160,9 +159,9 @@ def next_stage_seen(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
 
 async def prepare_streams(
     pool: RedisPool, redis: RedisSpec, streams: StageKeys, uid: str, existed_before: bool
-) -> list[Action]:
-    """Claim the stage's keys for the PhoenixStage `uid` and create the stream, group and DLQ; an Action for each
-    that had to be created (after a Redis flush: again) and for keys adopted from an earlier stage of the name."""
+) -> list[ActionTaken]:
+    """Claim the stage's keys for the PhoenixStage `uid` and create the stream, group and DLQ; an ActionTaken for
+    each that had to be created (after a Redis flush: again) and for keys adopted from an earlier stage of the name."""
     try:
         client = pool.client(redis)  # builds the TLS context: a CA or certificate that does not load fails here
         await refuse_unmigrated(client, streams)
@@ -186,39 +185,41 @@ async def prepare_streams(
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []
     if created.group:
-        actions.append(
-            Action("ConsumerGroupCreated", f"created consumer group {streams.consumer_group} on {streams.input}{again}")
-        )
+        message = f"created consumer group {streams.consumer_group} on {streams.input}{again}"
+        actions.append(ActionTaken("ConsumerGroupCreated", message))
     if created.dlq:
-        actions.append(Action("DlqCreated", f"created the dead-letter stream {streams.dlq}{again}"))
+        actions.append(ActionTaken("DlqCreated", f"created the dead-letter stream {streams.dlq}{again}"))
     if created.adopted_from is not None:
         earlier = (
             "moved there by `phoenix migrate`"
             if not created.adopted_from
             else f"left by an earlier PhoenixStage of this name (uid {created.adopted_from}, deleted with Retain)"
         )
-        actions.append(Action("RedisKeysAdopted", f"adopted the keys of {streams.input}, {earlier}"))
+        actions.append(ActionTaken("RedisKeysAdopted", f"adopted the keys of {streams.input}, {earlier}"))
     return actions
 
 
-def _transitions(record: StageRecord, stage: PhoenixStage, autoscaling: Condition) -> list[Action]:
+def _transitions(record: StageRecord, stage: PhoenixStage, autoscaling: Condition) -> list[ActionTaken]:
     """Paused/resumed and KEDA adopted, against what this operator saw before."""
     actions = []
     if record.paused is not None and record.paused != stage.spec.paused:
         actions.append(
-            Action("Paused", "scaled to zero; entries wait in the stream")
+            ActionTaken("Paused", "scaled to zero; entries wait in the stream")
             if stage.spec.paused
-            else Action("Resumed", f"back to at least replicas.min ({stage.spec.replicas.min})")
+            else ActionTaken("Resumed", f"back to at least replicas.min ({stage.spec.replicas.min})")
         )
     if waits_for_keda({"status": record.status}) and autoscaling.status == "True":
-        actions.append(Action("KedaAdopted", "KEDA is installed now: the stage is handed over to its ScaledObject"))
+        message = "KEDA is installed now: the stage is handed over to its ScaledObject"
+        actions.append(ActionTaken("KedaAdopted", message))
     return actions
 
 
-async def reconcile(
-    kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any], actions: list[Action]
+async def apply_spec(
+    kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any], actions: list[ActionTaken]
 ) -> Reconciled:
-    """Idempotent: safe on create, update, drift and operator restart, and writes only what differs from the
+    """Make the stage's Redis keys and children what its spec says (status and Events are the caller's).
+
+    Idempotent: safe on create, update, drift and operator restart, and writes only what differs from the
     spec. Raises StageError when the stage cannot run. `actions` gets what was done as it is done, so that a
     failure further on still reports it (keys adopted are adopted only once)."""
     stage = parse_stage(body)
@@ -277,38 +278,27 @@ def failed_status(error: StageError, generation: int | None) -> tuple[dict[str, 
     return {"observedGeneration": generation}, [condition]
 
 
-# What the kopf handlers (handlers.py) and the converger (converge.py) call: run the operation, write status,
-# post Events; a failure is a StageError, which the kopf handlers turn into retries with backoff and the
-# converger into its own backoff.
-
-
-def backoff(retry: int) -> float:
-    """5 s, 10 s, 20 s, ... up to two minutes."""
-    return min(5.0 * 2 ** min(retry, 10), MAX_BACKOFF_SECONDS)
-
-
-def kopf_retry(error: StageError, retry: int) -> kopf.TemporaryError | kopf.PermanentError:
-    if error.permanent:
-        return kopf.PermanentError(str(error))
-    return kopf.TemporaryError(str(error), delay=backoff(retry))
-
-
-async def converge_stage(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
-    """Reconcile the stage with `body`; writes status and Events; raises StageError when it cannot run."""
+async def reconcile_stage(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
+    """Reconcile the stage with `body`, then write its status and post its Events: what both the kopf handler
+    (handlers.stage_changed) and the converger (converge.py: drift repair, KEDA re-check) run. Raises StageError
+    when the stage cannot run; the kopf handler turns it into a kopf retry (kopf_retry), the converger into its
+    own wait (errors.retry_delay either way)."""
     attributes = {"k8s.namespace.name": record.namespace, "phoenix.stage": record.name}
     async with record.reconcile_lock:
         generation = record.generation
         # A span per reconcile, its status write and Events included (nothing unless OTEL_* configures tracing); a
         # StageError marks it failed. Log lines inside it carry its trace_id and span_id.
         with operation_span("reconcile", {**attributes, "phoenix.generation": generation or 0}):
-            await _converge(ctx, record, body, generation)
+            await _apply_and_report(ctx, record, body, generation)
 
 
-async def _converge(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any], generation: int | None) -> None:
-    done: list[Action] = []
+async def _apply_and_report(
+    ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any], generation: int | None
+) -> None:
+    done: list[ActionTaken] = []
     try:
         async with ctx.events.reporting(record, RECONCILE):
-            result = await reconcile(ctx.kube, ctx.pool, record, body, done)
+            result = await apply_spec(ctx.kube, ctx.pool, record, body, done)
     except StageError as error:
         record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
         await ctx.writer.update(record, *failed_status(error, generation))
@@ -327,12 +317,12 @@ async def _converge(ctx: OperatorContext, record: StageRecord, body: Mapping[str
         ctx.events.resolved(record, OWNERSHIP)
 
 
-async def reconcile_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:
-    record = ctx.registry.observe(body)
-    try:
-        await converge_stage(ctx, record, body)
-    except StageError as error:
-        raise kopf_retry(error, retry) from None
+def kopf_retry(error: StageError, retry: int) -> kopf.TemporaryError | kopf.PermanentError:
+    """kopf's signal for a reconcile that failed at its attempt `retry`: a permanent error waits for a spec
+    change, any other is retried after errors.retry_delay."""
+    if error.permanent:
+        return kopf.PermanentError(str(error))
+    return kopf.TemporaryError(str(error), delay=retry_delay(retry))
 
 
 def child_changed(ctx: OperatorContext, event_type: str | None, body: Mapping[str, Any]) -> None:
@@ -354,56 +344,6 @@ def child_changed(ctx: OperatorContext, event_type: str | None, body: Mapping[st
     ctx.wake.set()
 
 
-async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int) -> None:
-    """deletionPolicy Delete: remove the Redis data before the object goes; children go by garbage collection.
-
-    Tried until it succeeds (a stage left with its data silently behind is worse than one that waits): status
-    and one Warning per cause say why it waits and how to let it go without its data."""
-    record = ctx.registry.observe(body)
-    try:
-        streams, destroyed = await _delete_redis_data(ctx, record, body)
-    except StageError as error:
-        delay = backoff(retry)
-        told = StageError(
-            error.reason,
-            f"deletionPolicy is Delete and the Redis data cannot be deleted yet: {error.message} ({_KEEP_DATA_HINT})",
-        )
-        record.error = new_condition(
-            ConditionType.READY, False, error.reason, f"{told.message}; attempt {retry + 1}, next in {delay:g} s"
-        )
-        await ctx.writer.update(record)
-        await ctx.events.warning(record, DELETE, told)
-        raise kopf.TemporaryError(str(error), delay=delay) from None
-    if isinstance(destroyed, NotHeld):
-        holder = f"held by {destroyed.holder}" if destroyed.holder else "claimed by no stage (no ownership marker)"
-        message = f"deleted none of the Redis keys of {streams.input}: they are {holder}, not this PhoenixStage's"
-        await ctx.events.warning(record, DELETE, StageError("RedisDataNotOwned", message))
-    else:
-        what = [f"consumer group {destroyed.group}"] if destroyed.group else []
-        what += [f"stream {stream}" for stream in destroyed.streams]
-        await ctx.events.normal(
-            record,
-            "RedisDataDeleted",
-            f"deleted {', '.join(what) or 'no stream'} and the stage's own keys ({destroyed.keys} keys in all)",
-        )
-    ctx.registry.forget(record.key)
-    await retain_clients(ctx)
-
-
 async def retain_clients(ctx: OperatorContext) -> None:
     """Close the Redis clients no stage uses any more: after a deletion, or a rotation that made a new spec."""
     await ctx.pool.retain({r.redis for r in ctx.registry.records() if r.redis is not None})
-
-
-async def _delete_redis_data(
-    ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]
-) -> tuple[StageKeys, Destroyed | NotHeld]:
-    stage = stage_model(body)
-    # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
-    redis = record.redis or (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
-    streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
-    try:
-        return streams, await destroy(ctx.pool.client(redis), streams, body["metadata"]["uid"])
-    except (RedisError, OSError) as exc:
-        ctx.pool.failed(redis, exc)
-        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
