@@ -14,7 +14,9 @@ RETRY_BASE_SECONDS = 5.0
 MAX_BACKOFF_SECONDS = 120.0
 
 
-@dataclass(frozen=True)
+# Not frozen: Python writes an exception's __traceback__ as it passes through a `contextlib.contextmanager` (the
+# reconcile's span), which a frozen dataclass refuses. eq=False keeps exceptions hashable by identity.
+@dataclass(eq=False)
 class StageError(Exception):
     """`reason` is a CamelCase condition reason; `permanent` errors wait for a spec change instead of a retry."""
 
