@@ -17,8 +17,9 @@ from redis.exceptions import ClusterCrossSlotError
 
 from phoenix.keys import StageKeys, input_stream, partition_of
 from phoenix.worker_runtime import lanes, metrics
+from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.workers import WorkerPool, WorkerProcess
@@ -213,7 +214,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     await raw.xgroup_create(lane.input, "p-group", id="0", mkstream=True)
     entry = await raw.xadd(lane.input, {"record_id": "r", "user_id": "u", "data": "{}"})
     await raw.xreadgroup("p-group", settings.consumer_name, {lane.input: ">"})
-    commit = Outcome(Action.COMMIT, entry.decode(), "r", True, ("u", "{}"), lane=1)
+    commit = Outcome(Disposition.COMMIT, entry.decode(), "r", ("u", "{}"), holds_lock=True, lane=1)
     direct = Settler(raw, settings, "lock x", print, lanes.routes(settings, slots_matter=False))
     with pytest.raises(ClusterCrossSlotError, match="same slot"):  # CROSSSLOT
         await direct._commit(1, [commit])  # the one script call the settler would retry forever
@@ -224,7 +225,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     relayed.submit(commit)
     await asyncio.wait_for(relayed.flush(), 30)
     task.cancel()
-    assert [o.action for o in settled] == [Action.COMMIT]
+    assert [o.disposition for o in settled] == [Disposition.COMMIT]
     assert [f[b"record_id"] for _, f in await raw.xrange(lane.outbox)] == [b"r"]
     assert (await raw.xpending(lane.input, "p-group"))["pending"] == 0
     assert (await raw.get(lane.record("r"))).startswith(b"done")
