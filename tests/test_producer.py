@@ -16,11 +16,12 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 
 from phoenix.embedded import start_valkey
 from phoenix.keys import StageKeys
-from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer
+from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer, _pipelines, _Target
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.valkey_cluster import single_node_cluster
@@ -74,6 +75,57 @@ async def test_an_explicit_stream_and_an_explicit_count_need_no_layout(redis: ai
         Producer(redis, "parser", stream="jobs")
     with pytest.raises(ValueError, match="needs a record_id"):
         await Producer(redis, stream="jobs").send("")
+
+
+# The batch as pipelines and the ids from their replies: what both producers share, decided without Redis.
+
+_TWO_NODES = (ClusterNode("127.0.0.1", 7000), ClusterNode("127.0.0.1", 7001))
+
+
+def _node_of(key: str) -> ClusterNode:
+    """A two-primary cluster's slot map: the lower half of the slots on the first node."""
+    return _TWO_NODES[key_slot(key.encode()) >= 8192]
+
+
+def test_a_batch_is_one_pipeline_of_xadds_grouped_by_stream_with_each_records_position() -> None:
+    batch = [Record(f"r{i}", {"i": i}) for i in range(12)]
+    (pipeline,) = _pipelines(_Target("parser", "team", None, 4).grouped(batch), None)
+    streams = [command[1] for command in pipeline.commands]
+    assert sorted(streams) == sorted(STAGE.lane_of(f"r{i}").input for i in range(12))
+    assert streams == sorted(streams, key=streams.index)  # each stream's XADDs together
+    assert pipeline.key == streams[0]
+    for position, command in zip(pipeline.positions, pipeline.commands, strict=True):
+        assert command == ("XADD", STAGE.lane_of(f"r{position}").input, "*", *_flat(batch[position].fields()))
+    assert sorted(pipeline.positions) == list(range(12))
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    return [part for item in fields.items() for part in item]
+
+
+def test_a_producer_that_waits_on_a_cluster_writes_a_pipeline_per_node() -> None:
+    batch = [Record(f"r{i}") for i in range(40)]
+    pipelines = _pipelines(_Target("parser", "team", None, 4).grouped(batch), _node_of)
+    assert {_node_of(p.key).name for p in pipelines} == {node.name for node in _TWO_NODES}  # both hold lanes
+    for pipeline in pipelines:  # every XADD on the node of the pipeline's key, where its WAIT runs
+        assert {_node_of(command[1]).name for command in pipeline.commands} == {_node_of(pipeline.key).name}
+    assert sorted(p for pipeline in pipelines for p in pipeline.positions) == list(range(40))
+
+
+def test_entry_ids_come_back_in_the_records_order_and_too_few_replicas_raise() -> None:
+    batch = [Record(f"r{i}") for i in range(6)]
+    pipelines = _pipelines(_Target("parser", "team", None, 4).grouped(batch), _node_of)
+    replies = [[f"{position}-0".encode() for position in p.positions] for p in pipelines]
+    client = redis.Redis()  # never connected: the ids and the check need no server
+    waiting = SyncProducer(client, "parser", "team", min_replicas_ack=1, min_replicas_timeout_ms=50)
+    runs = [(p, (r, 1)) for p, r in zip(pipelines, replies, strict=True)]
+    assert waiting._entry_ids(6, runs) == [f"{i}-0" for i in range(6)]
+    runs[-1] = (pipelines[-1], (replies[-1], 0))  # one node's WAIT short
+    with pytest.raises(NotReplicated, match="acknowledged by 0 of 1 replicas within 50 ms") as short:
+        waiting._entry_ids(6, runs)
+    assert short.value.entry_ids == [f"{i}-0" for i in range(6)]  # written all the same
+    no_wait = SyncProducer(client, "parser", "team")  # a WAIT not asked for: its count of 0 is no shortfall
+    assert no_wait._entry_ids(6, [(p, (r, 0)) for p, (r, _) in runs]) == [f"{i}-0" for i in range(6)]
 
 
 def test_the_sync_producer_writes_the_same(redis_url: str) -> None:
