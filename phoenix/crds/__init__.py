@@ -23,11 +23,11 @@ from phoenix.crds.spec import (
     PhoenixStageSpec,
     RedisMode,
     RedisSentinel,
-    RedisSpec,
     RedisTls,
     Replicas,
     ResourceRequirements,
     Retry,
+    StageRedisSpec,
     WorkerTuning,
 )
 from phoenix.crds.status import (
@@ -63,7 +63,6 @@ __all__ = [
     "QueueStatus",
     "RedisMode",
     "RedisSentinel",
-    "RedisSpec",
     "RedisTls",
     "ReplayStatus",
     "ReplicaStatus",
@@ -73,6 +72,7 @@ __all__ = [
     "SecretKeyRef",
     "SecretRef",
     "StageMetadata",
+    "StageRedisSpec",
     "StreamsStatus",
     "WorkerTuning",
 ]
