@@ -27,9 +27,11 @@ from tests.fixtures.operator_process import (
     final_stage,
     get_stage,
     kubectl_apply,
-    serving_operator,
+    read_or_none,
+    ready_reason,
     stage_events,
     stage_status,
+    watching_operator,
 )
 from tests.fixtures.processes import free_loopback_port
 
@@ -42,11 +44,8 @@ FINALIZER = "phoenix.io/finalizer"
 
 @pytest.fixture(scope="module")
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
-    with serving_operator(
-        kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-convergence"
-    ) as served:
+    with watching_operator(kube_cluster, operator_kubeconfig, "operator-convergence") as served:
         yield served
-        assert served.process.alive, served.process.failure("died during the tests")
 
 
 def _reasons(api: client.ApiClient, namespace: str, name: str, type_: str = "Normal") -> list[str]:
@@ -55,20 +54,6 @@ def _reasons(api: client.ApiClient, namespace: str, name: str, type_: str = "Nor
 
 def _messages(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str]:
     return [e.message for e in stage_events(api, namespace, name) if e.reason == reason]
-
-
-def _ready_reason(plane: ControlPlane, namespace: str, name: str) -> str | None:
-    found = condition(get_stage(plane, namespace, name), "Ready")
-    return found and found["reason"]
-
-
-def _get_or_none(read: Any, *args: Any) -> Any:
-    try:
-        return read(*args)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
 
 
 @pytest.mark.parametrize("redis_db", [5], indirect=True)
@@ -85,15 +70,15 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     kubectl_apply(kube_cluster, final_stage(url, ns))
 
     def scaled_object() -> dict[str, Any] | None:
-        return _get_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "router")
+        return read_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "router")
 
     def authentication() -> dict[str, Any] | None:
-        return _get_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "triggerauthentications", "router-redis")
+        return read_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "triggerauthentications", "router-redis")
 
     def deployment() -> client.V1Deployment | None:
-        return _get_or_none(apps.read_namespaced_deployment, "router", ns)
+        return read_or_none(apps.read_namespaced_deployment, "router", ns)
 
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     eventually(
         lambda: (
             {
@@ -244,7 +229,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     connection.delete(f"phoenix:{{{ns}}}:router:input")
     # The next attempt comes after the backoff of the attempts so far (it doubles: a loaded machine sees more).
     wait = backoff(attempts() + 1) + 60
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=wait)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=wait)
     eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
 
@@ -259,7 +244,7 @@ def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
     first_ms = int(time.time() * 1000) - 120_000
     for i in range(7):
@@ -295,10 +280,10 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     # InvalidSpec: the schema admits it, but the stage would feed its own input (its workers would refuse).
     secret, looping = final_stage(url, ns, name="looping", output={"stream": f"phoenix:{{{ns}}}:looping:input"})
     kubectl_apply(kube_cluster, [secret, looping])
-    eventually(lambda: _ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
+    eventually(lambda: ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
     assert "feed itself" in condition(get_stage(kube_cluster, ns, "looping"), "Ready")["message"]
     eventually(lambda: "InvalidSpec" in _reasons(kube_api, ns, "looping", "Warning"), "a Warning Event")
-    assert _get_or_none(apps.read_namespaced_deployment, "looping", ns) is None
+    assert read_or_none(apps.read_namespaced_deployment, "looping", ns) is None
 
     # InvalidAutoscaling: a Redis password KEDA cannot read from a Secret; the stage runs without autoscaling.
     user, password = "phx-invalid-autoscaling", "pw-never-shown"
@@ -321,8 +306,8 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
             "AutoscalingReady=False/InvalidAutoscaling",
         )
         assert "passwordSecretRef" in autoscaling["message"] and password not in autoscaling["message"]
-        eventually(lambda: _ready_reason(kube_cluster, ns, "guarded") == "StageReady", "guarded still Ready")
-        scaled = _get_or_none(
+        eventually(lambda: ready_reason(kube_cluster, ns, "guarded") == "StageReady", "guarded still Ready")
+        scaled = read_or_none(
             client.CustomObjectsApi(kube_api).get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "guarded"
         )
         assert scaled is None
@@ -339,7 +324,7 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     # Without environment swapping the same stage is fine.
     billed["spec"]["env"] = [*billing, {"name": "BILLING_SWAP_ENV", "value": "false"}]
     kubectl_apply(kube_cluster, [billed])
-    eventually(lambda: _ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
+    eventually(lambda: ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
 
 
 def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
@@ -349,7 +334,7 @@ def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
     # The issue's case: an unescaped '#' in the password, which urlsplit reads as the start of a fragment.
     secret, stage = final_stage("redis://:s3cr#et@redis:6379/0", ns, name="hashed")
     kubectl_apply(kube_cluster, [secret, stage])
-    eventually(lambda: _ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
+    eventually(lambda: ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
     message = condition(get_stage(kube_cluster, ns, "hashed"), "Ready")["message"]
     assert "unescaped '#'" in message and "%23" in message
     eventually(lambda: "InvalidRedisUrl" in _reasons(kube_api, ns, "hashed", "Warning"), "a Warning Event")
@@ -371,7 +356,7 @@ def test_only_delete_stages_carry_the_finalizer(
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     # Retain (the default): nothing to do at deletion, so nothing that could hang it while the operator is down.
     assert FINALIZER not in _finalizers(kube_cluster, ns, "router")
 
@@ -427,7 +412,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
 ) -> None:
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(own_valkey.url, ns, deletionPolicy="Delete"))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     assert FINALIZER in _finalizers(kube_cluster, ns, "router")
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
         valkey.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": "r1"})
@@ -536,7 +521,7 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     assert [e.type for e in warnings] == ["Warning"]
     # The stage runs all the same, at replicas.min (no kubelet here: the Deployment's own count says it).
     apps = client.AppsV1Api(kube_api)
-    deployment = eventually(lambda: _get_or_none(apps.read_namespaced_deployment, "router", ns), "the Deployment")
+    deployment = eventually(lambda: read_or_none(apps.read_namespaced_deployment, "router", ns), "the Deployment")
     assert deployment.spec.replicas == 1
 
     # Status refreshes and watch events meanwhile post nothing new; a spec change (a new generation) reconciles,
@@ -557,8 +542,8 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
 
     def own_children_gone() -> bool:
-        deployment = _get_or_none(apps.read_namespaced_deployment, "router", ns)
-        authentication = _get_or_none(
+        deployment = read_or_none(apps.read_namespaced_deployment, "router", ns)
+        authentication = read_or_none(
             custom.get_namespaced_custom_object, *KEDA, ns, "triggerauthentications", "router-redis"
         )
         return deployment is None and authentication is None
@@ -597,7 +582,7 @@ def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
         },
     )
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
     ready = condition(get_stage(kube_cluster, ns, "router"), "Ready")
     assert ready["message"].startswith("Deployment router exists and is not owned by this PhoenixStage (owners: none)")
     eventually(lambda: "ChildNotOwned" in _reasons(kube_api, ns, "router", "Warning"), "a Warning Event", timeout=30)
@@ -628,7 +613,7 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     kubectl_apply(kube_cluster, final_stage(url, ns, name="shaped", pod=pod))
 
     def budget() -> client.V1PodDisruptionBudget | None:
-        return _get_or_none(policy.read_namespaced_pod_disruption_budget, "shaped", ns)
+        return read_or_none(policy.read_namespaced_pod_disruption_budget, "shaped", ns)
 
     found = eventually(budget, "the PodDisruptionBudget created", timeout=60)
     assert found.spec.max_unavailable == 1

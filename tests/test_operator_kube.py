@@ -33,6 +33,8 @@ from tests.fixtures.operator_process import (
     get_stage,
     health,
     kubectl_apply,
+    read_or_none,
+    ready_reason,
     redis_db_url,
     running_operator,
     sample_documents,
@@ -272,11 +274,7 @@ def test_deletion_policy_delete_removes_the_redis_data(
     assert connection.exists(StageKeys.for_stage("parser", ns).input)  # Retain keeps the others' data
 
     def router_children_gone() -> bool:
-        try:
-            client.AppsV1Api(kube_api).read_namespaced_deployment("router", ns)
-        except client.ApiException as exc:
-            return exc.status == 404
-        return False
+        return read_or_none(client.AppsV1Api(kube_api).read_namespaced_deployment, "router", ns) is None
 
     eventually(router_children_gone, "the router Deployment garbage-collected")
 
@@ -349,8 +347,7 @@ def test_bad_redis_settings_become_conditions_and_events(
     kubectl_apply(kube_cluster, [secret, unreachable, router, parser, grouper])
 
     def reason(name: str) -> str | None:
-        found = condition(get_stage(kube_cluster, ns, name), "Ready")
-        return found and found["reason"]
+        return ready_reason(kube_cluster, ns, name)
 
     eventually(lambda: reason("router") == "SecretNotFound", "router Ready=False/SecretNotFound")
     eventually(lambda: reason("parser") == "RedisUnavailable", "parser Ready=False/RedisUnavailable", timeout=60)

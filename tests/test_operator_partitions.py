@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis as sync_redis
@@ -19,13 +18,13 @@ from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.operator_process import (
     ServingOperator,
-    condition,
     final_stage,
-    get_stage,
     kubectl_apply,
-    serving_operator,
+    read_or_none,
+    ready_condition,
     stage_events,
     stage_status,
+    watching_operator,
 )
 
 pytestmark = pytest.mark.kube
@@ -33,29 +32,15 @@ pytestmark = pytest.mark.kube
 
 @pytest.fixture(scope="module")
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
-    with serving_operator(
-        kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-partitions"
-    ) as served:
+    with watching_operator(kube_cluster, operator_kubeconfig, "operator-partitions") as served:
         yield served
-        assert served.process.alive, served.process.failure("died during the tests")
-
-
-def _env(api: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
-    deployment = client.AppsV1Api(api).read_namespaced_deployment(name, namespace)
-    return {var.name: var.value for var in deployment.spec.template.spec.containers[0].env}
 
 
 def _deployment_env(api: client.ApiClient, namespace: str, name: str) -> dict[str, str] | None:
-    try:
-        return _env(api, namespace, name)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
-def _ready(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
-    return condition(get_stage(plane, namespace, name), "Ready") or {}
+    deployment = read_or_none(client.AppsV1Api(api).read_namespaced_deployment, name, namespace)
+    if deployment is None:
+        return None
+    return {var.name: var.value for var in deployment.spec.template.spec.containers[0].env}
 
 
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
@@ -124,8 +109,8 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert patched.returncode == 0, patched.stderr
     refused = eventually(
         lambda: (
-            _ready(kube_cluster, ns, "grouper").get("reason") == "PartitionsChanged"
-            and _ready(kube_cluster, ns, "grouper")
+            ready_condition(kube_cluster, ns, "grouper").get("reason") == "PartitionsChanged"
+            and ready_condition(kube_cluster, ns, "grouper")
         ),
         "Ready=False PartitionsChanged",
     )
@@ -138,8 +123,9 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     )
     assert "deletionPolicy Delete" in warnings[0]
     assert connection.hgetall(grouper.layout) == {"partitions": "4"}
-    assert _env(kube_api, ns, "grouper")["PARTITIONS"] == "4"  # the workers were not rolled onto the wrong lanes
-    assert _env(kube_api, ns, "router")["OUTPUT_PARTITIONS"] == "4"
+    # The workers were not rolled onto the wrong lanes.
+    assert (_deployment_env(kube_api, ns, "grouper") or {}).get("PARTITIONS") == "4"
+    assert (_deployment_env(kube_api, ns, "router") or {}).get("OUTPUT_PARTITIONS") == "4"
 
 
 @pytest.mark.parametrize("redis_db", [11], indirect=True)

@@ -29,6 +29,7 @@ from tests.fixtures.operator_process import (
     get_stage,
     health,
     kubectl_apply,
+    read_or_none,
     redis_db_url,
     running_operator,
 )
@@ -85,12 +86,9 @@ def _stage(namespace: str) -> dict[str, Any]:
 
 
 def _template_digest(api: client.ApiClient, namespace: str) -> str | None:
-    try:
-        deployment = client.AppsV1Api(api).read_namespaced_deployment(STAGE, namespace)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    deployment = read_or_none(client.AppsV1Api(api).read_namespaced_deployment, STAGE, namespace)
+    if deployment is None:
+        return None
     return (deployment.spec.template.metadata.annotations or {}).get(REDIS_SECRETS_ANNOTATION)
 
 

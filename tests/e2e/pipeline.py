@@ -27,6 +27,30 @@ RESTRICTED = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 
+# The Secret the suite creates beside the pipeline, with the Redis URL and password (tests/e2e/conftest.py).
+REDIS_SECRET_REFS = {
+    "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
+    "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
+}
+
+
+def stage_document(name: str, processor: str, image: str, cpu: tuple[str, str], **spec: Any) -> dict[str, Any]:
+    """A PhoenixStage `name` of the tests' own, on the suite's Redis (REDIS_SECRET_REFS, unless `spec` has a
+    `redis` of its own), with `cpu` as its pods' (request, limit): a low limit keeps a backlog long enough to see."""
+    return {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": name},
+        "spec": {
+            "processor": processor,
+            "image": image,
+            "redis": REDIS_SECRET_REFS,
+            "resources": {"requests": {"cpu": cpu[0], "memory": "96Mi"}, "limits": {"cpu": cpu[1], "memory": "256Mi"}},
+            **spec,
+        },
+    }
+
+
 # What the test's overlay changes in the samples: KEDA reacts within seconds and scales down after 20 s instead of
 # 15 s polling and 3 min cooldown, and a killed pod's entries are claimed by another after 10 s, not 5 min.
 STAGE_TIMINGS = {

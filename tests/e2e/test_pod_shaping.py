@@ -17,7 +17,7 @@ import yaml
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
 from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
-from tests.e2e.pipeline import NAMESPACE, Pipeline
+from tests.e2e.pipeline import NAMESPACE, Pipeline, stage_document
 
 pytestmark = pytest.mark.e2e
 
@@ -51,24 +51,16 @@ POD = {
 def longjob_stage(image: str, replicas: int) -> dict[str, Any]:
     """A final stage of `replicas` pods whose records each take JOB_SECONDS; a record left by a killed pod would be
     claimed by another only after 10 minutes, so within the test only the pod that took it can commit it."""
-    return {
-        "apiVersion": "phoenix.io/v1alpha1",
-        "kind": "PhoenixStage",
-        "metadata": {"name": STAGE},
-        "spec": {
-            "processor": "slow:SlowProcessor",
-            "image": image,
-            "redis": {
-                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
-                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
-            },
-            "replicas": {"min": replicas, "max": replicas},
-            "autoscaling": {"lagCount": 1, "pollingInterval": 2, "cooldownPeriod": 5},
-            "worker": {"processingTimeout": PROCESSING_TIMEOUT, "claimIdleMs": 600_000, "lockTimeout": 600},
-            "resources": {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "250m", "memory": "256Mi"}},
-            "pod": POD,
-        },
-    }
+    return stage_document(
+        STAGE,
+        "slow:SlowProcessor",
+        image,
+        cpu=("20m", "250m"),
+        replicas={"min": replicas, "max": replicas},
+        autoscaling={"lagCount": 1, "pollingInterval": 2, "cooldownPeriod": 5},
+        worker={"processingTimeout": PROCESSING_TIMEOUT, "claimIdleMs": 600_000, "lockTimeout": 600},
+        pod=POD,
+    )
 
 
 def _objects() -> list[dict[str, Any]]:

@@ -18,7 +18,7 @@ import redis as redis_client
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
 from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
-from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents
+from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents, stage_document
 
 pytestmark = pytest.mark.e2e
 
@@ -30,24 +30,16 @@ def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
     """The router's processor as a final stage, CPU-limited so that a backlog builds up and lasts, with KEDA's
     polling and cooldown shortened so that the test sees a whole cycle in a few minutes, and a gone worker's
     entries claimed after 3 s instead of 5 min."""
-    return {
-        "apiVersion": "phoenix.io/v1alpha1",
-        "kind": "PhoenixStage",
-        "metadata": {"name": STAGE},
-        "spec": {
-            "processor": "router",
-            "image": image,
-            "redis": {
-                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
-                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
-            },
-            "replicas": {"min": 0, "max": MAX_REPLICAS},
-            "autoscaling": {"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
-            "worker": {"claimIdleMs": 3000},
-            "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "150m", "memory": "256Mi"}},
-            "paused": paused,
-        },
-    }
+    return stage_document(
+        STAGE,
+        "router",
+        image,
+        cpu=("50m", "150m"),
+        replicas={"min": 0, "max": MAX_REPLICAS},
+        autoscaling={"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
+        worker={"claimIdleMs": 3000},
+        paused=paused,
+    )
 
 
 @dataclass
