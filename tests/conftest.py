@@ -1,4 +1,4 @@
-"""Session fixtures: one real Valkey (or the user's Redis via REDIS_URL) for the whole run."""
+"""Session fixtures: one real Valkey (or the user's Redis via REDIS_URL) for the whole run; the test tiers."""
 
 from __future__ import annotations
 
@@ -14,6 +14,30 @@ from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool
 
 pytest_plugins = ["tests.fixtures.kube_cluster", "tests.fixtures.sentinel"]
+
+# The tiers of DEVELOPMENT.md ("Test tiers"), marked by what a test uses. A fixture that starts something says so
+# here; a test that starts it itself carries the marker in its module (`pytestmark`). pyproject.toml registers them.
+FIXTURE_MARKERS = {
+    "redis_url": "valkey",
+    "cluster_url": "valkey",
+    "workers": "subprocess",
+    "kube_cluster": "kube",
+    "sentinels": "sentinel",
+}
+# Anything outside the Python process: a test with none of these is `pure`.
+RESOURCE_MARKERS = frozenset(
+    {"valkey", "ocr", "subprocess", "kube", "helm", "promtool", "sentinel", "cluster", "tls", "e2e"}
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in used:
+                item.add_marker(marker)
+        if not any(item.get_closest_marker(marker) for marker in RESOURCE_MARKERS):
+            item.add_marker("pure")
 
 
 @pytest.fixture(scope="session")

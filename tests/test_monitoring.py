@@ -35,7 +35,7 @@ def alert_rules() -> list[dict[str, Any]]:
 def metric_names(node: Any) -> Iterator[str]:
     """The metric names a PromQL expression selects."""
     if isinstance(node, promql_parser.VectorSelector):
-        yield node.name
+        yield node.name or ""
         return
     for attribute in ("lhs", "rhs", "expr", "param", "vector_selector"):
         child = getattr(node, attribute, None)

@@ -23,6 +23,7 @@ from tests.fixtures.docs import marked_block
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed, locked
+from tests.fixtures.replies import add_entry, stream_entries
 from tests.fixtures.workers import WorkerPool
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
@@ -84,7 +85,7 @@ def test_output_patterns() -> None:
 
 
 async def add(redis: aioredis.Redis, record_id: str, **data: str) -> str:
-    return await redis.xadd(IN, {"record_id": record_id, "user_id": "u1", "data": json.dumps(data)})
+    return await add_entry(redis, IN, {"record_id": record_id, "user_id": "u1", "data": json.dumps(data)})
 
 
 async def _consumers_idle_over(redis: aioredis.Redis, ms: int) -> bool:
@@ -131,7 +132,7 @@ async def test_dlq_growing(redis: aioredis.Redis, redis_url: str, workers: Worke
     assert await redis.xlen(DLQ) == 0
     exported = [json.loads(line) for line in (tmp_path / "router-dlq.jsonl").read_text().splitlines()]
     assert [e["record_id"] for e in exported] == ["r-21", "r-22"]
-    assert (await redis.xrange(IN))[-1][1]["record_id"] == "r-20"  # replayed
+    assert (await stream_entries(redis, IN))[-1][1]["record_id"] == "r-20"  # replayed
 
 
 async def test_high_latency(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:

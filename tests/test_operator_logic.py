@@ -230,6 +230,7 @@ def test_converger_picks_the_most_urgent_work() -> None:
     record = _record()
     view = current_view(record)
     assert view is not None and due_work(record, view, now=100.0) is None
+    assert record.body is not None
     record.body["metadata"]["annotations"]["phoenix.io/restart"] = "r1"
     record.drift["Deployment s was deleted"] = "Deployment"
     view = current_view(record)
@@ -253,6 +254,7 @@ def test_keda_is_rechecked_only_now_and_then() -> None:
 def test_a_stage_being_deleted_gets_no_work() -> None:
     record = _record()
     record.drift["Deployment s was deleted"] = "Deployment"  # garbage collection at work
+    assert record.body is not None
     record.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert current_view(record) is None
 

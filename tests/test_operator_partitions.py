@@ -16,16 +16,18 @@ from kubernetes import client
 from phoenix.keys import StageKeys, partition_of
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
+from tests.fixtures.kube_models import spec_of
 from tests.fixtures.operator_process import (
     ServingOperator,
     final_stage,
     kubectl_apply,
     read_or_none,
-    ready_condition,
+    stage_condition,
     stage_events,
     stage_status,
     watching_operator,
 )
+from tests.fixtures.replies import stream_entries_now
 
 pytestmark = pytest.mark.kube
 
@@ -40,7 +42,7 @@ def _deployment_env(api: client.ApiClient, namespace: str, name: str) -> dict[st
     deployment = read_or_none(client.AppsV1Api(api).read_namespaced_deployment, name, namespace)
     if deployment is None:
         return None
-    return {var.name: var.value for var in deployment.spec.template.spec.containers[0].env}
+    return {var.name: var.value or "" for var in spec_of(spec_of(deployment).template).containers[0].env or []}
 
 
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
@@ -62,7 +64,11 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     env = eventually(lambda: _deployment_env(kube_api, ns, "grouper"), "the grouper's Deployment")
     assert env["PARTITIONS"] == "4" and "INPUT_QUEUE" not in env and "DLQ_NAME" not in env
     router_env = eventually(
-        lambda: (found := _deployment_env(kube_api, ns, "router")) and found.get("OUTPUT_PARTITIONS") == "4" and found,
+        lambda: (
+            found
+            if (found := _deployment_env(kube_api, ns, "router")) and found.get("OUTPUT_PARTITIONS") == "4"
+            else None
+        ),
         "the router forwarding to the grouper's 4 partitions",
     )
     assert router_env["PARTITIONS"] == "1" and router_env["OUTPUT_QUEUE"] == f"phoenix:{{{ns}}}:grouper:input"
@@ -77,8 +83,9 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     for record_id in ids:
         connection.xadd(grouper.lane_of(record_id).input, {"record_id": record_id, "user_id": "u", "data": "{}"})
     for record_id in ("dead-a", "dead-b", "dead-c"):
-        fields = {"record_id": record_id, "user_id": "u", "data": "{}", "error": "bad"}
-        connection.xadd(grouper.lane_of(record_id).dlq, fields)
+        connection.xadd(
+            grouper.lane_of(record_id).dlq, {"record_id": record_id, "user_id": "u", "data": "{}", "error": "bad"}
+        )
     eventually(
         lambda: (
             (stage_status(kube_cluster, ns, "grouper").get("queue") or {}).get("length") == 10
@@ -99,7 +106,7 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert last["moved"] == 3
     for record_id in ("dead-a", "dead-b", "dead-c"):
         lane = grouper.lane_of(record_id)
-        assert record_id in [f["record_id"] for _, f in connection.xrange(lane.input)]
+        assert record_id in [f["record_id"] for _, f in stream_entries_now(connection, lane.input)]
     assert sum(connection.xlen(lane.dlq) for lane in grouper.lanes) == 0
 
     # Another count on a stage with data: refused, with how to do it; the router keeps forwarding to 4.
@@ -109,8 +116,8 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert patched.returncode == 0, patched.stderr
     refused = eventually(
         lambda: (
-            ready_condition(kube_cluster, ns, "grouper").get("reason") == "PartitionsChanged"
-            and ready_condition(kube_cluster, ns, "grouper")
+            stage_condition(kube_cluster, ns, "grouper").get("reason") == "PartitionsChanged"
+            and stage_condition(kube_cluster, ns, "grouper")
         ),
         "Ready=False PartitionsChanged",
     )
@@ -118,7 +125,7 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert "laid out in 4 partition(s) in Redis, not the 2 asked for" in refused["message"]
     assert "set partitions back to 4" in refused["message"] and "docs/operations.md" in refused["message"]
     warnings = eventually(
-        lambda: [e.message for e in stage_events(kube_api, ns, "grouper") if e.reason == "PartitionsChanged"],
+        lambda: [e.message or "" for e in stage_events(kube_api, ns, "grouper") if e.reason == "PartitionsChanged"],
         "a PartitionsChanged Warning",
     )
     assert "deletionPolicy Delete" in warnings[0]

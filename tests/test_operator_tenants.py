@@ -19,12 +19,12 @@ from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.operator_process import (
     ServingOperator,
+    existing_stage,
     final_stage,
-    get_stage,
     kubectl_apply,
     read_or_none,
-    ready_condition,
     ready_reason,
+    stage_condition,
     stage_events,
     watching_operator,
 )
@@ -82,13 +82,13 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
         kubectl_apply(kube_cluster, _stage(url, team, "shared", deletionPolicy="Delete"))
     for team in teams:
         eventually(
-            lambda t=team: ready_condition(kube_cluster, t, "shared").get("reason") == "StageReady", f"{team} Ready"
+            lambda t=team: stage_condition(kube_cluster, t, "shared").get("reason") == "StageReady", f"{team} Ready"
         )
 
     inputs = {team: f"phoenix:{{{team}}}:shared:input" for team in teams}
     for team in teams:
         assert list(_groups(connection, inputs[team])) == ["shared-group"]
-        uid = get_stage(kube_cluster, team, "shared")["metadata"]["uid"]
+        uid = existing_stage(kube_cluster, team, "shared")["metadata"]["uid"]
         assert connection.hgetall(f"phoenix:{{{team}}}:shared:owner")["uid"] == uid
     for i in range(5):
         connection.xadd(inputs["team-a"], {"record_id": f"a{i}", "user_id": "u1", "data": "{}"})
@@ -107,7 +107,7 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
     connection.rpush("phoenix:{team-b}:shared:record:list", "someone else's list")
 
     assert kube_cluster.kubectl("delete", "phoenixstage", "shared", "-n", "team-b", "--timeout=60s").returncode == 0
-    deleted = [e.message for e in stage_events(kube_api, "team-b", "shared") if e.reason == "RedisDataDeleted"]
+    deleted = [e.message or "" for e in stage_events(kube_api, "team-b", "shared") if e.reason == "RedisDataDeleted"]
     assert len(deleted) == 1 and "consumer group shared-group" in deleted[0]
     left = sorted(connection.scan_iter(match="phoenix:{team-b}:*"))
     assert left == ["phoenix:{team-b}:shared:record:list", "phoenix:{team-b}:shared:retry"]
@@ -130,7 +130,7 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
 
 def _refused(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     return eventually(
-        lambda: (found := ready_condition(plane, namespace, name)).get("reason") == "KeysHeldByAnotherStage" and found,
+        lambda: (found := stage_condition(plane, namespace, name)).get("reason") == "KeysHeldByAnotherStage" and found,
         f"{name} refused its keys",
     )
 
@@ -158,7 +158,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     assert f"held by PhoenixStage {ns}/shared" in refused["message"] and "redis://" not in refused["message"]
     warnings = eventually(lambda: _events(kube_api, ns, "intruder", "Warning"), "a Warning Event")
     assert [e.reason for e in warnings] == ["KeysHeldByAnotherStage"]
-    assert f"{ns}/shared" in warnings[0].message
+    assert f"{ns}/shared" in (warnings[0].message or "")
     # Nothing created or changed in Redis, no Deployment for it.
     assert {key: connection.type(key) for key in connection.scan_iter(match=mine)} == before
     assert list(_groups(connection, shared_input)) == ["shared-group"]
@@ -200,7 +200,7 @@ def test_a_hand_run_workers_keys_are_refused_and_deleting_the_refused_stage_keep
 
     # Deleting the refused stage is not blocked, and deletes none of the keys it never held.
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
-    kept = [e.message for e in stage_events(kube_api, ns, "router") if e.reason == "RedisDataNotOwned"]
+    kept = [e.message or "" for e in stage_events(kube_api, ns, "router") if e.reason == "RedisDataNotOwned"]
     assert len(kept) == 1 and "deleted none" in kept[0]
     assert connection.xlen(own_input) == 1
     assert _groups(connection, own_input)["router-group"]["pending"] == 1
@@ -233,8 +233,8 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     adopted = eventually(
         lambda: [e for e in stage_events(kube_api, ns, "router") if e.reason == "RedisKeysAdopted"], "adopted"
     )
-    assert adopted[0].type == "Normal" and "deleted with Retain" in adopted[0].message
-    uid = get_stage(kube_cluster, ns, "router")["metadata"]["uid"]
+    assert adopted[0].type == "Normal" and "deleted with Retain" in (adopted[0].message or "")
+    uid = existing_stage(kube_cluster, ns, "router")["metadata"]["uid"]
     assert connection.hgetall(f"phoenix:{{{ns}}}:router:owner")["uid"] == uid
     assert _groups(connection, f"phoenix:{{{ns}}}:router:input")["router-group"]["lag"] == 1
 
@@ -242,7 +242,7 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     connection.xgroup_create("phoenix:grouper:input", "grouper-group", id="0", mkstream=True)
     kubectl_apply(kube_cluster, _stage(url, ns, "grouper"))
     legacy = eventually(
-        lambda: (found := ready_condition(kube_cluster, ns, "grouper")).get("reason") == "LegacyKeysFound" and found,
+        lambda: (found := stage_condition(kube_cluster, ns, "grouper")).get("reason") == "LegacyKeysFound" and found,
         "grouper asks for phoenix migrate",
     )
     assert f"phoenix migrate --namespace {ns} --service grouper" in legacy["message"]

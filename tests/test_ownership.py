@@ -11,6 +11,7 @@ from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
+from tests.fixtures.replies import hash_of
 from tests.fixtures.sample_stage import KEYS, add, idle
 from tests.fixtures.workers import WorkerPool
 
@@ -20,7 +21,7 @@ UID_A, UID_B = "uid-a", "uid-b"
 
 
 async def _marker(redis: aioredis.Redis, keys: StageKeys) -> dict[str, str]:
-    return await redis.hgetall(keys.owner)
+    return await hash_of(redis, keys.owner)
 
 
 async def test_a_claim_creates_group_dlq_and_marker_once(redis: aioredis.Redis) -> None:

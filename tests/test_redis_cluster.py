@@ -25,6 +25,7 @@ from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
+from tests.fixtures.replies import stream_entries
 from tests.fixtures.valkey_cluster import HOST, ValkeyCluster, valkey_cluster
 from tests.fixtures.workers import WorkerPool
 from tests.processors import OutcomeProcessor
@@ -53,8 +54,8 @@ def fresh_cluster() -> Iterator[ValkeyCluster]:
 async def _client_of(cluster: ValkeyCluster) -> AsyncIterator[aioredis.Redis]:
     """The runtime's own cluster client (decoded), every primary flushed first."""
     found = connect(RedisSpec.from_url(cluster.url, mode="cluster"), decode_responses=True)
-    await found.initialize()  # type: ignore[attr-defined]
-    await found.flushdb(target_nodes="primaries")  # type: ignore[call-arg]
+    await found.initialize()
+    await found.flushdb(target_nodes="primaries")
     try:
         yield found
     finally:
@@ -89,7 +90,7 @@ async def test_a_worker_commits_on_the_cluster(cluster: ValkeyCluster, client: a
     async with running_worker(cluster.url, processor=OutcomeProcessor, redis_mode="cluster", output_queue=OUT):
         await wait_until(lambda: client.xlen(OUT), "the outputs", 60)
         await wait_until(lambda: _count_is(client, OUT, 200), "200 outputs", 60)
-    assert sorted(f["record_id"] for _, f in await client.xrange(OUT)) == sorted(f"r{i}" for i in range(200))
+    assert sorted(f["record_id"] for _, f in await stream_entries(client, OUT)) == sorted(f"r{i}" for i in range(200))
 
 
 async def _count_is(client: aioredis.Redis, stream: str, count: int) -> bool:
@@ -266,7 +267,7 @@ async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through
         pool.stop_all()
     arrived_ids: Counter[str] = Counter()
     for stream in results:
-        arrived_ids.update(fields["record_id"] for _, fields in await client.xrange(stream))
+        arrived_ids.update(fields["record_id"] for _, fields in await stream_entries(client, stream))
     assert arrived_ids == Counter(r.record_id for r in records)  # exactly once
     for stage in stages:
         for lane in keys[stage].lanes:

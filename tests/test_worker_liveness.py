@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -198,6 +199,7 @@ async def test_an_intake_hung_on_a_blackholed_connection_fails_liveness_within_t
     assert await _forwarded(redis) == Counter(["after"])
 
 
+@pytest.mark.subprocess
 async def test_an_intake_on_a_primary_demoted_by_a_failover_fails_liveness_within_the_limit() -> None:
     """A failover's other face: the connection still works, but the server behind it became a replica, so every
     XREADGROUP is refused (READONLY) and retried forever. Without Sentinel (a DNS name that moved to the new
@@ -230,7 +232,7 @@ async def test_an_intake_on_a_primary_demoted_by_a_failover_fails_liveness_withi
 
 
 def test_liveness_timeout_is_derived_from_the_longest_call_and_refused_below_it() -> None:
-    base = {"service_name": "s", "processor": "tests.processors:OffRedisProcessor"}
+    base: dict[str, Any] = {"service_name": "s", "processor": "tests.processors:OffRedisProcessor"}
     # Three attempts of the longest call, each followed by the 5 s retry cap; at least 60 s.
     assert WorkerSettings(**base).liveness_timeout == 60
     assert WorkerSettings(**base, block_ms=30_000).liveness_timeout == 105

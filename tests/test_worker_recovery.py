@@ -72,7 +72,7 @@ async def test_slow_processor_keeps_its_lock_and_its_entry(redis: aioredis.Redis
         await asyncio.sleep(0.5)
         assert await redis.pttl(record_key("s", "slow")) > 0
         [entry] = await redis.xpending_range(IN, "s-group", "-", "+", 1)
-        assert entry["consumer"] == "pod-a" and entry["time_since_delivered"] < 1000
+        assert entry["consumer"] == "pod-a" and int(entry["time_since_delivered"]) < 1000
     await wait_until(lambda: committed(redis, "s", "slow"), "slow job done")
     assert await redis.hget("effects:s", "slow") == "1"
     assert "stale_messages_claimed" not in neighbour.event_names()

@@ -16,6 +16,7 @@ from phoenix.keys import StageKeys
 from phoenix.stages.data_keys import grouped_key
 from tests.e2e.kubectl import kubectl_json
 from tests.fixtures.cluster_objects import MANIFESTS
+from tests.fixtures.replies import stream_entries_now
 
 NAMESPACE = "phoenix-e2e"
 DOCUMENTS_URL = "http://documents:8000"  # the Service below, resolved by cluster DNS from the router's pods
@@ -151,7 +152,9 @@ def enqueue_documents(
 def record_counts(redis: redis_client.Redis, stream: str, ids: list[str]) -> Counter[str]:
     """How many entries of `stream` carry each of `ids`."""
     wanted = set(ids)
-    return Counter(fields["record_id"] for _, fields in redis.xrange(stream) if fields.get("record_id") in wanted)
+    return Counter(
+        fields["record_id"] for _, fields in stream_entries_now(redis, stream) if fields.get("record_id") in wanted
+    )
 
 
 def grouped_count(redis: redis_client.Redis, ids: list[str]) -> int:
@@ -182,7 +185,7 @@ def _whereabouts(redis: redis_client.Redis, record_id: str) -> str:
         keys = StageKeys.for_stage(
             name, NAMESPACE, input=names["input"], group=names["consumerGroup"], dlq=names["dlq"]
         )
-        entries = [i for i, f in redis.xrange(keys.input) if f.get("record_id") == record_id]
+        entries = [i for i, f in stream_entries_now(redis, keys.input) if f.get("record_id") == record_id]
         pending = [redis.xpending_range(keys.input, keys.consumer_group, i, i, 1) for i in entries]
         in_dlq = record_counts(redis, keys.dlq, [record_id])[record_id]
         state = keys.record_prefix + record_id

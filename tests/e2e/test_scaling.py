@@ -19,6 +19,7 @@ from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
 from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
 from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents, stage_document
+from tests.fixtures.replies import add_entry_now, get_text_now, read_group_now
 
 pytestmark = pytest.mark.e2e
 
@@ -180,9 +181,9 @@ def test_entries_of_a_gone_worker_and_waiting_retries_wake_a_stage_at_zero(
     keys = stage_keys()
     orphan, retried = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("orphan", "retry"))
     document = f"{DOCUMENTS_URL}/{pipeline.documents[0]}"
-    entry_id = redis.xadd(keys.input, {"record_id": orphan, "document_url": document})
-    delivered = redis.xreadgroup(keys.consumer_group, "gone-pod", {keys.input: ">"}, count=10)
-    assert [entry for entry, _ in delivered[0][1]] == [entry_id], "the stage had undelivered entries"
+    entry_id = add_entry_now(redis, keys.input, {"record_id": orphan, "document_url": document})
+    delivered = read_group_now(redis, keys.consumer_group, "gone-pod", keys.input, 10)
+    assert [entry for entry, _ in delivered] == [entry_id], "the stage had undelivered entries"
     seconds, micros = redis.time()
     member = json.dumps(["record_id", retried, "document_url", document])
     redis.zadd(keys.retry, {member: seconds * 1000 + micros // 1000})
@@ -190,7 +191,7 @@ def test_entries_of_a_gone_worker_and_waiting_retries_wake_a_stage_at_zero(
 
     timeline.until(lambda s: s.desired >= 1, "KEDA to wake the stage for the pending entry and the retry", 120)
     deadline = time.monotonic() + 180
-    while not all(committed_by(redis.get(keys.record_prefix + record)) for record in (orphan, retried)):
+    while not all(committed_by(get_text_now(redis, keys.record_prefix + record)) for record in (orphan, retried)):
         if time.monotonic() > deadline:
             states = {record: redis.get(keys.record_prefix + record) for record in (orphan, retried)}
             raise AssertionError(
