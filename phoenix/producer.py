@@ -36,6 +36,7 @@ from redis.cluster import RedisCluster
 
 from phoenix import keys
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
+from phoenix.replica_wait import run_then_wait
 
 # A batch's entries by stream, each with its position in the batch (ids are returned in input order).
 Grouped = dict[str, list[tuple[int, dict[str, str]]]]
@@ -190,25 +191,25 @@ class Producer(_Sender):
 
     async def _write(self, by_stream: Grouped, n: int) -> list[str]:
         ids, acked = [""] * n, []
-        if self.min_replicas_ack and isinstance(self.client, AsyncRedisCluster):
-            # WAIT counts the writes of its own connection: per node, the XADDs and their WAIT on one connection.
-            for streams in _by_node(by_stream, self.client.get_node_from_key).values():
-                node = self.client.get_node_from_key(next(iter(streams)))
+        if self.min_replicas_ack:
+            # WAIT counts the writes of its own connection: on a cluster, each node's XADDs and their WAIT.
+            if isinstance(self.client, AsyncRedisCluster):
+                groups = list(_by_node(by_stream, self.client.get_node_from_key).values())
+            else:
+                groups = [by_stream]
+            for streams in groups:
                 order, commands = _commands(streams)
-                replies = await _on_one_connection(node, [*commands, self._wait_command()])
+                replies, node_acked = await run_then_wait(
+                    self.client, next(iter(streams)), commands, self.min_replicas_ack, self.min_replicas_timeout_ms
+                )
                 _place(order, replies, ids)
-                acked.append(int(replies[-1]))
+                acked.append(node_acked)
         else:
             order, commands = _commands(by_stream)
             pipe = self.client.pipeline(transaction=False)
             for command in commands:
                 pipe.execute_command(*command)
-            if self.min_replicas_ack:
-                pipe.execute_command(*self._wait_command())
-            replies = await pipe.execute()
-            _place(order, replies, ids)
-            if self.min_replicas_ack:
-                acked.append(int(replies[-1]))
+            _place(order, await pipe.execute(), ids)
         self._check(ids, acked)
         return ids
 
@@ -269,17 +270,3 @@ def _by_node(by_stream: Grouped, node_of: Any) -> dict[str, Grouped]:
     for stream, entries in by_stream.items():
         nodes.setdefault(node_of(stream).name, {})[stream] = entries
     return nodes
-
-
-async def _on_one_connection(node: Any, commands: list[tuple[Any, ...]]) -> list[Any]:
-    """Run `commands` back to back on one connection of a cluster node (asyncio), replies in order."""
-    connection = node.acquire_connection()
-    try:
-        await connection.send_packed_command(connection.pack_commands(commands))
-        replies = [await connection.read_response() for _ in commands]
-    except BaseException:
-        await connection.disconnect()  # replies may be left unread: never hand the connection to another caller
-        raise
-    finally:
-        node.release(connection)
-    return replies

@@ -155,7 +155,7 @@ def _cluster_env(output: str) -> dict[str, str]:
         "REDIS_MODE": "cluster",
         "OUTPUT_QUEUE": output,
         "CONCURRENCY": "8",
-        # WAIT after each commit, on the slot's primary (redis_client.script_then_wait). Short: once the killed
+        # WAIT after each commit, on the slot's primary (replica_wait.run_then_wait). Short: once the killed
         # primary's replica has taken over it has no replica, and each WAIT times out (the commit stands).
         "MIN_REPLICAS_ACK": "1",
         "MIN_REPLICAS_TIMEOUT_MS": "200",

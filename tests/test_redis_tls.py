@@ -98,6 +98,10 @@ def test_commands_verify_the_server_with_the_private_ca(server: TlsRedis) -> Non
     status = run_phoenix(server.url, "status", "--service", "tls-cli", *ca)
     assert status.returncode == 0, status.stderr
     assert "tls-cli" in status.stdout
+    # migrate too (it builds its own client, one that keeps keys as bytes, from the same options).
+    migrate = run_phoenix(server.url, "migrate", "--service", "tls-cli", "--dry-run", *ca)
+    assert migrate.returncode == 0, migrate.stderr
+    assert "nothing to migrate" in migrate.stdout
 
     refused = run_phoenix(server.url, "status", "--redis-tls-ca-file", str(server.pki.other_ca))
     assert refused.returncode == 1

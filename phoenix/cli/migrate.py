@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from phoenix.cli.records import add_safety_arguments
-from phoenix.cli.stage import StageSettings, add_redis_argument, confirm, fail
+from phoenix.cli.stage import StageSettings, add_redis_argument, confirm, fail, redis_spec
+from phoenix.redis_spec import connect
 from phoenix.tools import audit
 from phoenix.tools.migrate import (
     DEFAULT_ALIVE_IDLE_MS,
@@ -60,8 +60,8 @@ async def run(args: argparse.Namespace) -> int:
         option = "--namespace" if error["loc"][0] == "key_namespace" else "--service"
         print(f"phoenix migrate: {option}: {error['msg']}", file=sys.stderr)
         return 2
-    # Not the decoding client of the other commands: keys are renamed by their exact bytes (migrate.py).
-    async with aioredis.Redis.from_url(args.redis_url) as redis:
+    # Not the decoding client of the other commands: keys are renamed by their exact bytes (tools/migrate.py).
+    async with connect(redis_spec(args), decode_responses=False) as redis:
         plan = await plan_migration(
             redis,
             args.service,

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kubernetes.client.exceptions import ApiException
+
 from phoenix.crds import Condition, ConditionType, PhoenixStage, PhoenixStageSpec
 from phoenix.operator.builders import (
     AutoscalingConfigError,
@@ -170,9 +172,9 @@ async def apply_autoscaling(
             observed_generation=generation,
         )
 
+    keda_missing = "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale"
     if not await kube.keda_installed():
-        message = "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale"
-        return unscaled(KEDA_NOT_INSTALLED, message), [], {}
+        return unscaled(KEDA_NOT_INSTALLED, keda_missing), [], {}
     actions: list[Action] = []
     wanted: dict[str, dict[str, Any]] = {}
     try:
@@ -198,6 +200,15 @@ async def apply_autoscaling(
         actions += await apply_child_object(kube, owner, wanted["ScaledObject"])
     except NotOwned as error:
         return unscaled(error.reason, error.message), actions, {}
+    except ApiException as exc:
+        # KEDA's CRDs went within the cached answer's life: the kinds are no longer served (404). Ask again now,
+        # so the stage says KEDA is missing instead of failing on it until the cache expires.
+        if exc.status != 404:
+            raise
+        kube.forget_keda()
+        if await kube.keda_installed():
+            raise
+        return unscaled(KEDA_NOT_INSTALLED, keda_missing), actions, {}
     state = "paused at 0 replicas" if spec.paused else f"{spec.replicas.min}..{spec.replicas.max} replicas"
     condition = new_condition(
         ConditionType.AUTOSCALING_READY,

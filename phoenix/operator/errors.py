@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 
-@dataclass(frozen=True)
+# Not frozen: Python writes an exception's __traceback__ as it passes through a `contextlib.contextmanager` (the
+# reconcile's span), which a frozen dataclass refuses. eq=False keeps exceptions hashable by identity.
+@dataclass(eq=False)
 class StageError(Exception):
     """`reason` is a CamelCase condition reason; `permanent` errors wait for a spec change instead of a retry."""
 

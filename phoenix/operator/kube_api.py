@@ -170,6 +170,10 @@ class KubeApi:
         self._keda_checked_at = time.monotonic()
         return self._keda_installed
 
+    def forget_keda(self) -> None:
+        """Drop the cached answer of keda_installed: the next call asks the API server."""
+        self._keda_checked_at = float("-inf")
+
     # -- KEDA objects and PodDisruptionBudgets: the same calls for any kind of CHILD_RESOURCES ------------------
 
     def _child_args(self, kind: str, namespace: str) -> tuple[str, str, str, str]:

@@ -50,7 +50,9 @@ class Claimed:
     adopted_from: str | None = None
 
 
-@dataclass(frozen=True)
+# The refusals below are not frozen: a frozen exception cannot pass through a `contextlib.contextmanager`, which
+# writes its __traceback__ (operator/errors.py says the same of StageError).
+@dataclass(eq=False)
 class KeysHeld(Exception):
     """The stage's keys are held by `holder` ("<namespace>/<name>"; "" when a group exists with no marker)."""
 
@@ -66,7 +68,7 @@ class KeysHeld(Exception):
         return f"the keys of {self.input} are held by PhoenixStage {self.holder}"
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class KeyOfAnotherType(Exception):
     """A key of the name of one of the stage's streams exists and is not a stream."""
 
@@ -86,7 +88,7 @@ REPARTITION_HOWTO = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class LayoutDiffers(Exception):
     """The stage's layout in Redis has `layout` partitions; it was asked to run with `wanted`."""
 

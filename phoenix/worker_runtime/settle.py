@@ -14,13 +14,13 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from phoenix.replica_wait import run_then_wait
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import minimal_dead_letter
 from phoenix.worker_runtime.lanes import Route
 from phoenix.worker_runtime.lanes import routes as routes_of
 from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
-from phoenix.worker_runtime.redis_client import script_then_wait
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
@@ -173,8 +173,9 @@ class Settler:
             return await self._script(keys=keys, args=args)
         # MIN_REPLICAS_ACK: WAIT follows the script on its connection. The commit stands either way (Redis cannot
         # undo it); a short count is logged, since a failover now could lose this batch.
-        result, acked = await script_then_wait(
-            self._client, self._script, keys, args, self._replicas, self._replicas_timeout_ms
+        commit = ("EVALSHA", self._script.sha, len(keys), *keys, *args)
+        (result,), acked = await run_then_wait(
+            self._client, keys[0], [commit], self._replicas, self._replicas_timeout_ms, script=self._script
         )
         if acked < self._replicas:
             log.warning(
