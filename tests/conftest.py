@@ -16,7 +16,8 @@ from tests.fixtures.workers import WorkerPool
 pytest_plugins = ["tests.fixtures.kube_cluster", "tests.fixtures.sentinel"]
 
 # The tiers of DEVELOPMENT.md ("Test tiers"), marked by what a test uses. A fixture that starts something says so
-# here; a test that starts it itself carries the marker in its module (`pytestmark`). pyproject.toml registers them.
+# here; a test that starts it itself carries the marker (a decorator, or `pytestmark` for a whole module).
+# pyproject.toml registers them.
 FIXTURE_MARKERS = {
     "redis_url": "valkey",
     "cluster_url": "valkey",
@@ -30,6 +31,14 @@ RESOURCE_MARKERS = frozenset(
 )
 
 
+# pyproject.toml's `timeout` (30 s) is for one test; the session's API server starts within the first test that
+# uses it (11-21 s measured on the loaded 2-core machine), so a test of the API server without a timeout of its own
+# gets room for that start as well. The e2e suite keeps the ten minutes it always had (its first test builds and
+# loads the image, a pod start on a real node takes what it takes).
+KUBE_TEST_TIMEOUT = 90
+E2E_TEST_TIMEOUT = 600
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         used = set(getattr(item, "fixturenames", ()))
@@ -38,6 +47,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(marker)
         if not any(item.get_closest_marker(marker) for marker in RESOURCE_MARKERS):
             item.add_marker("pure")
+        if item.get_closest_marker("timeout") is None:
+            if item.get_closest_marker("e2e"):
+                item.add_marker(pytest.mark.timeout(E2E_TEST_TIMEOUT))
+            elif "kube_cluster" in used:
+                item.add_marker(pytest.mark.timeout(KUBE_TEST_TIMEOUT))
 
 
 @pytest.fixture(scope="session")

@@ -40,6 +40,7 @@ async def test_enqueue_writes_the_message_format(redis: aioredis.Redis, redis_ur
     }
 
 
+@pytest.mark.timeout(60)
 async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, workers: WorkerPool) -> None:
     for i in range(3):
         await add(redis, f"gone{i}", action="missing")
@@ -82,6 +83,7 @@ async def test_status_table(redis: aioredis.Redis, redis_url: str) -> None:
     assert float(row[5]) >= 0
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_status_shows_every_namespace_or_the_one_given(redis: aioredis.Redis, redis_url: str) -> None:
     """Two tenants' stages of one name on one database: a row each, told apart by NAMESPACE; --namespace picks one."""

@@ -77,6 +77,7 @@ def _migrate(redis_url: str, *args: str) -> list[str]:
     return ok(run_phoenix(redis_url, *MIGRATE, "--idle-ms", str(IDLE_MS), *args))
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_a_v1_stage_moves_and_a_v2_worker_finishes_every_record_once(
     redis: aioredis.Redis, redis_url: str
@@ -189,6 +190,7 @@ async def test_refused_when_the_stage_has_v2_keys_already(redis: aioredis.Redis,
     assert await _keys(redis, "phoenix:{team-a}:*") == [NEW.input] and await redis.xlen(OLD.input) == 4
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_an_interrupted_move_is_finished_by_the_next_run(redis: aioredis.Redis, redis_url: str) -> None:
     ids = await _v1_stage(redis)

@@ -33,6 +33,7 @@ def inspect(redis_url: str, record_id: str, claim_idle_ms: str = FAST["CLAIM_IDL
     return json.loads(out)
 
 
+@pytest.mark.timeout(90)
 async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -62,6 +63,7 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     assert not await locked(redis, "s", "slow")
 
 
+@pytest.mark.timeout(90)
 async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -133,6 +135,7 @@ async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_w
     assert [row["message_id"] for row in await redis.xpending_range(IN, "s-group", "-", "+", 10)] == [poison]
 
 
+@pytest.mark.timeout(60)
 async def test_retrying_then_dead_lettered_then_reprocessed(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -186,6 +189,7 @@ async def test_reprocess_a_committed_record_runs_it_again(
     assert await redis.xlen(OUT) == 2
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_no_trace_of_an_unknown_record(redis: aioredis.Redis, redis_url: str) -> None:
     report = inspect(redis_url, "nobody")
@@ -197,6 +201,7 @@ async def test_no_trace_of_an_unknown_record(redis: aioredis.Redis, redis_url: s
     assert nothing.returncode == 1 and nothing.stderr.startswith("phoenix reclaim: Redis error: NOGROUP")
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redis, redis_url: str) -> None:
     ids = [await add_entry(redis, DLQ, {"record_id": f"d{i}", "error": "boom"}) for i in range(3)]
@@ -230,6 +235,7 @@ async def test_dlq_export_names_the_namespace_in_its_purge_command(redis: aiored
     assert await redis.xlen(theirs) == 0 and await redis.xlen(DLQ) == 1
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.xgroup_create(IN, "s-group", id="0", mkstream=True)
@@ -288,6 +294,7 @@ async def _effects(redis: aioredis.Redis, record_id: str, count: str) -> bool:
     return await redis.hget("effects:s", record_id) == count
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_pending_on_a_live_consumer_without_a_lock_and_acknowledged_without_a_marker(
     redis: aioredis.Redis, redis_url: str

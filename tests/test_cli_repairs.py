@@ -56,6 +56,7 @@ async def _dead_letters(redis: aioredis.Redis, n: int) -> list[str]:
     return [await add_entry(redis, DLQ, {"record_id": f"d{i}", **fields}) for i in range(n)]
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis_url: str) -> None:
     ids = await _dead_letters(redis, 3)
@@ -94,6 +95,7 @@ async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis
     )
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_dlq_replay_asks_on_a_terminal(redis: aioredis.Redis, redis_url: str) -> None:
     await _dead_letters(redis, 1)
@@ -119,6 +121,7 @@ async def test_dlq_replay_asks_on_a_terminal(redis: aioredis.Redis, redis_url: s
     assert [e["action"] for e in audit(redis_url)] == ["dlq-replay"]
 
 
+@pytest.mark.timeout(180)
 @pytest.mark.subprocess
 async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aioredis.Redis, redis_url: str) -> None:
     """An entry delivered to consumer dead-1, which holds the record's lock; dead-1 is recent, so it looks alive."""

@@ -406,6 +406,7 @@ def test_env_admission_by_the_models(case: str) -> None:
     assert refusal is not None or (admitted is not None and admitted.env)
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.kube
 @pytest.mark.parametrize("case", list(ENV_ADMISSION))
 def test_env_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, kube_namespace: str) -> None:

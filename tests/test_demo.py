@@ -75,6 +75,7 @@ def accepts_connections(url: str) -> bool:
         return False
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 def test_demo_drains_the_pipeline_and_prints_grouped_biomarkers(tmp_path: Path) -> None:
     result = run_demo(tmp_path)
@@ -110,6 +111,7 @@ def test_demo_drains_the_pipeline_and_prints_grouped_biomarkers(tmp_path: Path) 
         assert events[-1] == "worker_exit"
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.subprocess
 def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
@@ -127,6 +129,7 @@ def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> Non
     client.close()
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 def test_interrupt_stops_workers_and_valkey(tmp_path: Path) -> None:
     argv = demo_argv(tmp_path)

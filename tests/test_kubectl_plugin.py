@@ -74,6 +74,7 @@ def _status(plane: ControlPlane, ns: str, name: str) -> dict[str, Any]:
     return (get_stage(plane, ns, name) or {}).get("status") or {}
 
 
+@pytest.mark.timeout(690)
 def test_plugin_against_the_operator(
     operator: None,
     kube_cluster: ControlPlane,

@@ -229,6 +229,7 @@ def test_probes(observed: Observations) -> None:
     assert observed.metrics_content_type.startswith("text/plain")
 
 
+@pytest.mark.timeout(60)
 def test_outcome_counters(observed: Observations) -> None:
     final, stage = observed.metrics["final"], observed.service
 

@@ -93,6 +93,7 @@ async def _consumers_idle_over(redis: aioredis.Redis, ms: int) -> bool:
     return bool(consumers) and all(int(c["idle"]) > ms for c in consumers)
 
 
+@pytest.mark.timeout(120)
 async def test_messages_not_processed(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path
 ) -> None:
@@ -107,6 +108,7 @@ async def test_messages_not_processed(
     await wait_until(lambda: committed(redis, "router", "r-17"), "r-17 processed by the next worker")
 
 
+@pytest.mark.timeout(60)
 async def test_duplicates(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     await add(redis, "r-17")
     # The documented output lists both input entries: the trimmer (every second by default) would remove the
@@ -120,6 +122,7 @@ async def test_duplicates(redis: aioredis.Redis, redis_url: str, workers: Worker
     await wait_until(lambda: _forwarded(redis, 2), "r-17 processed a second time")
 
 
+@pytest.mark.timeout(90)
 async def test_dlq_growing(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     for record in ("r-20", "r-21", "r-22"):
         await add(redis, record, action="missing")
@@ -135,6 +138,7 @@ async def test_dlq_growing(redis: aioredis.Redis, redis_url: str, workers: Worke
     assert (await stream_entries(redis, IN))[-1][1]["record_id"] == "r-20"  # replayed
 
 
+@pytest.mark.timeout(60)
 async def test_high_latency(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     await add(redis, "r-1", action="sleep:60")
     for record in ("r-2", "r-3", "r-4"):

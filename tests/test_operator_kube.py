@@ -160,6 +160,7 @@ def processed(pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.A
     return pipeline
 
 
+@pytest.mark.timeout(180)
 def test_streams_groups_and_children_exist_before_any_worker(
     pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient
 ) -> None:
@@ -281,6 +282,7 @@ def test_deletion_policy_delete_removes_the_redis_data(
     eventually(router_children_gone, "the router Deployment garbage-collected")
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("redis_db", [2], indirect=True)
 def test_without_keda_the_stage_runs_at_min(
     operator: str,
@@ -326,6 +328,7 @@ def test_without_keda_the_stage_runs_at_min(
     assert adopted == ["Normal"]
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("redis_db", [3], indirect=True)
 def test_bad_redis_settings_become_conditions_and_events(
     operator: str,
@@ -428,6 +431,7 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     eventually(lambda: "Resumed" in reasons(), "a Resumed Event")
 
 
+@pytest.mark.timeout(210)
 @pytest.mark.parametrize("redis_db", [14], indirect=True)
 def test_a_stage_held_back_by_its_output_shows_backpressure(
     operator: str,

@@ -62,6 +62,7 @@ def test_leader_election_outside_a_pod_needs_the_lease_namespace() -> None:
     )
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.kube
 def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
     kube_cluster: ControlPlane,
@@ -108,6 +109,7 @@ def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
         assert _lease(kube_api)["holder"] is None
 
 
+@pytest.mark.timeout(150)
 @pytest.mark.kube
 def test_a_leader_that_finds_its_lease_taken_exits_at_once(
     kube_cluster: ControlPlane, kube_api: client.ApiClient, operator_kubeconfig: Path

@@ -53,6 +53,7 @@ def extra_namespaces(
         client.CoreV1Api(kube_api).delete_namespace(name)
 
 
+@pytest.mark.timeout(240)
 def test_the_namespaced_operator_reads_only_named_secrets_of_its_namespaces_and_still_reconciles(
     kube_cluster: ControlPlane,
     kube_api: client.ApiClient,

@@ -98,6 +98,7 @@ def _stage(namespace: str, name: str, redis: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.timeout(210)
 def test_secrets_that_do_not_fit_spec_redis_become_conditions_and_events(
     operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str
 ) -> None:

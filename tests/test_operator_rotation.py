@@ -110,6 +110,7 @@ def _enqueue(url: str, keys: StageKeys, ids: list[str]) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.kube
 def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_nothing_lost(
     kube_cluster: ControlPlane,

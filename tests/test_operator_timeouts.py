@@ -23,6 +23,7 @@ from tests.fixtures.processes import LoggedProcess, free_loopback_port
 from tests.fixtures.silent_server import plain_kubeconfig, silent_server
 
 
+@pytest.mark.timeout(90)
 async def test_a_kube_call_to_a_silent_api_server_fails_within_its_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -66,6 +67,7 @@ def _get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 def test_readyz_fails_while_the_api_server_does_not_answer(tmp_path: Path) -> None:
     with silent_server() as url:

@@ -63,6 +63,7 @@ async def test_queue_figures_are_summed_over_the_lanes(redis: aioredis.Redis) ->
     assert stats.oldest_pending_seconds is not None and stats.oldest_undelivered_seconds is not None
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_status_shows_the_stage_summed_and_each_partition_on_request(
     redis: aioredis.Redis, redis_url: str
@@ -86,6 +87,7 @@ async def test_status_shows_the_stage_summed_and_each_partition_on_request(
     assert [int(line.split()[3]) for line in table[2:]] == per_lane
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.subprocess
 async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lane(
     redis: aioredis.Redis, redis_url: str
@@ -126,6 +128,7 @@ async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lan
     assert (repair["action"], purge["action"]) == ("dlq-replay", "dlq-purge")
 
 
+@pytest.mark.timeout(210)
 @pytest.mark.subprocess
 async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aioredis.Redis, redis_url: str) -> None:
     """A worker died holding two records of two lanes: inspect sees each in its lane, unlock releases the lock
@@ -176,6 +179,7 @@ async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aiore
     assert await redis.exists(lane.record(done)) == 0
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_migrate_refuses_to_move_v1_data_into_a_partitioned_stage(redis: aioredis.Redis, redis_url: str) -> None:
     old = LegacyStageKeys("p")

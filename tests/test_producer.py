@@ -161,6 +161,7 @@ def test_sync_producer_on_a_cluster() -> None:
         assert sum(client.xlen(lane.input) for lane in STAGE.lanes) == 13
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_url: str, tmp_path: Path) -> None:
     await _set_layout(redis, 4)
@@ -185,6 +186,7 @@ async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_u
     assert {"record_id": "f3", "user_id": "u", "data": '{"n": 3}'} in [fields for _, fields in entry]
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_enqueue_from_stops_at_a_bad_line_and_says_what_went_before(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path

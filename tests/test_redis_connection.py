@@ -45,6 +45,7 @@ def test_an_unescaped_password_stops_the_worker_with_one_line_that_shows_none_of
     assert_shows_no_part_of(password, output)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 @pytest.mark.parametrize("password", BAD_PASSWORDS)
 def test_an_unescaped_password_stops_a_command_with_one_line_that_shows_none_of_it(password: str) -> None:
@@ -227,6 +228,7 @@ async def test_a_silent_redis_times_a_worker_out_instead_of_hanging_it(workers: 
         assert w.alive  # it keeps retrying: the outage may end
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 def test_a_silent_redis_times_a_command_out_instead_of_hanging_it(monkeypatch: pytest.MonkeyPatch) -> None:
     with silent_server() as address:

@@ -75,6 +75,7 @@ async def _event(worker: WorkerProcess, name: str) -> dict[str, Any] | None:
     return next((e for e in worker.events() if e["event"] == name), None)
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_valkey_killed_and_restarted_with_aof_mid_pipeline(tmp_path: Path) -> None:
     """SIGKILL of Valkey while records flow through two stages, every connection cut: with appendonly yes every
@@ -160,6 +161,7 @@ async def _settled(redis: aioredis.Redis, stream: str, group: str) -> bool:
     return info["lag"] == 0 and info["pending"] == 0
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_min_replicas_ack_waits_for_a_replica_and_says_when_it_falls_short(tmp_path: Path) -> None:
     primary = start_valkey(appendonly="yes")

@@ -91,6 +91,7 @@ async def test_a_worker_verifies_the_server_with_the_private_ca_and_works(
     assert await _processed(redis, "tls") == RECORDS
 
 
+@pytest.mark.timeout(120)
 def test_commands_verify_the_server_with_the_private_ca(server: TlsRedis) -> None:
     ca = ("--redis-tls-ca-file", str(server.pki.ca))
     done = run_phoenix(server.url, *_enqueue_args("tls-cli", "r1"), *ca)

@@ -58,6 +58,7 @@ def members(archive: Path) -> dict[str, str]:
         return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
 
 
+@pytest.mark.timeout(150)
 def test_report_has_the_stage_picture_and_no_secret_or_record_data(
     operator: None,
     kube_cluster: ControlPlane,
@@ -172,6 +173,7 @@ def test_report_has_the_stage_picture_and_no_secret_or_record_data(
     assert set(members(again)) == set(files)
 
 
+@pytest.mark.timeout(120)
 def test_report_with_no_right_on_secrets(
     kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str, tmp_path: Path
 ) -> None:

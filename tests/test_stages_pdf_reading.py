@@ -73,6 +73,7 @@ def test_page_without_text_stays_empty_without_ocr() -> None:
     assert scan == ""
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.ocr
 @needs_tesseract
 def test_scanned_page_is_read_by_ocr() -> None:
@@ -87,6 +88,7 @@ def test_corpus_covers_four_layouts_from_two_generators() -> None:
     assert {"fpdf2", "reportlab"} <= {report.generator for report in CORPUS}
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.ocr
 @needs_tesseract
 def test_evaluation_meets_the_targets_and_beats_pypdf() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import json
 import random
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
@@ -36,6 +37,7 @@ async def drained(redis: aioredis.Redis) -> bool:
     return True
 
 
+@pytest.mark.timeout(90)
 async def test_every_record_arrives_exactly_once_despite_sigkills(redis: aioredis.Redis, workers: WorkerPool) -> None:
     rng = random.Random(7)
     live: dict[str, list[WorkerProcess]] = {

@@ -52,6 +52,7 @@ def _failure(worker: Worker) -> str | None:
     return None if ok else reason
 
 
+@pytest.mark.timeout(150)
 async def test_a_worker_on_a_blackholed_connection_fails_healthz_and_a_fresh_worker_finishes_everything(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:

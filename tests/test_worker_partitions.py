@@ -135,6 +135,7 @@ async def test_a_dead_consumers_entries_are_reclaimed_in_each_lane(redis: aiored
     assert sorted(r for _, r in await arrived(redis, [PLAIN])) == sorted(records)
 
 
+@pytest.mark.timeout(60)
 async def test_a_busy_lane_does_not_starve_another(redis: aioredis.Redis, redis_url: str) -> None:
     """5,000 entries wait in one lane when one record arrives in another: it is processed long before the busy
     lane is through."""
@@ -264,6 +265,7 @@ async def _count(client: aioredis.Redis, stream: str, count: int) -> bool:
 RECORDS = 1500
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_a_partitioned_pipeline_delivers_exactly_once_with_workers_sigkilled(
     cluster: aioredis.Redis, cluster_url: str, tmp_path: Path
