@@ -59,6 +59,7 @@ def _messages(api: client.ApiClient, namespace: str, name: str, reason: str) -> 
     return [e.message or "" for e in stage_events(api, namespace, name) if e.reason == reason]
 
 
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("redis_db", [5], indirect=True)
 def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     operator: ServingOperator,
@@ -191,6 +192,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     assert not _reasons(kube_api, ns, "router", "Warning")
 
 
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("redis_db", [6], indirect=True)
 def test_stream_conflict_is_one_warning_per_cause_and_heals(
     operator: ServingOperator,
@@ -408,6 +410,7 @@ def own_valkey(tmp_path: Path) -> Iterator[RestartableValkey]:
     valkey.stop()
 
 
+@pytest.mark.timeout(120)
 def test_delete_waits_for_an_unreachable_redis_and_says_why(
     operator: ServingOperator,
     kube_cluster: ControlPlane,
@@ -443,6 +446,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [9], indirect=True)
 def test_an_output_no_group_reads_shows_in_status_with_one_warning(
     operator: ServingOperator,
@@ -597,6 +601,7 @@ def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
     assert spec_of(spec_of(after).template).containers[0].image == "their/app:1"
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
 def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     operator: ServingOperator,

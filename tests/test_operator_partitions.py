@@ -45,6 +45,7 @@ def _deployment_env(api: client.ApiClient, namespace: str, name: str) -> dict[st
     return {var.name: var.value or "" for var in spec_of(spec_of(deployment).template).containers[0].env or []}
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
 def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     operator: ServingOperator,
@@ -135,6 +136,7 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert (_deployment_env(kube_api, ns, "router") or {}).get("OUTPUT_PARTITIONS") == "4"
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
 def test_a_stage_forwarding_to_one_created_later_follows_its_partitions(
     operator: ServingOperator,

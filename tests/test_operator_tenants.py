@@ -68,6 +68,7 @@ def _deployment_exists(api: client.ApiClient, namespace: str, name: str) -> bool
     return read_or_none(client.AppsV1Api(api).read_namespaced_deployment, name, namespace) is not None
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [15], indirect=True)
 def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
     operator: ServingOperator,
@@ -135,6 +136,7 @@ def _refused(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     )
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("redis_db", [15], indirect=True)
 def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     operator: ServingOperator,
@@ -206,6 +208,7 @@ def test_a_hand_run_workers_keys_are_refused_and_deleting_the_refused_stage_keep
     assert _groups(connection, own_input)["router-group"]["pending"] == 1
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [15], indirect=True)
 def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate(
     operator: ServingOperator,

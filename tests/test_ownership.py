@@ -145,6 +145,7 @@ async def test_delete_keeps_a_key_of_another_type_and_a_stream_it_did_not_create
     assert await redis.exists(A.owner) == 0
 
 
+@pytest.mark.timeout(60)
 async def test_a_worker_run_by_hand_refuses_keys_a_stage_holds(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await claim(redis, KEYS, "stage-uid", adopt=True)
     hand_run = workers.start("s")
@@ -248,6 +249,7 @@ async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis
     assert sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")]) == before_b
 
 
+@pytest.mark.timeout(60)
 async def test_a_worker_started_with_another_partition_count_exits_with_one_line(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:

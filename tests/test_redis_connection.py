@@ -73,6 +73,7 @@ async def test_a_cluster_no_seed_answers_is_a_connection_error() -> None:
         await client.aclose()
 
 
+@pytest.mark.timeout(60)
 def test_a_worker_waits_for_a_cluster_that_does_not_answer_yet(workers: WorkerPool) -> None:
     w = workers.start("s", REDIS_URL=f"redis://127.0.0.1:{free_loopback_port()}/0", REDIS_MODE="cluster")
     eventually(lambda: w.event_names().count("redis_unavailable") >= 2, "two redis_unavailable lines", 60)
@@ -113,6 +114,7 @@ def test_connection_settings_are_checked_at_start(variables: dict[str, Any], mes
     assert message in line and "\n" not in line
 
 
+@pytest.mark.timeout(60)
 def test_tls_files_the_worker_cannot_read_stop_it_with_one_line(workers: WorkerPool, tmp_path: Path) -> None:
     not_pem = tmp_path / "ca.pem"
     not_pem.write_text("not a certificate")
@@ -144,6 +146,7 @@ def test_the_worker_socket_timeout_outlasts_its_blocking_reads() -> None:
     assert set(sentinel.redis.secrets()) == {"pw", "sentinel-pw"}
 
 
+@pytest.mark.timeout(60)
 async def test_an_idle_worker_with_the_default_block_ms_reads_without_timing_out(
     workers: WorkerPool, redis: aioredis.Redis
 ) -> None:

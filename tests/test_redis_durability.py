@@ -119,6 +119,7 @@ async def _arrived_at_least(client: aioredis.Redis, n: int) -> bool | None:
         return None  # Valkey restarting
 
 
+@pytest.mark.timeout(60)
 async def test_parser_down_for_long_loses_no_record(redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path) -> None:
     """The hand-off outlives the outage: pages have no TTL, so they wait for a parser that was down for long."""
     documents = ensure_samples(tmp_path / "docs")
