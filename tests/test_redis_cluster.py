@@ -104,6 +104,7 @@ def _cli(cluster: ValkeyCluster, *args: str) -> str:
     return phoenix(cluster.url, *args, "--redis-mode", "cluster")
 
 
+@pytest.mark.timeout(120)
 async def test_the_cli_enqueues_shows_inspects_and_handles_the_dlq_on_the_cluster(
     cluster: ValkeyCluster, client: aioredis.Redis
 ) -> None:
@@ -183,6 +184,7 @@ async def _at_least(client: aioredis.Redis, stream: str, count: int) -> bool | N
         return None
 
 
+@pytest.mark.timeout(240)
 async def test_resharding_and_a_failover_mid_run_lose_and_repeat_nothing(
     fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:
@@ -228,6 +230,7 @@ PARTITIONED_RECORDS = 20_000
 K = 8
 
 
+@pytest.mark.timeout(840)
 async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through_failover_and_migration(
     fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:

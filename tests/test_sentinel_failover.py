@@ -138,6 +138,7 @@ async def _pause(client: aioredis.Redis, output: str, failed_at: float, elected:
     return max(later - earlier for earlier, later in pairwise(stamps) if earlier <= elected and later >= failed_at)
 
 
+@pytest.mark.timeout(240)
 async def test_primary_sigkilled_mid_run_loses_and_repeats_nothing(sentinels: SentinelSet, tmp_path: Path) -> None:
     async def kill(primary: Address) -> None:
         sentinels.kill_primary(primary)
@@ -147,6 +148,7 @@ async def test_primary_sigkilled_mid_run_loses_and_repeats_nothing(sentinels: Se
     await _run_through_failover(sentinels, tmp_path, kill, "SIGKILL", claim_idle_ms="300000")
 
 
+@pytest.mark.timeout(240)
 async def test_forced_failover_mid_run_loses_and_repeats_nothing(sentinels: SentinelSet, tmp_path: Path) -> None:
     async def forced(_primary: Address) -> None:
         await sentinels.force_failover()
@@ -156,6 +158,7 @@ async def test_forced_failover_mid_run_loses_and_repeats_nothing(sentinels: Sent
     await _run_through_failover(sentinels, tmp_path, forced, "SENTINEL FAILOVER", claim_idle_ms="1000")
 
 
+@pytest.mark.timeout(60)
 async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     sentinels: SentinelSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
