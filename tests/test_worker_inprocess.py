@@ -14,9 +14,10 @@ import redis.asyncio as aioredis
 from phoenix.worker_runtime.dlq import FAILURE_FIELDS, dead_letter_fields
 from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS, MalformedEntry, Message, packed_pairs, parse_entry
+from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.inprocess import run_burst
 from tests.fixtures.records import locked_records
 from tests.fixtures.replies import add_entry, scored_members, stream_entries
@@ -102,13 +103,17 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
     settler = Settler(raw_redis, settings, "me:token", settled.append)
     task = asyncio.create_task(settler.run())
     try:
-        settler.submit(Outcome(Action.COMMIT, ids[0], "c", False, ("u", "{}")))
-        settler.submit(Outcome(Action.COMMIT, ids[1], "c", False, ("u", "{}")))
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[2], "d", False, ("record_id", "d", "error", "why")))
-        settler.submit(Outcome(Action.RETRY, ids[3], "r", False, (60_000, json.dumps(["record_id", "r"]))))
-        settler.submit(Outcome(Action.LEAVE, ids[4], "l", False))
-        settler.submit(Outcome(Action.COMMIT, ids[5], "t", False, ("u", "[]", "00-trace")))
-        settler.submit(Outcome(Action.COMMIT, ids[6], "m", False))  # marked done, nothing forwarded
+        settler.submit(Outcome(Disposition.COMMIT, ids[0], "c", ("u", "{}"), holds_lock=False))
+        settler.submit(Outcome(Disposition.COMMIT, ids[1], "c", ("u", "{}"), holds_lock=False))
+        settler.submit(
+            Outcome(Disposition.DEAD_LETTER, ids[2], "d", ("record_id", "d", "error", "why"), holds_lock=False)
+        )
+        settler.submit(
+            Outcome(Disposition.RETRY, ids[3], "r", (60_000, json.dumps(["record_id", "r"])), holds_lock=False)
+        )
+        settler.submit(Outcome(Disposition.LEAVE, ids[4], "l", holds_lock=False))
+        settler.submit(Outcome(Disposition.COMMIT, ids[5], "t", ("u", "[]", "00-trace"), holds_lock=False))
+        settler.submit(Outcome(Disposition.COMMIT, ids[6], "m", holds_lock=False))  # marked done, nothing forwarded
         await asyncio.wait_for(settler.flush(), 10)
     finally:
         task.cancel()

@@ -17,8 +17,9 @@ from redis.exceptions import ClusterCrossSlotError
 
 from phoenix.keys import StageKeys, input_stream, partition_of
 from phoenix.worker_runtime import lanes, metrics
+from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.replies import get_text, raw_stream_entries, stream_entries
@@ -217,7 +218,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     entry = await raw.xadd(lane.input, {"record_id": "r", "user_id": "u", "data": "{}"})
     assert isinstance(entry, bytes)  # a client that does not decode
     await raw.xreadgroup("p-group", settings.consumer_name, {lane.input: ">"})
-    commit = Outcome(Action.COMMIT, entry.decode(), "r", True, ("u", "{}"), lane=1)
+    commit = Outcome(Disposition.COMMIT, entry.decode(), "r", ("u", "{}"), holds_lock=True, lane=1)
     direct = Settler(raw, settings, "lock x", print, lanes.routes(settings, slots_matter=False))
     with pytest.raises(ClusterCrossSlotError, match="same slot"):  # CROSSSLOT
         await direct._commit(1, [commit])  # the one script call the settler would retry forever
@@ -228,7 +229,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     relayed.submit(commit)
     await asyncio.wait_for(relayed.flush(), 30)
     task.cancel()
-    assert [o.action for o in settled] == [Action.COMMIT]
+    assert [o.disposition for o in settled] == [Disposition.COMMIT]
     assert [f[b"record_id"] for _, f in await raw_stream_entries(raw, lane.outbox)] == [b"r"]
     assert (await raw.xpending(lane.input, "p-group"))["pending"] == 0
     state = await raw.get(lane.record("r"))

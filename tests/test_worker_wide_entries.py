@@ -16,9 +16,10 @@ import redis.asyncio as aioredis
 from phoenix.tools import repair
 from phoenix.worker_runtime import dlq
 from phoenix.worker_runtime.messages import PACKED_FIELDS, SCRIPT_SAFE_FIELDS, packed_pairs
+from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.retry import RetryScheduler
 from phoenix.worker_runtime.settings import WorkerSettings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler
+from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.replies import add_entry, stream_entries
@@ -33,6 +34,24 @@ def _wide_fields(record_id: str, n: int = WIDE) -> dict[str, str]:
 
 def _settings(**extra: Any) -> WorkerSettings:
     return WorkerSettings(service_name="s", processor="tests.processors:ScriptedProcessor", **extra)
+
+
+def _commit(entry_id: str, record_id: str) -> Outcome:
+    return Outcome(Disposition.COMMIT, entry_id, record_id, ("u", "{}"), holds_lock=False)
+
+
+async def _settled(raw_redis: aioredis.Redis, outcomes: list[Outcome]) -> list[Outcome]:
+    """The outcomes submitted at once to a settler forwarding to OUT: what it settled, once all are written."""
+    settled: list[Outcome] = []
+    settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
+    task = asyncio.create_task(settler.run())
+    try:
+        for outcome in outcomes:
+            settler.submit(outcome)
+        await asyncio.wait_for(settler.flush(), 10)
+    finally:
+        task.cancel()
+    return settled
 
 
 async def test_a_wide_entry_is_dead_lettered_and_the_records_behind_it_flow(
@@ -77,19 +96,18 @@ async def test_a_dead_letter_too_wide_for_the_script_is_written_minimal_and_the_
     # A dead letter whose fields no script can unpack: on main the whole batch's script call fails on it, forever.
     too_wide = [v for i in range(WIDE) for v in (f"f{i}", "v")]
     crafted = ["record_id", "r2", *too_wide, "error", "bad input", "error_type", "InvalidInputError"]
-    settled: list[Outcome] = []
-    settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
-    task = asyncio.create_task(settler.run())
-    try:
-        for i in (0, 1):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[2], "r2", False, crafted))
-        settler.submit(Outcome(Action.RETRY, ids[3], "r3", False, (60_000, json.dumps(["record_id", "r3"]))))
-        for i in (4, 5):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
-        await asyncio.wait_for(settler.flush(), 10)
-    finally:
-        task.cancel()
+    retry = Outcome(Disposition.RETRY, ids[3], "r3", (60_000, json.dumps(["record_id", "r3"])), holds_lock=False)
+    settled = await _settled(
+        raw_redis,
+        [
+            _commit(ids[0], "r0"),
+            _commit(ids[1], "r1"),
+            Outcome(Disposition.DEAD_LETTER, ids[2], "r2", crafted, holds_lock=False),
+            retry,
+            _commit(ids[4], "r4"),
+            _commit(ids[5], "r5"),
+        ],
+    )
     assert sorted(o.entry_id for o in settled) == sorted(ids)  # every slot freed
     assert [o["record_id"] for o in await outputs(redis)] == ["r0", "r1", "r4", "r5"]
     assert await redis.zcard(RETRY) == 1
@@ -110,23 +128,14 @@ async def test_a_settle_item_the_script_fails_on_is_isolated_and_the_rest_settle
     await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)
     ids = [await add_entry(redis, IN, {"record_id": f"r{i}"}) for i in range(7)]
     await redis.xreadgroup(KEYS.consumer_group, "me", {IN: ">"})
-    settled: list[Outcome] = []
-    settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
-    task = asyncio.create_task(settler.run())
-    try:
-        for i in (0, 1, 2):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
-        settler.submit(Outcome(Action.RETRY, ids[3], "r3", False, ("soon", json.dumps(["record_id", "r3"]))))
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[4], "r4", False, ("record_id", "r4", "error", "why")))
-        for i in (5, 6):
-            settler.submit(Outcome(Action.COMMIT, ids[i], f"r{i}", False, ("u", "{}")))
-        await asyncio.wait_for(settler.flush(), 10)
-    finally:
-        task.cancel()
+    bad_retry = Outcome(Disposition.RETRY, ids[3], "r3", ("soon", json.dumps(["record_id", "r3"])), holds_lock=False)
+    dead = Outcome(Disposition.DEAD_LETTER, ids[4], "r4", ("record_id", "r4", "error", "why"), holds_lock=False)
+    commits = [_commit(ids[i], f"r{i}") for i in range(7)]
+    settled = await _settled(raw_redis, [*commits[:3], bad_retry, dead, *commits[5:]])
     assert sorted(o.entry_id for o in settled) == sorted(ids)
     assert [o["record_id"] for o in await outputs(redis)] == ["r0", "r1", "r2", "r5", "r6"]
     assert [f for _, f in await stream_entries(redis, DLQ)] == [{"record_id": "r4", "error": "why"}]
-    assert [o.action for o in settled if o.entry_id == ids[3]] == [Action.LEAVE]
+    assert [o.disposition for o in settled if o.entry_id == ids[3]] == [Disposition.LEAVE]
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [ids[3]]
 
@@ -141,17 +150,9 @@ async def test_a_settle_item_that_cannot_be_written_at_all_is_left_pending(
     await redis.xreadgroup(KEYS.consumer_group, "me", {IN: ">"})
     await redis.set(DLQ, "not a stream")
     await redis.set(KEYS.record_prefix + "r1", "me:token")
-    settled: list[Outcome] = []
-    settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
-    task = asyncio.create_task(settler.run())
-    try:
-        settler.submit(Outcome(Action.COMMIT, ids[0], "r0", False, ("u", "{}")))
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[1], "r1", True, ("record_id", "r1", "error", "why")))
-        settler.submit(Outcome(Action.COMMIT, ids[2], "r2", False, ("u", "{}")))
-        await asyncio.wait_for(settler.flush(), 10)
-    finally:
-        task.cancel()
-    assert [(o.entry_id, o.action) for o in settled if o.entry_id == ids[1]] == [(ids[1], Action.LEAVE)]
+    dead = Outcome(Disposition.DEAD_LETTER, ids[1], "r1", ("record_id", "r1", "error", "why"), holds_lock=True)
+    settled = await _settled(raw_redis, [_commit(ids[0], "r0"), dead, _commit(ids[2], "r2")])
+    assert [(o.entry_id, o.disposition) for o in settled if o.entry_id == ids[1]] == [(ids[1], Disposition.LEAVE)]
     assert [o["record_id"] for o in await outputs(redis)] == ["r0", "r2"]
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [ids[1]]
@@ -269,15 +270,8 @@ async def test_a_commit_whose_forward_fails_is_neither_lost_nor_doubled(
     ids = [await add_entry(redis, IN, {"record_id": f"r{i}"}) for i in range(2)]
     await redis.xreadgroup(KEYS.consumer_group, "me", {IN: ">"})
     await redis.set(OUT, "not a stream")
-    settled: list[Outcome] = []
-    settler = Settler(raw_redis, _settings(output_queue=OUT), "me:token", settled.extend)
-    task = asyncio.create_task(settler.run())
-    try:
-        settler.submit(Outcome(Action.DEAD_LETTER, ids[0], "r0", False, ("record_id", "r0", "error", "why")))
-        settler.submit(Outcome(Action.COMMIT, ids[1], "r1", False, ("u", "{}")))
-        await asyncio.wait_for(settler.flush(), 10)
-    finally:
-        task.cancel()
+    dead = Outcome(Disposition.DEAD_LETTER, ids[0], "r0", ("record_id", "r0", "error", "why"), holds_lock=False)
+    await _settled(raw_redis, [dead, _commit(ids[1], "r1")])
     assert [f for _, f in await stream_entries(redis, DLQ)] == [{"record_id": "r0", "error": "why"}]
     assert await redis.get(KEYS.record_prefix + "r1") is None  # not marked done: it was never forwarded
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)

@@ -1,4 +1,4 @@
-"""The queue dashboard of the original design: length, pending, lag, oldest pending, DLQ, consumers per stage,
+"""The queue dashboard: length, pending, lag, oldest pending, DLQ, consumers per stage,
 plus the age of the oldest unfinished entry (the first undelivered one or the oldest pending one), and whether
 any consumer group reads the stage's output.
 

@@ -55,6 +55,13 @@ def committed_by(value: str | None) -> str | None:
 
 
 class RecordLocks:
+    """The claim and the lock renewal of records, one script call per batch (the record key's states: above).
+
+    `acquire` locks a read's records with this worker's `lock_value` and says which it could not (a duplicate, or
+    locked by another worker); `renew` extends the locks of the records in flight. The settle (settle.lua) turns
+    a lock into the marker or releases it; a lock of a worker that died expires after LOCK_TIMEOUT.
+    """
+
     def __init__(self, client: Redis, settings: WorkerSettings) -> None:
         self._settings = settings
         # Our lock, as the record key holds it: compared by value in every script that releases or renews it.

@@ -46,6 +46,14 @@ RawFields = dict[bytes, bytes]
 
 @dataclass(slots=True)
 class Message:
+    """One parsed entry of the input stream, from intake to settle (parse_entry builds it; the processor gets
+    record_id, user_id and data).
+
+    `raw` keeps the entry's fields as read, for the DLQ and a retry; `retry_count`, `first_failed_at` and
+    `original_id` are its failure history (0 and None on a first attempt); `traceparent` the W3C trace context
+    it came with, if any.
+    """
+
     entry_id: str
     record_id: str
     user_id: str

@@ -32,7 +32,7 @@ class PermanentError(Exception):
 
 
 class RecordNotFoundError(PermanentError):
-    """The record does not exist (the original design's 404)."""
+    """The record does not exist (an HTTP 404 from the record's service, say): retrying cannot bring it."""
 
 
 class Record(Protocol):

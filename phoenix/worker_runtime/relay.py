@@ -21,6 +21,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from phoenix.backoff import Backoff
 from phoenix.worker_runtime import lua, metrics
 from phoenix.worker_runtime.lanes import Output, Route
 from phoenix.worker_runtime.messages import OUTPUT_FIELDS
@@ -68,21 +69,21 @@ class Relay:
 
     async def run(self) -> None:
         """Relay until cancelled; an outbox with a full batch is read again at once, else after a short rest."""
-        delay = 0.1
+        backoff = Backoff(0.1, REDIS_RETRY_MAX_DELAY)
         task = asyncio.current_task()
         # cancelling(): a cancellation swallowed inside a client library still ends the loop (as Worker._every).
         while task is None or not task.cancelling():
             try:
                 moved = await self.relay_once()
-                delay = 0.1
+                backoff.succeeded()
             except RedisError as exc:
-                log.warning("relay_failed", error=str(exc), retry_in=delay)
+                wait = backoff.failed()
+                log.warning("relay_failed", error=str(exc), retry_in=wait)
                 self._own_history.update(self._outboxes)  # a batch may be pending on us: read it again first
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):  # the outbox was deleted (a reset)
                     with contextlib.suppress(RedisError):
                         await self.ensure_groups()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
+                await asyncio.sleep(wait)
                 continue
             if moved < _BATCH:
                 await asyncio.sleep(_IDLE_SECONDS)

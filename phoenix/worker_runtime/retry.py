@@ -6,21 +6,17 @@ import json
 
 from redis.asyncio import Redis
 
+from phoenix.backoff import delay
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, Message, packed_pairs, retry_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 
 
-def backoff_seconds(attempt: int, base: float, cap: float) -> float:
-    """The original design's delay: min(2^attempt x base, cap); attempt 0 is the first retry."""
-    return min(2 ** min(attempt, 62) * base, cap)
-
-
 def retry_member(message: Message, first_failed_at: float, error: str, settings: WorkerSettings) -> tuple[int, str]:
     """(delay in ms, retry-set member) for settle.lua's R action; known secrets are masked out of `error`
-    (messages.failure_history)."""
-    delay = backoff_seconds(message.retry_count, settings.retry_base_seconds, settings.retry_max_seconds)
-    return int(delay * 1000), json.dumps(retry_fields(message, first_failed_at, error))
+    (messages.failure_history). The delay is RETRY_BASE_SECONDS x 2^retries so far, at most RETRY_MAX_SECONDS."""
+    wait = delay(message.retry_count, settings.retry_base_seconds, settings.retry_max_seconds)
+    return int(wait * 1000), json.dumps(retry_fields(message, first_failed_at, error))
 
 
 def retry_member_fields(member: str | bytes) -> dict[str, str]:

@@ -38,7 +38,8 @@ _LIVENESS_FLOOR = 60.0
 
 
 class WorkerSettings(BaseSettings):
-    """One stage worker. Environment variable names follow the original design (SERVICE_NAME, INPUT_QUEUE, ...)."""
+    """One stage worker. Environment variable names (SERVICE_NAME, INPUT_QUEUE, ...) are those of the specification
+    Phoenix was written from, a worker that took one message at a time with a round trip per step."""
 
     model_config = SettingsConfigDict(case_sensitive=False, extra="ignore", frozen=True)
 

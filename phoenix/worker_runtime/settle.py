@@ -1,19 +1,21 @@
-"""Group commit: outcomes of many concurrent messages settle in one atomic script call."""
+"""Group commit: outcomes of many concurrent messages settle in one atomic script call.
+
+The settler decides nothing about a record (outcomes.py does); it writes what was decided, and when the script
+fails on one item, falls back for that item alone (a minimal dead letter, else leave)."""
 
 from __future__ import annotations
 
 import asyncio
-import enum
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from phoenix.backoff import delay
 from phoenix.replica_wait import run_then_wait
 from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import minimal_dead_letter
@@ -21,37 +23,13 @@ from phoenix.worker_runtime.lanes import Route
 from phoenix.worker_runtime.lanes import routes as routes_of
 from phoenix.worker_runtime.locks import DONE
 from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
+from phoenix.worker_runtime.outcomes import Disposition, FieldValue, Outcome
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 
 log = structlog.get_logger("phoenix.settle")
 
 if TYPE_CHECKING:
-    from phoenix.worker_runtime.tracing import MessageTracing, RecordTrace
-
-FieldValue = str | bytes | int
-
-
-class Action(enum.StrEnum):
-    COMMIT = "C"
-    DEAD_LETTER = "D"
-    RETRY = "R"
-    LEAVE = "L"
-    SKIP = "S"  # acknowledge only: the claim found the record committed (written "s": it never holds a lock)
-
-
-@dataclass(slots=True)
-class Outcome:
-    action: Action
-    entry_id: str
-    record_id: str
-    holds_lock: bool
-    # COMMIT: the forwarded entry's values but record_id (messages.output_values); DEAD_LETTER: the DLQ entry's
-    # fields; RETRY: delay in ms and retry-set member.
-    fields: Sequence[FieldValue] = ()
-    started_at: float = 0.0
-    duplicate: bool = False  # set after the write: a commit found the record committed by another worker
-    lane: int = 0  # the lane (partition) of the entry: its batch is settled with that lane's keys
-    trace: RecordTrace | None = None  # the record's process span, when traces are recorded (tracing.py)
+    from phoenix.worker_runtime.tracing import MessageTracing
 
 
 # settle.lua's code of a commit, by how many values it forwards: none, user_id and data, and a traceparent.
@@ -207,7 +185,7 @@ class Settler:
     async def _try(self, lane: int, outcomes: list[Outcome]) -> list[int] | RedisError:
         """The script's reply, or the script error; connection errors and Redis refusing writes are waited out
         (nothing was acknowledged: the entries stay pending, so waiting loses nothing)."""
-        delay = 0.1
+        failures = 0  # a count, not a Backoff: this runs for every batch, and nothing is built unless it fails
         while True:
             try:
                 written = await self._commit(lane, outcomes)
@@ -216,14 +194,15 @@ class Settler:
             except RedisError as exc:
                 if refused_by_item(exc):
                     return exc
-                log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
+                wait = delay(failures, 0.1, REDIS_RETRY_MAX_DELAY)
+                failures += 1
+                log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=wait)
+                await asyncio.sleep(wait)
 
     async def _write_alone(self, lane: int, outcome: Outcome, error: RedisError) -> None:
         """An item the script fails on alone: a dead letter is written again in its minimal form; anything else,
         or a minimal dead letter that fails too, is left pending (lock released) for a later attempt, and logged."""
-        if outcome.action is Action.DEAD_LETTER:
+        if outcome.disposition is Disposition.DEAD_LETTER:
             outcome.fields = minimal_dead_letter(outcome.fields, str(error))
             again = await self._try(lane, [outcome])
             if isinstance(again, list):
@@ -234,23 +213,23 @@ class Settler:
             "settle_item_failed_left_pending",
             message_id=outcome.entry_id,
             record_id=outcome.record_id,
-            action=outcome.action.name.lower(),
+            action=outcome.disposition.name.lower(),
             error=str(error),
         )
-        outcome.action, outcome.fields = Action.LEAVE, ()
+        outcome.disposition, outcome.fields = Disposition.LEAVE, ()
         await self._try(lane, [outcome])  # pending either way; this releases the lock (a leave cannot fail on its item)
 
     def _args(self, outcomes: list[Outcome]) -> list[FieldValue]:
         args = list(self._head)
         # An enum member read from its class is a Python call on 3.11: once per batch.
-        commit, dead_letter, commit_codes = Action.COMMIT, Action.DEAD_LETTER, _COMMIT_CODES
+        commit, dead_letter, commit_codes = Disposition.COMMIT, Disposition.DEAD_LETTER, _COMMIT_CODES
         for o in outcomes:
-            if o.action is commit:
+            if o.disposition is commit:
                 args += (commit_codes[len(o.fields)], o.entry_id, o.record_id)
             else:
                 # A StrEnum packs as its value; lower case: no lock to release (settle.lua).
-                args += (o.action if o.holds_lock else o.action.lower(), o.entry_id, o.record_id)
-                if o.action is dead_letter:
+                args += (o.disposition if o.holds_lock else o.disposition.lower(), o.entry_id, o.record_id)
+                if o.disposition is dead_letter:
                     if len(o.fields) > LUA_UNPACK_LIMIT:  # settle.lua unpacks them for the DLQ's XADD
                         o.fields = minimal_dead_letter(o.fields, f"{len(o.fields)} values, over {LUA_UNPACK_LIMIT}")
                     args.append(len(o.fields))

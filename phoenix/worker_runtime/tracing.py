@@ -33,8 +33,8 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
     from phoenix.worker_runtime.messages import Message
+    from phoenix.worker_runtime.outcomes import Outcome
     from phoenix.worker_runtime.settings import WorkerSettings
-    from phoenix.worker_runtime.settle import Outcome
 
 _SCOPE = "phoenix"
 # Any of these set means export was asked for (the SDK's own default exporter, otlp, would be on otherwise).
@@ -43,7 +43,7 @@ _PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL
 _HEADERS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 # Every variable Phoenix itself reads (the SDK and exporter read more): docs/configuration.md documents each.
 READ_VARIABLES = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", *_ENDPOINTS, *_PROTOCOLS, *_HEADERS)
-# The one-word outcome on a record's spans, by settle.Action's value.
+# The one-word outcome on a record's spans, by outcomes.Disposition's value.
 _OUTCOMES = {"C": "commit", "D": "dlq", "R": "retry", "L": "leave", "S": "duplicate"}
 
 
@@ -228,8 +228,8 @@ class MessageTracing:
     def end(self, record: RecordTrace, outcome: Outcome) -> None:
         """End the process span with the outcome decided; the outcome carries it to the commit."""
         span = record.span
-        span.set_attribute("phoenix.outcome", _OUTCOMES[outcome.action.value])
-        if outcome.action.value in ("R", "D"):
+        span.set_attribute("phoenix.outcome", _OUTCOMES[outcome.disposition.value])
+        if outcome.disposition.value in ("R", "D"):
             span.set_status(trace.Status(trace.StatusCode.ERROR))
         record.ended_ns = time.time_ns()
         span.end(end_time=record.ended_ns)
@@ -261,7 +261,7 @@ class MessageTracing:
             record = o.trace
             if record is None:
                 continue
-            outcome = "duplicate" if o.duplicate else _OUTCOMES[o.action.value]
+            outcome = "duplicate" if o.duplicate else _OUTCOMES[o.disposition.value]
             commit = self._tracer.start_span(
                 self._commit_name,
                 trace.set_span_in_context(record.span),

@@ -1,4 +1,5 @@
-"""The stage loop: read, claim, process, settle — with every guarantee of the original design.
+"""The stage loop: read, claim, process, settle — keeping every guarantee of a worker that took one message at a
+time with a round trip per step (docs/performance.md), without its round trips.
 
 Round trips are amortised over batches: one XREADGROUP, one claim script (locks + idempotency markers)
 and, for everything that finished meanwhile, one settle script. Per message the runtime adds no round trip.
@@ -19,35 +20,28 @@ from typing import TYPE_CHECKING, Any
 
 import structlog
 from redis.asyncio import Redis
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from phoenix.backoff import Backoff
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lanes, metrics, ownership
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
-from phoenix.worker_runtime.dlq import dead_letter_fields
+from phoenix.worker_runtime.history_read import HistoryReadGuard
 from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
-from phoenix.worker_runtime.messages import (
-    MalformedEntry,
-    Message,
-    RawFields,
-    failure_history,
-    output_values,
-    parse_entry,
-)
-from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError
+from phoenix.worker_runtime.messages import Message
+from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, Unprocessable
+from phoenix.worker_runtime.processor import BaseProcessor, BatchResult
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group, read_groups
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.relay import Relay
-from phoenix.worker_runtime.retry import RetryScheduler, retry_member
+from phoenix.worker_runtime.retry import RetryScheduler
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
-from phoenix.worker_runtime.settle import Action, Outcome, Settler, refused_by_item
+from phoenix.worker_runtime.settle import Settler, refused_by_item
 from phoenix.worker_runtime.tracing import MessageTracing, RecordTrace
 from phoenix.worker_runtime.trim import Trimmer
 
@@ -103,12 +97,7 @@ class Lane:
     reread_own_pending: bool = True  # at start: own pending entries first (id 0), then new ones (>)
     next_claim: float = 0.0  # monotonic; at start a claim is due, so a replacement pod picks up its predecessor's work
     in_flight: dict[str, InFlight] = field(default_factory=dict)
-    # Entries handed to the settler without being in flight (dead letters, duplicates): a history read must not
-    # take them a second time.
-    settling_without_flight: set[str] = field(default_factory=set)
-    # Entries acknowledged while a history read was on its way: Redis may have answered the read before
-    # the settle, and once settled they are no longer in flight, so nothing else tells they are done.
-    settled_during_history_read: set[str] | None = None
+    history: HistoryReadGuard = field(default_factory=HistoryReadGuard)  # what a history read must pass by
 
 
 _RECLAIM_BATCH = 100
@@ -119,11 +108,28 @@ _READ_BATCH = 200
 # A partitioned stage on Redis Cluster waits for new entries on one lane at a time (a read is single-slot): this long,
 # so an entry arriving on another lane waits for it at most.
 _LANE_BLOCK_MS = 100
-# What a processor's Redis calls raise while Redis cannot be reached (MasterNotFoundError is a ConnectionError).
-_REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 
 
 class Worker:
+    """One stage's worker: reads its input, claims each record, calls the processor and settles the outcome.
+
+    Parameters: `settings` (the stage, its keys and limits), `processor` (the team's library: process or
+    process_batch), `client` (Redis, returning bytes), `billing` (each user's API key around the call;
+    `swap_env_key` puts it in the environment too), `tracer_provider` (where spans go).
+
+    What it owns: `locks` (RecordLocks: claim and renewal), `policy` (RecordPolicy: each record's Outcome),
+    `breaker` (CircuitBreaker around the processor), `settler` (Settler: group commit of the outcomes),
+    `retries` (RetryScheduler: due retries back into the input), `lanes` (one Lane per partition: cursor, flights,
+    Reclaimer, HistoryReadGuard), and what depends on where commits forward (`_route`): `backpressure`,
+    `trimmer`, `relay`.
+
+    What `run` runs until `request_stop`: the intake loop (`_intake_loop`: read, claim, start) and the retry
+    promotion (every RETRY_POLL_INTERVAL), stopped first at shutdown; then, kept running while in-flight work
+    drains: the settler, the lock renewer, the PROCESSING_TIMEOUT watchdog, the trimmer (TRIM_INTERVAL), the
+    outbox relay (when a lane's commits go through an outbox) and the backpressure measure (OUTPUT_HIGH_WATER).
+    `alive` and `ready` answer /healthz and /readyz.
+    """
+
     def __init__(
         self,
         settings: WorkerSettings,
@@ -173,16 +179,14 @@ class Worker:
         self.last_beat = time.monotonic()
         self._liveness_timeout = settings.liveness_timeout or 0.0  # always derived when unset (settings.py)
         self._liveness_failed = False  # the failure is logged once, when /healthz first reports it
-        self._m_outcome = {
-            o: metrics.MESSAGES.labels(stage, o)
-            for o in ("processed", "skipped_duplicate", "retried", "dead_lettered", "deferred")
-        }
-        self._m_duration = metrics.PROCESSING_SECONDS.labels(stage)
+        self.policy = RecordPolicy(settings, self.breaker)
+        # The outcomes counted once settled; the policy counts the others when it decides them.
+        self._m_processed = metrics.MESSAGES.labels(stage, "processed")
+        self._m_duplicate = metrics.MESSAGES.labels(stage, "skipped_duplicate")
         self._m_wait = metrics.QUEUE_WAIT_SECONDS.labels(stage)
         self._m_in_flight = metrics.IN_FLIGHT.labels(stage)
         self._m_circuit = metrics.CIRCUIT_STATE.labels(stage)
         self._m_reclaimed = metrics.RECLAIMED.labels(stage)
-        self._m_trimmed = metrics.TRIMMED_PENDING.labels(stage)
         self._m_contention = metrics.LOCK_CONTENTION.labels(stage)
         metrics.LEAKED_THREADS.labels(stage).set_function(lambda: BLOCKING_THREADS.leaked)
         self._m_circuit.set(CircuitState.CLOSED)
@@ -289,7 +293,7 @@ class Worker:
         """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
         when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them), LayoutDiffers
         when PARTITIONS differs from the stage's layout."""
-        delay = 0.5
+        backoff = Backoff(0.5, 10.0)
         while not self._stopping.is_set():
             try:
                 s = self.settings
@@ -303,11 +307,10 @@ class Worker:
                 await self.ensure_group()
                 return True
             except RedisError as exc:
-                redis = self.settings.redis
-                log.warning("redis_unavailable", error=redis.explain(exc), redis=redis.redacted, retry_in=delay)
+                redis, wait = self.settings.redis, backoff.failed()
+                log.warning("redis_unavailable", error=redis.explain(exc), redis=redis.redacted, retry_in=wait)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), delay)
-                delay = min(delay * 2, 10.0)
+                    await asyncio.wait_for(self._stopping.wait(), wait)
         return False
 
     async def run(self) -> None:
@@ -384,7 +387,7 @@ class Worker:
         # A call that ignored its cancellation: its entry stays pending, its lock released for the next worker.
         for flight in list(self._flights()):
             if not flight.submitted:
-                self._give_up(flight, self._leave(flight.message))
+                self._give_up(flight, self.policy.deferred(flight.message, circuit_open=False))
 
     def _renew_interval(self) -> float:
         s = self.settings
@@ -427,7 +430,7 @@ class Worker:
         """The one way work comes in: per lane, own pending entries first, idle entries of dead workers whenever a
         claim is due (every CLAIM_INTERVAL, and at start so a replacement pod picks up its predecessor's work), else
         new entries. Whatever the source, it is read into slots reserved beforehand, so CONCURRENCY holds."""
-        delay = 0.1
+        backoff = Backoff(0.1, REDIS_RETRY_MAX_DELAY)
         failed = False
         while not self._stopping.is_set():
             if not failed:  # a read Redis keeps not answering (a socket timeout, retried) is no beat
@@ -448,7 +451,7 @@ class Worker:
             self._turn_started = 0
             try:
                 await self._intake_turn(n)
-                delay = 0.1
+                backoff.succeeded()
             except RedisError as exc:
                 if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
                     # Someone deleted the stream or group (a stage reset): recreate it and go on.
@@ -459,14 +462,14 @@ class Worker:
                 # Redis not answering, or refusing every call for now (a read-only replica after a failover): no
                 # beat. An error about the call itself (the key is no stream) is an answer; a restart cannot cure it.
                 failed = not refused_by_item(exc)
-                log.warning("redis_read_failed", error=str(exc), retry_in=delay)
+                wait = backoff.failed()
+                log.warning("redis_read_failed", error=str(exc), retry_in=wait)
                 if not isinstance(exc, ResponseError):
                     # A broken connection (a failover): a read may have delivered entries whose reply never came,
                     # or the claim after a read failed. They are pending on this consumer: read them again first,
                     # as at start, instead of leaving them to a reclaim after CLAIM_IDLE_MS.
                     self._reread_own_pending()
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, REDIS_RETRY_MAX_DELAY)
+                await asyncio.sleep(wait)
             finally:
                 self._release(n - self._turn_started)
 
@@ -519,14 +522,11 @@ class Worker:
         """XREADGROUP of the lane's own pending entries from its cursor; returns the next cursor (">" once all were
         read again: from then on only new entries)."""
         s = self.settings
-        lane.settled_during_history_read = settled = set[str]()
-        try:
+        with lane.history.reading() as settled:
             entries = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, lane.cursor, n)
             if not entries:
                 return ">"
             counts = await lane.reclaimer.delivery_counts([e[0].decode() for e in entries])
-        finally:
-            lane.settled_during_history_read = None
         unsettled = [e for e in entries if e[0].decode() not in settled]
         await self._dispatch(lane, unsettled, counts)
         return entries[-1][0].decode()
@@ -534,9 +534,8 @@ class Worker:
     async def _claim_idle(self, lane: Lane, n: int) -> bool:
         """XAUTOCLAIM a slice of the lane's idle entries. Returns whether its whole pending list was walked."""
         entries, trimmed = await lane.reclaimer.claim(n)
-        if trimmed:
-            self._m_trimmed.inc(trimmed)
-            log.warning("trimmed_pending_cleared", count=trimmed)
+        if trimmed:  # XAUTOCLAIM acknowledged them
+            self.policy.trimmed(trimmed)
         if entries:
             self._m_reclaimed.inc(len(entries))
             log.warning("stale_messages_claimed", count=len(entries), idle_ms=self.settings.claim_idle_ms)
@@ -582,7 +581,7 @@ class Worker:
                 running = now - flight.deadline + s.processing_timeout
                 CURRENT_MESSAGE.set(flight.message)
                 log.error("processing_given_up", seconds=round(running, 1))
-                self._give_up(flight, self._failure_outcome(flight.message, error, time.time() - running))
+                self._give_up(flight, self.policy.of_failure(flight.message, error, time.time() - running))
                 CURRENT_MESSAGE.set(None)
 
     # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
@@ -593,10 +592,10 @@ class Worker:
 
         Every Redis call comes before anything is started, so an error here leaves no slot taken.
         """
-        s = self.settings
-        in_flight, settling = lane.in_flight, lane.settling_without_flight
+        s, policy = self.settings, self.policy
+        in_flight, settling = lane.in_flight, lane.history.settling_without_flight
         candidates: list[Message] = []
-        dead: list[tuple[str, dict[bytes, bytes], str, str, int]] = []
+        unfit: list[Unprocessable] = []
         trimmed: list[str] = []
         for raw_id, raw in entries:
             entry_id = raw_id.decode()
@@ -605,33 +604,26 @@ class Worker:
             if raw is None:
                 trimmed.append(entry_id)  # trimmed from the stream while pending: nothing left to process
                 continue
-            parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields)
-            deliveries = counts.get(entry_id, 1) if counts else 1
-            if isinstance(parsed, MalformedEntry):
-                dead.append((entry_id, raw, parsed.reason, "MalformedMessage", 1))
-            elif deliveries > s.max_deliveries:
-                reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
-                dead.append((entry_id, raw, reason, "PoisonMessage", deliveries))
+            screened = policy.screen(entry_id, raw, counts.get(entry_id, 1) if counts else 1)
+            if isinstance(screened, Unprocessable):
+                unfit.append(screened)
             else:
-                candidates.append(parsed)
+                candidates.append(screened)
         if trimmed:
             await self.redis.xack(lane.keys.input, s.consumer_group, *trimmed)
-            self._m_trimmed.inc(len(trimmed))
-            log.warning("trimmed_pending_cleared", count=len(trimmed))
+            policy.trimmed(len(trimmed))
         refused = await self.locks.acquire(candidates, lane.keys) if candidates else {}
-        for args in dead:
-            self._dead_letter(lane, *args)
+        for entry in unfit:
+            self._settle_without_flight(lane, policy.unprocessable(entry))
         skipped = 0
         for index, claim in refused.items():
             message = candidates[index]
             if claim == Claim.DUPLICATE:
                 skipped += 1
-                skip = Outcome(Action.SKIP, message.entry_id, message.record_id, False)
+                skip = policy.duplicate(message)
                 if self._tracing.recording:
                     self._tracing.duplicate(message, skip)
                 self._settle_without_flight(lane, skip)
-                self._m_outcome["skipped_duplicate"].inc()
-                log.info("duplicate_skipped", record_id=message.record_id, message_id=message.entry_id)
             else:
                 self._m_contention.inc()
                 log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
@@ -641,7 +633,7 @@ class Worker:
         flights = [InFlight(message, deadline, index) for message in acquired]
         for flight in flights:
             in_flight[flight.message.entry_id] = flight
-        self._turn_started += len(dead) + skipped + len(flights)
+        self._turn_started += len(unfit) + skipped + len(flights)
         if self._batches and flights:
             self._start(self._handle_batch(flights), flights)
         else:
@@ -656,22 +648,16 @@ class Worker:
     def _on_settled(self, batch: list[Outcome]) -> None:
         """Called by the settler once a batch is durable: count, log, free the slots."""
         done = time.time()
-        commit, leave = Action.COMMIT, Action.LEAVE  # once per batch, as in _dispatch
+        commit = Disposition.COMMIT  # an enum member read from its class is a Python call on 3.11: once per batch
         processed = duplicates = 0
         traced = self._tracing.recording
         lines: list[dict[str, Any]] = []
         lane = self.lanes[batch[0].lane]  # a batch is of one lane
-        in_flight, settling, during_history_read = (
-            lane.in_flight,
-            lane.settling_without_flight,
-            lane.settled_during_history_read,
-        )
+        lane.history.settled(batch)
+        in_flight = lane.in_flight
         for outcome in batch:
             flight = in_flight.pop(outcome.entry_id, None)
-            settling.discard(outcome.entry_id)
-            if during_history_read is not None and outcome.action is not leave:
-                during_history_read.add(outcome.entry_id)
-            if outcome.action is not commit:
+            if outcome.disposition is not commit:
                 continue  # dead letters, retries and deferrals were counted and logged when decided
             if outcome.duplicate:
                 duplicates += 1
@@ -690,9 +676,9 @@ class Worker:
                 lines.append(line)
         if lines:
             log_info_lines(lines)
-        self._m_outcome["processed"].inc(processed)
+        self._m_processed.inc(processed)
         self.backpressure.note_forwarded(processed)
-        self._m_outcome["skipped_duplicate"].inc(duplicates)
+        self._m_duplicate.inc(duplicates)
         self._release(len(batch))
 
     # -- one message ---------------------------------------------------------------------------------------------
@@ -705,7 +691,7 @@ class Worker:
         started = time.time()
         self._m_wait.observe(max(0.0, started - m.enqueued_at_ms / 1000))
         if not self.breaker.try_acquire():
-            outcome = self._fast_fail(m)
+            outcome = self.policy.deferred(m, circuit_open=True)
         else:
             tracing = self._tracing
             record_trace = tracing.begin(m, started) if tracing.recording else None
@@ -722,7 +708,7 @@ class Worker:
                 except BaseException as exc:  # SystemExit and the like too: they fail the record, not the worker
                     outcome = self._raised_outcome(flight, exc, started)
                 else:
-                    outcome = self._result_outcome(m, result, started, traceparent)
+                    outcome = self.policy.of_result(m, result, started, traceparent)
             if record_trace is not None:
                 tracing.end(record_trace, outcome)
         outcome.started_at = started
@@ -745,7 +731,7 @@ class Worker:
                     traces[flight.message.entry_id] = tracing.begin(flight.message, started)
             else:
                 CURRENT_MESSAGE.set(m)
-                outcomes.append((flight, self._fast_fail(m)))
+                outcomes.append((flight, self.policy.deferred(m, circuit_open=True)))
         CURRENT_MESSAGE.set(None)  # the processor's lines during a batch belong to no single record
         try:
             results = await self._process_batch([f.message for f in admitted]) if admitted else []
@@ -759,7 +745,7 @@ class Worker:
                 m = f.message
                 record_trace = traces.get(m.entry_id) if traces else None
                 traceparent = m.traceparent if record_trace is None else record_trace.traceparent
-                outcomes.append((f, self._result_outcome(m, result, started, traceparent)))
+                outcomes.append((f, self.policy.of_result(m, result, started, traceparent)))
         CURRENT_MESSAGE.set(None)
         for flight, outcome in outcomes:
             if traces and (record_trace := traces.get(outcome.entry_id)) is not None:
@@ -791,17 +777,11 @@ class Worker:
             return contextlib.nullcontext()
         return api_key_scope(key, swap_env=self._swap_env_key)
 
-    def _fast_fail(self, m: Message) -> Outcome:
-        """Circuit open: the message stays pending for a later attempt."""
-        self._m_outcome["deferred"].inc()
-        log.warning("circuit_open_fast_fail")
-        return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
-
     def _submit(self, flight: InFlight, outcome: Outcome) -> None:
         """Hand the flight's outcome to the settler, unless one was already: a call given up past its timeout that
         ends after all must not commit a record that was retried meanwhile."""
         if flight.submitted:
-            log.warning("late_outcome_ignored", record_id=flight.message.record_id, outcome=outcome.action.name)
+            log.warning("late_outcome_ignored", record_id=flight.message.record_id, outcome=outcome.disposition.name)
             return
         flight.submitted = True
         outcome.lane = flight.lane
@@ -813,135 +793,26 @@ class Worker:
         if flight.task:
             flight.task.cancel()
 
-    def _leave(self, m: Message) -> Outcome:
-        """Leave the entry pending for the next worker, free the lock (shutdown past the grace period)."""
-        self._m_outcome["deferred"].inc()
-        return Outcome(Action.LEAVE, m.entry_id, m.record_id, True)
-
     def _raised_outcome(self, flight: InFlight, exc: BaseException, started: float) -> Outcome:
-        """What the processor call raised. Only the worker's own cancellation (the timeout watchdog, the shutdown)
-        is a cancellation; anything else, a CancelledError of the processor's own or SystemExit included, is a
-        failure of the record."""
+        """What the processor call raised: the worker's own cancellation (the timeout watchdog, the shutdown) is
+        told apart here, where the task is; the policy decides the rest."""
         task = asyncio.current_task()
-        if isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling():
-            return self._cancelled_outcome(flight, started)
-        return self._failure_outcome(flight.message, exc, started)
-
-    def _cancelled_outcome(self, flight: InFlight, started: float) -> Outcome:
-        m = flight.message
-        if flight.timed_out:
-            error = TimeoutError(f"processing exceeded PROCESSING_TIMEOUT={self.settings.processing_timeout:g}s")
-            return self._failure_outcome(m, error, started)
-        return self._leave(m)
-
-    def _result_outcome(self, m: Message, result: BatchResult, started: float, traceparent: str | None) -> Outcome:
-        """What the processor gave back for one record: a dict or None commits, an exception fails, and a dict
-        that cannot be written as JSON (a tuple key, a cycle) is dead-lettered: retrying returns the same."""
-        if result is not None and not isinstance(result, dict):
-            if not isinstance(result, BaseException):
-                result = TypeError(f"a processor's result must be a dict or None, not {type(result).__name__}")
-            return self._failure_outcome(m, result, started)
-        fields: list[str] | tuple[()] = ()
-        if result is not None and self.settings.output_queue:
-            try:
-                fields = output_values(m, result, traceparent)
-            except Exception as exc:  # TypeError, ValueError (a cycle), RecursionError, or raised by a __str__
-                self._m_duration.observe(time.time() - started)
-                error = f"the result cannot be written as JSON: {type(exc).__name__}: {_error_text(exc)}"
-                return self._dead_letter_outcome(m, m.raw, error, "UnserializableResult", m.retry_count + 1)
-        self._m_duration.observe(time.time() - started)
-        self.breaker.record_success()
-        return Outcome(Action.COMMIT, m.entry_id, m.record_id, True, fields)
-
-    def _failure_outcome(self, m: Message, exc: BaseException, started: float) -> Outcome:
-        """PermanentError: DLQ at once, named by its type. Anything else: transient, retried with backoff."""
-        self._m_duration.observe(time.time() - started)
-        if not isinstance(exc, PermanentError):
-            # Redis unreachable (a failover's election) is not the processor's dependency failing: the settler waits
-            # for Redis anyway, and an open circuit would idle the worker for CIRCUIT_RESET_TIMEOUT once it is back.
-            if not isinstance(exc, _REDIS_UNREACHABLE):
-                self.breaker.record_failure()
-            return self._retry_outcome(m, exc)
-        return self._dead_letter_outcome(m, m.raw, _error_text(exc), type(exc).__name__, m.retry_count + 1)
-
-    def _dead_letter_outcome(self, m: Message, raw: RawFields, error: str, error_type: str, attempts: int) -> Outcome:
-        self._m_outcome["dead_lettered"].inc()
-        log.warning("message_dead_lettered", error=error, error_type=error_type)
-        fields = dead_letter_fields(
-            raw, m.entry_id, error=error, error_type=error_type, stage=self.settings.service_name, attempts=attempts
+        by_worker = isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0
+        return self.policy.of_raised(
+            flight.message, exc, started, cancelled_by_worker=by_worker, timed_out=flight.timed_out
         )
-        return Outcome(Action.DEAD_LETTER, m.entry_id, m.record_id, True, fields)
-
-    def _retries_exhausted(self, m: Message, exc: BaseException, first: float, now: float) -> str | None:
-        """Which retry limit this failure reached, if any: MAX_ATTEMPTS, MAX_RETRY_AGE, or the exception's own
-        `max_attempts` (processor.PermanentError tells library authors about it)."""
-        s = self.settings
-        attempts = m.retry_count + 1
-        own = getattr(exc, "max_attempts", 0)
-        if isinstance(own, int) and 0 < own <= attempts:
-            return f"{type(exc).__name__}.max_attempts={own}"
-        if 0 < s.max_attempts <= attempts:
-            return f"MAX_ATTEMPTS={s.max_attempts}"
-        if 0 < s.max_retry_age <= now - first:
-            return f"MAX_RETRY_AGE={s.max_retry_age:g}s"
-        return None
-
-    def _retry_outcome(self, m: Message, exc: BaseException) -> Outcome:
-        s = self.settings
-        now = time.time()
-        first = m.first_failed_at or now
-        error = _error_text(exc)
-        last_error = f"{type(exc).__name__}: {error}"
-        if limit := self._retries_exhausted(m, exc, first, now):
-            attempts = m.retry_count + 1
-            reason = f"{attempts} attempts in {now - first:.0f}s reached {limit}; last error: {last_error}"
-            return self._dead_letter_outcome(
-                m, failure_history(m, first, last_error), reason, "RetriesExhausted", attempts
-            )
-        delay_ms, member = retry_member(m, first, last_error, s)
-        self._m_outcome["retried"].inc()
-        log.warning(
-            "processing_failed_will_retry",
-            error=error,
-            error_type=type(exc).__name__,
-            retry_count=m.retry_count + 1,
-            retry_in_seconds=delay_ms / 1000,
-        )
-        if now - first >= s.retry_warn_after:
-            log.warning("message_retrying_long", retrying_for_seconds=round(now - first), retry_count=m.retry_count + 1)
-        return Outcome(Action.RETRY, m.entry_id, m.record_id, True, (delay_ms, member))
 
     def _settle_without_flight(self, lane: Lane, outcome: Outcome) -> None:
         """Hand the settler an entry that never was in flight; until settled, a history read passes it by."""
-        lane.settling_without_flight.add(outcome.entry_id)
+        lane.history.handed_over(outcome.entry_id)
         outcome.lane = lane.index
         self.settler.submit(outcome)
-
-    def _dead_letter(
-        self, lane: Lane, entry_id: str, raw: RawFields, reason: str, error_type: str, attempts: int
-    ) -> None:
-        """Malformed or poison entries: no lock was taken, nothing to process; the DLQ keeps them with the reason."""
-        fields = dead_letter_fields(
-            raw, entry_id, error=reason, error_type=error_type, stage=self.settings.service_name, attempts=attempts
-        )
-        self._settle_without_flight(lane, Outcome(Action.DEAD_LETTER, entry_id, "", False, fields))
-        self._m_outcome["dead_lettered"].inc()
-        log.warning("message_dead_lettered", message_id=entry_id, error=reason, error_type=error_type)
 
     def _on_circuit_change(self, state: CircuitState) -> None:
         self._m_circuit.set(state)
         if state is CircuitState.HALF_OPEN:
             # Messages left pending while open are ours: offer them to the trial calls first.
             self._reread_own_pending()
-
-
-def _error_text(exc: BaseException) -> str:
-    """An exception's text for the DLQ, the retry set and the logs: never raising (a __str__ may) and always UTF-8."""
-    try:
-        text = str(exc)
-    except Exception:
-        text = ""
-    return (text or type(exc).__name__).encode(errors="backslashreplace").decode()
 
 
 def _check_batch_results(results: object, expected: int) -> None:
