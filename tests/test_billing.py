@@ -331,6 +331,7 @@ async def test_waiter_gives_up_as_transient_when_the_guard_never_frees(
     assert await redis.get(guard("gina")) == "stuck-worker-token"
 
 
+@pytest.mark.timeout(90)
 async def test_slow_fetch_past_guard_expiry_keeps_the_new_owners_guard_and_converges_on_one_key(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
 ) -> None:

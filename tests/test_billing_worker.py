@@ -62,6 +62,7 @@ async def test_processor_sees_the_users_key_and_logs_never_do(
         assert secret not in log
 
 
+@pytest.mark.timeout(60)
 async def test_billing_outage_is_retried_not_dead_lettered(
     redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService
 ) -> None:
@@ -77,6 +78,7 @@ async def test_billing_outage_is_retried_not_dead_lettered(
     assert (await hash_of(redis, "seen-key:r1"))["context"] == key_service.issued[-1]
 
 
+@pytest.mark.timeout(60)
 async def test_environment_swap_needs_concurrency_one(workers: WorkerPool, key_service: KeyService) -> None:
     w = workers.start("s", **billing_env(key_service, CONCURRENCY="4"))
     assert w.process.popen.wait(timeout=30) == 2
@@ -85,6 +87,7 @@ async def test_environment_swap_needs_concurrency_one(workers: WorkerPool, key_s
     assert key_service.master_key not in text
 
 
+@pytest.mark.timeout(60)
 async def test_a_bad_cache_key_stops_the_worker_with_one_line(workers: WorkerPool, key_service: KeyService) -> None:
     w = workers.start("s", **billing_env(key_service, BILLING_CACHE_KEY="sk-not-a-fernet-key"))
     assert w.process.popen.wait(timeout=30) == 2
@@ -116,6 +119,7 @@ async def password_url(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[t
         await redis.acl_deluser(user)
 
 
+@pytest.mark.timeout(60)
 async def test_secrets_in_processor_errors_never_reach_the_dlq_the_retries_or_the_logs(
     redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService, password_url: tuple[str, str]
 ) -> None:
@@ -147,6 +151,7 @@ async def test_secrets_in_processor_errors_never_reach_the_dlq_the_retries_or_th
         assert value not in log
 
 
+@pytest.mark.timeout(60)
 async def test_a_key_the_llm_service_refuses_is_replaced_on_the_next_attempt(
     redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService
 ) -> None:

@@ -72,6 +72,7 @@ def test_any_failure_in_half_open_opens_again() -> None:
     assert b.seconds_until_half_open() == 60
 
 
+@pytest.mark.timeout(90)
 async def test_worker_with_open_circuit_leaves_messages_queued_then_recovers(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:

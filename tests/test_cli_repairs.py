@@ -95,7 +95,7 @@ async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis
     )
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_dlq_replay_asks_on_a_terminal(redis: aioredis.Redis, redis_url: str) -> None:
     await _dead_letters(redis, 1)

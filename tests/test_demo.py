@@ -129,7 +129,7 @@ def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> Non
     client.close()
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 @pytest.mark.subprocess
 def test_interrupt_stops_workers_and_valkey(tmp_path: Path) -> None:
     argv = demo_argv(tmp_path)

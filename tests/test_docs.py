@@ -61,6 +61,7 @@ def test_readme_blocks_parse() -> None:
     assert shell_commands("A=1 \\\n  b c  # note\n\n# only a comment\nd 'e f'\n") == [["A=1", "b", "c"], ["d", "e f"]]
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 def test_add_a_stage_as_documented(tmp_path: Path, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)

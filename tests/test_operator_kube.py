@@ -380,6 +380,7 @@ def test_bad_redis_settings_become_conditions_and_events(
     assert connection.xinfo_groups(router_keys.input)[0]["name"] == router_keys.consumer_group
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [4], indirect=True)
 def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     operator: str,

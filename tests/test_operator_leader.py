@@ -45,6 +45,7 @@ def _reconciles(operator: ServingOperator) -> float:
     return sum(v for k, v in operator.metrics().items() if k.startswith("phoenix_operator_reconciles_total{"))
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 def test_leader_election_outside_a_pod_needs_the_lease_namespace() -> None:
     env = {key: value for key, value in os.environ.items() if key != "POD_NAMESPACE"}

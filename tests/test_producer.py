@@ -100,6 +100,7 @@ def replicated() -> Iterator[tuple[str, int]]:
         primary.stop()
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_min_replicas_ack_waits_on_the_writing_connection(replicated: tuple[str, int]) -> None:
     url, replica_pid = replicated

@@ -85,6 +85,7 @@ async def test_the_cluster_client_is_seeded_by_every_host(cluster: ValkeyCluster
     assert len(primaries) == 3
 
 
+@pytest.mark.timeout(90)
 async def test_a_worker_commits_on_the_cluster(cluster: ValkeyCluster, client: aioredis.Redis) -> None:
     await _add(client, [f"r{i}" for i in range(200)])
     async with running_worker(cluster.url, processor=OutcomeProcessor, redis_mode="cluster", output_queue=OUT):
@@ -184,7 +185,7 @@ async def _at_least(client: aioredis.Redis, stream: str, count: int) -> bool | N
         return None
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)
 async def test_resharding_and_a_failover_mid_run_lose_and_repeat_nothing(
     fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:
@@ -230,7 +231,7 @@ PARTITIONED_RECORDS = 20_000
 K = 8
 
 
-@pytest.mark.timeout(840)
+@pytest.mark.timeout(930)
 async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through_failover_and_migration(
     fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ from tests.fixtures.workers import WorkerPool
 BAD_PASSWORDS = ["s3cr#et", "s3cr@et", "s3cr/et"]
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("password", BAD_PASSWORDS)
 def test_an_unescaped_password_stops_the_worker_with_one_line_that_shows_none_of_it(
     password: str, workers: WorkerPool
@@ -73,7 +74,7 @@ async def test_a_cluster_no_seed_answers_is_a_connection_error() -> None:
         await client.aclose()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 def test_a_worker_waits_for_a_cluster_that_does_not_answer_yet(workers: WorkerPool) -> None:
     w = workers.start("s", REDIS_URL=f"redis://127.0.0.1:{free_loopback_port()}/0", REDIS_MODE="cluster")
     eventually(lambda: w.event_names().count("redis_unavailable") >= 2, "two redis_unavailable lines", 60)
@@ -146,7 +147,7 @@ def test_the_worker_socket_timeout_outlasts_its_blocking_reads() -> None:
     assert set(sentinel.redis.secrets()) == {"pw", "sentinel-pw"}
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 async def test_an_idle_worker_with_the_default_block_ms_reads_without_timing_out(
     workers: WorkerPool, redis: aioredis.Redis
 ) -> None:
@@ -180,6 +181,7 @@ async def test_a_worker_runs_as_the_acl_user_the_readme_gives(redis_url: str, re
         await redis.acl_deluser(user)
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_in_sentinel_mode_a_worker_works_on_the_master_the_sentinel_names(tmp_path: Path) -> None:
     """Only the connection: failover is tested with its own behaviour."""
@@ -220,6 +222,7 @@ def _master_named(client: sync_redis.Redis) -> bool:
     return False
 
 
+@pytest.mark.timeout(90)
 async def test_a_silent_redis_times_a_worker_out_instead_of_hanging_it(workers: WorkerPool) -> None:
     # Accepted connections that never answer: a half-open connection after a failover or a dropped NAT entry.
     with silent_server() as address:

@@ -75,7 +75,7 @@ async def _event(worker: WorkerProcess, name: str) -> dict[str, Any] | None:
     return next((e for e in worker.events() if e["event"] == name), None)
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 @pytest.mark.subprocess
 async def test_valkey_killed_and_restarted_with_aof_mid_pipeline(tmp_path: Path) -> None:
     """SIGKILL of Valkey while records flow through two stages, every connection cut: with appendonly yes every
@@ -119,7 +119,7 @@ async def _arrived_at_least(client: aioredis.Redis, n: int) -> bool | None:
         return None  # Valkey restarting
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(90)
 async def test_parser_down_for_long_loses_no_record(redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path) -> None:
     """The hand-off outlives the outage: pages have no TTL, so they wait for a parser that was down for long."""
     documents = ensure_samples(tmp_path / "docs")

@@ -134,6 +134,7 @@ async def test_the_operator_verifies_the_server_with_the_ca_from_a_secret(
         await pool.close()
 
 
+@pytest.mark.timeout(90)
 async def test_a_worker_told_the_wrong_ca_refuses_the_server_and_says_why(
     server: TlsRedis, redis: aioredis.Redis, tmp_path: Path
 ) -> None:

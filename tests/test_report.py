@@ -58,7 +58,7 @@ def members(archive: Path) -> dict[str, str]:
         return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(210)
 def test_report_has_the_stage_picture_and_no_secret_or_record_data(
     operator: None,
     kube_cluster: ControlPlane,

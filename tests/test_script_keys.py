@@ -388,6 +388,7 @@ async def _add(client: aioredis.Redis, record_id: str, **data: object) -> str:
     return await add_entry(client, STAGE.input, {"record_id": record_id, "user_id": "u1", "data": json.dumps(data)})
 
 
+@pytest.mark.timeout(90)
 @pytest.mark.subprocess
 async def test_a_worker_calls_its_scripts_with_their_keys_declared_in_one_slot(
     cluster: aioredis.Redis, cluster_url: str
@@ -429,6 +430,7 @@ async def test_a_worker_calls_its_scripts_with_their_keys_declared_in_one_slot(
     assert any(STAGE.record("long").encode() in call.keys for call in renewed)
 
 
+@pytest.mark.timeout(90)
 async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_in_one_slot(
     cluster: aioredis.Redis, cluster_url: str
 ) -> None:

@@ -35,7 +35,7 @@ def start_pipeline(workers: WorkerPool, namespace: str, env: dict[str, str]) -> 
         workers.start(stage, processor=stage, KEY_NAMESPACE=namespace, **output, **env)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(210)
 async def test_two_pipelines_on_one_redis_keep_their_own_documents_and_billing_keys(
     redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path
 ) -> None:

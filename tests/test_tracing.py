@@ -218,6 +218,7 @@ def test_an_unsupported_exporter_is_refused(env: dict[str, str], message: str) -
         configure_tracing("s", env)
 
 
+@pytest.mark.timeout(150)
 @pytest.mark.subprocess
 def test_a_worker_with_unsupported_tracing_exits_2_with_one_line() -> None:
     env = {

@@ -43,6 +43,7 @@ async def test_a_failing_record_fails_alone_inside_its_batch(redis: aioredis.Red
     assert done == {"b1", "b2", "b4"}
 
 
+@pytest.mark.timeout(60)
 async def test_a_failing_batch_call_retries_each_of_its_records(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await redis.set("batch-down:s", 1)
     for record in ("c1", "c2", "c3"):

@@ -37,7 +37,7 @@ async def drained(redis: aioredis.Redis) -> bool:
     return True
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(210)
 async def test_every_record_arrives_exactly_once_despite_sigkills(redis: aioredis.Redis, workers: WorkerPool) -> None:
     rng = random.Random(7)
     live: dict[str, list[WorkerProcess]] = {

@@ -20,7 +20,7 @@ from tests.fixtures.replies import read_group, recent_entries, stream_entries
 from tests.fixtures.workers import WorkerPool
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(120)
 async def test_backpressure_pauses_at_high_water_and_loses_nothing(redis: aioredis.Redis, workers: WorkerPool) -> None:
     high, concurrency = 100, 10
     ids = [f"r{i}" for i in range(3 * high)]
@@ -124,7 +124,7 @@ async def test_retired_stream_maxlen_stops_the_worker_with_one_line(redis_url: s
     assert "STREAM_MAXLEN is no longer supported" in line and "OUTPUT_HIGH_WATER" in line
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 async def test_a_chain_throttles_back_to_its_first_stage(redis: aioredis.Redis, workers: WorkerPool) -> None:
     """a -> b -> c with c stopped: b pauses at its high-water mark, then a does; a's producers see a backlog."""
     high, c_in, c_out = 50, "phoenix:{default}:c:input", "phoenix:{default}:c:output"

@@ -159,6 +159,7 @@ async def _exited_or_dead_lettered(w: WorkerProcess, redis: aioredis.Redis) -> b
     return await w.exited() or bool(await redis.xlen(DLQ))
 
 
+@pytest.mark.timeout(60)
 async def test_bad_configuration_stops_with_one_readable_line(redis_url: str, workers: WorkerPool) -> None:
     w = workers.start("s", CONCURRENCY="lots", REDIS_URL="redis://:hunter2@127.0.0.1:1/0")
     assert w.process.popen.wait(timeout=30) == 2

@@ -116,6 +116,7 @@ async def test_a_worker_on_a_blackholed_connection_fails_healthz_and_a_fresh_wor
     assert fresh.alive
 
 
+@pytest.mark.timeout(90)
 @SOCKET_TIMEOUTS
 async def test_a_settler_that_cannot_commit_fails_liveness_within_the_limit(
     redis: aioredis.Redis, redis_url: str, socket_timeout: float | None
@@ -160,6 +161,7 @@ async def test_a_settler_that_cannot_commit_fails_liveness_within_the_limit(
     assert await _forwarded(redis) == Counter(records)
 
 
+@pytest.mark.timeout(60)
 @SOCKET_TIMEOUTS
 async def test_an_intake_hung_on_a_blackholed_connection_fails_liveness_within_the_limit(
     redis: aioredis.Redis, redis_url: str, socket_timeout: float | None
@@ -200,6 +202,7 @@ async def test_an_intake_hung_on_a_blackholed_connection_fails_liveness_within_t
     assert await _forwarded(redis) == Counter(["after"])
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.subprocess
 async def test_an_intake_on_a_primary_demoted_by_a_failover_fails_liveness_within_the_limit() -> None:
     """A failover's other face: the connection still works, but the server behind it became a replica, so every

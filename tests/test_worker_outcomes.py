@@ -154,6 +154,7 @@ async def test_system_exit_and_keyboard_interrupt_fail_the_record_not_the_worker
     assert await redis.xlen(DLQ) == 0
 
 
+@pytest.mark.timeout(60)
 async def test_a_stuck_thread_fails_healthz_and_does_not_hold_up_the_exit(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:

@@ -63,6 +63,7 @@ def test_partitions_and_output_partitions_are_checked_at_start(monkeypatch: pyte
     assert settings.keys.partitions == 4 and [lane.partition for lane in settings.keys.lanes] == [0, 1, 2, 3]
 
 
+@pytest.mark.timeout(90)
 async def test_every_record_is_processed_once_in_its_own_lane(redis: aioredis.Redis, redis_url: str) -> None:
     """K=4 -> K=4: each lane's keys are used, and each result goes to the same partition of the next stage, in the
     commit itself (no outbox)."""
@@ -91,6 +92,7 @@ async def test_every_record_is_processed_once_in_its_own_lane(redis: aioredis.Re
     assert {partition_of(r, 4) for r in records} == {0, 1, 2, 3}
 
 
+@pytest.mark.timeout(90)
 async def test_retries_and_dead_letters_stay_in_their_lane(redis: aioredis.Redis, redis_url: str) -> None:
     stage = StageKeys.for_stage("p", partitions=3)
     failing = [f"fail{i}" for i in range(6)]
@@ -122,6 +124,7 @@ async def _dead(client: aioredis.Redis, stage: StageKeys, count: int) -> bool:
     return sum([await client.xlen(lane.dlq) for lane in stage.lanes]) == count
 
 
+@pytest.mark.timeout(90)
 async def test_a_dead_consumers_entries_are_reclaimed_in_each_lane(redis: aioredis.Redis, redis_url: str) -> None:
     stage = StageKeys.for_stage("p", partitions=4)
     records = [f"r{i}" for i in range(40)]
@@ -136,7 +139,7 @@ async def test_a_dead_consumers_entries_are_reclaimed_in_each_lane(redis: aiored
     assert sorted(r for _, r in await arrived(redis, [PLAIN])) == sorted(records)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(150)
 async def test_a_busy_lane_does_not_starve_another(redis: aioredis.Redis, redis_url: str) -> None:
     """5,000 entries wait in one lane when one record arrives in another: it is processed long before the busy
     lane is through."""
@@ -169,6 +172,7 @@ async def _unread_or_pending(client: aioredis.Redis, lane: StageKeys) -> int:
     return int(group["lag"]) + int(group["pending"])
 
 
+@pytest.mark.timeout(90)
 async def test_a_forward_to_another_partition_count_is_relayed_exactly_once(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -237,6 +241,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     await raw.aclose()
 
 
+@pytest.mark.timeout(90)
 async def test_on_a_cluster_forwards_to_a_plain_stream_are_relayed_and_same_count_ones_are_not(
     cluster: aioredis.Redis, cluster_url: str
 ) -> None:
@@ -266,7 +271,7 @@ async def _count(client: aioredis.Redis, stream: str, count: int) -> bool:
 RECORDS = 1500
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(210)
 @pytest.mark.subprocess
 async def test_a_partitioned_pipeline_delivers_exactly_once_with_workers_sigkilled(
     cluster: aioredis.Redis, cluster_url: str, tmp_path: Path
