@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState

@@ -6,6 +6,7 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until

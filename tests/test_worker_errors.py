@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
