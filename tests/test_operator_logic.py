@@ -234,6 +234,7 @@ def test_converger_picks_the_most_urgent_work() -> None:
     record = _record()
     view = current_view(record)
     assert view is not None and due_work(record, view, now=100.0) is None
+    assert record.body is not None
     record.body["metadata"]["annotations"]["phoenix.io/restart"] = "r1"
     record.drift["Deployment s was deleted"] = "Deployment"
     view = current_view(record)
@@ -257,6 +258,7 @@ def test_keda_is_rechecked_only_now_and_then() -> None:
 def test_a_stage_being_deleted_gets_no_work() -> None:
     record = _record()
     record.drift["Deployment s was deleted"] = "Deployment"  # garbage collection at work
+    assert record.body is not None
     record.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert current_view(record) is None
 
@@ -292,7 +294,8 @@ def test_the_reconcile_and_delete_handlers_keep_their_kopf_ids() -> None:
     # kopf has no public listing of its registered handlers; its registry keeps the changing ones here.
     registered = kopf.get_default_registry()._changing.get_all_handlers()
     # The resume and create handlers of a stage share the id "reconcile"; kopf suffixes the field a handler watches.
-    assert sorted((handler.fn.__name__, handler.id) for handler in registered) == [
+    # kopf types a handler's fn as its ChangingFn protocol, which has no __name__; it is the function itself.
+    assert sorted((handler.fn.__name__, handler.id) for handler in registered) == [  # type: ignore[attr-defined]
         ("stage_changed", "reconcile"),
         ("stage_changed", "reconcile"),
         ("stage_changed", "reconcile/spec"),

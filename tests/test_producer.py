@@ -24,13 +24,14 @@ from phoenix.keys import StageKeys
 from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer, _pipelines, _Target
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.replies import stream_entries, stream_entries_now
 from tests.fixtures.valkey_cluster import single_node_cluster
 
 STAGE = StageKeys.for_stage("parser", "team", partitions=4)
 
 
 async def _records_by_stream(client: aioredis.Redis | AsyncRedisCluster, streams: list[str]) -> dict[str, list[str]]:
-    return {s: [f["record_id"] for _, f in await client.xrange(s)] for s in streams}
+    return {s: [f["record_id"] for _, f in await stream_entries(client, s)] for s in streams}
 
 
 async def _set_layout(client: aioredis.Redis | AsyncRedisCluster, partitions: int) -> None:
@@ -40,11 +41,11 @@ async def _set_layout(client: aioredis.Redis | AsyncRedisCluster, partitions: in
 async def test_a_stage_without_layout_is_one_partition_and_ids_come_back_in_order(redis: aioredis.Redis) -> None:
     producer = Producer(redis, "parser", "team")
     ids = await producer.send_many(Record(f"r{i}", {"i": i}, "u1") for i in range(BATCH + 5))
-    entries = await redis.xrange(STAGE.input)  # the one partition's names: phoenix:{team}:parser:input
+    entries = await stream_entries(redis, STAGE.input)  # the one partition's names: phoenix:{team}:parser:input
     assert STAGE.input == "phoenix:{team}:parser:input"
     assert [entry_id for entry_id, _ in entries] == ids
     assert entries[7][1] == {"record_id": "r7", "user_id": "u1", "data": '{"i": 7}'}
-    assert await producer.send("one", {"x": 1}) == (await redis.xrange(STAGE.input, "-", "+"))[-1][0]
+    assert await producer.send("one", {"x": 1}) == (await stream_entries(redis, STAGE.input, "-", "+"))[-1][0]
 
 
 async def test_records_go_to_their_partition_as_the_layout_says(redis: aioredis.Redis) -> None:
@@ -60,15 +61,15 @@ async def test_records_go_to_their_partition_as_the_layout_says(redis: aioredis.
     for stream, record_ids in by_stream.items():
         assert {STAGE.lane_of(r).input for r in record_ids} == {stream}
     for i, entry_id in enumerate(ids):  # each id is its record's entry, in its lane (ids repeat across streams)
-        [(_, fields)] = await redis.xrange(STAGE.lane_of(f"r{i}").input, entry_id, entry_id)
+        [(_, fields)] = await stream_entries(redis, STAGE.lane_of(f"r{i}").input, entry_id, entry_id)
         assert fields["record_id"] == f"r{i}"
-    assert (await redis.xrange(lanes[0], count=1))[0][1]["traceparent"].startswith("00-111")
-    assert [f["record_id"] for _, f in await redis.xrange(STAGE.input)] == ["before"]
+    assert (await stream_entries(redis, lanes[0], count=1))[0][1]["traceparent"].startswith("00-111")
+    assert [f["record_id"] for _, f in await stream_entries(redis, STAGE.input)] == ["before"]
 
 
 async def test_an_explicit_stream_and_an_explicit_count_need_no_layout(redis: aioredis.Redis) -> None:
     await Producer(redis, stream="jobs").send_many([Record("a"), Record("b")])
-    assert [f["record_id"] for _, f in await redis.xrange("jobs")] == ["a", "b"]
+    assert [f["record_id"] for _, f in await stream_entries(redis, "jobs")] == ["a", "b"]
     await Producer(redis, "parser", "team", partitions=4).send("c")
     assert await redis.xlen(STAGE.lane_of("c").input) == 1
     with pytest.raises(ValueError, match="a stage or a stream"):
@@ -133,7 +134,7 @@ def test_the_sync_producer_writes_the_same(redis_url: str) -> None:
         client.hset(STAGE.layout, "partitions", 4)
         ids = SyncProducer(client, "parser", "team").send_many(Record(f"s{i}") for i in range(20))
         for i, entry_id in enumerate(ids):
-            [(_, fields)] = client.xrange(STAGE.lane_of(f"s{i}").input, entry_id, entry_id)
+            [(_, fields)] = stream_entries_now(client, STAGE.lane_of(f"s{i}").input, entry_id, entry_id)
             assert fields["record_id"] == f"s{i}"
 
 
@@ -151,6 +152,8 @@ def replicated() -> Iterator[tuple[str, int]]:
         primary.stop()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_min_replicas_ack_waits_on_the_writing_connection(replicated: tuple[str, int]) -> None:
     url, replica_pid = replicated
     client = aioredis.Redis.from_url(url, decode_responses=True)
@@ -185,6 +188,7 @@ async def cluster_client() -> AsyncIterator[AsyncRedisCluster]:
             await client.aclose()
 
 
+@pytest.mark.subprocess
 async def test_on_a_cluster_each_node_gets_its_entries_and_its_own_wait(cluster_client: AsyncRedisCluster) -> None:
     await _set_layout(cluster_client, 4)
     ids = await Producer(cluster_client, "parser", "team").send_many(Record(f"c{i}") for i in range(40))
@@ -200,6 +204,7 @@ async def test_on_a_cluster_each_node_gets_its_entries_and_its_own_wait(cluster_
     assert await cluster_client.xlen(STAGE.lane_of("w0").input) >= 1
 
 
+@pytest.mark.subprocess
 def test_sync_producer_on_a_cluster() -> None:
     with single_node_cluster() as url, RedisCluster.from_url(url, decode_responses=True) as client:
         client.hset(STAGE.layout, "partitions", 4)
@@ -209,6 +214,8 @@ def test_sync_producer_on_a_cluster() -> None:
         assert sum(client.xlen(lane.input) for lane in STAGE.lanes) == 13
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_url: str, tmp_path: Path) -> None:
     await _set_layout(redis, 4)
     lines = [json.dumps({"record_id": f"f{i}", "user_id": "u", "data": {"n": i}}) for i in range(BATCH + 10)]
@@ -228,10 +235,12 @@ async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_u
     assert piped.returncode == 0, piped.stderr
     by_stream = await _records_by_stream(redis, [lane.input for lane in STAGE.lanes])
     assert sum(map(len, by_stream.values())) == BATCH + 11
-    entry = await redis.xrange(STAGE.lane_of("f3").input, count=BATCH)
+    entry = await stream_entries(redis, STAGE.lane_of("f3").input, count=BATCH)
     assert {"record_id": "f3", "user_id": "u", "data": '{"n": 3}'} in [fields for _, fields in entry]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_enqueue_from_stops_at_a_bad_line_and_says_what_went_before(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
