@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
+.PHONY: help demo test test-fast eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
 	lint format lock clean
 .DEFAULT_GOAL := help
 
@@ -48,6 +48,13 @@ tls-redis:
 # (.cache/helm) and promtool (.cache/promtool) for the suite.
 test: $(STAMP) lint go-tools ocr tls-redis  ## Lint, then the whole test suite (builds the Go tools it needs once)
 	$(BIN)/python -m pytest -q
+
+# The tiers of DEVELOPMENT.md ("Test tiers"): pure tests and those on the session's embedded Valkey, with workers
+# in-process. No Go build, no Kubernetes, no helm or promtool, no Sentinel, cluster or TLS servers, no `phoenix`
+# processes: a couple of minutes, the loop to run while changing code.
+FAST_TIERS := not (subprocess or kube or helm or promtool or sentinel or cluster or tls or e2e)
+test-fast: $(STAMP)  ## Pure and embedded-Valkey tests only: no Go build, a couple of minutes
+	$(BIN)/python -m pytest -q -m "$(FAST_TIERS)"
 
 kube:
 	bash hack/build-kube.sh
@@ -105,10 +112,10 @@ manifests: $(STAMP)  ## Regenerate the CRD and the chart's copies of manifests/
 	$(BIN)/python -m phoenix.crds.generate
 	cp manifests/grafana/phoenix-dashboard.json manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
 
-lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy, the import layers (.importlinter), shellcheck over hack/, codespell
+lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy (phoenix/ and tests/), the import layers, shellcheck, codespell
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy phoenix
+	$(BIN)/mypy phoenix tests
 	$(BIN)/lint-imports
 	shellcheck hack/*.sh hack/lib/*.sh .ci/run
 	$(BIN)/codespell

@@ -9,7 +9,7 @@ the CLI and the tests use them.
 from __future__ import annotations
 
 PREFIX = "phoenix.io"
-# kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.delete).
+# kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.stage_deleted).
 FINALIZER = f"{PREFIX}/finalizer"
 
 # Labels of every child object (Deployment, ScaledObject, TriggerAuthentication) of a stage.

@@ -24,10 +24,10 @@ redis-py) builds: one Redis, a Sentinel's master, a Redis Cluster.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import redis
 import redis.asyncio as aioredis
@@ -121,23 +121,53 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _commands(by_stream: Grouped) -> tuple[list[int], list[tuple[Any, ...]]]:
-    """The XADDs of the grouped entries and, in the same order, their positions in the batch."""
-    order, commands = [], []
+class _RecordOptions(TypedDict, total=False):
+    """`send`'s keyword arguments: a `Record`'s optional fields (their defaults are the record's)."""
+
+    user_id: str
+    traceparent: str | None
+
+
+@dataclass(frozen=True)
+class _Pipeline:
+    """One pipeline of a batch: its XADDs, their records' positions in the batch, and one of its streams (on a
+    cluster, the key whose node runs it with its WAIT)."""
+
+    key: str
+    positions: list[int]
+    commands: list[tuple[Any, ...]]
+
+
+# What running a pipeline gives: its XADDs' replies and how many replicas its WAIT counted (0 without a WAIT).
+PipelineReplies = tuple[Sequence[Any], int]
+
+
+def _pipelines(by_stream: Grouped, node_of: Callable[[str], Any] | None) -> list[_Pipeline]:
+    """The pipelines that write a batch's grouped entries: one, or with `node_of` (a cluster client's
+    `get_node_from_key`) one for each node, as WAIT counts only the writes of its own connection."""
+    groups = list(_by_node(by_stream, node_of).values()) if node_of is not None else [by_stream]
+    result = []
+    for streams in groups:
+        positions, commands = [], []
+        for stream, entries in streams.items():
+            for position, fields in entries:
+                positions.append(position)
+                commands.append(("XADD", stream, "*", *(part for item in fields.items() for part in item)))
+        result.append(_Pipeline(next(iter(streams)), positions, commands))
+    return result
+
+
+def _by_node(by_stream: Grouped, node_of: Callable[[str], Any]) -> dict[str, Grouped]:
+    """The grouped entries by the cluster node that holds their stream's slot."""
+    nodes: dict[str, Grouped] = {}
     for stream, entries in by_stream.items():
-        for position, fields in entries:
-            order.append(position)
-            commands.append(("XADD", stream, "*", *(part for item in fields.items() for part in item)))
-    return order, commands
-
-
-def _place(order: list[int], replies: Sequence[Any], ids: list[str]) -> None:
-    for position, entry_id in zip(order, replies, strict=False):
-        ids[position] = _text(entry_id)
+        nodes.setdefault(node_of(stream).name, {})[stream] = entries
+    return nodes
 
 
 class _Sender:
-    """What the synchronous and asyncio producers share: the target, the batching, the replica check."""
+    """What the synchronous and asyncio producers share: the target, the batches as pipelines of XADDs, the entry ids
+    from their replies and the replica check. A subclass reads the layout and runs a pipeline (`_run`), nothing else."""
 
     def __init__(
         self,
@@ -155,12 +185,25 @@ class _Sender:
         self._target = _Target(stage, namespace, stream, partitions)
         self.min_replicas_ack, self.min_replicas_timeout_ms = min_replicas_ack, min_replicas_timeout_ms
 
-    def _wait_command(self) -> tuple[Any, ...]:
-        return ("WAIT", self.min_replicas_ack, self.min_replicas_timeout_ms)
+    def _waits_per_node(self) -> bool:
+        return bool(self.min_replicas_ack) and isinstance(self.client, RedisCluster | AsyncRedisCluster)
 
-    def _check(self, ids: list[str], acked: list[int]) -> None:
-        if self.min_replicas_ack and min(acked, default=self.min_replicas_ack) < self.min_replicas_ack:
-            raise NotReplicated(ids, min(acked), self.min_replicas_ack, self.min_replicas_timeout_ms)
+    def _batches(self, records: Iterable[Record]) -> Iterator[tuple[int, list[_Pipeline]]]:
+        """Each batch's size and the pipelines that write it (read the layout first: it places the records)."""
+        node_of = self.client.get_node_from_key if self._waits_per_node() else None
+        for batch in _batches(records):
+            yield len(batch), _pipelines(self._target.grouped(batch), node_of)
+
+    def _entry_ids(self, size: int, runs: Sequence[tuple[_Pipeline, PipelineReplies]]) -> list[str]:
+        """The batch's entry ids in the records' order; NotReplicated if a WAIT counted fewer than min_replicas_ack."""
+        ids = [""] * size
+        for pipeline, (replies, _) in runs:
+            for position, entry_id in zip(pipeline.positions, replies, strict=False):
+                ids[position] = _text(entry_id)
+        acked = min(node_acked for _, (_, node_acked) in runs)
+        if self.min_replicas_ack and acked < self.min_replicas_ack:
+            raise NotReplicated(ids, acked, self.min_replicas_ack, self.min_replicas_timeout_ms)
+        return ids
 
 
 class Producer(_Sender):
@@ -169,15 +212,10 @@ class Producer(_Sender):
     client: aioredis.Redis | AsyncRedisCluster
 
     async def send(
-        self,
-        record_id: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        user_id: str = "",
-        traceparent: str | None = None,
+        self, record_id: str, data: Mapping[str, Any] | None = None, **options: Unpack[_RecordOptions]
     ) -> str:
         """Write one record; returns its entry id."""
-        (entry_id,) = await self.send_many([Record(record_id, data or {}, user_id, traceparent)])
+        (entry_id,) = await self.send_many([Record(record_id, data or {}, **options)])
         return entry_id
 
     async def send_many(self, records: Iterable[Record]) -> list[str]:
@@ -185,33 +223,19 @@ class Producer(_Sender):
         if (layout := self._target.layout_key()) is not None:
             self._target.learn(await self.client.hget(layout, "partitions"))
         ids: list[str] = []
-        for batch in _batches(records):
-            ids.extend(await self._write(self._target.grouped(batch), len(batch)))
+        for size, batch in self._batches(records):
+            ids += self._entry_ids(size, [(pipeline, await self._run(pipeline)) for pipeline in batch])
         return ids
 
-    async def _write(self, by_stream: Grouped, n: int) -> list[str]:
-        ids, acked = [""] * n, []
+    async def _run(self, pipeline: _Pipeline) -> PipelineReplies:
         if self.min_replicas_ack:
-            # WAIT counts the writes of its own connection: on a cluster, each node's XADDs and their WAIT.
-            if isinstance(self.client, AsyncRedisCluster):
-                groups = list(_by_node(by_stream, self.client.get_node_from_key).values())
-            else:
-                groups = [by_stream]
-            for streams in groups:
-                order, commands = _commands(streams)
-                replies, node_acked = await run_then_wait(
-                    self.client, next(iter(streams)), commands, self.min_replicas_ack, self.min_replicas_timeout_ms
-                )
-                _place(order, replies, ids)
-                acked.append(node_acked)
-        else:
-            order, commands = _commands(by_stream)
-            pipe = self.client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            _place(order, await pipe.execute(), ids)
-        self._check(ids, acked)
-        return ids
+            return await run_then_wait(
+                self.client, pipeline.key, pipeline.commands, self.min_replicas_ack, self.min_replicas_timeout_ms
+            )
+        pipe = self.client.pipeline(transaction=False)
+        for command in pipeline.commands:
+            pipe.execute_command(*command)
+        return await pipe.execute(), 0
 
 
 class SyncProducer(_Sender):
@@ -219,16 +243,9 @@ class SyncProducer(_Sender):
 
     client: redis.Redis | RedisCluster
 
-    def send(
-        self,
-        record_id: str,
-        data: Mapping[str, Any] | None = None,
-        *,
-        user_id: str = "",
-        traceparent: str | None = None,
-    ) -> str:
+    def send(self, record_id: str, data: Mapping[str, Any] | None = None, **options: Unpack[_RecordOptions]) -> str:
         """Write one record; returns its entry id."""
-        (entry_id,) = self.send_many([Record(record_id, data or {}, user_id, traceparent)])
+        (entry_id,) = self.send_many([Record(record_id, data or {}, **options)])
         return entry_id
 
     def send_many(self, records: Iterable[Record]) -> list[str]:
@@ -236,37 +253,20 @@ class SyncProducer(_Sender):
         if (layout := self._target.layout_key()) is not None:
             self._target.learn(self.client.hget(layout, "partitions"))
         ids: list[str] = []
-        for batch in _batches(records):
-            by_stream = self._target.grouped(batch)
-            ids.extend(self._write(by_stream, len(batch)))
+        for size, batch in self._batches(records):
+            ids += self._entry_ids(size, [(pipeline, self._run(pipeline)) for pipeline in batch])
         return ids
 
-    def _write(self, by_stream: Grouped, n: int) -> list[str]:
-        ids, acked = [""] * n, []
-        if self.min_replicas_ack and isinstance(self.client, RedisCluster):
+    def _run(self, pipeline: _Pipeline) -> PipelineReplies:
+        client = self.client
+        if self.min_replicas_ack and isinstance(client, RedisCluster):
             # A node's own client: its pipeline runs on one connection, so its WAIT counts these XADDs.
-            groups = list(_by_node(by_stream, self.client.get_node_from_key).values())
-            clients = [self.client.get_node_from_key(next(iter(streams))).redis_connection for streams in groups]
-        else:
-            groups, clients = [by_stream], [self.client]
-        for streams, client in zip(groups, clients, strict=True):
-            order, commands = _commands(streams)
-            pipe = client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            if self.min_replicas_ack:
-                pipe.execute_command(*self._wait_command())
-            replies = pipe.execute()
-            _place(order, replies, ids)
-            if self.min_replicas_ack:
-                acked.append(int(replies[-1]))
-        self._check(ids, acked)
-        return ids
-
-
-def _by_node(by_stream: Grouped, node_of: Any) -> dict[str, Grouped]:
-    """The grouped entries by the cluster node that holds their stream's slot."""
-    nodes: dict[str, Grouped] = {}
-    for stream, entries in by_stream.items():
-        nodes.setdefault(node_of(stream).name, {})[stream] = entries
-    return nodes
+            client = client.get_node_from_key(pipeline.key).redis_connection
+        pipe = client.pipeline(transaction=False)
+        for command in pipeline.commands:
+            pipe.execute_command(*command)
+        if not self.min_replicas_ack:
+            return pipe.execute(), 0
+        pipe.execute_command("WAIT", self.min_replicas_ack, self.min_replicas_timeout_ms)
+        *replies, acked = pipe.execute()
+        return replies, int(acked)

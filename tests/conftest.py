@@ -1,4 +1,4 @@
-"""Session fixtures: one real Valkey (or the user's Redis via REDIS_URL) for the whole run."""
+"""Session fixtures: one real Valkey (or the user's Redis via REDIS_URL) for the whole run; the test tiers."""
 
 from __future__ import annotations
 
@@ -14,6 +14,44 @@ from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool
 
 pytest_plugins = ["tests.fixtures.kube_cluster", "tests.fixtures.sentinel"]
+
+# The tiers of DEVELOPMENT.md ("Test tiers"), marked by what a test uses. A fixture that starts something says so
+# here; a test that starts it itself carries the marker (a decorator, or `pytestmark` for a whole module).
+# pyproject.toml registers them.
+FIXTURE_MARKERS = {
+    "redis_url": "valkey",
+    "cluster_url": "valkey",
+    "workers": "subprocess",
+    "kube_cluster": "kube",
+    "sentinels": "sentinel",
+}
+# Anything outside the Python process: a test with none of these is `pure`.
+RESOURCE_MARKERS = frozenset(
+    {"valkey", "ocr", "subprocess", "kube", "helm", "promtool", "sentinel", "cluster", "tls", "e2e"}
+)
+
+
+# pyproject.toml's `timeout` (30 s) is for one test; the session's API server starts within the first test that
+# uses it (11-21 s measured on the loaded 2-core machine), so a test of the API server without a timeout of its own
+# gets room for that start as well. The e2e suite keeps the ten minutes it always had (its first test builds and
+# loads the image, a pod start on a real node takes what it takes).
+KUBE_TEST_TIMEOUT = 90
+E2E_TEST_TIMEOUT = 600
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in used:
+                item.add_marker(marker)
+        if not any(item.get_closest_marker(marker) for marker in RESOURCE_MARKERS):
+            item.add_marker("pure")
+        if item.get_closest_marker("timeout") is None:
+            if item.get_closest_marker("e2e"):
+                item.add_marker(pytest.mark.timeout(E2E_TEST_TIMEOUT))
+            elif "kube_cluster" in used:
+                item.add_marker(pytest.mark.timeout(KUBE_TEST_TIMEOUT))
 
 
 @pytest.fixture(scope="session")

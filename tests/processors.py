@@ -50,7 +50,8 @@ class ScriptedProcessor(BaseProcessor):
             await asyncio.sleep(float(action.partition(":")[2]))
         # One transaction, so a kill cannot separate the side effect from the record of who caused it.
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(f"effects:{stage}", record_id, 1).sadd(f"pids:{stage}:{record_id}", os.getpid())
+            pipe.hincrby(f"effects:{stage}", record_id, 1)
+            pipe.sadd(f"pids:{stage}:{record_id}", os.getpid())
             await pipe.execute()
         if action == "crash-after" and await self.redis.set(f"crashed:{stage}:{record_id}", 1, nx=True):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -89,7 +90,8 @@ class UnreachableRedisProcessor(BaseProcessor):
     while a failover's election runs."""
 
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
-        async with redis.asyncio.Redis(port=int(data["port"]), retry=None) as client:
+        # No retries: the client passes None on to its connections, which take it, though Redis types it as Retry.
+        async with redis.asyncio.Redis(port=int(data["port"]), retry=None) as client:  # type: ignore[arg-type]
             await client.get(record_id)
         return None
 

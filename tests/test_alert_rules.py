@@ -190,7 +190,7 @@ def grafana_expanded(query: str) -> str:
 def test_promtool_parses_every_dashboard_query(promtool: Path, tmp_path: Path) -> None:
     queries = dashboard_queries(json.loads(DASHBOARD.read_text()))
     assert queries
-    spec = {
+    spec: dict[str, Any] = {
         "groups": [
             {
                 "name": "dashboard",

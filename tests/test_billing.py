@@ -8,7 +8,7 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -30,6 +30,7 @@ from phoenix.worker_runtime.billing import (
     load_billing_settings,
 )
 from tests.fixtures.key_service import KeyService, running_key_service
+from tests.fixtures.replies import get_existing
 
 MakeProvider = Callable[..., ApiKeyProvider]
 NS = "tenant-a"  # the KEY_NAMESPACE of the providers below
@@ -107,6 +108,7 @@ async def outlive_ttl(client: aioredis.Redis, name: str) -> None:
     assert not await client.exists(name)
 
 
+@pytest.mark.subprocess
 async def test_cached_key_is_used_without_billing_call_and_its_age_never_extended(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, stage: str
 ) -> None:
@@ -168,7 +170,7 @@ async def test_keys_are_encrypted_at_rest_with_the_cache_key(
     key = secret(await providers(cache_key=SecretStr(cache_key)).key_for("bea"))
 
     assert key not in await _every_value(redis)
-    assert Fernet(cache_key).decrypt(await redis.get(cache_entry("bea"))).decode() == key
+    assert Fernet(cache_key).decrypt(await get_existing(redis, cache_entry("bea"))).decode() == key
 
 
 async def test_without_a_cache_key_the_fleet_shares_a_key_derived_from_the_master_key(
@@ -329,6 +331,7 @@ async def test_waiter_gives_up_as_transient_when_the_guard_never_frees(
     assert await redis.get(guard("gina")) == "stuck-worker-token"
 
 
+@pytest.mark.timeout(90)
 async def test_slow_fetch_past_guard_expiry_keeps_the_new_owners_guard_and_converges_on_one_key(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
 ) -> None:
@@ -487,7 +490,7 @@ def test_billing_url_without_master_key_is_refused(redis: aioredis.Redis) -> Non
 
 
 @pytest.fixture
-def rendered_logs() -> AsyncIterator[io.StringIO]:
+def rendered_logs() -> Iterator[io.StringIO]:
     """structlog rendered as JSON with tracebacks and their frames' locals, as a worker would log."""
     saved = structlog.get_config()
     out = io.StringIO()

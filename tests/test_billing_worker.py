@@ -17,6 +17,7 @@ from phoenix.worker_runtime.billing import ApiKeyProvider
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import KeyService, running_key_service
 from tests.fixtures.records import committed
+from tests.fixtures.replies import get_existing, hash_of, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY
 from tests.fixtures.workers import WorkerPool
 
@@ -47,20 +48,21 @@ async def test_processor_sees_the_users_key_and_logs_never_do(
         await redis.xadd(IN, {"record_id": record, "user_id": user, "data": "{}"})
     w = workers.start("s", **billing_env(key_service))
     await wait_until(lambda: committed(redis, "s", "s1"), "all four processed")
-    alice, bob = (await redis.hgetall("seen-key:a1"))["context"], (await redis.hgetall("seen-key:b1"))["context"]
+    alice, bob = (await hash_of(redis, "seen-key:a1"))["context"], (await hash_of(redis, "seen-key:b1"))["context"]
     assert key_service.calls == 2 and sorted(key_service.issued) == sorted([alice, bob])  # alice fetched once
     cached = billing_cache_key(KEYS.namespace, "alice")
     assert 86000 < await redis.ttl(cached) <= 86400
-    assert alice not in await redis.get(cached)  # cached encrypted
+    assert alice not in await get_existing(redis, cached)  # cached encrypted
     for record, key in (("a1", alice), ("a2", alice), ("b1", bob)):
         # The context variable and, with CONCURRENCY=1, the environment both carry the user's key.
-        assert await redis.hgetall(f"seen-key:{record}") == {"context": key, "environ": key}
-    assert await redis.hgetall("seen-key:s1") == {"context": PROCESS_KEY, "environ": PROCESS_KEY}
+        assert await hash_of(redis, f"seen-key:{record}") == {"context": key, "environ": key}
+    assert await hash_of(redis, "seen-key:s1") == {"context": PROCESS_KEY, "environ": PROCESS_KEY}
     log = w.process.log_path.read_text()
     for secret in (alice, bob, key_service.master_key, PROCESS_KEY):
         assert secret not in log
 
 
+@pytest.mark.timeout(60)
 async def test_billing_outage_is_retried_not_dead_lettered(
     redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService
 ) -> None:
@@ -71,11 +73,12 @@ async def test_billing_outage_is_retried_not_dead_lettered(
     assert await redis.xlen(DLQ) == 0
     key_service.fail_status = None
     await wait_until(lambda: committed(redis, "s", "r1"), "processed once billing is back", timeout=30)
-    [(_, out)] = await redis.xrange(OUT)
+    [(_, out)] = await stream_entries(redis, OUT)
     assert json.loads(out["data"]) == {"ok": True}
-    assert (await redis.hgetall("seen-key:r1"))["context"] == key_service.issued[-1]
+    assert (await hash_of(redis, "seen-key:r1"))["context"] == key_service.issued[-1]
 
 
+@pytest.mark.timeout(60)
 async def test_environment_swap_needs_concurrency_one(workers: WorkerPool, key_service: KeyService) -> None:
     w = workers.start("s", **billing_env(key_service, CONCURRENCY="4"))
     assert w.process.popen.wait(timeout=30) == 2
@@ -84,6 +87,7 @@ async def test_environment_swap_needs_concurrency_one(workers: WorkerPool, key_s
     assert key_service.master_key not in text
 
 
+@pytest.mark.timeout(60)
 async def test_a_bad_cache_key_stops_the_worker_with_one_line(workers: WorkerPool, key_service: KeyService) -> None:
     w = workers.start("s", **billing_env(key_service, BILLING_CACHE_KEY="sk-not-a-fernet-key"))
     assert w.process.popen.wait(timeout=30) == 2
@@ -115,6 +119,7 @@ async def password_url(redis: aioredis.Redis, redis_url: str) -> AsyncIterator[t
         await redis.acl_deluser(user)
 
 
+@pytest.mark.timeout(60)
 async def test_secrets_in_processor_errors_never_reach_the_dlq_the_retries_or_the_logs(
     redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService, password_url: tuple[str, str]
 ) -> None:
@@ -129,9 +134,9 @@ async def test_secrets_in_processor_errors_never_reach_the_dlq_the_retries_or_th
     )
     w.stop()
 
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     waiting = await redis.zrange(RETRY, 0, -1)
-    promoted = [fields for _, fields in await redis.xrange(IN) if "last_error" in fields]
+    promoted = [fields for _, fields in await stream_entries(redis, IN) if "last_error" in fields]
     log = w.process.log_path.read_text()
     assert dead["error"].startswith("key=*** url=redis://phx-scrub:***@") and "master=***" in dead["error"]
     assert waiting and all("key=***" in member for member in waiting)
@@ -146,6 +151,7 @@ async def test_secrets_in_processor_errors_never_reach_the_dlq_the_retries_or_th
         assert value not in log
 
 
+@pytest.mark.timeout(60)
 async def test_a_key_the_llm_service_refuses_is_replaced_on_the_next_attempt(
     redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService
 ) -> None:

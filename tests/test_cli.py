@@ -10,10 +10,12 @@ import redis.asyncio as aioredis
 from phoenix.keys import StageKeys
 from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.replies import stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, OUT, add, idle
 from tests.fixtures.workers import WorkerPool
 
 
+@pytest.mark.subprocess
 async def test_enqueue_writes_the_message_format(redis: aioredis.Redis, redis_url: str) -> None:
     entry = phoenix(
         redis_url,
@@ -29,7 +31,7 @@ async def test_enqueue_writes_the_message_format(redis: aioredis.Redis, redis_ur
         "--field",
         "document_url=file:///tmp/a.pdf",
     ).strip()
-    [(entry_id, fields)] = await redis.xrange(IN)
+    [(entry_id, fields)] = await stream_entries(redis, IN)
     assert entry_id == entry
     assert fields == {
         "record_id": "r1",
@@ -38,6 +40,7 @@ async def test_enqueue_writes_the_message_format(redis: aioredis.Redis, redis_ur
     }
 
 
+@pytest.mark.timeout(60)
 async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, workers: WorkerPool) -> None:
     for i in range(3):
         await add(redis, f"gone{i}", action="missing")
@@ -45,7 +48,7 @@ async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, worker
     await wait_until(lambda: _dlq_length(redis, 3), "three dead letters")
     await wait_until(lambda: idle(redis), "drained")
     w.stop()
-    originals = [f["original_id"] for _, f in await redis.xrange(DLQ)]
+    originals = [f["original_id"] for _, f in await stream_entries(redis, DLQ)]
 
     listed = [json.loads(line) for line in phoenix(redis_url, "dlq", "list", "--service", "s").splitlines()]
     assert [e["record_id"] for e in listed] == ["gone0", "gone1", "gone2"]
@@ -55,7 +58,7 @@ async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, worker
         "moved 2 entries back to phoenix:{default}:s:input"
     )
     assert await redis.xlen(DLQ) == 1
-    replayed = [f for _, f in await redis.xrange(IN)][-2:]
+    replayed = [f for _, f in await stream_entries(redis, IN)][-2:]
     assert [f["record_id"] for f in replayed] == ["gone0", "gone1"]
     for fields, original in zip(replayed, originals, strict=False):
         assert fields["retry_count"] == "0" and fields["original_id"] == original
@@ -66,6 +69,7 @@ async def test_dlq_list_and_replay(redis: aioredis.Redis, redis_url: str, worker
     assert await redis.xlen(DLQ) == 0
 
 
+@pytest.mark.subprocess
 async def test_status_table(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.xgroup_create(IN, "s-group", id="0", mkstream=True)
     for i in range(4):
@@ -79,6 +83,8 @@ async def test_status_table(redis: aioredis.Redis, redis_url: str) -> None:
     assert float(row[5]) >= 0
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_status_shows_every_namespace_or_the_one_given(redis: aioredis.Redis, redis_url: str) -> None:
     """Two tenants' stages of one name on one database: a row each, told apart by NAMESPACE; --namespace picks one."""
     for namespace, waiting in (("team-a", 2), ("team-b", 1)):
@@ -104,6 +110,7 @@ async def test_status_shows_every_namespace_or_the_one_given(redis: aioredis.Red
     assert "default: every namespace" in " ".join(phoenix(redis_url, "status", "--help").split())
 
 
+@pytest.mark.subprocess
 async def test_commands_default_to_key_namespace(
     redis: aioredis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -112,7 +119,7 @@ async def test_commands_default_to_key_namespace(
     phoenix(redis_url, "enqueue", "--service", "s", "--record-id", "r1")
     phoenix(redis_url, "enqueue", "--service", "s", "--record-id", "r2", "--namespace", "team-b")
     for namespace, record in (("team-a", "r1"), ("team-b", "r2")):
-        [(_, fields)] = await redis.xrange(StageKeys.for_stage("s", namespace).input)
+        [(_, fields)] = await stream_entries(redis, StageKeys.for_stage("s", namespace).input)
         assert fields["record_id"] == record
     assert not await redis.exists(IN)
 

@@ -8,6 +8,7 @@ import asyncio
 import json
 import time
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import LegacyStageKeys, StageKeys
@@ -16,6 +17,7 @@ from phoenix.worker_runtime.locks import DONE, LOCKED
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
+from tests.fixtures.replies import add_entry, stream_entries
 from tests.test_cli_repairs import ME, ok, recent, refused_without_yes
 
 OLD = LegacyStageKeys("s")
@@ -36,12 +38,12 @@ async def _v1_stage(redis: aioredis.Redis) -> dict[str, str]:
     letters (and three trimmed ever), an audit entry. Returns the entry ids by record."""
     ids = {}
     await redis.xgroup_create(OLD.input, GROUP, id="0", mkstream=True)
-    ids["p1"] = await redis.xadd(OLD.input, _entry("p1"))
+    ids["p1"] = await add_entry(redis, OLD.input, _entry("p1"))
     await redis.xreadgroup(GROUP, "old-1", {OLD.input: ">"}, count=1)
-    ids["d1"] = await redis.xadd(OLD.input, _entry("d1"))
+    ids["d1"] = await add_entry(redis, OLD.input, _entry("d1"))
     await redis.set(OLD.record_prefix + "d1", DONE + "1-1", ex=3600)
     for record in ("w1", "w2"):
-        ids[record] = await redis.xadd(OLD.input, _entry(record))
+        ids[record] = await add_entry(redis, OLD.input, _entry(record))
     now_ms = int(time.time() * 1000)
     await redis.zadd(
         OLD.retry,
@@ -51,8 +53,8 @@ async def _v1_stage(redis: aioredis.Redis) -> dict[str, str]:
         },
     )
     for record in ("x1", "x2"):
-        ids[record] = await redis.xadd(
-            OLD.dlq, {**_entry(record), "error": "gone", "error_type": "RecordNotFoundError"}
+        ids[record] = await add_entry(
+            redis, OLD.dlq, {**_entry(record), "error": "gone", "error_type": "RecordNotFoundError"}
         )
     await redis.set(OLD.dlq_trimmed, 3)
     await redis.xadd(OLD.audit, {"action": "reclaim", "count": "1", "detail": "before the move", "actor": "x"})
@@ -75,6 +77,8 @@ def _migrate(redis_url: str, *args: str) -> list[str]:
     return ok(run_phoenix(redis_url, *MIGRATE, "--idle-ms", str(IDLE_MS), *args))
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_a_v1_stage_moves_and_a_v2_worker_finishes_every_record_once(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -108,12 +112,14 @@ async def test_a_v1_stage_moves_and_a_v2_worker_finishes_every_record_once(
     assert (group["name"], group["pending"], group["lag"]) == (GROUP, 1, 3)
     [pending] = await redis.xpending_range(NEW.input, GROUP, "-", "+", 10)
     assert (pending["message_id"], pending["consumer"]) == (ids["p1"], "old-1")
-    assert [entry_id for entry_id, _ in await redis.xrange(NEW.input)] == [ids[r] for r in ("p1", "d1", "w1", "w2")]
+    assert [entry_id for entry_id, _ in await stream_entries(redis, NEW.input)] == [
+        ids[r] for r in ("p1", "d1", "w1", "w2")
+    ]
     assert await redis.get(NEW.record("d1")) == DONE + "1-1" and 0 < await redis.ttl(NEW.record("d1")) <= 3600
-    assert [entry_id for entry_id, _ in await redis.xrange(NEW.dlq)] == [ids["x1"], ids["x2"]]
+    assert [entry_id for entry_id, _ in await stream_entries(redis, NEW.dlq)] == [ids["x1"], ids["x2"]]
     assert await redis.get(NEW.dlq_trimmed) == "3" and await redis.zcard(NEW.retry) == 2
     assert await redis.hgetall(NEW.owner) == {"stage": "team-a/s", "uid": ""}
-    before, moved = await redis.xrange(NEW.audit)
+    before, moved = await stream_entries(redis, NEW.audit)
     assert before[1]["detail"] == "before the move"
     assert moved[1]["actor"] == ME and moved[1]["action"] == "migrate" and recent(moved[1]["at"])
     assert moved[1]["detail"] == "moved 6 keys of stage s from the v1 names to namespace team-a"
@@ -132,6 +138,7 @@ async def _processed(redis: aioredis.Redis, records: set[str]) -> bool:
     return set(await redis.hkeys("effects:s")) >= records
 
 
+@pytest.mark.subprocess
 async def test_refused_while_a_worker_of_the_stage_is_alive(redis: aioredis.Redis, redis_url: str) -> None:
     await _v1_stage(redis)
     v1_keys = await _keys(redis, "phoenix:s:*")
@@ -154,6 +161,7 @@ async def _consumer_seen(redis: aioredis.Redis, name: str) -> bool:
     return name in {c["name"] for c in await redis.xinfo_consumers(OLD.input, GROUP)}
 
 
+@pytest.mark.subprocess
 async def test_refused_while_a_record_is_locked(redis: aioredis.Redis, redis_url: str) -> None:
     await _v1_stage(redis)
     await redis.set(OLD.record_prefix + "w1", LOCKED + "old-2:0123456789ab", ex=600)
@@ -166,6 +174,7 @@ async def test_refused_while_a_record_is_locked(redis: aioredis.Redis, redis_url
     assert await _keys(redis, "phoenix:{team-a}:*") == []
 
 
+@pytest.mark.subprocess
 async def test_refused_when_the_stage_has_v2_keys_already(redis: aioredis.Redis, redis_url: str) -> None:
     await _v1_stage(redis)
     # A worker of the new version started before the move: its group on the v2 input.
@@ -181,6 +190,8 @@ async def test_refused_when_the_stage_has_v2_keys_already(redis: aioredis.Redis,
     assert await _keys(redis, "phoenix:{team-a}:*") == [NEW.input] and await redis.xlen(OLD.input) == 4
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_an_interrupted_move_is_finished_by_the_next_run(redis: aioredis.Redis, redis_url: str) -> None:
     ids = await _v1_stage(redis)
     raw = aioredis.Redis.from_url(redis_url)
@@ -212,7 +223,7 @@ async def test_an_interrupted_move_is_finished_by_the_next_run(redis: aioredis.R
     ]
     assert await _keys(redis, "phoenix:s:*") == []
     assert await redis.get(NEW.record("d1")) == DONE + "1-1" and await redis.hget(NEW.owner, "stage") == "team-a/s"
-    assert [entry_id for entry_id, _ in await redis.xrange(NEW.dlq)] == [ids["x1"], ids["x2"]]
+    assert [entry_id for entry_id, _ in await stream_entries(redis, NEW.dlq)] == [ids["x1"], ids["x2"]]
     assert _migrate(redis_url, "--yes") == [
         "nothing to migrate: stage s has no keys under the v1 names (phoenix:s:input, ...)"
     ]
@@ -223,10 +234,11 @@ async def test_an_interrupted_move_is_finished_by_the_next_run(redis: aioredis.R
     assert await redis.hgetall("effects:s") == {"p1": "1", "w1": "1", "w2": "1", "r1": "1"}
 
 
+@pytest.mark.subprocess
 async def test_custom_input_and_dlq_keep_their_names(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.xgroup_create("orders", GROUP, id="0", mkstream=True)
-    await redis.xadd("orders", _entry("o1"))
-    await redis.xadd("orders-dead", _entry("o2"))
+    await add_entry(redis, "orders", _entry("o1"))
+    await add_entry(redis, "orders-dead", _entry("o2"))
     await redis.set("orders-dead:trimmed", 2)
     await redis.set(OLD.record_prefix + "o0", DONE + "1-1")
     args = ("--input", "orders", "--dlq", "orders-dead", "--yes")
@@ -241,8 +253,9 @@ async def test_custom_input_and_dlq_keep_their_names(redis: aioredis.Redis, redi
     assert await redis.xlen("orders") == 1 and await redis.xlen("orders-dead") == 1
 
 
+@pytest.mark.subprocess
 async def test_a_namespace_its_workers_would_refuse_stops_at_once(redis: aioredis.Redis, redis_url: str) -> None:
-    await redis.xadd(OLD.input, _entry("w1"))
+    await add_entry(redis, OLD.input, _entry("w1"))
     done = run_phoenix(redis_url, "migrate", "--service", "s", "--namespace", "Team_A", "--yes")
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.splitlines() == [

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
@@ -20,6 +21,7 @@ from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import phoenix, run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked, record_key
+from tests.fixtures.replies import add_entry, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, idle
 from tests.fixtures.workers import FAST, WorkerPool
 
@@ -31,6 +33,7 @@ def inspect(redis_url: str, record_id: str, claim_idle_ms: str = FAST["CLAIM_IDL
     return json.loads(out)
 
 
+@pytest.mark.timeout(90)
 async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -60,6 +63,7 @@ async def test_in_flight_and_waiting_and_a_live_holders_lock_is_kept(
     assert not await locked(redis, "s", "slow")
 
 
+@pytest.mark.timeout(90)
 async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -107,6 +111,7 @@ async def test_locked_by_a_dead_worker_then_unlocked_and_reclaimed(
     assert await redis.hget("effects:s", "r1") == "1"
 
 
+@pytest.mark.subprocess
 async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_worker(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -125,11 +130,12 @@ async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_w
     assert out[1].startswith(f"left {poison} (record p, dead-1, ") and "dead-letters it (MAX_DELIVERIES=3)" in out[1]
     assert out[2] == "reclaimed 1 of 2 entries idle over 0 ms in phoenix:{default}:s:input"
     assert not await locked(redis, "s", "a") and await locked(redis, "s", "p")
-    [(_, fields)] = await redis.xrange(IN, min="(" + poison)
+    [(_, fields)] = await stream_entries(redis, IN, min="(" + poison)
     assert fields["record_id"] == "a" and fields["original_id"] == abandoned
     assert [row["message_id"] for row in await redis.xpending_range(IN, "s-group", "-", "+", 10)] == [poison]
 
 
+@pytest.mark.timeout(60)
 async def test_retrying_then_dead_lettered_then_reprocessed(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -161,9 +167,9 @@ async def test_retrying_then_dead_lettered_then_reprocessed(
     done = phoenix(redis_url, "reprocess", "--service", "s", "gone", "--yes")
     assert done.startswith("enqueued gone as ") and done.strip().endswith(f"(from dlq entry {dead['entry_id']})")
     assert await redis.xlen(DLQ) == 0
-    [(_, fields)] = [e for e in await redis.xrange(IN) if e[1]["record_id"] == "gone"][-1:]
+    [(_, fields)] = [e for e in await stream_entries(redis, IN) if e[1]["record_id"] == "gone"][-1:]
     assert not {"error", "error_type", "failed_at", "retry_count"} & fields.keys()
-    [(_, repaired)] = await redis.xrange(KEYS.audit)
+    [(_, repaired)] = await stream_entries(redis, KEYS.audit)
     assert (repaired["action"], repaired["record_id"], repaired["detail"]) == ("reprocess", "gone", done.strip())
 
 
@@ -183,6 +189,8 @@ async def test_reprocess_a_committed_record_runs_it_again(
     assert await redis.xlen(OUT) == 2
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_no_trace_of_an_unknown_record(redis: aioredis.Redis, redis_url: str) -> None:
     report = inspect(redis_url, "nobody")
     assert report["diagnosis"].startswith(
@@ -193,8 +201,10 @@ async def test_no_trace_of_an_unknown_record(redis: aioredis.Redis, redis_url: s
     assert nothing.returncode == 1 and nothing.stderr.startswith("phoenix reclaim: Redis error: NOGROUP")
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redis, redis_url: str) -> None:
-    ids = [await redis.xadd(DLQ, {"record_id": f"d{i}", "error": "boom"}) for i in range(3)]
+    ids = [await add_entry(redis, DLQ, {"record_id": f"d{i}", "error": "boom"}) for i in range(3)]
     exported = run_phoenix(redis_url, "dlq", "export", "--service", "s")
     assert [json.loads(line)["id"] for line in exported.stdout.splitlines()] == ids
     assert exported.stderr.strip().endswith(f"phoenix dlq purge --service s --through {ids[-1]}")
@@ -203,19 +213,20 @@ async def test_dlq_export_then_purge_only_what_was_exported(redis: aioredis.Redi
     assert refused.returncode == 1 and await redis.xlen(DLQ) == 4
     purged = phoenix(redis_url, "dlq", "purge", "--service", "s", "--through", ids[-1], "--yes")
     assert purged.strip() == "deleted 3 entries from phoenix:{default}:s:dlq"
-    assert [entry_id for entry_id, _ in await redis.xrange(DLQ)] == [later]
+    assert [entry_id for entry_id, _ in await stream_entries(redis, DLQ)] == [later]
     assert phoenix(redis_url, "dlq", "purge", "--service", "s", "--all", "--yes").strip() == (
         "deleted 1 entries from phoenix:{default}:s:dlq"
     )
     assert not await redis.exists(DLQ)
-    purges = [(f["action"], f["count"]) for _, f in await redis.xrange(KEYS.audit)]
+    purges = [(f["action"], f["count"]) for _, f in await stream_entries(redis, KEYS.audit)]
     assert purges == [("dlq-purge", "3"), ("dlq-purge", "1")]  # the refused one is not there
 
 
+@pytest.mark.subprocess
 async def test_dlq_export_names_the_namespace_in_its_purge_command(redis: aioredis.Redis, redis_url: str) -> None:
     """Another tenant's DLQ: the purge command export prints deletes that namespace's entries, not default's."""
     theirs = StageKeys.for_stage("s", "team-a").dlq
-    exported_id = await redis.xadd(theirs, {"record_id": "d0", "error": "boom"})
+    exported_id = await add_entry(redis, theirs, {"record_id": "d0", "error": "boom"})
     await redis.xadd(DLQ, {"record_id": "mine", "error": "boom"})
     exported = run_phoenix(redis_url, "dlq", "export", "--service", "s", "--namespace", "team-a")
     hint = exported.stderr.strip().partition("delete exactly these with: ")[2]
@@ -224,6 +235,8 @@ async def test_dlq_export_names_the_namespace_in_its_purge_command(redis: aiored
     assert await redis.xlen(theirs) == 0 and await redis.xlen(DLQ) == 1
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.xgroup_create(IN, "s-group", id="0", mkstream=True)
     await add(redis, "r1")
@@ -254,10 +267,11 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
         redis_url,
         stdout=subprocess.PIPE,
     )
-    assert watch.stdout is not None
+    output = watch.stdout
+    assert output is not None
 
     async def snapshot() -> list[str]:
-        return [(await asyncio.wait_for(watch.stdout.readline(), 30)).decode() for _ in range(3)]
+        return [(await asyncio.wait_for(output.readline(), 30)).decode() for _ in range(3)]
 
     try:
         first = await snapshot()  # not a terminal: plain lines, one snapshot per change
@@ -280,6 +294,8 @@ async def _effects(redis: aioredis.Redis, record_id: str, count: str) -> bool:
     return await redis.hget("effects:s", record_id) == count
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_pending_on_a_live_consumer_without_a_lock_and_acknowledged_without_a_marker(
     redis: aioredis.Redis, redis_url: str
 ) -> None:

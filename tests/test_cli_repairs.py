@@ -15,12 +15,14 @@ import sys
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.tools import audit as audit_log
 from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.records import locked, record_key
+from tests.fixtures.replies import add_entry, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, add
 
 ME = f"{getpass.getuser()}@{socket.gethostname()}"
@@ -51,9 +53,11 @@ def recent(at: str) -> bool:
 
 async def _dead_letters(redis: aioredis.Redis, n: int) -> list[str]:
     fields = {"data": "{}", "error": "gone", "error_type": "RecordNotFoundError"}
-    return [await redis.xadd(DLQ, {"record_id": f"d{i}", **fields}) for i in range(n)]
+    return [await add_entry(redis, DLQ, {"record_id": f"d{i}", **fields}) for i in range(n)]
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis_url: str) -> None:
     ids = await _dead_letters(redis, 3)
     assert ok(run_phoenix(redis_url, "audit", "--service", "s")) == ["no repairs recorded in phoenix:{default}:s:audit"]
@@ -75,7 +79,7 @@ async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis
     assert ok(run_phoenix(redis_url, "dlq", "replay", "--service", "s", "--count", "2", "--yes")) == [
         "moved 2 entries back to phoenix:{default}:s:input"
     ]
-    assert [f["record_id"] for _, f in await redis.xrange(IN)] == ["d0", "d1"]
+    assert [f["record_id"] for _, f in await stream_entries(redis, IN)] == ["d0", "d1"]
     [entry] = audit(redis_url)
     assert recent(entry.pop("at")) and entry.pop("entry_id")
     assert entry == {
@@ -91,6 +95,8 @@ async def test_dlq_replay_dry_run_refusal_and_audit(redis: aioredis.Redis, redis
     )
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_dlq_replay_asks_on_a_terminal(redis: aioredis.Redis, redis_url: str) -> None:
     await _dead_letters(redis, 1)
     terminal, their_end = pty.openpty()
@@ -115,6 +121,8 @@ async def test_dlq_replay_asks_on_a_terminal(redis: aioredis.Redis, redis_url: s
     assert [e["action"] for e in audit(redis_url)] == ["dlq-replay"]
 
 
+@pytest.mark.timeout(180)
+@pytest.mark.subprocess
 async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aioredis.Redis, redis_url: str) -> None:
     """An entry delivered to consumer dead-1, which holds the record's lock; dead-1 is recent, so it looks alive."""
     await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)

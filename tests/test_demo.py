@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import psutil
+import pytest
 import redis
 
 from phoenix.keys import DEFAULT_NAMESPACE
@@ -74,6 +75,8 @@ def accepts_connections(url: str) -> bool:
         return False
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 def test_demo_drains_the_pipeline_and_prints_grouped_biomarkers(tmp_path: Path) -> None:
     result = run_demo(tmp_path)
     assert result.returncode == 0, result.stderr
@@ -97,7 +100,9 @@ def test_demo_drains_the_pipeline_and_prints_grouped_biomarkers(tmp_path: Path) 
     assert ("HDL Cholesterol", "52 mg/dL", "52 mg/dL", "normal") in measured
 
     # Everything it started is gone: the workers, and the embedded Valkey.
-    url = re.search(r"Started embedded Valkey at (\S+)", result.stdout).group(1)
+    started = re.search(r"Started embedded Valkey at (\S+)", result.stdout)
+    assert started, result.stdout
+    url = started.group(1)
     assert workers_using(url) == []
     assert not accepts_connections(url)
     for stage in STAGES:
@@ -106,6 +111,8 @@ def test_demo_drains_the_pipeline_and_prints_grouped_biomarkers(tmp_path: Path) 
         assert events[-1] == "worker_exit"
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.subprocess
 def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     client.flushdb()
@@ -122,6 +129,8 @@ def test_demo_runs_against_your_own_redis(tmp_path: Path, redis_url: str) -> Non
     client.close()
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.subprocess
 def test_interrupt_stops_workers_and_valkey(tmp_path: Path) -> None:
     argv = demo_argv(tmp_path)
     # Enough work to still be running when interrupted, on a loaded machine too (400 copies once finished first).

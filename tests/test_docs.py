@@ -30,6 +30,7 @@ from phoenix.worker_runtime.tracing import READ_VARIABLES
 from tests.fixtures.docs import DOCS, README, marked_block, table
 from tests.fixtures.eventually import eventually
 from tests.fixtures.processes import LoggedProcess, free_loopback_port
+from tests.fixtures.replies import stream_entries_now
 
 BIN = Path(sys.executable).parent  # the phoenix console script lives next to the interpreter
 PLACEHOLDER = "..."
@@ -61,11 +62,15 @@ def test_readme_blocks_parse() -> None:
     assert shell_commands("A=1 \\\n  b c  # note\n\n# only a comment\nd 'e f'\n") == [["A=1", "b", "c"], ["d", "e f"]]
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 def test_add_a_stage_as_documented(tmp_path: Path, redis_url: str) -> None:
     client = redis.Redis.from_url(redis_url, decode_responses=True)
     client.flushdb()  # a marker of an earlier run would make doc-1 a duplicate
     args, module = marked_block("add-a-stage")
-    file_name = re.fullmatch(r"file=(\S+)", args)[1]
+    named = re.fullmatch(r"file=(\S+)", args)
+    assert named, args
+    file_name = named[1]
     (tmp_path / file_name).write_text(module)
 
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PYTHONPATH")}
@@ -117,7 +122,7 @@ def test_add_a_stage_as_documented(tmp_path: Path, redis_url: str) -> None:
             return all(any(matches(doc, entry) for entry in logged) for doc in documented)
 
         eventually(all_logged, f"the documented log lines (README's REDIS_URL {documented_url} -> test Valkey)", 60)
-        ((_, fields),) = client.xrange(output_stream)
+        ((_, fields),) = stream_entries_now(client, output_stream)
     finally:
         worker.stop()
         client.close()
@@ -221,11 +226,12 @@ def test_the_architecture_picture_is_the_enforced_layers() -> None:
     layers = [line.split("|") for line in contracts["importlinter:contract:layers"]["layers"].split("\n") if line]
     _, picture = marked_block("layers", ARCHITECTURE)
     lines = [set(line.split()) for line in picture.splitlines()]
-    found = []
+    found: list[int] = []
     for layer in layers:
         names = {module.strip().removeprefix("phoenix.") for module in layer}
-        found.append(next((number for number, words in enumerate(lines) if names <= words), None))
-        assert found[-1] is not None, f"no line of the picture holds the layer {sorted(names)}"
+        line = next((number for number, words in enumerate(lines) if names <= words), None)
+        assert line is not None, f"no line of the picture holds the layer {sorted(names)}"
+        found.append(line)
     assert found == sorted(found), "the picture's layers are not in the contract's order"
 
 

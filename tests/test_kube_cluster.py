@@ -22,6 +22,7 @@ from tests.fixtures.cluster_objects import (
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
+from tests.fixtures.kube_models import metadata_of, name_of, status_of, uid_of
 
 pytestmark = pytest.mark.kube
 
@@ -61,7 +62,7 @@ def test_api_server_serves_the_built_version(kube_cluster: ControlPlane, kube_ap
     version = client.VersionApi(kube_api).get_code()
     built = (kube_cluster.bin_dir / ".versions").read_text().split()[0].removeprefix("kubernetes=")
     assert version.git_version == f"v{built}"
-    namespaces = {ns.metadata.name for ns in client.CoreV1Api(kube_api).list_namespace().items}
+    namespaces = {name_of(ns) for ns in client.CoreV1Api(kube_api).list_namespace().items}
     assert {"default", "kube-system"} <= namespaces
     assert kube_cluster.kubectl("get", "--raw", "/readyz").stdout == "ok"
 
@@ -143,14 +144,16 @@ def test_a_deployment_gets_a_replicaset_and_pods(kube_api: client.ApiClient, kub
     deployment = apps.create_namespaced_deployment(kube_namespace, _deployment("web", 3, container))
 
     replica_sets = eventually(lambda: apps.list_namespaced_replica_set(kube_namespace).items, "a ReplicaSet")
-    assert [rs.metadata.owner_references[0].uid for rs in replica_sets] == [deployment.metadata.uid]
+    assert [[ref.uid for ref in metadata_of(rs).owner_references or []] for rs in replica_sets] == [
+        [uid_of(deployment)]
+    ]
 
     def three_pods() -> list[client.V1Pod]:
         pods = core.list_namespaced_pod(kube_namespace).items
         return pods if len(pods) == 3 else []
 
     pods = eventually(three_pods, "three pods")
-    assert {pod.metadata.owner_references[0].uid for pod in pods} == {replica_sets[0].metadata.uid}
+    assert {ref.uid for pod in pods for ref in metadata_of(pod).owner_references or []} == {uid_of(replica_sets[0])}
 
 
 def test_deleting_an_owner_garbage_collects_what_it_owns(kube_api: client.ApiClient, kube_namespace: str) -> None:
@@ -158,14 +161,14 @@ def test_deleting_an_owner_garbage_collects_what_it_owns(kube_api: client.ApiCli
     owner = core.create_namespaced_config_map(
         kube_namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owner"))
     )
-    reference = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="owner", uid=owner.metadata.uid)
+    reference = client.V1OwnerReference(api_version="v1", kind="ConfigMap", name="owner", uid=uid_of(owner))
     core.create_namespaced_config_map(
         kube_namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="owned", owner_references=[reference]))
     )
     core.delete_namespaced_config_map("owner", kube_namespace)
 
     def owned_is_gone() -> bool:
-        names = {cm.metadata.name for cm in core.list_namespaced_config_map(kube_namespace).items}
+        names = {name_of(cm) for cm in core.list_namespaced_config_map(kube_namespace).items}
         return "owned" not in names
 
     eventually(owned_is_gone, "the garbage collector to delete the owned ConfigMap")
@@ -228,15 +231,15 @@ def test_the_kubelet_player_runs_the_pods_of_a_deployment(
     def rolled_out() -> bool:
         player.sync()
         deployment = apps.read_namespaced_deployment("echo", kube_namespace)
-        status = deployment.status
+        status = status_of(deployment)
         return (
-            status.observed_generation == deployment.metadata.generation
+            status.observed_generation == metadata_of(deployment).generation
             and status.replicas == status.updated_replicas == status.ready_replicas == 2
         )
 
     eventually(rolled_out, "two ready replicas")
     first_processes = player.processes()
-    pod_names = {pod.metadata.name for pod in core.list_namespaced_pod(kube_namespace).items}
+    pod_names = {name_of(pod) for pod in core.list_namespaced_pod(kube_namespace).items}
     assert set(first_processes) == pod_names
     for pod_name, port in player.health_ports().items():
         assert _echo(port) == {
@@ -246,8 +249,8 @@ def test_the_kubelet_player_runs_the_pods_of_a_deployment(
             "TOKEN": "s3cr3t",
         }
         pod = core.read_namespaced_pod(pod_name, kube_namespace)
-        assert pod.status.phase == "Running"
-        assert pod.status.container_statuses[0].ready is True
+        assert status_of(pod).phase == "Running"
+        assert [s.ready for s in status_of(pod).container_statuses or []] == [True]
 
     restart = kube_cluster.kubectl("rollout", "restart", "deployment/echo", "-n", kube_namespace)
     assert restart.returncode == 0, restart.stderr
@@ -257,7 +260,7 @@ def test_the_kubelet_player_runs_the_pods_of_a_deployment(
 
     eventually(replaced, "the rollout to replace both pods")
     assert all(not process.alive for process in first_processes.values())
-    assert set(player.processes()) == {pod.metadata.name for pod in core.list_namespaced_pod(kube_namespace).items}
+    assert set(player.processes()) == {name_of(pod) for pod in core.list_namespaced_pod(kube_namespace).items}
     assert player.start_errors == {}
 
     current = list(player.processes().values())
@@ -277,7 +280,7 @@ def test_the_kubelet_player_in_the_background_follows_scaling_and_deletion(
     player.start(interval=0.2)
 
     def ready_replicas() -> int:
-        return apps.read_namespaced_deployment("sleeper", kube_namespace).status.ready_replicas or 0
+        return status_of(apps.read_namespaced_deployment("sleeper", kube_namespace)).ready_replicas or 0
 
     eventually(lambda: ready_replicas() == 1, "one ready replica")
     apps.patch_namespaced_deployment_scale("sleeper", kube_namespace, {"spec": {"replicas": 3}})
@@ -303,9 +306,9 @@ def test_the_kubelet_player_restarts_a_process_that_exits(
     def restarted_and_reported() -> bool:
         player.sync()
         pods = core.list_namespaced_pod(kube_namespace).items
-        statuses = (pods[0].status.container_statuses or []) if pods else []
+        statuses = (status_of(pods[0]).container_statuses or []) if pods else []
         # Each start appends to the pod's log, so a second run shows as a second line.
-        runs = player.log_path(pods[0].metadata.name).read_text().split().count("starting") if statuses else 0
+        runs = player.log_path(name_of(pods[0])).read_text().split().count("starting") if statuses else 0
         return runs >= 2 and statuses[0].restart_count >= 1
 
     eventually(restarted_and_reported, "a restarted process and its reported restart count")

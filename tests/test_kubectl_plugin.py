@@ -15,11 +15,18 @@ from kubernetes import client
 
 from phoenix.keys import StageKeys
 from phoenix.kube_names import REPLAY_ANNOTATION
-from tests.fixtures.cluster_objects import service_account_kubeconfig
+from tests.fixtures.cluster_objects import service_account_kubeconfig, service_account_with_role
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
-from tests.fixtures.operator_process import VENV_BIN, get_stage, kubectl_apply, running_operator, sample_documents
+from tests.fixtures.operator_process import (
+    VENV_BIN,
+    existing_stage,
+    get_stage,
+    kubectl_apply,
+    running_operator,
+    sample_documents,
+)
 
 pytestmark = pytest.mark.kube
 REDIS_DB = 12  # a database of its own: stage names, hence keys, repeat across test modules
@@ -67,6 +74,7 @@ def _status(plane: ControlPlane, ns: str, name: str) -> dict[str, Any]:
     return (get_stage(plane, ns, name) or {}).get("status") or {}
 
 
+@pytest.mark.timeout(690)
 def test_plugin_against_the_operator(
     operator: None,
     kube_cluster: ControlPlane,
@@ -117,23 +125,15 @@ def test_plugin_against_the_operator(
     assert report["input_stream"] == router_keys.input and report["claim_idle_seconds"] == 300
     assert report["diagnosis"].startswith("dead-lettered at ") and "RecordNotFoundError" in report["diagnosis"]
 
-    core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
-    core.create_namespaced_service_account(ns, {"metadata": {"name": "oncall"}})
-    rules = [{"apiGroups": ["phoenix.io"], "resources": ["phoenixstages"], "verbs": ["get", "list", "patch"]}]
-    rbac.create_namespaced_role(ns, {"metadata": {"name": "oncall"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        ns,
-        {
-            "metadata": {"name": "oncall"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "oncall"},
-            "subjects": [{"kind": "ServiceAccount", "name": "oncall", "namespace": ns}],
-        },
-    )
+    rules = [
+        client.V1PolicyRule(api_groups=["phoenix.io"], resources=["phoenixstages"], verbs=["get", "list", "patch"])
+    ]
+    service_account_with_role(kube_api, ns, "oncall", rules)
     oncall = service_account_kubeconfig(kube_cluster, ns, "oncall", tmp_path / "oncall.kubeconfig")
     denied = kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns, kubeconfig=oncall)
     assert denied.returncode == 1
     assert "may not read Secret 'phoenix-redis' in namespace" in denied.stderr and url not in denied.stderr
-    rbac.patch_namespaced_role(
+    client.RbacAuthorizationV1Api(kube_api).patch_namespaced_role(
         "oncall",
         ns,
         {
@@ -160,7 +160,7 @@ def test_plugin_against_the_operator(
         f"Replay every DLQ entry of {ns}/router (2 at the last status refresh)? [y/N] refused: not a terminal; "
         "pass --yes to confirm (nothing changed)"
     ]
-    assert REPLAY_ANNOTATION not in (get_stage(kube_cluster, ns, "router")["metadata"].get("annotations") or {})
+    assert REPLAY_ANNOTATION not in (existing_stage(kube_cluster, ns, "router")["metadata"].get("annotations") or {})
     bad = kubectl_phoenix(kube_cluster, "replay-dlq", "router", "zero", "-n", ns)
     assert bad.returncode == 1 and "must be `all` or a whole number" in bad.stderr
 

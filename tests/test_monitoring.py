@@ -35,7 +35,7 @@ def alert_rules() -> list[dict[str, Any]]:
 def metric_names(node: Any) -> Iterator[str]:
     """The metric names a PromQL expression selects."""
     if isinstance(node, promql_parser.VectorSelector):
-        yield node.name
+        yield node.name or ""
         return
     for attribute in ("lhs", "rhs", "expr", "param", "vector_selector"):
         child = getattr(node, attribute, None)
@@ -93,6 +93,7 @@ def test_the_alerts_cover_dlq_age_readiness_and_circuit() -> None:
     } <= used
 
 
+@pytest.mark.timeout(150)
 @pytest.mark.kube
 def test_every_alert_names_only_exported_metrics(
     kube_cluster: ControlPlane, operator_kubeconfig: Path, kube_namespace: str, redis_url: str

@@ -174,7 +174,7 @@ def observed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 
         try:
             seen.probes["healthz"] = eventually(
-                lambda: (p := http_get(port, "/healthz")[0]).status == 200 and p, "the health endpoint"
+                lambda: p if (p := http_get(port, "/healthz")[0]).status == 200 else None, "the health endpoint"
             )
             seen.probes["readyz"] = http_get(port, "/readyz")[0]
 
@@ -194,10 +194,11 @@ def observed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                     enqueue(record_id, pipe)
                 pipe.execute()
             seen.probes["readyz_open"] = eventually(
-                lambda: (p := http_get(port, "/readyz")[0]).status == 503 and p, "readyz to report the open circuit"
+                lambda: p if (p := http_get(port, "/readyz")[0]).status == 503 else None,
+                "readyz to report the open circuit",
             )
             seen.metrics["open"] = eventually(
-                lambda: sample_value(m := scrape(), "phoenix_circuit_state", stage=service) == 2 and m,
+                lambda: m if sample_value(m := scrape(), "phoenix_circuit_state", stage=service) == 2 else None,
                 "the circuit gauge to show open",
             )
             eventually(lambda: logged("circuit_open_fast_fail"), "a fast failure while open")
@@ -207,7 +208,7 @@ def observed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
                 lambda: client.xlen(output) == len(GOOD) + len(FAILING), "the failed records to be processed", 60
             )
             seen.probes["readyz_closed"] = eventually(
-                lambda: (p := http_get(port, "/readyz")[0]).status == 200 and p, "readyz after recovery"
+                lambda: p if (p := http_get(port, "/readyz")[0]).status == 200 else None, "readyz after recovery"
             )
             seen.metrics["final"] = scrape()
         finally:
@@ -219,6 +220,7 @@ def observed(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     yield seen
 
 
+@pytest.mark.subprocess
 def test_probes(observed: Observations) -> None:
     assert observed.probes["healthz"] == Probe(200, "ok\n")
     assert observed.probes["readyz"] == Probe(200, "ok\n")
@@ -227,11 +229,12 @@ def test_probes(observed: Observations) -> None:
     assert observed.metrics_content_type.startswith("text/plain")
 
 
+@pytest.mark.timeout(60)
 def test_outcome_counters(observed: Observations) -> None:
     final, stage = observed.metrics["final"], observed.service
 
-    def count(outcome: str) -> float | None:
-        return sample_value(final, "phoenix_messages_total", stage=stage, outcome=outcome)
+    def count(outcome: str) -> float:
+        return sample_value(final, "phoenix_messages_total", stage=stage, outcome=outcome) or 0.0
 
     assert count("processed") == len(GOOD) + len(FAILING)
     assert count("skipped_duplicate") == 1
@@ -253,7 +256,7 @@ def test_histograms_have_observations(observed: Observations, histogram: str) ->
     # Every processed message was timed; failed and dead-lettered attempts are timed too.
     assert observations is not None and observations >= len(GOOD) + len(FAILING)
     assert sample_value(final, f"{histogram}_bucket", stage=stage, le="+Inf") == observations
-    assert sample_value(final, f"{histogram}_sum", stage=stage) > 0
+    assert (sample_value(final, f"{histogram}_sum", stage=stage) or 0.0) > 0
 
 
 def test_logs_are_json_lines_with_the_documented_fields(observed: Observations) -> None:
@@ -308,7 +311,7 @@ def promql_metric_names(expr: str) -> set[str]:
     stripped = re.sub(r'"(?:[^"\\]|\\.)*"', "", expr)  # string literals
     stripped = re.sub(r"\{[^}]*\}|\[[^\]]*\]", "", stripped)  # label matchers, range selectors
     stripped = re.sub(r"\b(?:by|without|on|ignoring|group_left|group_right)\s*\([^)]*\)", "", stripped)
-    names = set()
+    names: set[str] = set()
     for match in re.finditer(r"(?<![\w$.])([A-Za-z_:][\w:]*)\s*(\()?", stripped):
         name, is_call = match.group(1), match.group(2)
         if not is_call and name.lower() not in _PROMQL_KEYWORDS:
@@ -321,7 +324,9 @@ def dashboard_queries(dashboard: dict[str, Any]) -> list[str]:
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
             query = variable["query"]["query"]
-            queries.append(re.fullmatch(r"label_values\((\w+),\s*\w+\)", query).group(1))
+            label_values = re.fullmatch(r"label_values\((\w+),\s*\w+\)", query)
+            assert label_values, query
+            queries.append(label_values.group(1))
     return queries
 
 
@@ -333,7 +338,7 @@ def exported_series_names(metrics: str) -> set[str]:
         "gauge": ("",),
         "summary": ("", "_count", "_sum", "_created"),
     }
-    names = set()
+    names: set[str] = set()
     for family in text_string_to_metric_families(metrics):
         names.update(family.name + suffix for suffix in suffixes.get(family.type, ("",)))
         names.update(sample.name for sample in family.samples)

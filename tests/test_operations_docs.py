@@ -23,6 +23,7 @@ from tests.fixtures.docs import marked_block
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed, locked
+from tests.fixtures.replies import add_entry, stream_entries
 from tests.fixtures.workers import WorkerPool
 
 OPERATIONS = Path(__file__).resolve().parents[1] / "docs" / "operations.md"
@@ -84,7 +85,7 @@ def test_output_patterns() -> None:
 
 
 async def add(redis: aioredis.Redis, record_id: str, **data: str) -> str:
-    return await redis.xadd(IN, {"record_id": record_id, "user_id": "u1", "data": json.dumps(data)})
+    return await add_entry(redis, IN, {"record_id": record_id, "user_id": "u1", "data": json.dumps(data)})
 
 
 async def _consumers_idle_over(redis: aioredis.Redis, ms: int) -> bool:
@@ -92,6 +93,7 @@ async def _consumers_idle_over(redis: aioredis.Redis, ms: int) -> bool:
     return bool(consumers) and all(int(c["idle"]) > ms for c in consumers)
 
 
+@pytest.mark.timeout(120)
 async def test_messages_not_processed(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path
 ) -> None:
@@ -106,6 +108,7 @@ async def test_messages_not_processed(
     await wait_until(lambda: committed(redis, "router", "r-17"), "r-17 processed by the next worker")
 
 
+@pytest.mark.timeout(60)
 async def test_duplicates(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     await add(redis, "r-17")
     # The documented output lists both input entries: the trimmer (every second by default) would remove the
@@ -119,6 +122,7 @@ async def test_duplicates(redis: aioredis.Redis, redis_url: str, workers: Worker
     await wait_until(lambda: _forwarded(redis, 2), "r-17 processed a second time")
 
 
+@pytest.mark.timeout(90)
 async def test_dlq_growing(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     for record in ("r-20", "r-21", "r-22"):
         await add(redis, record, action="missing")
@@ -131,9 +135,10 @@ async def test_dlq_growing(redis: aioredis.Redis, redis_url: str, workers: Worke
     assert await redis.xlen(DLQ) == 0
     exported = [json.loads(line) for line in (tmp_path / "router-dlq.jsonl").read_text().splitlines()]
     assert [e["record_id"] for e in exported] == ["r-21", "r-22"]
-    assert (await redis.xrange(IN))[-1][1]["record_id"] == "r-20"  # replayed
+    assert (await stream_entries(redis, IN))[-1][1]["record_id"] == "r-20"  # replayed
 
 
+@pytest.mark.timeout(60)
 async def test_high_latency(redis: aioredis.Redis, redis_url: str, workers: WorkerPool, tmp_path: Path) -> None:
     await add(redis, "r-1", action="sleep:60")
     for record in ("r-2", "r-3", "r-4"):

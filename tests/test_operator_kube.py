@@ -27,18 +27,24 @@ from tests.fixtures.cluster_objects import ensure_namespace, install_keda_crds
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
+from tests.fixtures.kube_models import custom_object, metadata_of, name_of
 from tests.fixtures.kubelet_player import KubeletPlayer
 from tests.fixtures.operator_process import (
     condition,
+    existing_stage,
     get_stage,
     health,
     kubectl_apply,
+    read_or_none,
+    ready_reason,
     redis_db_url,
     running_operator,
     sample_documents,
+    stage_condition,
     stage_events,
     stage_status,
 )
+from tests.fixtures.replies import stream_entries_now
 
 pytestmark = pytest.mark.kube
 STAGES = ("router", "parser", "grouper")
@@ -87,7 +93,7 @@ async def _assess(url: str) -> RedisRisk:
 
 def _replica_sets(api: client.ApiClient, namespace: str, stage: str) -> set[str]:
     found = client.AppsV1Api(api).list_namespaced_replica_set(namespace, label_selector=f"{STAGE_LABEL}={stage}")
-    return {rs.metadata.name for rs in found.items}
+    return {name_of(rs) for rs in found.items}
 
 
 @dataclass
@@ -154,6 +160,7 @@ def processed(pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.A
     return pipeline
 
 
+@pytest.mark.timeout(180)
 def test_streams_groups_and_children_exist_before_any_worker(
     pipeline: Pipeline, kube_cluster: ControlPlane, kube_api: client.ApiClient
 ) -> None:
@@ -163,12 +170,10 @@ def test_streams_groups_and_children_exist_before_any_worker(
         assert connection.xinfo_groups(keys.input)[0]["name"] == keys.consumer_group
         assert connection.xlen(keys.dlq) == 0
         deployment = client.AppsV1Api(kube_api).read_namespaced_deployment(stage, ns)
-        assert deployment.metadata.owner_references[0].kind == "PhoenixStage"
-    scaled = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
-        "keda.sh", "v1alpha1", ns, "scaledobjects", "parser"
-    )
+        assert [ref.kind for ref in metadata_of(deployment).owner_references or []][:1] == ["PhoenixStage"]
+    scaled = custom_object(client.CustomObjectsApi(kube_api), "keda.sh", "v1alpha1", ns, "scaledobjects", "parser")
     assert scaled["spec"]["maxReplicaCount"] == 20
-    assert condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady")["status"] == "True"
+    assert stage_condition(kube_cluster, ns, "router", "AutoscalingReady")["status"] == "True"
 
 
 def test_the_backlog_shows_in_kubectl_get(pipeline: Pipeline, kube_cluster: ControlPlane) -> None:
@@ -195,11 +200,11 @@ def test_the_queues_drain_and_the_stages_are_ready(
     # The server's durability, as the workers' start line and the operator read it (the tests' Valkey keeps
     # nothing on disk, a REDIS_URL given by the user may).
     risk = asyncio.run(_assess(processed.url))
-    found = condition(get_stage(kube_cluster, ns, "router"), "RedisRisk")
+    found = stage_condition(kube_cluster, ns, "router", "RedisRisk")
     assert (found["status"], found["message"]) == (redis_risk_condition(risk).status, risk.describe())
     # The operator left KEDA's replica count alone.
     assert client.AppsV1Api(kube_api).read_namespaced_deployment("parser", ns).spec.replicas == 1
-    eventually(lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["status"] == "True", "router Ready")
+    eventually(lambda: stage_condition(kube_cluster, ns, "router")["status"] == "True", "router Ready")
 
 
 def test_a_restart_rolls_the_workers_once_per_value(
@@ -230,7 +235,7 @@ def test_a_replay_brings_a_dead_letter_back(
     last = eventually(lambda: stage_status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
     assert (last["requested"], last["moved"]) == (1, 1)
     replayed = eventually(
-        lambda: [e.message for e in stage_events(kube_api, ns, "router") if e.reason == "DlqReplayed"],
+        lambda: [e.message or "" for e in stage_events(kube_api, ns, "router") if e.reason == "DlqReplayed"],
         "a DlqReplayed Event",
     )
     # The replay is a repair: recorded in the stage's audit stream, which the Event names.
@@ -238,10 +243,10 @@ def test_a_replay_brings_a_dead_letter_back(
     [message] = replayed
     assert message.startswith("moved 1 DLQ entries back to the input (requested 1) by phoenix-operator@")
     assert message.endswith(f", recorded in {audit}")
-    [(_, entry)] = connection.xrange(audit)
+    [(_, entry)] = stream_entries_now(connection, audit)
     assert (entry["action"], entry["count"]) == ("dlq-replay", "1")
     assert entry["actor"].startswith("phoenix-operator@") and f" by {entry['actor']}, " in message
-    stage = get_stage(kube_cluster, ns, "router")
+    stage = existing_stage(kube_cluster, ns, "router")
     assert REPLAY_ANNOTATION not in stage["metadata"].get("annotations", {})
     assert "replayRequest" not in stage["status"]
 
@@ -260,9 +265,9 @@ def test_deletion_policy_delete_removes_the_redis_data(
     kube_cluster.kubectl(
         "patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p", '{"spec": {"deletionPolicy": "Delete"}}'
     )
-    generation = get_stage(kube_cluster, ns, "router")["metadata"]["generation"]
+    generation = existing_stage(kube_cluster, ns, "router")["metadata"]["generation"]
     eventually(
-        lambda: condition(get_stage(kube_cluster, ns, "router"), "Ready")["observedGeneration"] == generation,
+        lambda: stage_condition(kube_cluster, ns, "router")["observedGeneration"] == generation,
         "the policy change reconciled",
     )
     processed.players.pop("router").stop()
@@ -272,15 +277,12 @@ def test_deletion_policy_delete_removes_the_redis_data(
     assert connection.exists(StageKeys.for_stage("parser", ns).input)  # Retain keeps the others' data
 
     def router_children_gone() -> bool:
-        try:
-            client.AppsV1Api(kube_api).read_namespaced_deployment("router", ns)
-        except client.ApiException as exc:
-            return exc.status == 404
-        return False
+        return read_or_none(client.AppsV1Api(kube_api).read_namespaced_deployment, "router", ns) is None
 
     eventually(router_children_gone, "the router Deployment garbage-collected")
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("redis_db", [2], indirect=True)
 def test_without_keda_the_stage_runs_at_min(
     operator: str,
@@ -315,8 +317,8 @@ def test_without_keda_the_stage_runs_at_min(
         "AutoscalingReady=True once KEDA is there",
         timeout=90,
     )
-    scaled = client.CustomObjectsApi(kube_api).get_namespaced_custom_object(
-        "keda.sh", "v1alpha1", kube_namespace, "scaledobjects", "router"
+    scaled = custom_object(
+        client.CustomObjectsApi(kube_api), "keda.sh", "v1alpha1", kube_namespace, "scaledobjects", "router"
     )
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 5)
     adopted = eventually(
@@ -326,6 +328,7 @@ def test_without_keda_the_stage_runs_at_min(
     assert adopted == ["Normal"]
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("redis_db", [3], indirect=True)
 def test_bad_redis_settings_become_conditions_and_events(
     operator: str,
@@ -349,8 +352,7 @@ def test_bad_redis_settings_become_conditions_and_events(
     kubectl_apply(kube_cluster, [secret, unreachable, router, parser, grouper])
 
     def reason(name: str) -> str | None:
-        found = condition(get_stage(kube_cluster, ns, name), "Ready")
-        return found and found["reason"]
+        return ready_reason(kube_cluster, ns, name)
 
     eventually(lambda: reason("router") == "SecretNotFound", "router Ready=False/SecretNotFound")
     eventually(lambda: reason("parser") == "RedisUnavailable", "parser Ready=False/RedisUnavailable", timeout=60)
@@ -358,14 +360,14 @@ def test_bad_redis_settings_become_conditions_and_events(
     eventually(lambda: reason("grouper") == "StageReady", "grouper Ready")
 
     def posted(name: str) -> set[tuple[str, str]]:
-        return {(e.type, e.reason) for e in stage_events(kube_api, ns, name)}
+        return {(e.type or "", e.reason or "") for e in stage_events(kube_api, ns, name)}
 
     eventually(lambda: ("Warning", "SecretNotFound") in posted("router"), "a Warning Event on router")
     eventually(
         lambda: any(e.reason == "RedisUnavailable" for e in stage_events(kube_api, ns, "parser")),
         "a Warning Event on parser",
     )
-    shown = json.dumps([get_stage(kube_cluster, ns, "parser")["status"]]) + " ".join(
+    shown = json.dumps([existing_stage(kube_cluster, ns, "parser")["status"]]) + " ".join(
         e.message or "" for e in stage_events(kube_api, ns, "parser")
     )
     assert password not in shown
@@ -378,6 +380,7 @@ def test_bad_redis_settings_become_conditions_and_events(
     assert connection.xinfo_groups(router_keys.input)[0]["name"] == router_keys.consumer_group
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [4], indirect=True)
 def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     operator: str,
@@ -401,7 +404,7 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
             return None
 
     def keda_paused() -> dict[str, str]:
-        scaled = custom.get_namespaced_custom_object("keda.sh", "v1alpha1", ns, "scaledobjects", "router")
+        scaled = custom_object(custom, "keda.sh", "v1alpha1", ns, "scaledobjects", "router")
         annotations = scaled["metadata"].get("annotations") or {}
         return {k: v for k, v in annotations.items() if k.startswith("autoscaling.keda.sh/paused")}
 
@@ -416,7 +419,7 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     pause = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
 
     def reasons() -> list[str]:
-        return [e.reason for e in stage_events(kube_api, ns, "router")]
+        return [e.reason or "" for e in stage_events(kube_api, ns, "router")]
 
     kube_cluster.kubectl(*pause, '{"spec": {"paused": true}}')
     eventually(lambda: replicas() == 0, "paused: scaled to zero")
@@ -429,6 +432,7 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     eventually(lambda: "Resumed" in reasons(), "a Resumed Event")
 
 
+@pytest.mark.timeout(210)
 @pytest.mark.parametrize("redis_db", [14], indirect=True)
 def test_a_stage_held_back_by_its_output_shows_backpressure(
     operator: str,
@@ -460,7 +464,7 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
         )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_worker_report(players)}") from None
-    found = condition(get_stage(kube_cluster, ns, "router"), "Backpressure")
+    found = stage_condition(kube_cluster, ns, "router", "Backpressure")
     assert found["reason"] == "OutputOverHighWater" and "unfinished entries" in found["message"]
     assert (
         connection.xinfo_groups(StageKeys.for_stage("router", ns).input)[0]["lag"] > 0

@@ -17,6 +17,7 @@ from phoenix.operator.options import DEFAULT_LEASE_NAME
 from tests.fixtures.cluster_objects import OPERATOR_NAMESPACE
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
+from tests.fixtures.kube_models import spec_of
 from tests.fixtures.operator_process import (
     VENV_BIN,
     ServingOperator,
@@ -33,7 +34,7 @@ TAKEOVER_LIMIT_SECONDS = 30
 
 def _lease(api: client.ApiClient) -> dict[str, Any]:
     lease = client.CoordinationV1Api(api).read_namespaced_lease(DEFAULT_LEASE_NAME, OPERATOR_NAMESPACE)
-    return {"holder": lease.spec.holder_identity, "transitions": lease.spec.lease_transitions or 0}
+    return {"holder": spec_of(lease).holder_identity, "transitions": spec_of(lease).lease_transitions or 0}
 
 
 def _reconciled(plane: ControlPlane, namespace: str, name: str) -> bool:
@@ -44,6 +45,8 @@ def _reconciles(operator: ServingOperator) -> float:
     return sum(v for k, v in operator.metrics().items() if k.startswith("phoenix_operator_reconciles_total{"))
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 def test_leader_election_outside_a_pod_needs_the_lease_namespace() -> None:
     env = {key: value for key, value in os.environ.items() if key != "POD_NAMESPACE"}
     result = subprocess.run(
@@ -60,6 +63,7 @@ def test_leader_election_outside_a_pod_needs_the_lease_namespace() -> None:
     )
 
 
+@pytest.mark.timeout(300)
 @pytest.mark.kube
 def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
     kube_cluster: ControlPlane,
@@ -106,6 +110,7 @@ def test_the_standby_takes_over_within_30_seconds_of_the_leaders_death(
         assert _lease(kube_api)["holder"] is None
 
 
+@pytest.mark.timeout(150)
 @pytest.mark.kube
 def test_a_leader_that_finds_its_lease_taken_exits_at_once(
     kube_cluster: ControlPlane, kube_api: client.ApiClient, operator_kubeconfig: Path

@@ -1,19 +1,23 @@
-"""The operator's pure parts: replica policy, readiness, status merging, replay requests, refresh grouping."""
+"""The operator's pure parts: replica policy, readiness, status merging, replay requests, refresh grouping, retry
+waits and the kopf handlers' ids."""
 
 from __future__ import annotations
 
 import logging
 from typing import Any
 
+import kopf
 import pytest
 
 from phoenix.crds import ConditionType, PhoenixStageSpec
 from phoenix.keys import StageKeys
+from phoenix.operator import handlers  # noqa: F401  (registers the kopf handlers)
 from phoenix.operator.children import deployment_replicas
 from phoenix.operator.converge import current_view, due_work
 from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import scrub
+from phoenix.operator.errors import MAX_BACKOFF_SECONDS, StageError, retry_delay, scrub
 from phoenix.operator.kopf_settings import QuietHandlers
+from phoenix.operator.stage_reconcile import kopf_retry
 from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.stage_requests import (
     ReplayRequestError,
@@ -230,6 +234,7 @@ def test_converger_picks_the_most_urgent_work() -> None:
     record = _record()
     view = current_view(record)
     assert view is not None and due_work(record, view, now=100.0) is None
+    assert record.body is not None
     record.body["metadata"]["annotations"]["phoenix.io/restart"] = "r1"
     record.drift["Deployment s was deleted"] = "Deployment"
     view = current_view(record)
@@ -253,6 +258,7 @@ def test_keda_is_rechecked_only_now_and_then() -> None:
 def test_a_stage_being_deleted_gets_no_work() -> None:
     record = _record()
     record.drift["Deployment s was deleted"] = "Deployment"  # garbage collection at work
+    assert record.body is not None
     record.body["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     assert current_view(record) is None
 
@@ -266,3 +272,32 @@ def test_watcher_successes_are_kept_out_of_the_log() -> None:
     assert not quiet.filter(record("Handler 'child_seen' succeeded."))
     assert quiet.filter(record("Handler 'reconcile' succeeded."))
     assert quiet.filter(record("Handler 'child_seen' failed temporarily: boom"))
+
+
+def test_failed_work_waits_five_seconds_doubling_up_to_two_minutes() -> None:
+    assert [retry_delay(attempt) for attempt in range(7)] == [5.0, 10.0, 20.0, 40.0, 80.0, 120.0, 120.0]
+    assert retry_delay(10_000) == MAX_BACKOFF_SECONDS == 120.0
+
+
+def test_kopf_retries_a_temporary_failure_after_the_backoff_and_never_a_permanent_one() -> None:
+    temporary = kopf_retry(StageError("RedisUnavailable", "cannot reach Redis"), retry=2)
+    assert isinstance(temporary, kopf.TemporaryError)
+    assert temporary.delay == 20.0
+    assert str(temporary) == "RedisUnavailable: cannot reach Redis"
+    permanent = kopf_retry(StageError("InvalidSpec", "spec.dlq is the input", permanent=True), retry=2)
+    assert isinstance(permanent, kopf.PermanentError)
+    assert not isinstance(permanent, kopf.TemporaryError)
+
+
+def test_the_reconcile_and_delete_handlers_keep_their_kopf_ids() -> None:
+    """kopf keeps a handler's retry count in a phoenix.io/<id> annotation: renaming a handler must not change it."""
+    # kopf has no public listing of its registered handlers; its registry keeps the changing ones here.
+    registered = kopf.get_default_registry()._changing.get_all_handlers()
+    # The resume and create handlers of a stage share the id "reconcile"; kopf suffixes the field a handler watches.
+    # kopf types a handler's fn as its ChangingFn protocol, which has no __name__; it is the function itself.
+    assert sorted((handler.fn.__name__, handler.id) for handler in registered) == [  # type: ignore[attr-defined]
+        ("stage_changed", "reconcile"),
+        ("stage_changed", "reconcile"),
+        ("stage_changed", "reconcile/spec"),
+        ("stage_deleted", "delete/spec.deletionPolicy"),
+    ]

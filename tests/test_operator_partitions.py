@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis as sync_redis
@@ -17,47 +16,36 @@ from kubernetes import client
 from phoenix.keys import StageKeys, partition_of
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
+from tests.fixtures.kube_models import spec_of
 from tests.fixtures.operator_process import (
     ServingOperator,
-    condition,
     final_stage,
-    get_stage,
     kubectl_apply,
-    serving_operator,
+    read_or_none,
+    stage_condition,
     stage_events,
     stage_status,
+    watching_operator,
 )
+from tests.fixtures.replies import stream_entries_now
 
 pytestmark = pytest.mark.kube
 
 
 @pytest.fixture(scope="module")
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
-    with serving_operator(
-        kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-partitions"
-    ) as served:
+    with watching_operator(kube_cluster, operator_kubeconfig, "operator-partitions") as served:
         yield served
-        assert served.process.alive, served.process.failure("died during the tests")
-
-
-def _env(api: client.ApiClient, namespace: str, name: str) -> dict[str, str]:
-    deployment = client.AppsV1Api(api).read_namespaced_deployment(name, namespace)
-    return {var.name: var.value for var in deployment.spec.template.spec.containers[0].env}
 
 
 def _deployment_env(api: client.ApiClient, namespace: str, name: str) -> dict[str, str] | None:
-    try:
-        return _env(api, namespace, name)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
+    deployment = read_or_none(client.AppsV1Api(api).read_namespaced_deployment, name, namespace)
+    if deployment is None:
+        return None
+    return {var.name: var.value or "" for var in spec_of(spec_of(deployment).template).containers[0].env or []}
 
 
-def _ready(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
-    return condition(get_stage(plane, namespace, name), "Ready") or {}
-
-
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
 def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     operator: ServingOperator,
@@ -77,7 +65,11 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     env = eventually(lambda: _deployment_env(kube_api, ns, "grouper"), "the grouper's Deployment")
     assert env["PARTITIONS"] == "4" and "INPUT_QUEUE" not in env and "DLQ_NAME" not in env
     router_env = eventually(
-        lambda: (found := _deployment_env(kube_api, ns, "router")) and found.get("OUTPUT_PARTITIONS") == "4" and found,
+        lambda: (
+            found
+            if (found := _deployment_env(kube_api, ns, "router")) and found.get("OUTPUT_PARTITIONS") == "4"
+            else None
+        ),
         "the router forwarding to the grouper's 4 partitions",
     )
     assert router_env["PARTITIONS"] == "1" and router_env["OUTPUT_QUEUE"] == f"phoenix:{{{ns}}}:grouper:input"
@@ -92,8 +84,9 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     for record_id in ids:
         connection.xadd(grouper.lane_of(record_id).input, {"record_id": record_id, "user_id": "u", "data": "{}"})
     for record_id in ("dead-a", "dead-b", "dead-c"):
-        fields = {"record_id": record_id, "user_id": "u", "data": "{}", "error": "bad"}
-        connection.xadd(grouper.lane_of(record_id).dlq, fields)
+        connection.xadd(
+            grouper.lane_of(record_id).dlq, {"record_id": record_id, "user_id": "u", "data": "{}", "error": "bad"}
+        )
     eventually(
         lambda: (
             (stage_status(kube_cluster, ns, "grouper").get("queue") or {}).get("length") == 10
@@ -114,7 +107,7 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert last["moved"] == 3
     for record_id in ("dead-a", "dead-b", "dead-c"):
         lane = grouper.lane_of(record_id)
-        assert record_id in [f["record_id"] for _, f in connection.xrange(lane.input)]
+        assert record_id in [f["record_id"] for _, f in stream_entries_now(connection, lane.input)]
     assert sum(connection.xlen(lane.dlq) for lane in grouper.lanes) == 0
 
     # Another count on a stage with data: refused, with how to do it; the router keeps forwarding to 4.
@@ -124,8 +117,8 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert patched.returncode == 0, patched.stderr
     refused = eventually(
         lambda: (
-            _ready(kube_cluster, ns, "grouper").get("reason") == "PartitionsChanged"
-            and _ready(kube_cluster, ns, "grouper")
+            stage_condition(kube_cluster, ns, "grouper").get("reason") == "PartitionsChanged"
+            and stage_condition(kube_cluster, ns, "grouper")
         ),
         "Ready=False PartitionsChanged",
     )
@@ -133,15 +126,17 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert "laid out in 4 partition(s) in Redis, not the 2 asked for" in refused["message"]
     assert "set partitions back to 4" in refused["message"] and "docs/operations.md" in refused["message"]
     warnings = eventually(
-        lambda: [e.message for e in stage_events(kube_api, ns, "grouper") if e.reason == "PartitionsChanged"],
+        lambda: [e.message or "" for e in stage_events(kube_api, ns, "grouper") if e.reason == "PartitionsChanged"],
         "a PartitionsChanged Warning",
     )
     assert "deletionPolicy Delete" in warnings[0]
     assert connection.hgetall(grouper.layout) == {"partitions": "4"}
-    assert _env(kube_api, ns, "grouper")["PARTITIONS"] == "4"  # the workers were not rolled onto the wrong lanes
-    assert _env(kube_api, ns, "router")["OUTPUT_PARTITIONS"] == "4"
+    # The workers were not rolled onto the wrong lanes.
+    assert (_deployment_env(kube_api, ns, "grouper") or {}).get("PARTITIONS") == "4"
+    assert (_deployment_env(kube_api, ns, "router") or {}).get("OUTPUT_PARTITIONS") == "4"
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
 def test_a_stage_forwarding_to_one_created_later_follows_its_partitions(
     operator: ServingOperator,

@@ -7,6 +7,7 @@ import redis.asyncio as aioredis
 from phoenix.keys import StageKeys
 from phoenix.operator.redis_ops import replay_once
 from phoenix.worker_runtime.messages import PACKED_FIELDS
+from tests.fixtures.replies import stream_entries
 
 STREAMS = StageKeys.for_stage("s")
 
@@ -19,7 +20,7 @@ async def test_replay_runs_once_per_request(redis: aioredis.Redis) -> None:
     # The same request again (an operator restarted before recording it): nothing more moves.
     assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3) == 3
     assert (await redis.xlen(STREAMS.dlq), await redis.xlen(STREAMS.input)) == (2, 3)
-    moved = await redis.xrange(STREAMS.input)
+    moved = await stream_entries(redis, STREAMS.input)
     assert moved[0][1] == {"record_id": "r0", "retry_count": "0"}
     assert await replay_once(redis, STREAMS.replay_ledger("req-2"), STREAMS.dlq, STREAMS.input, None) == 2
     assert await redis.xlen(STREAMS.dlq) == 0
@@ -43,6 +44,6 @@ async def test_replay_keeps_entries_too_wide_to_replay_and_moves_the_rest(redis:
     for i in range(3):
         await redis.xadd(STREAMS.dlq, {"record_id": f"r{i}"})
     assert await replay_once(redis, STREAMS.replay_ledger("req-w"), STREAMS.dlq, STREAMS.input, 2) == 2
-    assert [f["record_id"] for _, f in await redis.xrange(STREAMS.input)] == ["r0", "r1"]
+    assert [f["record_id"] for _, f in await stream_entries(redis, STREAMS.input)] == ["r0", "r1"]
     assert await replay_once(redis, STREAMS.replay_ledger("req-w2"), STREAMS.dlq, STREAMS.input, None) == 1
-    assert [f["record_id"] for _, f in await redis.xrange(STREAMS.dlq)] == ["wide", "packed"]
+    assert [f["record_id"] for _, f in await stream_entries(redis, STREAMS.dlq)] == ["wide", "packed"]

@@ -18,7 +18,14 @@ from phoenix.operator.builders.redis_address import redis_connection
 from phoenix.redis_spec import RedisSpec
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
-from tests.fixtures.operator_process import condition, get_stage, kubectl_apply, running_operator, stage_events
+from tests.fixtures.operator_process import (
+    existing_stage,
+    kubectl_apply,
+    ready_reason,
+    running_operator,
+    stage_condition,
+    stage_events,
+)
 
 pytestmark = pytest.mark.kube
 
@@ -91,6 +98,7 @@ def _stage(namespace: str, name: str, redis: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.timeout(210)
 def test_secrets_that_do_not_fit_spec_redis_become_conditions_and_events(
     operator: str, kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str
 ) -> None:
@@ -137,8 +145,7 @@ def test_secrets_that_do_not_fit_spec_redis_become_conditions_and_events(
     )
 
     def reason(name: str) -> str | None:
-        found = condition(get_stage(kube_cluster, ns, name), "Ready")
-        return found and found["reason"]
+        return ready_reason(kube_cluster, ns, name)
 
     expected = {
         "plain-url": "InvalidRedisUrl",
@@ -154,9 +161,9 @@ def test_secrets_that_do_not_fit_spec_redis_become_conditions_and_events(
             ),
             f"a Warning Event {wanted} on {name}",
         )
-    message = condition(get_stage(kube_cluster, ns, "opaque-cert"), "Ready")["message"]
+    message = stage_condition(kube_cluster, ns, "opaque-cert")["message"]
     assert "kubernetes.io/tls" in message and "kubectl create secret tls" in message
-    shown = json.dumps([get_stage(kube_cluster, ns, name)["status"] for name in expected]) + " ".join(
+    shown = json.dumps([existing_stage(kube_cluster, ns, name)["status"] for name in expected]) + " ".join(
         e.message or "" for name in expected for e in stage_events(kube_api, ns, name)
     )
     assert password not in shown

@@ -24,14 +24,16 @@ from tests.fixtures.chain import enqueue
 from tests.fixtures.control_plane import REPO_ROOT, ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
+from tests.fixtures.kube_models import metadata_of, name_of, spec_of
 from tests.fixtures.operator_process import (
-    condition,
-    get_stage,
     health,
     kubectl_apply,
+    read_or_none,
     redis_db_url,
     running_operator,
+    stage_condition,
 )
+from tests.fixtures.replies import stream_entries_now
 from tests.fixtures.workers import FAST
 
 STAGE, OUTPUT = "rotating", "rotated:out"
@@ -85,22 +87,19 @@ def _stage(namespace: str) -> dict[str, Any]:
 
 
 def _template_digest(api: client.ApiClient, namespace: str) -> str | None:
-    try:
-        deployment = client.AppsV1Api(api).read_namespaced_deployment(STAGE, namespace)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return None
-        raise
-    return (deployment.spec.template.metadata.annotations or {}).get(REDIS_SECRETS_ANNOTATION)
+    deployment = read_or_none(client.AppsV1Api(api).read_namespaced_deployment, STAGE, namespace)
+    if deployment is None:
+        return None
+    return (metadata_of(spec_of(deployment).template).annotations or {}).get(REDIS_SECRETS_ANNOTATION)
 
 
 def _live_pods(api: client.ApiClient, namespace: str) -> list[client.V1Pod]:
     pods = client.CoreV1Api(api).list_namespaced_pod(namespace, label_selector=f"app.kubernetes.io/instance={STAGE}")
-    return [pod for pod in pods.items if pod.metadata.deletion_timestamp is None]
+    return [pod for pod in pods.items if metadata_of(pod).deletion_timestamp is None]
 
 
 def _arrived(admin: sync_redis.Redis) -> Counter[str]:
-    return Counter(fields["record_id"] for _, fields in admin.xrange(OUTPUT))
+    return Counter(fields["record_id"] for _, fields in stream_entries_now(admin, OUTPUT))
 
 
 def _enqueue(url: str, keys: StageKeys, ids: list[str]) -> None:
@@ -111,6 +110,7 @@ def _enqueue(url: str, keys: StageKeys, ids: list[str]) -> None:
     asyncio.run(run())
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.kube
 def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_nothing_lost(
     kube_cluster: ControlPlane,
@@ -133,7 +133,7 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
         kubelet_player(ns, STAGE, {**FAST, "PYTHONPATH": str(REPO_ROOT)}).start()
         _enqueue(old_url, keys, [f"a-{i}" for i in range(150)])
         eventually(lambda: len(_arrived(admin)) >= 20, "records flowing before the rotation", timeout=90)
-        old_pods = {pod.metadata.name for pod in _live_pods(kube_api, ns)}
+        old_pods = {name_of(pod) for pod in _live_pods(kube_api, ns)}
 
         # The rotation as a platform team does it: the server takes both passwords, the Secret moves, and the
         # old password goes once nothing uses it.
@@ -144,7 +144,7 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
 
         def rolled() -> bool:
             pods = _live_pods(kube_api, ns)
-            return bool(pods) and not {pod.metadata.name for pod in pods} & old_pods
+            return bool(pods) and not {name_of(pod) for pod in pods} & old_pods
 
         eventually(rolled, "the workers rolled", timeout=120)
         admin.acl_setuser(user, enabled=True, passwords=["-old-password"])
@@ -161,7 +161,7 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
         # its refresh cycles read this stage's Redis without a failure, the only Redis this operator serves.
         def refreshed() -> bool:
             last = health(liveness)["statusRefresh"].get("last") or {}
-            ready = condition(get_stage(kube_cluster, ns, STAGE), "Ready") or {}
+            ready = stage_condition(kube_cluster, ns, STAGE)
             return last.get("stages") == 1 and last.get("redis_failures") == 0 and ready.get("status") == "True"
 
         eventually(refreshed, "a refresh cycle with the new password", timeout=60)

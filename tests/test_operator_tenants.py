@@ -19,12 +19,14 @@ from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.operator_process import (
     ServingOperator,
-    condition,
+    existing_stage,
     final_stage,
-    get_stage,
     kubectl_apply,
-    serving_operator,
+    read_or_none,
+    ready_reason,
+    stage_condition,
     stage_events,
+    watching_operator,
 )
 from tests.fixtures.workers import ROOT
 
@@ -36,9 +38,8 @@ CONVERGE_SECONDS = 150.0
 
 @pytest.fixture(scope="module")
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
-    with serving_operator(kube_cluster, operator_kubeconfig, ["--all-namespaces"], log_name="operator-tenants") as op:
-        yield op
-        assert op.process.alive, op.process.failure("died during the tests")
+    with watching_operator(kube_cluster, operator_kubeconfig, "operator-tenants") as served:
+        yield served
 
 
 @pytest.fixture
@@ -55,10 +56,6 @@ def _stage(url: str, namespace: str, name: str, **spec: Any) -> list[dict[str, A
     return final_stage(url, namespace, name, processor="tests.processors:ScriptedProcessor", **spec)
 
 
-def _ready(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
-    return condition(get_stage(plane, namespace, name), "Ready") or {}
-
-
 def _events(api: client.ApiClient, namespace: str, name: str, type_: str) -> list[client.CoreV1Event]:
     return [e for e in stage_events(api, namespace, name) if e.type == type_]
 
@@ -68,15 +65,10 @@ def _groups(connection: sync_redis.Redis, stream: str) -> dict[str, dict[str, An
 
 
 def _deployment_exists(api: client.ApiClient, namespace: str, name: str) -> bool:
-    try:
-        client.AppsV1Api(api).read_namespaced_deployment(name, namespace)
-    except client.ApiException as exc:
-        if exc.status == 404:
-            return False
-        raise
-    return True
+    return read_or_none(client.AppsV1Api(api).read_namespaced_deployment, name, namespace) is not None
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [15], indirect=True)
 def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
     operator: ServingOperator,
@@ -90,12 +82,14 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
     for team in teams:
         kubectl_apply(kube_cluster, _stage(url, team, "shared", deletionPolicy="Delete"))
     for team in teams:
-        eventually(lambda t=team: _ready(kube_cluster, t, "shared").get("reason") == "StageReady", f"{team} Ready")
+        eventually(
+            lambda t=team: stage_condition(kube_cluster, t, "shared").get("reason") == "StageReady", f"{team} Ready"
+        )
 
     inputs = {team: f"phoenix:{{{team}}}:shared:input" for team in teams}
     for team in teams:
         assert list(_groups(connection, inputs[team])) == ["shared-group"]
-        uid = get_stage(kube_cluster, team, "shared")["metadata"]["uid"]
+        uid = existing_stage(kube_cluster, team, "shared")["metadata"]["uid"]
         assert connection.hgetall(f"phoenix:{{{team}}}:shared:owner")["uid"] == uid
     for i in range(5):
         connection.xadd(inputs["team-a"], {"record_id": f"a{i}", "user_id": "u1", "data": "{}"})
@@ -114,7 +108,7 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
     connection.rpush("phoenix:{team-b}:shared:record:list", "someone else's list")
 
     assert kube_cluster.kubectl("delete", "phoenixstage", "shared", "-n", "team-b", "--timeout=60s").returncode == 0
-    deleted = [e.message for e in stage_events(kube_api, "team-b", "shared") if e.reason == "RedisDataDeleted"]
+    deleted = [e.message or "" for e in stage_events(kube_api, "team-b", "shared") if e.reason == "RedisDataDeleted"]
     assert len(deleted) == 1 and "consumer group shared-group" in deleted[0]
     left = sorted(connection.scan_iter(match="phoenix:{team-b}:*"))
     assert left == ["phoenix:{team-b}:shared:record:list", "phoenix:{team-b}:shared:retry"]
@@ -137,11 +131,12 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
 
 def _refused(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     return eventually(
-        lambda: (found := _ready(plane, namespace, name)).get("reason") == "KeysHeldByAnotherStage" and found,
+        lambda: (found := stage_condition(plane, namespace, name)).get("reason") == "KeysHeldByAnotherStage" and found,
         f"{name} refused its keys",
     )
 
 
+@pytest.mark.timeout(270)
 @pytest.mark.parametrize("redis_db", [15], indirect=True)
 def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     operator: ServingOperator,
@@ -154,7 +149,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     ns = kube_namespace
     shared_input = f"phoenix:{{{ns}}}:shared:input"
     kubectl_apply(kube_cluster, _stage(url, ns, "shared", deletionPolicy="Delete"))
-    eventually(lambda: _ready(kube_cluster, ns, "shared").get("reason") == "StageReady", "shared Ready")
+    eventually(lambda: ready_reason(kube_cluster, ns, "shared") == "StageReady", "shared Ready")
     connection.xadd(shared_input, {"record_id": "r1", "user_id": "u1", "data": "{}"})
     mine = f"phoenix:{{{ns}}}:*"  # the other tests' stages may still be going away, in other namespaces
     before = {key: connection.type(key) for key in connection.scan_iter(match=mine)}
@@ -165,7 +160,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     assert f"held by PhoenixStage {ns}/shared" in refused["message"] and "redis://" not in refused["message"]
     warnings = eventually(lambda: _events(kube_api, ns, "intruder", "Warning"), "a Warning Event")
     assert [e.reason for e in warnings] == ["KeysHeldByAnotherStage"]
-    assert f"{ns}/shared" in warnings[0].message
+    assert f"{ns}/shared" in (warnings[0].message or "")
     # Nothing created or changed in Redis, no Deployment for it.
     assert {key: connection.type(key) for key in connection.scan_iter(match=mine)} == before
     assert list(_groups(connection, shared_input)) == ["shared-group"]
@@ -174,7 +169,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     # The holder goes (deletionPolicy Delete takes its keys along): the intruder converges by itself.
     assert kube_cluster.kubectl("delete", "phoenixstage", "shared", "-n", ns, "--timeout=60s").returncode == 0
     eventually(
-        lambda: _ready(kube_cluster, ns, "intruder").get("reason") == "StageReady",
+        lambda: ready_reason(kube_cluster, ns, "intruder") == "StageReady",
         "intruder Ready once the keys are free",
         timeout=CONVERGE_SECONDS,
     )
@@ -207,12 +202,13 @@ def test_a_hand_run_workers_keys_are_refused_and_deleting_the_refused_stage_keep
 
     # Deleting the refused stage is not blocked, and deletes none of the keys it never held.
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
-    kept = [e.message for e in stage_events(kube_api, ns, "router") if e.reason == "RedisDataNotOwned"]
+    kept = [e.message or "" for e in stage_events(kube_api, ns, "router") if e.reason == "RedisDataNotOwned"]
     assert len(kept) == 1 and "deleted none" in kept[0]
     assert connection.xlen(own_input) == 1
     assert _groups(connection, own_input)["router-group"]["pending"] == 1
 
 
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [15], indirect=True)
 def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate(
     operator: ServingOperator,
@@ -224,7 +220,7 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, _stage(url, ns, "router"))
-    eventually(lambda: _ready(kube_cluster, ns, "router").get("reason") == "StageReady", "router Ready")
+    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready")
     connection.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": "r1", "user_id": "u1", "data": "{}"})
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
     # Its Deployment goes by garbage collection (until then the successor leaves it alone: ChildNotOwned).
@@ -233,15 +229,15 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     # Its successor of the same name takes the retained keys over, and says so.
     kubectl_apply(kube_cluster, _stage(url, ns, "router"))
     eventually(
-        lambda: _ready(kube_cluster, ns, "router").get("reason") == "StageReady",
+        lambda: ready_reason(kube_cluster, ns, "router") == "StageReady",
         "the successor Ready",
         timeout=CONVERGE_SECONDS,
     )
     adopted = eventually(
         lambda: [e for e in stage_events(kube_api, ns, "router") if e.reason == "RedisKeysAdopted"], "adopted"
     )
-    assert adopted[0].type == "Normal" and "deleted with Retain" in adopted[0].message
-    uid = get_stage(kube_cluster, ns, "router")["metadata"]["uid"]
+    assert adopted[0].type == "Normal" and "deleted with Retain" in (adopted[0].message or "")
+    uid = existing_stage(kube_cluster, ns, "router")["metadata"]["uid"]
     assert connection.hgetall(f"phoenix:{{{ns}}}:router:owner")["uid"] == uid
     assert _groups(connection, f"phoenix:{{{ns}}}:router:input")["router-group"]["lag"] == 1
 
@@ -249,7 +245,7 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     connection.xgroup_create("phoenix:grouper:input", "grouper-group", id="0", mkstream=True)
     kubectl_apply(kube_cluster, _stage(url, ns, "grouper"))
     legacy = eventually(
-        lambda: (found := _ready(kube_cluster, ns, "grouper")).get("reason") == "LegacyKeysFound" and found,
+        lambda: (found := stage_condition(kube_cluster, ns, "grouper")).get("reason") == "LegacyKeysFound" and found,
         "grouper asks for phoenix migrate",
     )
     assert f"phoenix migrate --namespace {ns} --service grouper" in legacy["message"]

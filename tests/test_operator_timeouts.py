@@ -23,6 +23,7 @@ from tests.fixtures.processes import LoggedProcess, free_loopback_port
 from tests.fixtures.silent_server import plain_kubeconfig, silent_server
 
 
+@pytest.mark.timeout(90)
 async def test_a_kube_call_to_a_silent_api_server_fails_within_its_timeout(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -51,7 +52,9 @@ def test_every_kube_call_and_every_kopf_request_has_a_timeout() -> None:
     assert settings.networking.connect_timeout == kopf_settings.CONNECT_TIMEOUT_SECONDS
     assert settings.watching.connect_timeout == kopf_settings.CONNECT_TIMEOUT_SECONDS
     # The server ends each watch; kopf gives up on one that went silent a little later.
-    assert 0 < settings.watching.server_timeout < settings.watching.client_timeout
+    server_timeout, client_timeout = settings.watching.server_timeout, settings.watching.client_timeout
+    assert server_timeout is not None and client_timeout is not None
+    assert 0 < server_timeout < client_timeout
 
 
 def _get(url: str) -> tuple[int, str]:
@@ -64,6 +67,8 @@ def _get(url: str) -> tuple[int, str]:
         return 0, ""
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 def test_readyz_fails_while_the_api_server_does_not_answer(tmp_path: Path) -> None:
     with silent_server() as url:
         port = free_loopback_port()

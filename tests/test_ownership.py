@@ -11,6 +11,7 @@ from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
+from tests.fixtures.replies import hash_of
 from tests.fixtures.sample_stage import KEYS, add, idle
 from tests.fixtures.workers import WorkerPool
 
@@ -20,7 +21,7 @@ UID_A, UID_B = "uid-a", "uid-b"
 
 
 async def _marker(redis: aioredis.Redis, keys: StageKeys) -> dict[str, str]:
-    return await redis.hgetall(keys.owner)
+    return await hash_of(redis, keys.owner)
 
 
 async def test_a_claim_creates_group_dlq_and_marker_once(redis: aioredis.Redis) -> None:
@@ -144,6 +145,7 @@ async def test_delete_keeps_a_key_of_another_type_and_a_stream_it_did_not_create
     assert await redis.exists(A.owner) == 0
 
 
+@pytest.mark.timeout(90)
 async def test_a_worker_run_by_hand_refuses_keys_a_stage_holds(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await claim(redis, KEYS, "stage-uid", adopt=True)
     hand_run = workers.start("s")
@@ -163,6 +165,7 @@ async def test_a_worker_run_by_hand_refuses_keys_a_stage_holds(redis: aioredis.R
     assert own.alive
 
 
+@pytest.mark.timeout(90)
 async def test_the_stages_worker_brings_a_flushed_group_back_with_its_marker(
     redis_url: str, redis: aioredis.Redis
 ) -> None:
@@ -247,6 +250,7 @@ async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis
     assert sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")]) == before_b
 
 
+@pytest.mark.timeout(90)
 async def test_a_worker_started_with_another_partition_count_exits_with_one_line(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:

@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import LegacyStageKeys, StageKeys, partition_of
 from phoenix.tools.queue_stats import collect
 from phoenix.worker_runtime.ownership import claim
 from tests.fixtures.cli import phoenix, run_phoenix
+from tests.fixtures.replies import add_entry, recent_entries, stream_entries
 
 PARTITIONS = 4
 STAGE = StageKeys.for_stage("p", "team-p", partitions=PARTITIONS)
@@ -29,12 +31,12 @@ def _spread(count: int) -> list[str]:
 
 async def _enqueue(redis: aioredis.Redis, record_id: str) -> str:
     lane = STAGE.lane_of(record_id)
-    return await redis.xadd(lane.input, {"record_id": record_id, "user_id": "u1", "data": "{}"})
+    return await add_entry(redis, lane.input, {"record_id": record_id, "user_id": "u1", "data": "{}"})
 
 
 async def _dead_letter(redis: aioredis.Redis, record_id: str, entry_id: str = "*") -> str:
     fields = {"record_id": record_id, "user_id": "u1", "data": "{}", "error": "bad", "error_type": "ValueError"}
-    return await redis.xadd(STAGE.lane_of(record_id).dlq, fields, id=entry_id)
+    return await add_entry(redis, STAGE.lane_of(record_id).dlq, fields, id=entry_id)
 
 
 async def _stage_with_work(redis: aioredis.Redis) -> list[str]:
@@ -44,7 +46,7 @@ async def _stage_with_work(redis: aioredis.Redis) -> list[str]:
     for record_id in ids:
         await _enqueue(redis, record_id)
     # One delivery in each of two lanes: pending there.
-    delivered_lanes = sorted({partition_of(r, PARTITIONS) for r in ids})[:2]
+    delivered_lanes = sorted({p for r in ids if (p := partition_of(r, PARTITIONS)) is not None})[:2]
     for p in delivered_lanes:
         lane = STAGE.lanes[p]
         await redis.xreadgroup(lane.consumer_group, "c1", {lane.input: ">"}, count=1)
@@ -61,6 +63,8 @@ async def test_queue_figures_are_summed_over_the_lanes(redis: aioredis.Redis) ->
     assert stats.oldest_pending_seconds is not None and stats.oldest_undelivered_seconds is not None
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_status_shows_the_stage_summed_and_each_partition_on_request(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -83,6 +87,8 @@ async def test_status_shows_the_stage_summed_and_each_partition_on_request(
     assert [int(line.split()[3]) for line in table[2:]] == per_lane
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.subprocess
 async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lane(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -115,13 +121,15 @@ async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lan
     )
     for record_id in [*dead, late]:
         lane = STAGE.lane_of(record_id)
-        assert record_id in [f["record_id"] for _, f in await redis.xrange(lane.input)], record_id
+        assert record_id in [f["record_id"] for _, f in await stream_entries(redis, lane.input)], record_id
     assert sum([await redis.xlen(lane.dlq) for lane in STAGE.lanes]) == 0
     assert sum([await redis.xlen(lane.input) for lane in STAGE.lanes]) == 7
-    [repair, purge] = [fields for _, fields in await redis.xrevrange(STAGE.audit, count=2)]
+    [repair, purge] = [fields for _, fields in await recent_entries(redis, STAGE.audit, 2)]
     assert (repair["action"], purge["action"]) == ("dlq-replay", "dlq-purge")
 
 
+@pytest.mark.timeout(210)
+@pytest.mark.subprocess
 async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aioredis.Redis, redis_url: str) -> None:
     """A worker died holding two records of two lanes: inspect sees each in its lane, unlock releases the lock
     there, reclaim re-enqueues both in their own lanes, reprocess puts a committed record back in its lane."""
@@ -159,7 +167,7 @@ async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aiore
             "max": None,
             "consumers": [],
         }
-        assert [f["record_id"] for _, f in await redis.xrange(lane.input)].count(record_id) == 2
+        assert [f["record_id"] for _, f in await stream_entries(redis, lane.input)].count(record_id) == 2
     assert await redis.get(lane.record(held[1])) is None
     # reprocess: a committed record's marker cleared and a copy added to its lane's input.
     done = ids[2]
@@ -167,10 +175,12 @@ async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aiore
     await redis.set(lane.record(done), "done 1-0")
     out = phoenix(redis_url, "reprocess", *NS, done, "--yes").strip()
     assert out.startswith(f"deleted {lane.record(done)}; enqueued {done} as ") and f" in {lane.input} " in out
-    assert [f["record_id"] for _, f in await redis.xrange(lane.input)].count(done) == 2
+    assert [f["record_id"] for _, f in await stream_entries(redis, lane.input)].count(done) == 2
     assert await redis.exists(lane.record(done)) == 0
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_migrate_refuses_to_move_v1_data_into_a_partitioned_stage(redis: aioredis.Redis, redis_url: str) -> None:
     old = LegacyStageKeys("p")
     await redis.xgroup_create(old.input, "p-group", id="0", mkstream=True)

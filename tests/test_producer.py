@@ -16,20 +16,22 @@ import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterNode, RedisCluster
+from redis.crc import key_slot
 
 from phoenix.embedded import start_valkey
 from phoenix.keys import StageKeys
-from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer
+from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer, _pipelines, _Target
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.replies import stream_entries, stream_entries_now
 from tests.fixtures.valkey_cluster import single_node_cluster
 
 STAGE = StageKeys.for_stage("parser", "team", partitions=4)
 
 
 async def _records_by_stream(client: aioredis.Redis | AsyncRedisCluster, streams: list[str]) -> dict[str, list[str]]:
-    return {s: [f["record_id"] for _, f in await client.xrange(s)] for s in streams}
+    return {s: [f["record_id"] for _, f in await stream_entries(client, s)] for s in streams}
 
 
 async def _set_layout(client: aioredis.Redis | AsyncRedisCluster, partitions: int) -> None:
@@ -39,11 +41,11 @@ async def _set_layout(client: aioredis.Redis | AsyncRedisCluster, partitions: in
 async def test_a_stage_without_layout_is_one_partition_and_ids_come_back_in_order(redis: aioredis.Redis) -> None:
     producer = Producer(redis, "parser", "team")
     ids = await producer.send_many(Record(f"r{i}", {"i": i}, "u1") for i in range(BATCH + 5))
-    entries = await redis.xrange(STAGE.input)  # the one partition's names: phoenix:{team}:parser:input
+    entries = await stream_entries(redis, STAGE.input)  # the one partition's names: phoenix:{team}:parser:input
     assert STAGE.input == "phoenix:{team}:parser:input"
     assert [entry_id for entry_id, _ in entries] == ids
     assert entries[7][1] == {"record_id": "r7", "user_id": "u1", "data": '{"i": 7}'}
-    assert await producer.send("one", {"x": 1}) == (await redis.xrange(STAGE.input, "-", "+"))[-1][0]
+    assert await producer.send("one", {"x": 1}) == (await stream_entries(redis, STAGE.input, "-", "+"))[-1][0]
 
 
 async def test_records_go_to_their_partition_as_the_layout_says(redis: aioredis.Redis) -> None:
@@ -59,15 +61,15 @@ async def test_records_go_to_their_partition_as_the_layout_says(redis: aioredis.
     for stream, record_ids in by_stream.items():
         assert {STAGE.lane_of(r).input for r in record_ids} == {stream}
     for i, entry_id in enumerate(ids):  # each id is its record's entry, in its lane (ids repeat across streams)
-        [(_, fields)] = await redis.xrange(STAGE.lane_of(f"r{i}").input, entry_id, entry_id)
+        [(_, fields)] = await stream_entries(redis, STAGE.lane_of(f"r{i}").input, entry_id, entry_id)
         assert fields["record_id"] == f"r{i}"
-    assert (await redis.xrange(lanes[0], count=1))[0][1]["traceparent"].startswith("00-111")
-    assert [f["record_id"] for _, f in await redis.xrange(STAGE.input)] == ["before"]
+    assert (await stream_entries(redis, lanes[0], count=1))[0][1]["traceparent"].startswith("00-111")
+    assert [f["record_id"] for _, f in await stream_entries(redis, STAGE.input)] == ["before"]
 
 
 async def test_an_explicit_stream_and_an_explicit_count_need_no_layout(redis: aioredis.Redis) -> None:
     await Producer(redis, stream="jobs").send_many([Record("a"), Record("b")])
-    assert [f["record_id"] for _, f in await redis.xrange("jobs")] == ["a", "b"]
+    assert [f["record_id"] for _, f in await stream_entries(redis, "jobs")] == ["a", "b"]
     await Producer(redis, "parser", "team", partitions=4).send("c")
     assert await redis.xlen(STAGE.lane_of("c").input) == 1
     with pytest.raises(ValueError, match="a stage or a stream"):
@@ -76,12 +78,63 @@ async def test_an_explicit_stream_and_an_explicit_count_need_no_layout(redis: ai
         await Producer(redis, stream="jobs").send("")
 
 
+# The batch as pipelines and the ids from their replies: what both producers share, decided without Redis.
+
+_TWO_NODES = (ClusterNode("127.0.0.1", 7000), ClusterNode("127.0.0.1", 7001))
+
+
+def _node_of(key: str) -> ClusterNode:
+    """A two-primary cluster's slot map: the lower half of the slots on the first node."""
+    return _TWO_NODES[key_slot(key.encode()) >= 8192]
+
+
+def test_a_batch_is_one_pipeline_of_xadds_grouped_by_stream_with_each_records_position() -> None:
+    batch = [Record(f"r{i}", {"i": i}) for i in range(12)]
+    (pipeline,) = _pipelines(_Target("parser", "team", None, 4).grouped(batch), None)
+    streams = [command[1] for command in pipeline.commands]
+    assert sorted(streams) == sorted(STAGE.lane_of(f"r{i}").input for i in range(12))
+    assert streams == sorted(streams, key=streams.index)  # each stream's XADDs together
+    assert pipeline.key == streams[0]
+    for position, command in zip(pipeline.positions, pipeline.commands, strict=True):
+        assert command == ("XADD", STAGE.lane_of(f"r{position}").input, "*", *_flat(batch[position].fields()))
+    assert sorted(pipeline.positions) == list(range(12))
+
+
+def _flat(fields: dict[str, str]) -> list[str]:
+    return [part for item in fields.items() for part in item]
+
+
+def test_a_producer_that_waits_on_a_cluster_writes_a_pipeline_per_node() -> None:
+    batch = [Record(f"r{i}") for i in range(40)]
+    pipelines = _pipelines(_Target("parser", "team", None, 4).grouped(batch), _node_of)
+    assert {_node_of(p.key).name for p in pipelines} == {node.name for node in _TWO_NODES}  # both hold lanes
+    for pipeline in pipelines:  # every XADD on the node of the pipeline's key, where its WAIT runs
+        assert {_node_of(command[1]).name for command in pipeline.commands} == {_node_of(pipeline.key).name}
+    assert sorted(p for pipeline in pipelines for p in pipeline.positions) == list(range(40))
+
+
+def test_entry_ids_come_back_in_the_records_order_and_too_few_replicas_raise() -> None:
+    batch = [Record(f"r{i}") for i in range(6)]
+    pipelines = _pipelines(_Target("parser", "team", None, 4).grouped(batch), _node_of)
+    replies = [[f"{position}-0".encode() for position in p.positions] for p in pipelines]
+    client = redis.Redis()  # never connected: the ids and the check need no server
+    waiting = SyncProducer(client, "parser", "team", min_replicas_ack=1, min_replicas_timeout_ms=50)
+    runs = [(p, (r, 1)) for p, r in zip(pipelines, replies, strict=True)]
+    assert waiting._entry_ids(6, runs) == [f"{i}-0" for i in range(6)]
+    runs[-1] = (pipelines[-1], (replies[-1], 0))  # one node's WAIT short
+    with pytest.raises(NotReplicated, match="acknowledged by 0 of 1 replicas within 50 ms") as short:
+        waiting._entry_ids(6, runs)
+    assert short.value.entry_ids == [f"{i}-0" for i in range(6)]  # written all the same
+    no_wait = SyncProducer(client, "parser", "team")  # a WAIT not asked for: its count of 0 is no shortfall
+    assert no_wait._entry_ids(6, [(p, (r, 0)) for p, (r, _) in runs]) == [f"{i}-0" for i in range(6)]
+
+
 def test_the_sync_producer_writes_the_same(redis_url: str) -> None:
     with redis.Redis.from_url(redis_url, decode_responses=True) as client:
         client.hset(STAGE.layout, "partitions", 4)
         ids = SyncProducer(client, "parser", "team").send_many(Record(f"s{i}") for i in range(20))
         for i, entry_id in enumerate(ids):
-            [(_, fields)] = client.xrange(STAGE.lane_of(f"s{i}").input, entry_id, entry_id)
+            [(_, fields)] = stream_entries_now(client, STAGE.lane_of(f"s{i}").input, entry_id, entry_id)
             assert fields["record_id"] == f"s{i}"
 
 
@@ -99,6 +152,8 @@ def replicated() -> Iterator[tuple[str, int]]:
         primary.stop()
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_min_replicas_ack_waits_on_the_writing_connection(replicated: tuple[str, int]) -> None:
     url, replica_pid = replicated
     client = aioredis.Redis.from_url(url, decode_responses=True)
@@ -133,6 +188,7 @@ async def cluster_client() -> AsyncIterator[AsyncRedisCluster]:
             await client.aclose()
 
 
+@pytest.mark.subprocess
 async def test_on_a_cluster_each_node_gets_its_entries_and_its_own_wait(cluster_client: AsyncRedisCluster) -> None:
     await _set_layout(cluster_client, 4)
     ids = await Producer(cluster_client, "parser", "team").send_many(Record(f"c{i}") for i in range(40))
@@ -148,6 +204,7 @@ async def test_on_a_cluster_each_node_gets_its_entries_and_its_own_wait(cluster_
     assert await cluster_client.xlen(STAGE.lane_of("w0").input) >= 1
 
 
+@pytest.mark.subprocess
 def test_sync_producer_on_a_cluster() -> None:
     with single_node_cluster() as url, RedisCluster.from_url(url, decode_responses=True) as client:
         client.hset(STAGE.layout, "partitions", 4)
@@ -157,6 +214,8 @@ def test_sync_producer_on_a_cluster() -> None:
         assert sum(client.xlen(lane.input) for lane in STAGE.lanes) == 13
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_url: str, tmp_path: Path) -> None:
     await _set_layout(redis, 4)
     lines = [json.dumps({"record_id": f"f{i}", "user_id": "u", "data": {"n": i}}) for i in range(BATCH + 10)]
@@ -176,10 +235,12 @@ async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_u
     assert piped.returncode == 0, piped.stderr
     by_stream = await _records_by_stream(redis, [lane.input for lane in STAGE.lanes])
     assert sum(map(len, by_stream.values())) == BATCH + 11
-    entry = await redis.xrange(STAGE.lane_of("f3").input, count=BATCH)
+    entry = await stream_entries(redis, STAGE.lane_of("f3").input, count=BATCH)
     assert {"record_id": "f3", "user_id": "u", "data": '{"n": 3}'} in [fields for _, fields in entry]
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_enqueue_from_stops_at_a_bad_line_and_says_what_went_before(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path
 ) -> None:

@@ -9,6 +9,7 @@ import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
 from phoenix.tools.queue_stats import collect
+from tests.fixtures.replies import read_group
 
 STAGE = StageKeys.for_stage("s")
 
@@ -21,8 +22,7 @@ async def _add_aged(redis: aioredis.Redis, *ages: int) -> None:
 
 
 async def _read(redis: aioredis.Redis, count: int) -> list[str]:
-    found = await redis.xreadgroup(STAGE.consumer_group, "c1", {STAGE.input: ">"}, count=count)
-    return [entry_id for entry_id, _ in found[0][1]]
+    return [entry_id for entry_id, _ in await read_group(redis, STAGE.consumer_group, "c1", STAGE.input, count)]
 
 
 async def test_oldest_unfinished_is_the_older_of_first_undelivered_and_oldest_pending(redis: aioredis.Redis) -> None:

@@ -25,6 +25,7 @@ from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.cli import phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
+from tests.fixtures.replies import stream_entries
 from tests.fixtures.valkey_cluster import HOST, ValkeyCluster, valkey_cluster
 from tests.fixtures.workers import WorkerPool
 from tests.processors import OutcomeProcessor
@@ -53,8 +54,8 @@ def fresh_cluster() -> Iterator[ValkeyCluster]:
 async def _client_of(cluster: ValkeyCluster) -> AsyncIterator[aioredis.Redis]:
     """The runtime's own cluster client (decoded), every primary flushed first."""
     found = connect(RedisSpec.from_url(cluster.url, mode="cluster"), decode_responses=True)
-    await found.initialize()  # type: ignore[attr-defined]
-    await found.flushdb(target_nodes="primaries")  # type: ignore[call-arg]
+    await found.initialize()
+    await found.flushdb(target_nodes="primaries")
     try:
         yield found
     finally:
@@ -84,12 +85,13 @@ async def test_the_cluster_client_is_seeded_by_every_host(cluster: ValkeyCluster
     assert len(primaries) == 3
 
 
+@pytest.mark.timeout(90)
 async def test_a_worker_commits_on_the_cluster(cluster: ValkeyCluster, client: aioredis.Redis) -> None:
     await _add(client, [f"r{i}" for i in range(200)])
     async with running_worker(cluster.url, processor=OutcomeProcessor, redis_mode="cluster", output_queue=OUT):
         await wait_until(lambda: client.xlen(OUT), "the outputs", 60)
         await wait_until(lambda: _count_is(client, OUT, 200), "200 outputs", 60)
-    assert sorted(f["record_id"] for _, f in await client.xrange(OUT)) == sorted(f"r{i}" for i in range(200))
+    assert sorted(f["record_id"] for _, f in await stream_entries(client, OUT)) == sorted(f"r{i}" for i in range(200))
 
 
 async def _count_is(client: aioredis.Redis, stream: str, count: int) -> bool:
@@ -103,6 +105,7 @@ def _cli(cluster: ValkeyCluster, *args: str) -> str:
     return phoenix(cluster.url, *args, "--redis-mode", "cluster")
 
 
+@pytest.mark.timeout(120)
 async def test_the_cli_enqueues_shows_inspects_and_handles_the_dlq_on_the_cluster(
     cluster: ValkeyCluster, client: aioredis.Redis
 ) -> None:
@@ -182,6 +185,7 @@ async def _at_least(client: aioredis.Redis, stream: str, count: int) -> bool | N
         return None
 
 
+@pytest.mark.timeout(330)
 async def test_resharding_and_a_failover_mid_run_lose_and_repeat_nothing(
     fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:
@@ -227,6 +231,7 @@ PARTITIONED_RECORDS = 20_000
 K = 8
 
 
+@pytest.mark.timeout(930)
 async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through_failover_and_migration(
     fresh_cluster: ValkeyCluster, fresh_client: aioredis.Redis, tmp_path: Path
 ) -> None:
@@ -266,7 +271,7 @@ async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through
         pool.stop_all()
     arrived_ids: Counter[str] = Counter()
     for stream in results:
-        arrived_ids.update(fields["record_id"] for _, fields in await client.xrange(stream))
+        arrived_ids.update(fields["record_id"] for _, fields in await stream_entries(client, stream))
     assert arrived_ids == Counter(r.record_id for r in records)  # exactly once
     for stage in stages:
         for lane in keys[stage].lanes:

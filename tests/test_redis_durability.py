@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
@@ -27,6 +28,7 @@ from tests.fixtures.eventually import wait_until
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 
+@pytest.mark.subprocess
 async def test_evicting_redis_is_named_by_worker_and_operator(tmp_path: Path) -> None:
     with embedded_valkey(**{"maxmemory-policy": "allkeys-lru"}) as url:
         pool = WorkerPool(url, tmp_path)
@@ -44,6 +46,7 @@ async def test_evicting_redis_is_named_by_worker_and_operator(tmp_path: Path) ->
     assert "allkeys-lru" in condition["message"]
 
 
+@pytest.mark.subprocess
 async def test_refused_config_reads_as_could_not_be_checked(
     redis: aioredis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
@@ -72,6 +75,8 @@ async def _event(worker: WorkerProcess, name: str) -> dict[str, Any] | None:
     return next((e for e in worker.events() if e["event"] == name), None)
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.subprocess
 async def test_valkey_killed_and_restarted_with_aof_mid_pipeline(tmp_path: Path) -> None:
     """SIGKILL of Valkey while records flow through two stages, every connection cut: with appendonly yes every
     record still reaches the end exactly once, and no worker exits."""
@@ -114,6 +119,7 @@ async def _arrived_at_least(client: aioredis.Redis, n: int) -> bool | None:
         return None  # Valkey restarting
 
 
+@pytest.mark.timeout(90)
 async def test_parser_down_for_long_loses_no_record(redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path) -> None:
     """The hand-off outlives the outage: pages have no TTL, so they wait for a parser that was down for long."""
     documents = ensure_samples(tmp_path / "docs")
@@ -156,6 +162,8 @@ async def _settled(redis: aioredis.Redis, stream: str, group: str) -> bool:
     return info["lag"] == 0 and info["pending"] == 0
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_min_replicas_ack_waits_for_a_replica_and_says_when_it_falls_short(tmp_path: Path) -> None:
     primary = start_valkey(appendonly="yes")
     replica = start_valkey(appendonly="yes", replicaof=f"{primary.host} {primary.port}")

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
 from phoenix.operator.errors import StageError
-from phoenix.operator.reconcile import prepare_streams
 from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.stage_reconcile import prepare_streams
 from phoenix.redis_spec import RedisSpec, connect
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until
@@ -21,6 +21,8 @@ from tests.fixtures.inprocess import run_burst
 from tests.fixtures.tls_redis import Pki, TlsRedis, make_pki, tls_redis
 from tests.fixtures.workers import WorkerPool
 
+# Debian's redis-server with TLS (make tls-redis); the tests skip without it.
+pytestmark = pytest.mark.tls
 RECORDS = 20
 WRONG_CA = "certificate verify failed"
 WRONG_CA_HINT = "the server's certificate is not signed by a CA in REDIS_TLS_CA_FILE"
@@ -89,6 +91,7 @@ async def test_a_worker_verifies_the_server_with_the_private_ca_and_works(
     assert await _processed(redis, "tls") == RECORDS
 
 
+@pytest.mark.timeout(120)
 def test_commands_verify_the_server_with_the_private_ca(server: TlsRedis) -> None:
     ca = ("--redis-tls-ca-file", str(server.pki.ca))
     done = run_phoenix(server.url, *_enqueue_args("tls-cli", "r1"), *ca)
@@ -131,6 +134,7 @@ async def test_the_operator_verifies_the_server_with_the_ca_from_a_secret(
         await pool.close()
 
 
+@pytest.mark.timeout(90)
 async def test_a_worker_told_the_wrong_ca_refuses_the_server_and_says_why(
     server: TlsRedis, redis: aioredis.Redis, tmp_path: Path
 ) -> None:

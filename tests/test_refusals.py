@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import kopf
 import pytest
 
-from phoenix.operator.errors import StageError
-from phoenix.operator.reconcile import backoff, kopf_retry
+from phoenix.operator.errors import StageError, retry_delay
+from phoenix.operator.stage_reconcile import kopf_retry
 from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, LayoutDiffers
 from phoenix.worker_runtime.tracing import operation_span
 
@@ -43,4 +43,4 @@ def test_a_failed_reconcile_in_its_span_is_retried_with_backoff_not_kopf_s_defau
         raise error
     retry = kopf_retry(raised.value, retry=0)
     assert isinstance(retry, kopf.TemporaryError)
-    assert retry.delay == backoff(0) == 5.0
+    assert retry.delay == retry_delay(0) == 5.0

@@ -30,7 +30,7 @@ async def client(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterato
     with single_node_cluster() as url:
         built = connect(RedisSpec.from_url(url, mode="cluster"), decode_responses=True)
         try:
-            await built.initialize()  # type: ignore[attr-defined]  # the slot map, as a first command would read it
+            await built.initialize()  # the slot map, as a first command would read it
             yield built
         finally:
             await built.aclose()

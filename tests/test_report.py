@@ -24,7 +24,7 @@ from kubernetes import client
 from phoenix.embedded import embedded_valkey
 from phoenix.keys import StageKeys
 from phoenix.kube_names import NAME_LABEL, OPERATOR_APP_NAME
-from tests.fixtures.cluster_objects import service_account_kubeconfig
+from tests.fixtures.cluster_objects import service_account_kubeconfig, service_account_with_role
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.operator_process import VENV_BIN, kubectl_apply, running_operator, sample_documents, stage_status
@@ -58,6 +58,7 @@ def members(archive: Path) -> dict[str, str]:
         return {m.name.split("/", 1)[1]: tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
 
 
+@pytest.mark.timeout(210)
 def test_report_has_the_stage_picture_and_no_secret_or_record_data(
     operator: None,
     kube_cluster: ControlPlane,
@@ -172,6 +173,7 @@ def test_report_has_the_stage_picture_and_no_secret_or_record_data(
     assert set(members(again)) == set(files)
 
 
+@pytest.mark.timeout(120)
 def test_report_with_no_right_on_secrets(
     kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str, tmp_path: Path
 ) -> None:
@@ -180,22 +182,12 @@ def test_report_with_no_right_on_secrets(
     ns = kube_namespace
     secret, router = sample_documents("redis://127.0.0.1:1/0", ns)[:2]
     kubectl_apply(kube_cluster, [secret, router])
-    core, rbac = client.CoreV1Api(kube_api), client.RbacAuthorizationV1Api(kube_api)
-    core.create_namespaced_service_account(ns, {"metadata": {"name": "support"}})
     rules = [
-        {"apiGroups": ["phoenix.io"], "resources": ["phoenixstages"], "verbs": ["get", "list"]},
-        {"apiGroups": [""], "resources": ["pods", "pods/log", "events"], "verbs": ["get", "list"]},
-        {"apiGroups": ["apps"], "resources": ["deployments"], "verbs": ["list"]},
+        client.V1PolicyRule(api_groups=["phoenix.io"], resources=["phoenixstages"], verbs=["get", "list"]),
+        client.V1PolicyRule(api_groups=[""], resources=["pods", "pods/log", "events"], verbs=["get", "list"]),
+        client.V1PolicyRule(api_groups=["apps"], resources=["deployments"], verbs=["list"]),
     ]
-    rbac.create_namespaced_role(ns, {"metadata": {"name": "support"}, "rules": rules})
-    rbac.create_namespaced_role_binding(
-        ns,
-        {
-            "metadata": {"name": "support"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "support"},
-            "subjects": [{"kind": "ServiceAccount", "name": "support", "namespace": ns}],
-        },
-    )
+    service_account_with_role(kube_api, ns, "support", rules)
     support = service_account_kubeconfig(kube_cluster, ns, "support", tmp_path / "support.kubeconfig")
     common = ("report", "-n", ns, "--operator-namespace", ns)
 

@@ -37,6 +37,7 @@ from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.key_service import running_key_service
+from tests.fixtures.replies import add_entry
 from tests.processors import OutcomeProcessor
 
 PACKAGE = Path(str(files(phoenix)))
@@ -153,7 +154,8 @@ def _from_keys(expression: str) -> bool:
 def _keys_locals(code: str) -> set[str]:
     """Names only ever assigned an element of KEYS: `local input, output = KEYS[1], KEYS[2]`, `local key =
     KEYS[4 + item]`. A name assigned anything else anywhere in the script is not one."""
-    from_keys, otherwise = set(), set()
+    from_keys: set[str] = set()
+    otherwise: set[str] = set()
     for names, values in re.findall(
         rf"^[ \t]*(?:local[ \t]+)?({_NAME}(?:[ \t]*,[ \t]*{_NAME})*)[ \t]*=(?!=)(.*)$", code, re.M
     ):
@@ -191,7 +193,7 @@ def undeclared_keys(text: str) -> list[str]:
         if positions is None:
             found.append(f"{command} (not in KEY_POSITIONS: say where its keys are)")
             continue
-        for position in range(1, len(args)) if positions == ALL else positions:
+        for position in range(1, len(args)) if isinstance(positions, str) else positions:  # ALL
             key = args[position] if position < len(args) else "(missing)"
             if not (_from_keys(key) or key in keys_locals):
                 found.append(f"{command} {key}")
@@ -383,9 +385,11 @@ NEXT = StageKeys.for_stage("scripts-next", NAMESPACE)  # the next stage of one p
 
 
 async def _add(client: aioredis.Redis, record_id: str, **data: object) -> str:
-    return await client.xadd(STAGE.input, {"record_id": record_id, "user_id": "u1", "data": json.dumps(data)})
+    return await add_entry(client, STAGE.input, {"record_id": record_id, "user_id": "u1", "data": json.dumps(data)})
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
 async def test_a_worker_calls_its_scripts_with_their_keys_declared_in_one_slot(
     cluster: aioredis.Redis, cluster_url: str
 ) -> None:
@@ -426,6 +430,7 @@ async def test_a_worker_calls_its_scripts_with_their_keys_declared_in_one_slot(
     assert any(STAGE.record("long").encode() in call.keys for call in renewed)
 
 
+@pytest.mark.timeout(90)
 async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_in_one_slot(
     cluster: aioredis.Redis, cluster_url: str
 ) -> None:
@@ -439,7 +444,7 @@ async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_i
         for record in records:
             action = "fail" if record == "r1" else ""
             fields = {"record_id": record, "user_id": "u1", "data": json.dumps({"action": action})}
-            await cluster.xadd(stage.lane_of(record).input, fields)
+            await add_entry(cluster, stage.lane_of(record).input, fields)
         async with running_worker(
             cluster_url,
             "scripts",
@@ -568,7 +573,7 @@ async def test_a_partitioned_stages_claim_and_delete_call_their_scripts_one_slot
     for call in calls:
         assert len({key_slot(key) for key in call.keys}) == 1, (scripts[call.sha], call.keys)
         assert call.touched <= set(call.keys), (scripts[call.sha], call.touched - set(call.keys))
-    called = {scripts[c.sha]: set() for c in calls}
+    called: dict[str, set[int]] = {scripts[c.sha]: set() for c in calls}
     for call in calls:
         called[scripts[call.sha]].add(key_slot(call.keys[0]))
     assert called == {

@@ -24,6 +24,7 @@ from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.docs import DOCS, marked_block
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.replies import stream_entries
 from tests.fixtures.sentinel import MASTER_NAME, Address, SentinelSet
 from tests.fixtures.workers import WorkerPool
 
@@ -126,7 +127,7 @@ async def _drained(client: aioredis.Redis) -> bool | None:
 async def _forwards(client: aioredis.Redis, stream: str) -> list[tuple[str, dict[str, str]]]:
     """The entries a stage's commits added to `stream`, leaving out those its own retries put back into it
     (`retry_count` set: the next stage's failures during the election go back into its input)."""
-    return [(entry_id, f) for entry_id, f in await client.xrange(stream) if "retry_count" not in f]
+    return [(entry_id, f) for entry_id, f in await stream_entries(client, stream) if "retry_count" not in f]
 
 
 async def _pause(client: aioredis.Redis, output: str, failed_at: float, elected: float) -> float:
@@ -137,6 +138,7 @@ async def _pause(client: aioredis.Redis, output: str, failed_at: float, elected:
     return max(later - earlier for earlier, later in pairwise(stamps) if earlier <= elected and later >= failed_at)
 
 
+@pytest.mark.timeout(240)
 async def test_primary_sigkilled_mid_run_loses_and_repeats_nothing(sentinels: SentinelSet, tmp_path: Path) -> None:
     async def kill(primary: Address) -> None:
         sentinels.kill_primary(primary)
@@ -146,6 +148,7 @@ async def test_primary_sigkilled_mid_run_loses_and_repeats_nothing(sentinels: Se
     await _run_through_failover(sentinels, tmp_path, kill, "SIGKILL", claim_idle_ms="300000")
 
 
+@pytest.mark.timeout(240)
 async def test_forced_failover_mid_run_loses_and_repeats_nothing(sentinels: SentinelSet, tmp_path: Path) -> None:
     async def forced(_primary: Address) -> None:
         await sentinels.force_failover()
@@ -155,6 +158,7 @@ async def test_forced_failover_mid_run_loses_and_repeats_nothing(sentinels: Sent
     await _run_through_failover(sentinels, tmp_path, forced, "SENTINEL FAILOVER", claim_idle_ms="1000")
 
 
+@pytest.mark.timeout(60)
 async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     sentinels: SentinelSet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -170,7 +174,7 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     for address in replicas:  # on both replicas by the time the command returned
         copy = sentinels.client(address)
         try:
-            assert [e for e, _ in await copy.xrange(A_IN)] == [entry_id]
+            assert [e for e, _ in await stream_entries(copy, A_IN)] == [entry_id]
         finally:
             await copy.aclose()
 
@@ -189,7 +193,7 @@ async def test_enqueue_waits_for_replicas_and_says_when_they_fall_short(
     )
     client = sentinels.client(primary)
     try:
-        assert [f["record_id"] for _, f in await client.xrange(A_IN)] == ["r-1", "r-2"]
+        assert [f["record_id"] for _, f in await stream_entries(client, A_IN)] == ["r-1", "r-2"]
     finally:
         await client.aclose()
 
@@ -212,7 +216,7 @@ async def test_documented_producer_waits_for_replicas(sentinels: SentinelSet) ->
         for address in replicas:
             copy = sentinels.client(address)
             try:
-                assert [e for e, _ in await copy.xrange(A_IN)] == [entry_id]
+                assert [e for e, _ in await stream_entries(copy, A_IN)] == [entry_id]
             finally:
                 await copy.aclose()
         async with sentinels.frozen(replicas[0]):

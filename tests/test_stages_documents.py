@@ -8,7 +8,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestServer
+from aiohttp.test_utils import BaseTestServer, TestServer
 
 from phoenix.stages.documents import (
     DocumentFetchError,
@@ -29,7 +29,7 @@ async def serve_document(request: web.Request) -> web.Response:
 
 
 @pytest.fixture
-async def server() -> AsyncIterator[TestServer]:
+async def server() -> AsyncIterator[BaseTestServer]:
     app = web.Application()
     app.router.add_get("/files/{name}", serve_document)
     async with TestServer(app, host="127.0.0.1") as test_server:

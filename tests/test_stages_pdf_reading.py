@@ -73,6 +73,8 @@ def test_page_without_text_stays_empty_without_ocr() -> None:
     assert scan == ""
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.ocr
 @needs_tesseract
 def test_scanned_page_is_read_by_ocr() -> None:
     _, scan = extract_page_texts(SCAN.pdf(), ocr=True)
@@ -86,6 +88,8 @@ def test_corpus_covers_four_layouts_from_two_generators() -> None:
     assert {"fpdf2", "reportlab"} <= {report.generator for report in CORPUS}
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.ocr
 @needs_tesseract
 def test_evaluation_meets_the_targets_and_beats_pypdf() -> None:
     score = evaluate(CORPUS, lambda content: extract_page_texts(content, ocr=True))
@@ -110,6 +114,7 @@ def test_samples_command_writes_the_corpus_with_expected_results(tmp_path: Path)
     assert paths[0].read_bytes() == CORPUS[0].pdf()  # deterministic: the same bytes every time
 
 
+@pytest.mark.ocr
 def test_ocr_failure_is_a_clear_unreadable_document_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # A Tesseract that knows its version and fails on every image, as it does on one it cannot read.
     broken = tmp_path / "tesseract"
@@ -145,6 +150,7 @@ def test_cells_wrapped_over_two_lines_are_folded_back_into_their_row() -> None:
     ]
 
 
+@pytest.mark.ocr
 def test_tesseract_without_english_data_is_unavailable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     bare = tmp_path / "tesseract"
     bare.write_text('#!/bin/sh\necho "List of available languages in /usr/share/tessdata (1):"\necho osd\n')

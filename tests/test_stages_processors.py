@@ -33,6 +33,7 @@ from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
 from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
+from tests.fixtures.replies import get_existing, stream_entries
 from tests.fixtures.sample_stage import DLQ, add
 
 P = TypeVar("P", bound=BaseProcessor)
@@ -84,7 +85,7 @@ async def test_pipeline_from_pdf_to_grouped_biomarkers(
 ) -> None:
     routed = await router.process("rec-1", "user-1", {"document_url": samples[DIABETES].as_uri()})
     assert routed == {"pages_key": pages_key(NS, "rec-1"), "document_name": DIABETES, "page_count": 3}
-    pages = json.loads(await redis.get(pages_key(NS, "rec-1")))
+    pages = json.loads(await get_existing(redis, pages_key(NS, "rec-1")))
     assert [page["categories"] for page in pages] == [["labs"], ["labs"], ["diagnoses", "procedures"]]
     assert (
         await redis.ttl(pages_key(NS, "rec-1")) == -1
@@ -100,14 +101,14 @@ async def test_pipeline_from_pdf_to_grouped_biomarkers(
         "status": "parsed",
     }
     assert await redis.exists(pages_key(NS, "rec-1")) == 0
-    findings = Findings.model_validate_json(await redis.get(parsed_key(NS, "rec-1")))
+    findings = Findings.model_validate_json(await get_existing(redis, parsed_key(NS, "rec-1")))
     assert [d.icd10 for d in findings.diagnoses] == ["E11.65", "E78.5", "I10"]
     assert await redis.ttl(parsed_key(NS, "rec-1")) == -1  # a hand-off too, until the grouper has used it
 
     grouped = await grouper.process("rec-1", "user-1", parsed)
     assert grouped == {"grouped_key": grouped_key(NS, "rec-1"), "group_count": 7, "mixed_unit_groups": 3}
     assert 0 < await redis.ttl(parsed_key(NS, "rec-1")) <= 86400  # now it expires with the groups
-    groups = {group["name"]: group for group in json.loads(await redis.get(grouped_key(NS, "rec-1")))}
+    groups = {group["name"]: group for group in json.loads(await get_existing(redis, grouped_key(NS, "rec-1")))}
     assert list(groups) == [
         "HbA1c",
         "Fasting glucose",
@@ -129,11 +130,12 @@ async def test_router_keeps_the_textless_scanned_page(
     redis: aioredis.Redis, router: RouterProcessor, samples: dict[str, Path]
 ) -> None:
     await router.process("rec-ct", "user-1", {"document_url": samples[CT_CHEST].as_uri()})
-    first, scan = json.loads(await redis.get(pages_key(NS, "rec-ct")))
+    first, scan = json.loads(await get_existing(redis, pages_key(NS, "rec-ct")))
     assert first["categories"] == ["diagnoses", "procedures", "imaging"]
     assert scan == {"number": 2, "text": "", "categories": ["other"]}
 
 
+@pytest.mark.ocr
 async def test_router_reads_from_the_records_api(
     redis: aioredis.Redis, samples: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -260,7 +262,7 @@ async def test_llm_mode_bills_the_users_key_and_stores_the_models_findings(
         "unparsed_count": 0,
         "status": "parsed",
     }
-    assert Findings.model_validate_json(await redis.get(parsed_key(NS, "rec-7"))) == Findings.model_validate(
+    assert Findings.model_validate_json(await get_existing(redis, parsed_key(NS, "rec-7"))) == Findings.model_validate(
         LLM_FINDINGS
     )
     ((authorization, body),) = fake.requests
@@ -340,7 +342,7 @@ async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_l
         assert await redis.xlen(DLQ) == 0
         return
     assert len(fake.requests) == LLMReplyError.max_attempts == 3
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["error_type"], dead["attempts"]) == ("RetriesExhausted", "3")
     reason = "reached LLMReplyError.max_attempts=3; last error: LLMReplyError: the model's reply is not findings JSON"
     assert reason in dead["error"]
@@ -393,12 +395,13 @@ def scan_pdf(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.mark.ocr
 @pytest.mark.skipif(ocr_unavailable_reason() is not None, reason=str(ocr_unavailable_reason()))
 async def test_scanned_page_is_read_by_ocr_and_parsed(
     redis: aioredis.Redis, router: RouterProcessor, parser: ParserProcessor, scan_pdf: Path
 ) -> None:
     routed = await router.process("rec-fax", "user-1", {"document_url": scan_pdf.as_uri()})
-    cover, scan = json.loads(await redis.get(pages_key(NS, "rec-fax")))
+    cover, scan = json.loads(await get_existing(redis, pages_key(NS, "rec-fax")))
     assert (cover["categories"], scan["categories"]) == (["other"], ["labs"])
     parsed = await parser.process("rec-fax", "user-1", routed)
     assert (parsed["biomarker_count"], parsed["unparsed_count"]) == (6, 0)
@@ -418,7 +421,7 @@ async def test_router_without_tesseract_says_so_once_and_keeps_scanned_pages_emp
     (warning,) = [log for log in logs if log["log_level"] == "warning"]
     assert warning["event"] == "ocr_unavailable"
     assert "tesseract binary is not installed" in warning["reason"]
-    _, scan = json.loads(await redis.get(pages_key(NS, "rec-fax2")))
+    _, scan = json.loads(await get_existing(redis, pages_key(NS, "rec-fax2")))
     assert (scan["text"], scan["categories"]) == ("", ["other"])
 
 
@@ -430,6 +433,6 @@ async def test_parser_keeps_unparsed_result_lines_and_counts_them(
     before = REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") or 0.0
     parsed = await parser.process("rec-12", "user-12", {"pages_key": pages_key(NS, "rec-12")})
     assert (parsed["biomarker_count"], parsed["unparsed_count"]) == (1, 1)
-    findings = Findings.model_validate_json(await redis.get(parsed_key(NS, "rec-12")))
+    findings = Findings.model_validate_json(await get_existing(redis, parsed_key(NS, "rec-12")))
     assert [(row.text, row.page) for row in findings.unparsed] == [("Lipase 1O2 U/L 13-60", 2)]
     assert REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") == before + 1

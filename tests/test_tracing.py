@@ -22,6 +22,7 @@ from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.records import committed
+from tests.fixtures.replies import add_entry, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, add, idle, outputs
 from tests.fixtures.workers import ROOT, WorkerPool
 from tests.processors import ScriptedBatchProcessor
@@ -57,6 +58,7 @@ def parent_id(span: ReadableSpan) -> int | None:
 
 def traceparent(span: ReadableSpan) -> str:
     ctx = span.get_span_context()
+    assert ctx is not None
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
 
 
@@ -71,7 +73,7 @@ async def spans_when(exporter: InMemorySpanExporter, name: str, count: int) -> t
 async def test_a_record_gets_wait_process_and_commit_spans(
     redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
-    entry_id = await redis.xadd(IN, {"record_id": "r1", "data": "{}", "traceparent": TRACEPARENT})
+    entry_id = await add_entry(redis, IN, {"record_id": "r1", "data": "{}", "traceparent": TRACEPARENT})
     async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
         spans = await spans_when(exporter, "s commit", 1)
     (process,) = named(spans, "s process")
@@ -144,10 +146,10 @@ async def test_a_dead_letter_replayed_continues_the_records_trace(
         spans = await spans_when(exporter, "s commit", 1)
         (failed,) = named(spans, "s process")
         assert failed.attributes is not None and failed.attributes["phoenix.outcome"] == "dlq"
-        ((dead_id, dead),) = await redis.xrange(DLQ)
+        ((dead_id, dead),) = await stream_entries(redis, DLQ)
         assert dead["traceparent"] == traceparent(failed)
         # The record is fixed meanwhile (its action dropped), then replayed as `phoenix dlq replay` does.
-        await redis.xadd(DLQ, {**dead, "data": "{}"})
+        await add_entry(redis, DLQ, {**dead, "data": "{}"})
         await redis.xdel(DLQ, dead_id)
         assert await dlq.replay(redis, DLQ, IN, None) == 1
         await wait_until(lambda: committed(redis, "s", "r1"), "the replayed r1 committed")
@@ -216,6 +218,8 @@ def test_an_unsupported_exporter_is_refused(env: dict[str, str], message: str) -
         configure_tracing("s", env)
 
 
+@pytest.mark.timeout(150)
+@pytest.mark.subprocess
 def test_a_worker_with_unsupported_tracing_exits_2_with_one_line() -> None:
     env = {
         "PATH": "",

@@ -43,6 +43,7 @@ def lines_with(worker: WorkerProcess, trace_id: str) -> list[dict[str, object]]:
     return [line for line in worker.events() if line.get("trace_id") == trace_id]
 
 
+@pytest.mark.timeout(150)
 async def test_one_record_through_three_stages_is_one_trace(
     redis: aioredis.Redis, workers: WorkerPool, tmp_path: Path
 ) -> None:
@@ -94,6 +95,7 @@ async def test_one_record_through_three_stages_is_one_trace(
         assert line["record_id"] == "rec-1" and line["span_id"] == by_name[f"{stage.name} commit"].span_id
 
 
+@pytest.mark.timeout(90)
 async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_it(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -128,6 +130,7 @@ async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_
     assert report["trace_ids"] == [processes[0].trace_id]
 
 
+@pytest.mark.timeout(150)
 @pytest.mark.kube
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
 async def test_the_operator_traces_each_reconcile(

@@ -6,10 +6,12 @@ import json
 import re
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked_records
+from tests.fixtures.replies import stream_entries
 from tests.fixtures.sample_stage import DLQ, OUT, add, idle, outputs
 from tests.fixtures.workers import ROOT, WorkerPool
 
@@ -31,7 +33,7 @@ async def test_a_failing_record_fails_alone_inside_its_batch(redis: aioredis.Red
     for record in ("b1", "b4"):
         assert await committed(redis, "s", f"{record}") == entries[record]
     assert await redis.hgetall("effects:s") == {"b1": "1", "b2": "1", "b4": "1"}
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert dead["record_id"] == "b3" and dead["error_type"] == "RecordNotFoundError"
     assert dead["error"] == "record b3 does not exist" and dead["original_id"] == entries["b3"]
     assert not await committed(redis, "s", "b3")
@@ -42,6 +44,7 @@ async def test_a_failing_record_fails_alone_inside_its_batch(redis: aioredis.Red
     assert done == {"b1", "b2", "b4"}
 
 
+@pytest.mark.timeout(60)
 async def test_a_failing_batch_call_retries_each_of_its_records(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await redis.set("batch-down:s", 1)
     for record in ("c1", "c2", "c3"):
@@ -81,5 +84,5 @@ async def test_the_documented_example(redis: aioredis.Redis, workers: WorkerPool
         "d1": {"words": 3},
         "d3": {"words": 2},
     }
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["record_id"], dead["error"]) == ("d2", "record d2 has no text")

@@ -6,10 +6,12 @@ import asyncio
 import json
 import random
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.replies import hash_of, stream_entries
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 RECORDS = 2000
@@ -35,6 +37,7 @@ async def drained(redis: aioredis.Redis) -> bool:
     return True
 
 
+@pytest.mark.timeout(210)
 async def test_every_record_arrives_exactly_once_despite_sigkills(redis: aioredis.Redis, workers: WorkerPool) -> None:
     rng = random.Random(7)
     live: dict[str, list[WorkerProcess]] = {
@@ -71,13 +74,13 @@ async def test_every_record_arrives_exactly_once_despite_sigkills(redis: aioredi
     await producer
     await wait_until(lambda: drained(redis), "both stages drained", timeout=180)
 
-    final = [fields for _, fields in await redis.xrange(FINAL)]
+    final = [fields for _, fields in await stream_entries(redis, FINAL)]
     ids = [f["record_id"] for f in final]
     assert len(ids) == RECORDS and set(ids) == {f"r{i}" for i in range(RECORDS)}  # exactly once each
     assert all(json.loads(f["data"])["seen_by"] == "c2" for f in final)
     for stage in STAGES:
         assert await redis.xlen(StageKeys.for_stage(stage).dlq) == 0
-        effects = await redis.hgetall(f"effects:{stage}")
+        effects = await hash_of(redis, f"effects:{stage}")
         assert len(effects) == RECORDS
         for record, count in effects.items():
             if int(count) > 1:

@@ -9,15 +9,18 @@ import asyncio
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
 from phoenix.tools.queue_stats import collect
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.replies import read_group, recent_entries, stream_entries
 from tests.fixtures.workers import WorkerPool
 
 
+@pytest.mark.timeout(120)
 async def test_backpressure_pauses_at_high_water_and_loses_nothing(redis: aioredis.Redis, workers: WorkerPool) -> None:
     high, concurrency = 100, 10
     ids = [f"r{i}" for i in range(3 * high)]
@@ -66,15 +69,14 @@ async def test_trimming_waits_for_the_slowest_consumer_group(redis: aioredis.Red
     await asyncio.sleep(1)  # ten trim intervals
     assert await redis.xlen(A_IN) == 10  # audit has read nothing: nothing may go
 
-    read = await redis.xreadgroup("audit", "auditor", {A_IN: ">"}, count=5)
-    entry_ids = [entry_id for entry_id, _ in read[0][1]]
+    entry_ids = [entry_id for entry_id, _ in await read_group(redis, "audit", "auditor", A_IN, 5)]
     await redis.xack(A_IN, "audit", *entry_ids[:3])
     await wait_until(lambda: _length(redis, A_IN, 7), "trimmed up to audit's oldest pending entry")
     await redis.xack(A_IN, "audit", *entry_ids[3:])
     await wait_until(lambda: _length(redis, A_IN, 6), "trimmed up to audit's last delivered entry")
     await asyncio.sleep(0.5)
     assert await redis.xlen(A_IN) == 6  # entries audit has not read yet stay
-    assert [f["record_id"] for _, f in await redis.xrange(A_IN)] == ids[4:]
+    assert [f["record_id"] for _, f in await stream_entries(redis, A_IN)] == ids[4:]
 
 
 async def _count(redis: aioredis.Redis, stream: str, n: int) -> bool:
@@ -90,7 +92,11 @@ async def test_dlq_over_its_limit_is_trimmed_counted_and_visible(redis: aioredis
     w = workers.start("a", DLQ_MAXLEN="3", TRIM_INTERVAL="0.1")
     await wait_until(lambda: redis.get("phoenix:{default}:a:dlq-trimmed"), "the DLQ trimmed to DLQ_MAXLEN")
     await wait_until(lambda: _length(redis, "phoenix:{default}:a:dlq", 3), "three dead letters kept")
-    assert [f["record_id"] for _, f in await redis.xrange("phoenix:{default}:a:dlq")] == ["gone2", "gone3", "gone4"]
+    assert [f["record_id"] for _, f in await stream_entries(redis, "phoenix:{default}:a:dlq")] == [
+        "gone2",
+        "gone3",
+        "gone4",
+    ]
     assert await redis.get("phoenix:{default}:a:dlq-trimmed") == "2"
     assert sum(e["count"] for e in w.events() if e["event"] == "dlq_trimmed") == 2
     [stats] = await collect(redis, [StageKeys.for_stage("a")])
@@ -108,6 +114,7 @@ async def test_dlq_is_unbounded_by_default(redis: aioredis.Redis, workers: Worke
     assert "dlq_trimmed" not in w.event_names()
 
 
+@pytest.mark.subprocess
 async def test_retired_stream_maxlen_stops_the_worker_with_one_line(redis_url: str, tmp_path: Path) -> None:
     pool = WorkerPool(redis_url, tmp_path)
     w = pool.start("a", STREAM_MAXLEN="5000")
@@ -117,6 +124,7 @@ async def test_retired_stream_maxlen_stops_the_worker_with_one_line(redis_url: s
     assert "STREAM_MAXLEN is no longer supported" in line and "OUTPUT_HIGH_WATER" in line
 
 
+@pytest.mark.timeout(150)
 async def test_a_chain_throttles_back_to_its_first_stage(redis: aioredis.Redis, workers: WorkerPool) -> None:
     """a -> b -> c with c stopped: b pauses at its high-water mark, then a does; a's producers see a backlog."""
     high, c_in, c_out = 50, "phoenix:{default}:c:input", "phoenix:{default}:c:output"
@@ -199,8 +207,8 @@ async def test_output_retention_keeps_a_stage_with_an_unread_output_flowing(
     assert (line["level"], line["output"], line["retention"]) == ("info", SINK, f"maxlen:{keep}")  # chosen
     assert "backpressure_paused" not in a.event_names()
     # The newest entries are the ones kept.
-    assert [f["record_id"] for _, f in await redis.xrange(SINK)] == [
-        f["record_id"] for _, f in (await redis.xrevrange(SINK, count=keep))[::-1]
+    assert [f["record_id"] for _, f in await stream_entries(redis, SINK)] == [
+        f["record_id"] for _, f in (await recent_entries(redis, SINK, keep))[::-1]
     ]
     assert await redis.xlen(A_IN) <= 1  # the input was trimmed as usual
 
@@ -216,6 +224,7 @@ async def test_output_retention_by_age_and_never_for_a_read_output(redis: aiored
     assert await redis.xlen(B_IN) == 20  # a group reads B_IN: the retention does not apply, nothing is lost
 
 
+@pytest.mark.subprocess
 async def test_a_bad_output_retention_stops_the_worker_with_one_line(redis_url: str, tmp_path: Path) -> None:
     pool = WorkerPool(redis_url, tmp_path)
     w = pool.start("a", OUTPUT_QUEUE=SINK, OUTPUT_RETENTION="100000")

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked_records, record_key
+from tests.fixtures.replies import get_existing, raw_stream_entries, scored_members, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
@@ -31,7 +33,7 @@ async def test_record_not_found_goes_to_dlq_at_once(redis: aioredis.Redis, worke
     w = workers.start("s", OUTPUT_QUEUE=OUT)
     await wait_until(lambda: redis.xlen(DLQ), "dead letter")
     await wait_until(lambda: idle(redis), "queue drained")
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert dead["record_id"] == "gone" and dead["user_id"] == "bob"
     assert json.loads(dead["data"]) == {"action": "missing"}
     assert dead["error"] == "record gone does not exist"
@@ -88,7 +90,7 @@ async def test_retry_waits_durably_in_redis_and_survives_a_restart(redis: aiored
     )
     await wait_until(lambda: redis.zcard(RETRY), "message scheduled for retry")
     w.kill()
-    [(member, due_ms)] = await redis.zrange(RETRY, 0, -1, withscores=True)
+    [(member, due_ms)] = await scored_members(redis, RETRY)
     fields = dict(zip(json.loads(member)[::2], json.loads(member)[1::2], strict=True))
     assert fields["record_id"] == "r1" and fields["user_id"] == "carol" and fields["retry_count"] == "1"
     seconds, micros = await redis.time()
@@ -113,7 +115,7 @@ async def test_malformed_entries_are_dead_lettered_with_the_reason(
     workers.start("s", OUTPUT_QUEUE=OUT, MAX_MESSAGE_BYTES="4096")
     await wait_until(lambda: committed(redis, "s", "fine"), "the good entry after the bad ones")
     await wait_until(lambda: idle(redis), "queue drained")
-    dead = [fields for _, fields in await raw_redis.xrange(DLQ)]
+    dead = [fields for _, fields in await raw_stream_entries(raw_redis, DLQ)]
     reasons = [d[b"error"].decode() for d in dead]
     assert reasons[0] == "missing record_id"
     assert reasons[1].startswith("data is not valid JSON")
@@ -145,11 +147,11 @@ async def test_poison_message_goes_to_dlq_after_max_deliveries(redis: aioredis.R
         await wait_until(lambda w=w: _exited_or_dead_lettered(w, redis), "a crash or the dead letter")
         kills += not w.alive
         assert kills <= 3, "the poison message was delivered more than MAX_DELIVERIES times"
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert dead["error_type"] == "PoisonMessage"
     assert dead["error"] == "delivered 4 times without finishing (MAX_DELIVERIES=3)"
     assert dead["attempts"] == "4" and dead["record_id"] == "poison"
-    assert int(await redis.get("calls:s")) == kills >= 1
+    assert int(await get_existing(redis, "calls:s")) == kills >= 1
     await wait_until(lambda: idle(redis), "queue drained")
     assert w.alive  # the worker that dead-lettered it is unharmed
 
@@ -158,6 +160,7 @@ async def _exited_or_dead_lettered(w: WorkerProcess, redis: aioredis.Redis) -> b
     return await w.exited() or bool(await redis.xlen(DLQ))
 
 
+@pytest.mark.timeout(60)
 async def test_bad_configuration_stops_with_one_readable_line(redis_url: str, workers: WorkerPool) -> None:
     w = workers.start("s", CONCURRENCY="lots", REDIS_URL="redis://:hunter2@127.0.0.1:1/0")
     assert w.process.popen.wait(timeout=30) == 2

@@ -20,6 +20,7 @@ from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.inprocess import run_burst
 from tests.fixtures.records import locked_records
+from tests.fixtures.replies import add_entry, scored_members, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, outputs
 
 # --- parse_entry ---------------------------------------------------------------------------------------------
@@ -96,7 +97,7 @@ def test_dead_letter_fields_pack_an_entry_too_wide_for_the_scripts() -> None:
 async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, raw_redis: aioredis.Redis) -> None:
     settings = WorkerSettings(service_name="s", processor="tests.processors:ScriptedProcessor", output_queue=OUT)
     await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)
-    ids = [await redis.xadd(IN, {"record_id": name}) for name in ("c", "c", "d", "r", "l", "t", "m")]
+    ids = [await add_entry(redis, IN, {"record_id": name}) for name in ("c", "c", "d", "r", "l", "t", "m")]
     await redis.xreadgroup(KEYS.consumer_group, "me", {IN: ">"})
     settled: list[list[Outcome]] = []
     settler = Settler(raw_redis, settings, "me:token", settled.append)
@@ -123,8 +124,8 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
     ]
     assert await redis.get(KEYS.record_prefix + "m") == DONE + ids[6]
     assert await redis.get(KEYS.record_prefix + "c") == DONE + ids[0]
-    assert [fields for _, fields in await redis.xrange(DLQ)] == [{"record_id": "d", "error": "why"}]
-    [(member, due_ms)] = await redis.zrange(RETRY, 0, -1, withscores=True)
+    assert [fields for _, fields in await stream_entries(redis, DLQ)] == [{"record_id": "d", "error": "why"}]
+    [(member, due_ms)] = await scored_members(redis, RETRY)
     assert retry_member_fields(member) == {"record_id": "r"} and due_ms > time.time() * 1000 + 50_000
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [ids[4]]  # only the left entry is still pending
@@ -146,7 +147,7 @@ async def test_commit_forwards_the_result_and_sets_the_marker(redis: aioredis.Re
 async def test_a_failure_is_scheduled_for_retry_with_its_error(redis: aioredis.Redis, redis_url: str) -> None:
     entry = await add(redis, "r1", action="fail")
     await run_burst(redis_url, output_queue=OUT, retry_base_seconds=60, retry_max_seconds=60)
-    [member] = await redis.zrange(RETRY, 0, -1)
+    [(member, _)] = await scored_members(redis, RETRY)
     fields = retry_member_fields(member)
     assert fields["record_id"] == "r1" and fields["retry_count"] == "1" and fields["original_id"] == entry
     assert fields["last_error"] == "RuntimeError: transient failure"
@@ -156,7 +157,7 @@ async def test_a_failure_is_scheduled_for_retry_with_its_error(redis: aioredis.R
 async def test_record_not_found_is_dead_lettered_at_once(redis: aioredis.Redis, redis_url: str) -> None:
     entry = await add(redis, "gone", "bob", action="missing")
     await run_burst(redis_url, output_queue=OUT)
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["record_id"], dead["original_id"], dead["attempts"]) == ("gone", entry, "1")
     assert (dead["error_type"], dead["error"]) == ("RecordNotFoundError", "record gone does not exist")
     assert await redis.zcard(RETRY) == 0 and await outputs(redis) == []
@@ -165,7 +166,7 @@ async def test_record_not_found_is_dead_lettered_at_once(redis: aioredis.Redis, 
 async def test_a_permanent_error_is_dead_lettered_under_its_own_name(redis: aioredis.Redis, redis_url: str) -> None:
     await add(redis, "bad", action="invalid")
     await run_burst(redis_url, output_queue=OUT)
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["error_type"], dead["error"]) == ("InvalidInputError", "record bad has no usable input")
     assert await redis.zcard(RETRY) == 0
 
@@ -185,6 +186,6 @@ async def test_a_duplicate_is_acknowledged_without_processing(redis: aioredis.Re
 async def test_a_malformed_entry_is_dead_lettered_with_the_reason(redis: aioredis.Redis, redis_url: str) -> None:
     await redis.xadd(IN, {"user_id": "u", "data": "{}"})
     await run_burst(redis_url, output_queue=OUT)
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["error_type"], dead["error"], dead["user_id"]) == ("MalformedMessage", "missing record_id", "u")
     assert await redis.get("calls:s") is None

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from typing import Any
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -51,6 +52,7 @@ def _failure(worker: Worker) -> str | None:
     return None if ok else reason
 
 
+@pytest.mark.timeout(150)
 async def test_a_worker_on_a_blackholed_connection_fails_healthz_and_a_fresh_worker_finishes_everything(
     redis: aioredis.Redis, redis_url: str, workers: WorkerPool
 ) -> None:
@@ -114,6 +116,7 @@ async def test_a_worker_on_a_blackholed_connection_fails_healthz_and_a_fresh_wor
     assert fresh.alive
 
 
+@pytest.mark.timeout(90)
 @SOCKET_TIMEOUTS
 async def test_a_settler_that_cannot_commit_fails_liveness_within_the_limit(
     redis: aioredis.Redis, redis_url: str, socket_timeout: float | None
@@ -158,6 +161,7 @@ async def test_a_settler_that_cannot_commit_fails_liveness_within_the_limit(
     assert await _forwarded(redis) == Counter(records)
 
 
+@pytest.mark.timeout(60)
 @SOCKET_TIMEOUTS
 async def test_an_intake_hung_on_a_blackholed_connection_fails_liveness_within_the_limit(
     redis: aioredis.Redis, redis_url: str, socket_timeout: float | None
@@ -198,6 +202,8 @@ async def test_an_intake_hung_on_a_blackholed_connection_fails_liveness_within_t
     assert await _forwarded(redis) == Counter(["after"])
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
 async def test_an_intake_on_a_primary_demoted_by_a_failover_fails_liveness_within_the_limit() -> None:
     """A failover's other face: the connection still works, but the server behind it became a replica, so every
     XREADGROUP is refused (READONLY) and retried forever. Without Sentinel (a DNS name that moved to the new
@@ -230,7 +236,7 @@ async def test_an_intake_on_a_primary_demoted_by_a_failover_fails_liveness_withi
 
 
 def test_liveness_timeout_is_derived_from_the_longest_call_and_refused_below_it() -> None:
-    base = {"service_name": "s", "processor": "tests.processors:OffRedisProcessor"}
+    base: dict[str, Any] = {"service_name": "s", "processor": "tests.processors:OffRedisProcessor"}
     # Three attempts of the longest call, each followed by the 5 s retry cap; at least 60 s.
     assert WorkerSettings(**base).liveness_timeout == 60
     assert WorkerSettings(**base, block_ms=30_000).liveness_timeout == 105

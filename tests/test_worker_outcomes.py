@@ -10,6 +10,7 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -24,6 +25,7 @@ from tests.fixtures.health import probe
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed, locked_records
+from tests.fixtures.replies import stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool
 from tests.processors import RELEASE_STUCK_THREADS, MisbehavingBatchProcessor, MisbehavingProcessor
@@ -36,7 +38,7 @@ def _sample(name: str, **labels: str) -> float:
 
 
 async def _dead_letters(redis: aioredis.Redis) -> dict[str, dict[str, str]]:
-    return {fields["record_id"]: fields for _, fields in await redis.xrange(DLQ)}
+    return {fields["record_id"]: fields for _, fields in await stream_entries(redis, DLQ)}
 
 
 @pytest.fixture
@@ -63,7 +65,7 @@ async def test_forty_good_records_flow_and_every_bad_one_settles(redis: aioredis
             record, misbehave = bad.popitem()
             await add(redis, record, misbehave=misbehave)
     duplicates = _sample("phoenix_messages_total", outcome="skipped_duplicate")
-    settings = {
+    settings: dict[str, Any] = {
         "output_queue": OUT,
         "concurrency": 8,
         "processing_timeout": 1,
@@ -131,7 +133,7 @@ async def test_exception_text_that_cannot_be_stored_or_printed_still_settles(
     async with running_worker(redis_url, processor=MisbehavingProcessor, output_queue=OUT) as worker:
         await wait_until(lambda: _forwarded(redis, 2), "the fine and the unprintable records forwarded", 15)
         await wait_until(lambda: _settled(worker, redis), "every record settled", 15)
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["record_id"], dead["error"]) == ("surrogate", "undecodable byte \\udcff in the input")
     assert sorted(o["record_id"] for o in await outputs(redis)) == ["fine", "unprintable"]
 
@@ -152,6 +154,7 @@ async def test_system_exit_and_keyboard_interrupt_fail_the_record_not_the_worker
     assert await redis.xlen(DLQ) == 0
 
 
+@pytest.mark.timeout(60)
 async def test_a_stuck_thread_fails_healthz_and_does_not_hold_up_the_exit(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:
@@ -196,7 +199,7 @@ async def test_max_attempts_dead_letters_the_record_with_its_history(redis: aior
     before = time.time()
     async with running_worker(redis_url, output_queue=OUT, max_attempts=3, circuit_failure_threshold=100):
         await wait_until(lambda: redis.xlen(DLQ), "the dead letter", 15)
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert dead["error_type"] == "RetriesExhausted" and dead["attempts"] == "3" and dead["retry_count"] == "3"
     assert dead["error"].startswith("3 attempts in ")
     assert dead["error"].endswith("s reached MAX_ATTEMPTS=3; last error: RuntimeError: transient failure")
@@ -208,10 +211,10 @@ async def test_max_attempts_dead_letters_the_record_with_its_history(redis: aior
 
 async def test_max_retry_age_dead_letters_a_record_failing_for_too_long(redis: aioredis.Redis, redis_url: str) -> None:
     await add(redis, "r1", action="fail")
-    settings = {"max_retry_age": 1, "retry_base_seconds": 0.3, "retry_max_seconds": 0.3}
+    settings: dict[str, Any] = {"max_retry_age": 1, "retry_base_seconds": 0.3, "retry_max_seconds": 0.3}
     async with running_worker(redis_url, output_queue=OUT, circuit_failure_threshold=100, **settings):
         await wait_until(lambda: redis.xlen(DLQ), "the dead letter", 15)
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert dead["error_type"] == "RetriesExhausted"
     assert "reached MAX_RETRY_AGE=1s; last error: RuntimeError: transient failure" in dead["error"]
     attempts = int(dead["attempts"])
@@ -227,7 +230,7 @@ async def test_a_dead_letter_past_the_limits_keeps_its_history_without_secrets(
     await add(redis, "r1", misbehave=f"quote:{secret}")
     async with running_worker(redis_url, processor=MisbehavingProcessor, output_queue=OUT, max_attempts=2):
         await wait_until(lambda: redis.xlen(DLQ), "the dead letter", 15)
-    [(_, dead)] = await redis.xrange(DLQ)
+    [(_, dead)] = await stream_entries(redis, DLQ)
     assert dead["error_type"] == "RetriesExhausted" and dead["last_error"] == "ConnectionError: cannot connect with ***"
     assert dead["error"].endswith("; last error: ConnectionError: cannot connect with ***")  # data keeps its own
 
@@ -247,7 +250,7 @@ async def test_a_call_that_ignores_the_shutdown_leaves_its_entry_pending_and_unl
     redis: aioredis.Redis, redis_url: str
 ) -> None:
     await add(redis, "swallow", misbehave="swallow-cancel:3")
-    settings = {"output_queue": OUT, "shutdown_grace": 0.2, "timeout_grace": 0.5}
+    settings: dict[str, Any] = {"output_queue": OUT, "shutdown_grace": 0.2, "timeout_grace": 0.5}
     async with running_worker(redis_url, processor=MisbehavingProcessor, **settings) as worker:
         await wait_until(lambda: redis.exists("misbehaved:s:swallow"), "the call started")
     # Stopped while the call ran and ignored its cancellation: given up, the entry left for the next worker.

@@ -22,6 +22,7 @@ from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, 
 from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
+from tests.fixtures.replies import get_text, raw_stream_entries, stream_entries
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 from tests.processors import OutcomeProcessor
 
@@ -39,7 +40,7 @@ async def enqueue(client: aioredis.Redis, keys: StageKeys, records: list[str], *
 
 async def arrived(client: aioredis.Redis, streams: list[str]) -> list[tuple[str, str]]:
     """(stream, record id) of every entry of `streams`."""
-    return [(s, fields["record_id"]) for s in streams for _, fields in await client.xrange(s)]
+    return [(s, fields["record_id"]) for s in streams for _, fields in await stream_entries(client, s)]
 
 
 def test_partitions_and_output_partitions_are_checked_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -62,6 +63,7 @@ def test_partitions_and_output_partitions_are_checked_at_start(monkeypatch: pyte
     assert settings.keys.partitions == 4 and [lane.partition for lane in settings.keys.lanes] == [0, 1, 2, 3]
 
 
+@pytest.mark.timeout(90)
 async def test_every_record_is_processed_once_in_its_own_lane(redis: aioredis.Redis, redis_url: str) -> None:
     """K=4 -> K=4: each lane's keys are used, and each result goes to the same partition of the next stage, in the
     commit itself (no outbox)."""
@@ -86,10 +88,11 @@ async def test_every_record_is_processed_once_in_its_own_lane(redis: aioredis.Re
         assert await redis.xinfo_groups(lane.input), lane.input
         assert not await redis.exists(lane.outbox)
     for record in records:
-        assert (await redis.get(stage.lane_of(record).record(record)) or "").startswith("done")
+        assert (await get_text(redis, stage.lane_of(record).record(record)) or "").startswith("done")
     assert {partition_of(r, 4) for r in records} == {0, 1, 2, 3}
 
 
+@pytest.mark.timeout(90)
 async def test_retries_and_dead_letters_stay_in_their_lane(redis: aioredis.Redis, redis_url: str) -> None:
     stage = StageKeys.for_stage("p", partitions=3)
     failing = [f"fail{i}" for i in range(6)]
@@ -109,18 +112,19 @@ async def test_retries_and_dead_letters_stay_in_their_lane(redis: aioredis.Redis
         await wait_until(lambda: _dead(redis, stage, len(failing) + len(invalid)), "every record dead-lettered", 60)
         await wait_until(lambda: drained(worker), "drained", 60)
     for lane in stage.lanes:
-        dead = [fields["record_id"] for _, fields in await redis.xrange(lane.dlq)]
+        dead = [fields["record_id"] for _, fields in await stream_entries(redis, lane.dlq)]
         assert all(stage.lane_of(r) == lane for r in dead)
         assert await redis.zcard(lane.retry) == 0
-        retried = [f for _, f in await redis.xrange(lane.input) if f.get("retry_count")]
+        retried = [f for _, f in await stream_entries(redis, lane.input) if f.get("retry_count")]
         assert all(stage.lane_of(f["record_id"]) == lane for f in retried)
-    assert {len(await redis.xrange(lane.dlq)) > 0 for lane in stage.lanes} == {True}
+    assert {len(await stream_entries(redis, lane.dlq)) > 0 for lane in stage.lanes} == {True}
 
 
 async def _dead(client: aioredis.Redis, stage: StageKeys, count: int) -> bool:
     return sum([await client.xlen(lane.dlq) for lane in stage.lanes]) == count
 
 
+@pytest.mark.timeout(90)
 async def test_a_dead_consumers_entries_are_reclaimed_in_each_lane(redis: aioredis.Redis, redis_url: str) -> None:
     stage = StageKeys.for_stage("p", partitions=4)
     records = [f"r{i}" for i in range(40)]
@@ -135,6 +139,7 @@ async def test_a_dead_consumers_entries_are_reclaimed_in_each_lane(redis: aiored
     assert sorted(r for _, r in await arrived(redis, [PLAIN])) == sorted(records)
 
 
+@pytest.mark.timeout(150)
 async def test_a_busy_lane_does_not_starve_another(redis: aioredis.Redis, redis_url: str) -> None:
     """5,000 entries wait in one lane when one record arrives in another: it is processed long before the busy
     lane is through."""
@@ -159,7 +164,7 @@ async def _started(client: aioredis.Redis, stage: StageKeys) -> bool:
 
 
 async def _committed(client: aioredis.Redis, stage: StageKeys, record: str) -> bool:
-    return (await client.get(stage.lane_of(record).record(record)) or "").startswith("done")
+    return (await get_text(client, stage.lane_of(record).record(record)) or "").startswith("done")
 
 
 async def _unread_or_pending(client: aioredis.Redis, lane: StageKeys) -> int:
@@ -167,6 +172,7 @@ async def _unread_or_pending(client: aioredis.Redis, lane: StageKeys) -> int:
     return int(group["lag"]) + int(group["pending"])
 
 
+@pytest.mark.timeout(90)
 async def test_a_forward_to_another_partition_count_is_relayed_exactly_once(
     redis: aioredis.Redis, redis_url: str
 ) -> None:
@@ -187,7 +193,7 @@ async def test_a_forward_to_another_partition_count_is_relayed_exactly_once(
     assert sorted(r for _, r in forwarded) == sorted(records)
     assert all(stream == nxt.lane_of(record).input for stream, record in forwarded)
     assert relayed._value.get() - before == len(records)
-    assert all(json.loads(f["data"])["seen_by"] == "p" for _, f in await redis.xrange(nxt.lanes[0].input))
+    assert all(json.loads(f["data"])["seen_by"] == "p" for _, f in await stream_entries(redis, nxt.lanes[0].input))
 
 
 async def _outboxes_empty(client: aioredis.Redis, stage: StageKeys) -> bool:
@@ -200,6 +206,7 @@ async def _outboxes_empty(client: aioredis.Redis, stage: StageKeys) -> bool:
     return True
 
 
+@pytest.mark.subprocess
 async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_the_relay_carries_it(
     cluster: aioredis.Redis, cluster_url: str
 ) -> None:
@@ -213,6 +220,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     raw = aioredis.Redis.from_url(cluster_url, decode_responses=False)
     await raw.xgroup_create(lane.input, "p-group", id="0", mkstream=True)
     entry = await raw.xadd(lane.input, {"record_id": "r", "user_id": "u", "data": "{}"})
+    assert isinstance(entry, bytes)  # a client that does not decode
     await raw.xreadgroup("p-group", settings.consumer_name, {lane.input: ">"})
     commit = Outcome(Disposition.COMMIT, entry.decode(), "r", ("u", "{}"), holds_lock=True, lane=1)
     direct = Settler(raw, settings, "lock x", print, lanes.routes(settings, slots_matter=False))
@@ -226,12 +234,14 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     await asyncio.wait_for(relayed.flush(), 30)
     task.cancel()
     assert [o.disposition for o in settled] == [Disposition.COMMIT]
-    assert [f[b"record_id"] for _, f in await raw.xrange(lane.outbox)] == [b"r"]
+    assert [f[b"record_id"] for _, f in await raw_stream_entries(raw, lane.outbox)] == [b"r"]
     assert (await raw.xpending(lane.input, "p-group"))["pending"] == 0
-    assert (await raw.get(lane.record("r"))).startswith(b"done")
+    state = await raw.get(lane.record("r"))
+    assert isinstance(state, bytes) and state.startswith(b"done")
     await raw.aclose()
 
 
+@pytest.mark.timeout(90)
 async def test_on_a_cluster_forwards_to_a_plain_stream_are_relayed_and_same_count_ones_are_not(
     cluster: aioredis.Redis, cluster_url: str
 ) -> None:
@@ -261,6 +271,8 @@ async def _count(client: aioredis.Redis, stream: str, count: int) -> bool:
 RECORDS = 1500
 
 
+@pytest.mark.timeout(210)
+@pytest.mark.subprocess
 async def test_a_partitioned_pipeline_delivers_exactly_once_with_workers_sigkilled(
     cluster: aioredis.Redis, cluster_url: str, tmp_path: Path
 ) -> None:
@@ -297,8 +309,8 @@ async def test_a_partitioned_pipeline_delivers_exactly_once_with_workers_sigkill
         pool.stop_all()
     ids = [r for _, r in await arrived(cluster, [PLAIN])]
     assert len(ids) == RECORDS and set(ids) == set(records)  # exactly once
-    for stage in keys.values():
-        for lane in stage.lanes:
+    for stage_keys in keys.values():
+        for lane in stage_keys.lanes:
             assert await cluster.xlen(lane.dlq) == 0
     assert kills >= 3
 

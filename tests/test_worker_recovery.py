@@ -6,6 +6,7 @@ import asyncio
 import json
 import signal
 
+import pytest
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
@@ -15,6 +16,7 @@ from tests.fixtures.sample_stage import DLQ, IN, OUT, add, idle, outputs
 from tests.fixtures.workers import WorkerPool
 
 
+@pytest.mark.timeout(60)
 async def test_sigkill_after_taking_the_lock(redis: aioredis.Redis, workers: WorkerPool) -> None:
     """Crash scenario 1: the lock outlives its holder; another worker waits it out, then processes once."""
     await add(redis, "r1", action="crash-before")
@@ -36,6 +38,7 @@ async def test_sigkill_after_taking_the_lock(redis: aioredis.Redis, workers: Wor
     assert "stale_messages_claimed" in events
 
 
+@pytest.mark.timeout(90)
 async def test_sigkill_after_processing_before_the_acknowledgement(redis: aioredis.Redis, workers: WorkerPool) -> None:
     """Crash scenario 2: the work is redone, but the next stage receives the record exactly once."""
     await add(redis, "r1", action="crash-after")
@@ -50,6 +53,7 @@ async def test_sigkill_after_processing_before_the_acknowledgement(redis: aiored
     assert await redis.hget("effects:s", "r1") == "2"  # the side effect repeats: the crash was mid-process
 
 
+@pytest.mark.timeout(90)
 async def test_restarted_pod_finishes_its_own_pending_entries_first(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await add(redis, "r1", action="crash-after")
     first = workers.start("s", OUTPUT_QUEUE=OUT, CONSUMER_NAME="pod-a", CLAIM_IDLE_MS="600000")
@@ -61,6 +65,7 @@ async def test_restarted_pod_finishes_its_own_pending_entries_first(redis: aiore
     assert [o["record_id"] for o in await outputs(redis)] == ["r1"]
 
 
+@pytest.mark.timeout(60)
 async def test_slow_processor_keeps_its_lock_and_its_entry(redis: aioredis.Redis, workers: WorkerPool) -> None:
     """Lock renewal: a live worker's long job is neither lost nor reclaimed by an eager neighbour."""
     await add(redis, "slow", action="sleep:4")
@@ -72,13 +77,14 @@ async def test_slow_processor_keeps_its_lock_and_its_entry(redis: aioredis.Redis
         await asyncio.sleep(0.5)
         assert await redis.pttl(record_key("s", "slow")) > 0
         [entry] = await redis.xpending_range(IN, "s-group", "-", "+", 1)
-        assert entry["consumer"] == "pod-a" and entry["time_since_delivered"] < 1000
+        assert entry["consumer"] == "pod-a" and int(entry["time_since_delivered"]) < 1000
     await wait_until(lambda: committed(redis, "s", "slow"), "slow job done")
     assert await redis.hget("effects:s", "slow") == "1"
     assert "stale_messages_claimed" not in neighbour.event_names()
     assert [o["record_id"] for o in await outputs(redis)] == ["slow"]
 
 
+@pytest.mark.timeout(60)
 async def test_processing_timeout_is_a_transient_error(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await add(redis, "stuck", action="sleep:30")
     w = workers.start("s", OUTPUT_QUEUE=OUT, PROCESSING_TIMEOUT="0.5", RETRY_BASE_SECONDS="60", RETRY_MAX_SECONDS="60")
@@ -89,6 +95,7 @@ async def test_processing_timeout_is_a_transient_error(redis: aioredis.Redis, wo
     assert not await locked(redis, "s", "stuck")
 
 
+@pytest.mark.timeout(60)
 async def test_sigterm_finishes_in_flight_work_and_exits_zero(redis: aioredis.Redis, workers: WorkerPool) -> None:
     for i in range(3):
         await add(redis, f"r{i}", action="sleep:1")
@@ -99,6 +106,7 @@ async def test_sigterm_finishes_in_flight_work_and_exits_zero(redis: aioredis.Re
     assert (await redis.xpending(IN, "s-group"))["pending"] == 0
 
 
+@pytest.mark.timeout(60)
 async def test_sigterm_past_grace_leaves_work_pending_for_the_next_worker(
     redis: aioredis.Redis, workers: WorkerPool
 ) -> None:
@@ -127,6 +135,7 @@ async def test_entries_trimmed_while_pending_are_counted_and_cleared(
     assert w.alive
 
 
+@pytest.mark.timeout(60)
 async def test_enqueue_before_the_first_worker_is_not_lost(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await add(redis, "early")  # the stream exists, the group does not yet: it is created at id 0
     workers.start("s", OUTPUT_QUEUE=OUT)
@@ -151,6 +160,7 @@ async def test_unreachable_redis_is_waited_for_not_crashed_on(workers: WorkerPoo
     assert "secret-pw" not in w.process.log_path.read_text()
 
 
+@pytest.mark.timeout(60)
 async def test_locks_stay_renewed_while_draining(redis: aioredis.Redis, workers: WorkerPool) -> None:
     await add(redis, "slow", action="sleep:3")
     w = workers.start("s", OUTPUT_QUEUE=OUT, LOCK_TIMEOUT="1", SHUTDOWN_GRACE="10")

@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 
 from phoenix.cli import report
 from phoenix.cli.records import inspect_with_repairs, render_inspection
-from phoenix.cli.stage import StageSettings, confirm, redis_client, settings_from
+from phoenix.cli.stage import StageSettings, confirm, fail, redis_client, settings_from
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
 from phoenix.keys import StageKeys
@@ -347,17 +347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         api, args.default_namespace = _api_client(args)
     except config.ConfigException as exc:
-        print(f"kubectl phoenix: no Kubernetes configuration: {exc}", file=sys.stderr)
-        return 1
+        return fail(f"kubectl phoenix: no Kubernetes configuration: {exc}")
     try:
         with api:
             return args.handler(Stages(api), args)
     except PluginError as exc:
-        print(f"kubectl phoenix: {exc}", file=sys.stderr)
-        return 1
+        return fail(f"kubectl phoenix: {exc}")
     except ApiException as exc:
-        print(f"kubectl phoenix: the API server refused: {exc.status} {exc.reason}", file=sys.stderr)
-        return 1
+        return fail(f"kubectl phoenix: the API server refused: {exc.status} {exc.reason}")
 
 
 if __name__ == "__main__":

@@ -161,7 +161,7 @@ class RedisTls(CamelModel):
     )
 
 
-class RedisSpec(CamelModel):
+class StageRedisSpec(CamelModel):
     """How the worker (and KEDA) reach Redis. Only Secret references: no credential is ever written in a spec."""
 
     model_config = cel(
@@ -190,7 +190,7 @@ class RedisSpec(CamelModel):
     tls: RedisTls | None = Field(default=None, description="CA and client certificate for a `rediss://` URL.")
 
     @model_validator(mode="after")
-    def _mode_fits(self) -> RedisSpec:
+    def _mode_fits(self) -> StageRedisSpec:
         if self.mode is RedisMode.SENTINEL and self.sentinel is None:
             raise ValueError(_SENTINEL_NEEDS_MASTER)
         if self.sentinel is not None and self.mode is not RedisMode.SENTINEL:
@@ -286,7 +286,7 @@ class Retry(CamelModel):
         return self
 
 
-class CircuitBreaker(CamelModel):
+class CircuitBreakerSpec(CamelModel):
     """Stops calling a failing processor for a while instead of hammering it."""
 
     failure_threshold: int = Field(
@@ -426,12 +426,14 @@ class PhoenixStageSpec(CamelModel):
         "today's layout. A stage of several partitions cannot set input or dlq. Changing it on a stage with data is "
         "refused until the data is moved (docs/operations.md).",
     )
-    redis: RedisSpec = Field(description="Redis connection, by Secret reference.")
+    redis: StageRedisSpec = Field(description="Redis connection, by Secret reference.")
     replicas: Replicas = Field(default_factory=Replicas, description="Bounds on the number of worker pods.")
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="KEDA autoscaling on consumer lag.")
     worker: WorkerTuning = Field(default_factory=WorkerTuning, description="Worker runtime tuning.")
     retry: Retry = Field(default_factory=Retry, description="Backoff for transient failures.")
-    circuit_breaker: CircuitBreaker = Field(default_factory=CircuitBreaker, description="Processor circuit breaker.")
+    circuit_breaker: CircuitBreakerSpec = Field(
+        default_factory=CircuitBreakerSpec, description="Processor circuit breaker."
+    )
     env: list[EnvVar] = Field(
         default_factory=list,
         max_length=64,

@@ -38,8 +38,9 @@ from phoenix.redis_spec import RedisSpec
 
 
 @dataclass(frozen=True)
-class Action:
-    """Something the operator changed, told as a Normal Event on the stage."""
+class ActionTaken:
+    """Something the operator did for a stage (a child created, patched or deleted, a consumer group created, keys
+    adopted, a pause): the reason and message of the Normal Event it posts on the stage."""
 
     reason: str
     message: str
@@ -76,15 +77,15 @@ def deployment_replicas(spec: PhoenixStageSpec, current: int | None, keda_scales
     return max(spec.replicas.min, min(spec.replicas.max, current))
 
 
-def _changed(kind: str, name: str, existing: Mapping[str, Any] | None, paths: list[str]) -> Action:
+def _changed(kind: str, name: str, existing: Mapping[str, Any] | None, paths: list[str]) -> ActionTaken:
     if existing is None:
-        return Action(f"{kind}Created", f"created {kind} {name}")
-    return Action(f"{kind}Updated", f"updated {describe(kind, name, paths)}")
+        return ActionTaken(f"{kind}Created", f"created {kind} {name}")
+    return ActionTaken(f"{kind}Updated", f"updated {describe(kind, name, paths)}")
 
 
 async def apply_deployment(
     kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool, redis_secrets: str, output_partitions: int = 1
-) -> tuple[dict[str, Any], list[Action], dict[str, Any]]:
+) -> tuple[dict[str, Any], list[ActionTaken], dict[str, Any]]:
     """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
     KEDA's replica count; nothing is written when nothing differs. `redis_secrets` is the digest of the values
     of the stage's Redis Secrets: when it differs the patch rolls the workers. `output_partitions`: the
@@ -126,7 +127,7 @@ def _remove_dropped_pod_keys(desired: dict[str, Any], existing: Mapping[str, Any
             template[section].setdefault(key, None)
 
 
-async def apply_child_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]) -> list[Action]:
+async def apply_child_object(kube: KubeApi, owner: Owner, wanted: dict[str, Any]) -> list[ActionTaken]:
     """Create the KEDA object or PodDisruptionBudget, or merge-patch it where it differs from `wanted`; NotOwned
     when it is another's."""
     kind, meta = wanted["kind"], wanted["metadata"]
@@ -157,7 +158,7 @@ def _present(wanted: Mapping[str, Any]) -> dict[str, Any]:
 
 async def apply_autoscaling(
     kube: KubeApi, owner: Owner, stage: PhoenixStage, redis: RedisSpec
-) -> tuple[Condition, list[Action], dict[str, dict[str, Any]]]:
+) -> tuple[Condition, list[ActionTaken], dict[str, dict[str, Any]]]:
     """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
     the actions taken and the wanted form of each KEDA object by kind (none for an object the stage does not own:
     its watch events are not the stage's drift)."""
@@ -175,7 +176,7 @@ async def apply_autoscaling(
     keda_missing = "the API server does not serve keda.sh/v1alpha1 ScaledObjects: install KEDA to autoscale"
     if not await kube.keda_installed():
         return unscaled(KEDA_NOT_INSTALLED, keda_missing), [], {}
-    actions: list[Action] = []
+    actions: list[ActionTaken] = []
     wanted: dict[str, dict[str, Any]] = {}
     try:
         if not spec.autoscaling.enabled:
@@ -220,18 +221,18 @@ async def apply_autoscaling(
     return condition, actions, wanted
 
 
-async def _delete_child_object(kube: KubeApi, kind: str, owner: Owner, name: str) -> list[Action]:
+async def _delete_child_object(kube: KubeApi, kind: str, owner: Owner, name: str) -> list[ActionTaken]:
     """Delete the stage's own KEDA object or PodDisruptionBudget of that name; NotOwned when it is another's."""
     existing = await kube.get_child_object(kind, owner.namespace, name)
     if existing is None:
         return []
     check_owned(owner, existing)
     if await kube.delete_child_object(kind, owner.namespace, name, existing["metadata"]["uid"]):
-        return [Action(f"{kind}Deleted", f"deleted {kind} {name}")]
+        return [ActionTaken(f"{kind}Deleted", f"deleted {kind} {name}")]
     return []
 
 
-async def _remove_autoscaling(kube: KubeApi, owner: Owner) -> list[Action]:
+async def _remove_autoscaling(kube: KubeApi, owner: Owner) -> list[ActionTaken]:
     return [
         *await _delete_child_object(kube, "ScaledObject", owner, owner.name),
         *await _delete_child_object(kube, "TriggerAuthentication", owner, trigger_authentication_name(owner.name)),
@@ -240,7 +241,7 @@ async def _remove_autoscaling(kube: KubeApi, owner: Owner) -> list[Action]:
 
 async def apply_disruption_budget(
     kube: KubeApi, owner: Owner, stage: PhoenixStage
-) -> tuple[list[Action], dict[str, Any] | None]:
+) -> tuple[list[ActionTaken], dict[str, Any] | None]:
     """The stage's PodDisruptionBudget created, patched or (for a stage of at most one pod) deleted; returns the
     actions taken and its wanted form (None when the stage has none). NotOwned when one of its name is another's."""
     wanted = build_pod_disruption_budget(owner, stage.spec)

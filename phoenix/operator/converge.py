@@ -4,8 +4,10 @@ Work comes from the stage's own object (a restart or replay asked for by annotat
 children's watch events or in Redis by the status refresh, and from a stage waiting for KEDA to be installed
 (or for a KEDA object of its name that it does not own to go).
 kopf timers would do the same but add a finalizer to every stage they apply to, so a stage could not be deleted
-while the operator is down; this loop needs none. At most one piece of work runs per stage at a time; a failure
-waits with backoff (reconcile.backoff) before that stage's next attempt, and its Warning is posted once per cause.
+while the operator is down; this loop needs none. A repair or KEDA re-check is a whole reconcile
+(stage_reconcile.reconcile_stage, as the kopf handler runs it); a restart or replay is stage_requests.py's. At most
+one piece of work runs per stage at a time; a failure waits with backoff (errors.retry_delay) before that stage's
+next attempt, and its Warning is posted once per cause.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from phoenix.operator import reconcile, stage_requests
+from phoenix.operator import stage_requests
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError
+from phoenix.operator.errors import StageError, retry_delay
 from phoenix.operator.metrics import record_drift_repair
+from phoenix.operator.stage_reconcile import reconcile_stage
 from phoenix.operator.stage_record import StageRecord
 from phoenix.operator.status.readiness import autoscaling_rechecked
 
@@ -58,7 +61,7 @@ async def _repair(ctx: OperatorContext, record: StageRecord, view: Mapping[str, 
     causes = dict(record.drift)
     record.drift.clear()
     try:
-        await reconcile.converge_stage(ctx, record, view)
+        await reconcile_stage(ctx, record, view)
     except StageError:
         record.drift.update(causes)  # still to be repaired, after the backoff
         raise
@@ -69,7 +72,7 @@ async def _repair(ctx: OperatorContext, record: StageRecord, view: Mapping[str, 
 
 async def _recheck_keda(ctx: OperatorContext, record: StageRecord, view: Mapping[str, Any]) -> None:
     record.keda_checked_at = time.monotonic()
-    await reconcile.converge_stage(ctx, record, view)
+    await reconcile_stage(ctx, record, view)
 
 
 WORK: dict[str, Work] = {
@@ -83,16 +86,15 @@ WORK: dict[str, Work] = {
 async def _run(ctx: OperatorContext, record: StageRecord, work: str, view: Mapping[str, Any]) -> None:
     try:
         await WORK[work](ctx, record, view)
-    except StageError as error:
-        record.retry_at = time.monotonic() + reconcile.backoff(record.attempts)
+    except Exception as error:
+        record.retry_at = time.monotonic() + retry_delay(record.attempts)
         record.attempts += 1
-        logger.warning(
-            "%s of %s/%s failed (attempt %d): %s", work, record.namespace, record.name, record.attempts, error
-        )
-    except Exception:
-        record.retry_at = time.monotonic() + reconcile.backoff(record.attempts)
-        record.attempts += 1
-        logger.exception("%s of %s/%s failed", work, record.namespace, record.name)
+        if isinstance(error, StageError):  # an expected failure: its reason and message say it all
+            logger.warning(
+                "%s of %s/%s failed (attempt %d): %s", work, record.namespace, record.name, record.attempts, error
+            )
+        else:
+            logger.exception("%s of %s/%s failed", work, record.namespace, record.name)
     else:
         record.attempts, record.retry_at = 0, 0.0
     finally:

@@ -1,5 +1,6 @@
-"""kopf wiring: which event calls which function. A stage's reconcile, deletion and drift live in reconcile.py,
-its restart and replay in stage_requests.py (run by converge.py), its status refresh in status/refresh.py."""
+"""kopf wiring: which event calls which function, each handler named after the event it handles. A stage's
+reconcile and the drift its watch events show live in stage_reconcile.py, its deletion in stage_delete.py, its
+restart and replay in stage_requests.py (run by converge.py), its status refresh in status/refresh.py."""
 
 from __future__ import annotations
 
@@ -11,13 +12,15 @@ import kopf
 
 from phoenix.crds import GROUP, PLURAL, VERSION, DeletionPolicy
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
-from phoenix.operator import reconcile as stage
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.converge import converge_forever
+from phoenix.operator.errors import StageError
 from phoenix.operator.kopf_settings import configure, quiet_handlers
 from phoenix.operator.kube_api import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.metrics import observed_reconcile
 from phoenix.operator.redis_target import check_secrets_forever
+from phoenix.operator.stage_delete import delete_stage
+from phoenix.operator.stage_reconcile import child_changed, kopf_retry, next_stage_seen, reconcile_stage
 from phoenix.operator.status.refresh import refresh_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
@@ -63,20 +66,27 @@ def status_refresh(memo: kopf.Memo, **_: Any) -> dict[str, dict[str, Any]]:
     return _context(memo).refresh_reports
 
 
-@kopf.on.resume(*STAGES)
-@kopf.on.create(*STAGES)
-@kopf.on.update(*STAGES, field="spec")
-async def reconcile(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
+# The ids are the handlers' names of old: kopf keeps a handler's progress (its retry count) in phoenix.io/<id>
+# annotations on the object, which an operator upgraded mid-retry must find again.
+@kopf.on.resume(*STAGES, id="reconcile")
+@kopf.on.create(*STAGES, id="reconcile")
+@kopf.on.update(*STAGES, field="spec", id="reconcile")
+async def stage_changed(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
+    """Created, its spec changed, or found at the operator's start: reconciled; kopf retries a failure."""
+    context = _context(memo)
     with observed_reconcile():
-        await stage.reconcile_stage(_context(memo), body, retry)
+        try:
+            await reconcile_stage(context, context.registry.observe(body), body)
+        except StageError as error:
+            raise kopf_retry(error, retry) from None
 
 
 # Only a Delete stage has work to do before it goes, so only such a stage gets kopf's finalizer (a filtered
 # deletion handler adds it only to the objects it matches, and removes it when the policy becomes Retain).
 # retries=None: tried with backoff until the data is deleted.
-@kopf.on.delete(*STAGES, field="spec.deletionPolicy", value=DeletionPolicy.DELETE.value, retries=None)
-async def delete(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
-    await stage.delete_stage(_context(memo), body, retry)
+@kopf.on.delete(*STAGES, field="spec.deletionPolicy", value=DeletionPolicy.DELETE.value, retries=None, id="delete")
+async def stage_deleted(body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any) -> None:
+    await delete_stage(_context(memo), body, retry)
 
 
 # The event handlers are async (kopf would run sync ones in threads): the registry and the converger's state are
@@ -89,7 +99,7 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
         registry.forget((body["metadata"]["namespace"], body["metadata"]["name"]))
     else:
         registry.observe(body)
-        stage.next_stage_seen(_context(memo), body)
+        next_stage_seen(_context(memo), body)
 
 
 @kopf.on.event(*DEPLOYMENTS, labels=MANAGED)
@@ -97,4 +107,4 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
 @kopf.on.event(*TRIGGER_AUTHENTICATIONS, labels=MANAGED)
 @kopf.on.event(*DISRUPTION_BUDGETS, labels=MANAGED)
 async def child_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    stage.child_changed(_context(memo), type, body)
+    child_changed(_context(memo), type, body)

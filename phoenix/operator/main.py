@@ -126,7 +126,7 @@ def run(options: OperatorOptions) -> int:
     kopf.configure(verbose=options.verbose, log_format=kopf.LogFormat[options.log_format.upper()])
     lease = None
     try:
-        # The same OTEL_* environment as the workers': a span per reconcile (reconcile.converge_stage).
+        # The same OTEL_* environment as the workers': a span per reconcile (stage_reconcile.reconcile_stage).
         shutdown_tracing = configure_tracing(MANAGED_BY)  # its service.name unless OTEL_SERVICE_NAME
     except TracingConfigError as exc:
         print(f"phoenix operator: invalid configuration: {exc}", file=sys.stderr)

@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING, Any
 from kubernetes.client.exceptions import ApiException
 from pydantic import SecretBytes
 
-from phoenix.crds import RedisSpec as StageRedisSpec
-from phoenix.crds import SecretKeyRef
+from phoenix.crds import SecretKeyRef, StageRedisSpec
 from phoenix.operator.builders import in_namespace
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE
 from phoenix.operator.errors import StageError

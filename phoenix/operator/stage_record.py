@@ -1,4 +1,4 @@
-"""What the operator remembers about each stage between handler calls, for the batched status refresh."""
+"""What the operator remembers about each stage between events (StageRecord), and the StageRegistry of them all."""
 
 from __future__ import annotations
 
@@ -16,26 +16,29 @@ StageKey = tuple[str, str]  # (namespace, name)
 
 @dataclass
 class StageRecord:
+    """The operator's memory of one PhoenixStage between events: what its handlers, the converger and the status
+    refresh need to know without asking the API server or Redis again.
+
+    It lives in this process only and is rebuilt from the objects after a restart (the watch and the resume
+    handler see every stage again), so nothing in it is the truth: the PhoenixStage, its children and Redis are.
+    Only ever touched from the event loop (the locks order the awaits of different tasks on one stage). Its fields
+    in five groups: who the stage is and how it was last seen; what its last reconcile found and wants; its status
+    as this operator wrote it; the locks; and the converger's pending work on it.
+    """
+
+    # Who: the stage's key, and its object as last seen on the watch (background work acts on that).
     namespace: str
     name: str
     generation: int | None = None
+    body: Mapping[str, Any] | None = field(default=None, repr=False)
+
+    # What the last reconcile found and wants.
     streams: StageKeys | None = None
     # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
     redis: RedisSpec | None = field(default=None, repr=False)
     # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
     # Secret check (redis_target.check_secrets_once) compares them with the current ones.
     redis_versions: tuple[tuple[str, str], ...] = ()
-    # The reconcile failure that keeps the stage not Ready, if any.
-    error: Condition | None = None
-    # The status as last written or read: the refresh patches only fields that differ from it.
-    status: dict[str, Any] = field(default_factory=dict)
-    # Serializes read-modify-write of status, and of the Deployment (reconcile against restart).
-    status_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    deployment_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    # Serializes whole reconciles: a spec change (kopf handler) against a drift repair (converger).
-    reconcile_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
-    # The object as last seen on the watch; background work (restart, replay, drift repair) acts on it.
-    body: Mapping[str, Any] | None = field(default=None, repr=False)
     # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
     # with it (drift.differences).
     children: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
@@ -43,12 +46,26 @@ class StageRecord:
     next_partitions: int | None = None
     # spec.paused as last reconciled by this process (None: not yet), for the Paused and Resumed Events.
     paused: bool | None = None
+
+    # Its status as this operator wrote it.
+    # The status as last written or read: the refresh patches only fields that differ from it.
+    status: dict[str, Any] = field(default_factory=dict)
+    # The reconcile failure that keeps the stage not Ready, if any.
+    error: Condition | None = None
+    # The cause of the Warning last posted per source (reconcile, restart, replay, delete): reason, generation.
+    warnings: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+
+    # The locks. Serializes read-modify-write of status, and of the Deployment (reconcile against restart).
+    status_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    deployment_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+    # Serializes whole reconciles: a spec change (kopf handler) against a drift repair (converger).
+    reconcile_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
+
+    # The converger's work (converge.py).
     # Why the stage's world departs from its spec (cause -> kind of what is repaired), noticed since its last
     # repair; the converger repairs it and counts each kind in phoenix_operator_drift_repairs_total.
     drift: dict[str, str] = field(default_factory=dict)
-    # The cause of the Warning last posted per source (reconcile, restart, replay, delete): reason, generation.
-    warnings: dict[str, tuple[str, int | None]] = field(default_factory=dict)
-    # Background work of the converger: the task running now, failed attempts in a row, when to try again.
+    # The task running now, failed attempts in a row, when to try again, when KEDA's presence was last re-checked.
     task: asyncio.Task[None] | None = field(default=None, repr=False)
     attempts: int = 0
     retry_at: float = 0.0
@@ -60,6 +77,10 @@ class StageRecord:
 
 
 class StageRegistry:
+    """Every stage this operator has seen and not seen deleted, by (namespace, name): the kopf handlers add and
+    refresh them (observe), a DELETED watch event or a finished deletion forgets one, and the converger, the
+    status refresh and the Secret check walk them all (records)."""
+
     def __init__(self) -> None:
         self._records: dict[StageKey, StageRecord] = {}
 
@@ -76,10 +97,12 @@ class StageRegistry:
         return record
 
     def get(self, key: StageKey) -> StageRecord | None:
+        """The record of a stage seen, else None (a child's watch event may name a stage not seen yet)."""
         return self._records.get(key)
 
     def forget(self, key: StageKey) -> None:
         self._records.pop(key, None)
 
     def records(self) -> list[StageRecord]:
+        """A copy: the callers await while walking it, and a handler may add or forget a stage meanwhile."""
         return list(self._records.values())

@@ -88,9 +88,12 @@ def letterhead(pdf: FPDF, issuer: str, patient: str) -> None:
     pdf.ln(4)
 
 
-def _fpdf_table(pdf: FPDF, rows: Sequence[Sequence[str]], widths: Sequence[int], size: int = 9) -> None:
+def fpdf_table(
+    pdf: FPDF, rows: Sequence[Sequence[str]], widths: Sequence[int], size: int = 9, borders: str = "NONE"
+) -> None:
+    """A table of text cells at the left margin, its first row the header; `borders`: fpdf2's borders layout."""
     pdf.set_font("Helvetica", size=size)
-    with pdf.table(col_widths=widths, width=sum(widths), align="LEFT", line_height=6, borders_layout="NONE") as table:
+    with pdf.table(col_widths=widths, width=sum(widths), align="LEFT", line_height=6, borders_layout=borders) as table:
         for row in rows:
             cells = table.row()
             for text in row:
@@ -103,7 +106,7 @@ def labcorp_like(results: tuple[Result, ...]) -> bytes:
     previous = {"Glucose": "118  01/12/2024", "Creatinine": "1.18  01/12/2024", "WBC": "6.9  01/12/2024"}
     rows = [("Tests", "Current Result and Flag", "Previous Result and Date", "Units", "Reference Interval")]
     rows += [(r.name, f"{r.shown} {_word_flag(r)}".strip(), previous.get(r.name, ""), r.unit, r.range) for r in results]
-    _fpdf_table(pdf, rows, (50, 38, 38, 28, 34))
+    fpdf_table(pdf, rows, (50, 38, 38, 28, 34))
     pdf.set_font("Helvetica", size=8)
     pdf.multi_cell(0, 4, "Please note: reference intervals changed for eGFR on 01/01/2024.")
     return bytes(pdf.output())
@@ -133,7 +136,7 @@ def faxed_scan(results: tuple[Result, ...]) -> bytes:
     typed = _fpdf_report("typed", "County Hospital Laboratory - FAX")
     rows = [("Test", "Result", "Flag", "Units", "Reference Range")]
     rows += [(r.name, r.shown, _letter_flag(r), r.unit, r.range) for r in results]
-    _fpdf_table(typed, rows, (60, 25, 15, 30, 45), size=10)
+    fpdf_table(typed, rows, (60, 25, 15, 30, 45), size=10)
     document = pdfium.PdfDocument(bytes(typed.output()))
     image = document[0].render(scale=200 / 72, grayscale=True).to_pil()  # a fax's fine mode
     document.close()

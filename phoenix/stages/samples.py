@@ -15,7 +15,7 @@ from pathlib import Path
 
 from fpdf import FPDF
 
-from phoenix.stages.corpus import CORPUS, letterhead
+from phoenix.stages.corpus import CORPUS, fpdf_table, letterhead
 
 DEFAULT_DIR = Path(".cache/samples")
 PATIENT = "Patient: Maria Example    DOB: 1968-04-12    Sex: F    MRN: 000123"
@@ -290,12 +290,7 @@ def _render_block(pdf: FPDF, block: Block) -> None:
             pdf.multi_cell(0, 5, text, new_x="LMARGIN", new_y="NEXT")
             pdf.ln(2)
         case Table(header, rows, widths):
-            pdf.set_font("Helvetica", size=9)
-            with pdf.table(col_widths=widths, width=sum(widths), align="LEFT", line_height=6) as table:
-                for row in (header, *rows):
-                    cells = table.row()
-                    for text in row:
-                        cells.cell(text)
+            fpdf_table(pdf, (header, *rows), widths, borders="ALL")
             pdf.ln(3)
         case ScanPlaceholder():
             # A grey "scan" with a frame: only drawing operators, no text layer.

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import redis as redis_client
+from pluggy import Result
 
 from phoenix.stages.samples import ensure_samples
 from tests.e2e import evidence
@@ -45,7 +46,9 @@ OPERATOR_NAMESPACE = evidence.OPERATOR_NAMESPACE
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Generator[None, None, None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, Result[pytest.TestReport], None]:
     """A failure's evidence is collected at once, while the cluster still shows what went wrong."""
     outcome = yield
     report: pytest.TestReport = outcome.get_result()

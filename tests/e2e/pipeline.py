@@ -16,6 +16,7 @@ from phoenix.keys import StageKeys
 from phoenix.stages.data_keys import grouped_key
 from tests.e2e.kubectl import kubectl_json
 from tests.fixtures.cluster_objects import MANIFESTS
+from tests.fixtures.replies import stream_entries_now
 
 NAMESPACE = "phoenix-e2e"
 DOCUMENTS_URL = "http://documents:8000"  # the Service below, resolved by cluster DNS from the router's pods
@@ -26,6 +27,30 @@ RESTRICTED = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+
+# The Secret the suite creates beside the pipeline, with the Redis URL and password (tests/e2e/conftest.py).
+REDIS_SECRET_REFS = {
+    "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
+    "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
+}
+
+
+def stage_document(name: str, processor: str, image: str, cpu: tuple[str, str], **spec: Any) -> dict[str, Any]:
+    """A PhoenixStage `name` of the tests' own, on the suite's Redis (REDIS_SECRET_REFS, unless `spec` has a
+    `redis` of its own), with `cpu` as its pods' (request, limit): a low limit keeps a backlog long enough to see."""
+    return {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": name},
+        "spec": {
+            "processor": processor,
+            "image": image,
+            "redis": REDIS_SECRET_REFS,
+            "resources": {"requests": {"cpu": cpu[0], "memory": "96Mi"}, "limits": {"cpu": cpu[1], "memory": "256Mi"}},
+            **spec,
+        },
+    }
+
 
 # What the test's overlay changes in the samples: KEDA reacts within seconds and scales down after 20 s instead of
 # 15 s polling and 3 min cooldown, and a killed pod's entries are claimed by another after 10 s, not 5 min.
@@ -127,7 +152,9 @@ def enqueue_documents(
 def record_counts(redis: redis_client.Redis, stream: str, ids: list[str]) -> Counter[str]:
     """How many entries of `stream` carry each of `ids`."""
     wanted = set(ids)
-    return Counter(fields["record_id"] for _, fields in redis.xrange(stream) if fields.get("record_id") in wanted)
+    return Counter(
+        fields["record_id"] for _, fields in stream_entries_now(redis, stream) if fields.get("record_id") in wanted
+    )
 
 
 def grouped_count(redis: redis_client.Redis, ids: list[str]) -> int:
@@ -158,7 +185,7 @@ def _whereabouts(redis: redis_client.Redis, record_id: str) -> str:
         keys = StageKeys.for_stage(
             name, NAMESPACE, input=names["input"], group=names["consumerGroup"], dlq=names["dlq"]
         )
-        entries = [i for i, f in redis.xrange(keys.input) if f.get("record_id") == record_id]
+        entries = [i for i, f in stream_entries_now(redis, keys.input) if f.get("record_id") == record_id]
         pending = [redis.xpending_range(keys.input, keys.consumer_group, i, i, 1) for i in entries]
         in_dlq = record_counts(redis, keys.dlq, [record_id])[record_id]
         state = keys.record_prefix + record_id

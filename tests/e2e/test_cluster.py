@@ -123,7 +123,8 @@ def _enqueue(nodes: list[redis_client.Redis], keys: StageKeys, documents: list[s
         for number, document in enumerate(documents):
             record_id = f"{batch}-{copy}-{number}"
             lane = keys.lane_of(record_id)
-            fields = {"record_id": record_id, "document_url": f"{DOCUMENTS}/{document}"}
-            nodes[node_of(lane.input)].xadd(lane.input, fields)
+            nodes[node_of(lane.input)].xadd(
+                lane.input, {"record_id": record_id, "document_url": f"{DOCUMENTS}/{document}"}
+            )
             ids.append(record_id)
     return ids

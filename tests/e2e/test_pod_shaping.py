@@ -17,7 +17,8 @@ import yaml
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
 from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
-from tests.e2e.pipeline import NAMESPACE, Pipeline
+from tests.e2e.pipeline import NAMESPACE, Pipeline, stage_document
+from tests.fixtures.replies import add_entry_now, get_text_now
 
 pytestmark = pytest.mark.e2e
 
@@ -51,24 +52,16 @@ POD = {
 def longjob_stage(image: str, replicas: int) -> dict[str, Any]:
     """A final stage of `replicas` pods whose records each take JOB_SECONDS; a record left by a killed pod would be
     claimed by another only after 10 minutes, so within the test only the pod that took it can commit it."""
-    return {
-        "apiVersion": "phoenix.io/v1alpha1",
-        "kind": "PhoenixStage",
-        "metadata": {"name": STAGE},
-        "spec": {
-            "processor": "slow:SlowProcessor",
-            "image": image,
-            "redis": {
-                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
-                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
-            },
-            "replicas": {"min": replicas, "max": replicas},
-            "autoscaling": {"lagCount": 1, "pollingInterval": 2, "cooldownPeriod": 5},
-            "worker": {"processingTimeout": PROCESSING_TIMEOUT, "claimIdleMs": 600_000, "lockTimeout": 600},
-            "resources": {"requests": {"cpu": "20m", "memory": "96Mi"}, "limits": {"cpu": "250m", "memory": "256Mi"}},
-            "pod": POD,
-        },
-    }
+    return stage_document(
+        STAGE,
+        "slow:SlowProcessor",
+        image,
+        cpu=("20m", "250m"),
+        replicas={"min": replicas, "max": replicas},
+        autoscaling={"lagCount": 1, "pollingInterval": 2, "cooldownPeriod": 5},
+        worker={"processingTimeout": PROCESSING_TIMEOUT, "claimIdleMs": 600_000, "lockTimeout": 600},
+        pod=POD,
+    )
 
 
 def _objects() -> list[dict[str, Any]]:
@@ -172,11 +165,11 @@ def test_a_long_job_survives_a_scale_in(longjob: None, redis: redis_client.Redis
     keys = StageKeys.for_stage(STAGE, NAMESPACE, input=streams["input"], group=streams["consumerGroup"])
     records = {f"job-{n}-{time.time_ns()}": "" for n in range(2)}
     for record in records:
-        records[record] = redis.xadd(keys.input, {"record_id": record, "user_id": "e2e"})
+        records[record] = add_entry_now(redis, keys.input, {"record_id": record, "user_id": "e2e"})
 
     def consumers_of_pending() -> dict[str, str] | None:
         entries = redis.xpending_range(keys.input, keys.consumer_group, "-", "+", 10)
-        owners = {entry["message_id"]: entry["consumer"] for entry in entries}
+        owners = {str(entry["message_id"]): str(entry["consumer"]) for entry in entries}  # decoded: str already
         return owners if len(owners) == 2 and len(set(owners.values())) == 2 else None
 
     owners = _until(consumers_of_pending, "one record in flight on each pod", 60)
@@ -192,13 +185,17 @@ def test_a_long_job_survives_a_scale_in(longjob: None, redis: redis_client.Redis
     (entry,) = [entry for entry, consumer in owners.items() if consumer.startswith(f"{name}-")]
     record = next(record for record, entry_id in records.items() if entry_id == entry)
     state = keys.record_prefix + record
-    assert committed_by(redis.get(state)) is None, "the record was done before the scale-in: no long job left"
+    assert committed_by(get_text_now(redis, state)) is None, "the record was done before the scale-in: no long job left"
 
-    _until(lambda: committed_by(redis.get(state)) == entry, f"{record} committed", JOB_SECONDS + 60)
+    _until(lambda: committed_by(get_text_now(redis, state)) == entry, f"{record} committed", JOB_SECONDS + 60)
     assert time.monotonic() - started < PROCESSING_TIMEOUT
     # Committed by the going pod itself: acknowledged, never delivered to another consumer.
     assert redis.xpending(keys.input, keys.consumer_group)["pending"] <= 1
     assert not redis.xpending_range(keys.input, keys.consumer_group, entry, entry, 1)
     _until(lambda: not any(pod["metadata"]["name"] == name for pod in _stage_pods()), f"{name} gone", 60)
     other = next(r for r in records if r != record)
-    _until(lambda: committed_by(redis.get(keys.record_prefix + other)) == records[other], "the other committed", 120)
+    _until(
+        lambda: committed_by(get_text_now(redis, keys.record_prefix + other)) == records[other],
+        "the other committed",
+        120,
+    )

@@ -98,7 +98,7 @@ def test_readiness_follows_redis_reachability(probed_stage: None) -> None:
 
     kubectl("scale", "-n", NAMESPACE, f"deployment/{REDIS}", "--replicas=0")
     pod = eventually(
-        lambda: (p := worker()) and not is_ready(p) and p, "the worker to leave Ready", timeout=90, interval=1
+        lambda: p if (p := worker()) and not is_ready(p) else None, "the worker to leave Ready", timeout=90, interval=1
     )
     assert pod["status"]["phase"] == "Running"
     eventually(lambda: replicas_column() == "0/1", "kubectl get phx to show 0/1", timeout=60, interval=1)

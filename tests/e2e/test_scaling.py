@@ -18,7 +18,8 @@ import redis as redis_client
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
 from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
-from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents
+from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents, stage_document
+from tests.fixtures.replies import add_entry_now, get_text_now, read_group_now
 
 pytestmark = pytest.mark.e2e
 
@@ -30,24 +31,16 @@ def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
     """The router's processor as a final stage, CPU-limited so that a backlog builds up and lasts, with KEDA's
     polling and cooldown shortened so that the test sees a whole cycle in a few minutes, and a gone worker's
     entries claimed after 3 s instead of 5 min."""
-    return {
-        "apiVersion": "phoenix.io/v1alpha1",
-        "kind": "PhoenixStage",
-        "metadata": {"name": STAGE},
-        "spec": {
-            "processor": "router",
-            "image": image,
-            "redis": {
-                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
-                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
-            },
-            "replicas": {"min": 0, "max": MAX_REPLICAS},
-            "autoscaling": {"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
-            "worker": {"claimIdleMs": 3000},
-            "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "150m", "memory": "256Mi"}},
-            "paused": paused,
-        },
-    }
+    return stage_document(
+        STAGE,
+        "router",
+        image,
+        cpu=("50m", "150m"),
+        replicas={"min": 0, "max": MAX_REPLICAS},
+        autoscaling={"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
+        worker={"claimIdleMs": 3000},
+        paused=paused,
+    )
 
 
 @dataclass
@@ -188,9 +181,9 @@ def test_entries_of_a_gone_worker_and_waiting_retries_wake_a_stage_at_zero(
     keys = stage_keys()
     orphan, retried = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("orphan", "retry"))
     document = f"{DOCUMENTS_URL}/{pipeline.documents[0]}"
-    entry_id = redis.xadd(keys.input, {"record_id": orphan, "document_url": document})
-    delivered = redis.xreadgroup(keys.consumer_group, "gone-pod", {keys.input: ">"}, count=10)
-    assert [entry for entry, _ in delivered[0][1]] == [entry_id], "the stage had undelivered entries"
+    entry_id = add_entry_now(redis, keys.input, {"record_id": orphan, "document_url": document})
+    delivered = read_group_now(redis, keys.consumer_group, "gone-pod", keys.input, 10)
+    assert [entry for entry, _ in delivered] == [entry_id], "the stage had undelivered entries"
     seconds, micros = redis.time()
     member = json.dumps(["record_id", retried, "document_url", document])
     redis.zadd(keys.retry, {member: seconds * 1000 + micros // 1000})
@@ -198,7 +191,7 @@ def test_entries_of_a_gone_worker_and_waiting_retries_wake_a_stage_at_zero(
 
     timeline.until(lambda s: s.desired >= 1, "KEDA to wake the stage for the pending entry and the retry", 120)
     deadline = time.monotonic() + 180
-    while not all(committed_by(redis.get(keys.record_prefix + record)) for record in (orphan, retried)):
+    while not all(committed_by(get_text_now(redis, keys.record_prefix + record)) for record in (orphan, retried)):
         if time.monotonic() > deadline:
             states = {record: redis.get(keys.record_prefix + record) for record in (orphan, retried)}
             raise AssertionError(

@@ -7,7 +7,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from phoenix.crds import PhoenixStageSpec, RedisSpec, SecretKeyRef
+from phoenix.crds import PhoenixStageSpec, SecretKeyRef, StageRedisSpec
 from phoenix.crds.pod import SHUTDOWN_MARGIN_SECONDS
 from phoenix.keys import StageKeys
 from phoenix.kube_names import (
@@ -120,7 +120,7 @@ def _from_secret(name: str, ref: SecretKeyRef) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
 
 
-def redis_plain_env(redis: RedisSpec) -> dict[str, str]:
+def redis_plain_env(redis: StageRedisSpec) -> dict[str, str]:
     """The connection settings that are no secret: the mode, the master's name, where the TLS files are mounted."""
     env = {"REDIS_MODE": redis.mode.value}
     if redis.sentinel is not None:
@@ -135,7 +135,7 @@ def redis_plain_env(redis: RedisSpec) -> dict[str, str]:
     return env
 
 
-def redis_tls_volume(redis: RedisSpec) -> dict[str, Any] | None:
+def redis_tls_volume(redis: StageRedisSpec) -> dict[str, Any] | None:
     """The CA and the client certificate as files, each Secret projected with only the keys it is read for."""
     tls = redis.tls
     sources: list[dict[str, Any]] = []
