@@ -7,17 +7,9 @@ KUBE_VERSION=${KUBE_VERSION:-1.35.4}
 ETCD_VERSION=${ETCD_VERSION:-3.6.5}
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/hack/lib/gobuild.sh"
-cache=${PHOENIX_CACHE:-$root/.cache}
 bin=${KUBE_BIN:-$cache/kube/bin}
-stamp="$bin/.versions"
 want="kubernetes=$KUBE_VERSION etcd=$ETCD_VERSION"
-
-if up_to_date "$stamp" "$want" "$bin" etcd kube-apiserver kube-controller-manager kubectl; then
-  echo "kube binaries up to date in $bin ($want)"
-  exit 0
-fi
-go_setup hack/build-kube.sh
-mkdir -p "$bin"
+go_build_begin "kube binaries" "$bin" "$want" etcd kube-apiserver kube-controller-manager kubectl
 
 # etcd: its server module has the etcd main package.
 src="$cache/kube/src-etcd"
@@ -37,5 +29,4 @@ for b in kube-apiserver kube-controller-manager kubectl; do
   echo "building $b $KUBE_VERSION"
   go build -trimpath -ldflags "$(k8s_ldflags "$KUBE_VERSION")" -o "$bin/$b" "k8s.io/kubernetes/cmd/$b"
 done
-echo "$want" > "$stamp"
-echo "kube binaries built in $bin ($want)"
+go_build_done "kube binaries" "$bin" "$want"

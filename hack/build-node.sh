@@ -11,19 +11,10 @@ CONTAINERD_VERSION=${CONTAINERD_VERSION:-2.2.9}
 COREDNS_VERSION=${COREDNS_VERSION:-1.14.7}
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/hack/lib/gobuild.sh"
-cache=${PHOENIX_CACHE:-$root/.cache}
 bin=${NODE_BIN:-$cache/node/bin}
-stamp="$bin/.versions"
 want="kubernetes=$KUBE_VERSION containerd=$CONTAINERD_VERSION coredns=$COREDNS_VERSION"
 binaries=(kubelet kube-scheduler kube-proxy containerd containerd-shim-runc-v2 ctr coredns)
-
-if up_to_date "$stamp" "$want" "$bin" "${binaries[@]}"; then
-  echo "node binaries up to date in $bin ($want)"
-  exit 0
-fi
-go_setup hack/build-node.sh
-mkdir -p "$bin"
-rm -f "$stamp"
+go_build_begin "node binaries" "$bin" "$want" "${binaries[@]}"
 
 # Kubernetes node components.
 src="$cache/node/src-k8s"
@@ -78,5 +69,4 @@ plugins=(reload bind ready health errors log loadbalance cache kubernetes loop f
   go build -trimpath -ldflags "-s -w" -o "$bin/coredns" .
 )
 
-echo "$want" > "$stamp"
-echo "node binaries built in $bin ($want)"
+go_build_done "node binaries" "$bin" "$want"

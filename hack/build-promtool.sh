@@ -9,37 +9,16 @@ set -euo pipefail
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-0.316.0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/hack/lib/gobuild.sh"
-cache=${PHOENIX_CACHE:-$root/.cache}
 bin=${PROMTOOL_BIN:-$cache/promtool/bin}
-stamp="$bin/.versions"
 want="prometheus=$PROMETHEUS_VERSION"
+go_build_begin promtool "$bin" "$want" promtool
 
-if up_to_date "$stamp" "$want" "$bin" promtool; then
-  echo "promtool up to date in $bin ($want)"
-  exit 0
-fi
-go_setup hack/build-promtool.sh
-mkdir -p "$bin"
-rm -f "$stamp"
-
-src="$cache/promtool/src"
-mkdir -p "$src"
 module="github.com/prometheus/prometheus"
-moddir=$(module_dir "$module@v$PROMETHEUS_VERSION")
-{
-  printf 'module phoenix.local/promtoolbuild\n\ngo 1.25\n\n'
-  # Prometheus's replace and exclude directives (single lines and blocks) must hold in any module that builds it.
-  awk '/^(replace|exclude) \($/ {block=1} block || /^(replace|exclude) / {print} /^\)$/ {block=0}' "$moddir/go.mod"
-} > "$src/go.mod"
-tools_go "$src" "$module/cmd/promtool"
-cd "$src"
-go get "$module@v$PROMETHEUS_VERSION"
-go mod tidy
+module_src "$cache/promtool/src" 1.25 "$module" "$PROMETHEUS_VERSION" "$module/cmd/promtool"
 # The module's VERSION file holds the release (3.x) that `promtool --version` reports.
 release=$(cat "$moddir/VERSION")
 ldflags="-s -w -X github.com/prometheus/common/version.Version=$release"
 ldflags+=" -X github.com/prometheus/common/version.Revision=v$PROMETHEUS_VERSION"
 echo "building promtool $release ($module v$PROMETHEUS_VERSION)"
 go build -trimpath -tags netgo -ldflags "$ldflags" -o "$bin/promtool" "$module/cmd/promtool"
-echo "$want" > "$stamp"
-echo "promtool built in $bin ($want)"
+go_build_done promtool "$bin" "$want"

@@ -6,6 +6,7 @@ a reader makes: their Redis (here the test Valkey) in `REDIS_URL` and a free por
 
 from __future__ import annotations
 
+import configparser
 import json
 import os
 import re
@@ -213,3 +214,36 @@ def test_every_worker_metric_is_documented_with_its_type() -> None:
         elif isinstance(metric, metrics.StageHistogram):  # the hot path's own lock-free histogram, by stage only
             defined[metric._name] = "histogram"
     assert documented == defined
+
+
+ARCHITECTURE = DOCS / "architecture.md"
+
+
+def test_the_architecture_picture_is_the_enforced_layers() -> None:
+    """Each layer of .importlinter's layers contract stands on a line of its own in the picture, top to bottom."""
+    contracts = configparser.ConfigParser()
+    contracts.read(README.parent / ".importlinter")
+    layers = [line.split("|") for line in contracts["importlinter:contract:layers"]["layers"].split("\n") if line]
+    _, picture = marked_block("layers", ARCHITECTURE)
+    lines = [set(line.split()) for line in picture.splitlines()]
+    found: list[int] = []
+    for layer in layers:
+        names = {module.strip().removeprefix("phoenix.") for module in layer}
+        line = next((number for number, words in enumerate(lines) if names <= words), None)
+        assert line is not None, f"no line of the picture holds the layer {sorted(names)}"
+        found.append(line)
+    assert found == sorted(found), "the picture's layers are not in the contract's order"
+
+
+def test_the_architecture_page_names_only_files_and_tests_that_exist() -> None:
+    """Its paths and test names are the checklists' steps: a file moved or a test renamed must move them too."""
+    text = ARCHITECTURE.read_text()
+    paths = re.findall(r"`((?:phoenix|tests|docs|hack|manifests|charts)/[\w./-]*)`", text)
+    assert paths and [path for path in paths if not (README.parent / path).exists()] == []
+    defined = {
+        name
+        for path in (README.parent / "tests").rglob("test_*.py")
+        for name in re.findall(r"def (test_\w+)", path.read_text())
+    }
+    named = set(re.findall(r"`(test_\w+)`", text))
+    assert named and named - defined == set()

@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from phoenix.crds import PhoenixStage
+from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, WORKER_APP_NAME
 from phoenix.operator.builders import HEALTH_PORT, Owner, build_deployment
-from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, WORKER_APP_NAME
 from tests.fixtures.cluster_objects import ensure_namespace
 from tests.fixtures.control_plane import REPO_ROOT, ControlPlane, kube_bin_dir
 from tests.fixtures.helm import helm_binary

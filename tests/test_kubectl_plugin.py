@@ -14,7 +14,7 @@ import redis as sync_redis
 from kubernetes import client
 
 from phoenix.keys import StageKeys
-from phoenix.operator.constants import REPLAY_ANNOTATION
+from phoenix.kube_names import REPLAY_ANNOTATION
 from tests.fixtures.cluster_objects import service_account_kubeconfig, service_account_with_role
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually

@@ -18,7 +18,7 @@ import redis.asyncio as aioredis
 from kubernetes import client
 
 from phoenix.keys import StageKeys
-from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION, STAGE_LABEL
+from phoenix.kube_names import REPLAY_ANNOTATION, RESTART_ANNOTATION, STAGE_LABEL
 from phoenix.operator.status.durability import redis_risk_condition
 from phoenix.stages.data_keys import grouped_key
 from phoenix.stages.samples import ensure_samples

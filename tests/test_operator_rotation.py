@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from kubernetes import client
 
 from phoenix.keys import StageKeys
-from phoenix.operator.constants import REDIS_SECRETS_ANNOTATION
+from phoenix.kube_names import REDIS_SECRETS_ANNOTATION
 from phoenix.operator.redis_pool import RedisPool
 from phoenix.redis_spec import RedisSpec
 from tests.fixtures.chain import enqueue

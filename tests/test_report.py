@@ -23,7 +23,7 @@ from kubernetes import client
 
 from phoenix.embedded import embedded_valkey
 from phoenix.keys import StageKeys
-from phoenix.operator.constants import NAME_LABEL, OPERATOR_APP_NAME
+from phoenix.kube_names import NAME_LABEL, OPERATOR_APP_NAME
 from tests.fixtures.cluster_objects import service_account_kubeconfig, service_account_with_role
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually

@@ -1,6 +1,14 @@
 # shellcheck shell=bash
 # Sourced by hack/build-*.sh: build Go commands from their published modules with the machine's toolchain into a
-# cache directory, and reuse them while the versions stamped there still match.
+# cache directory, and reuse them while the versions stamped there still match. A script is its versions, then
+#   go_build_begin WHAT BIN WANT BINARY...   (exits when up to date)
+#   the builds (module_src for a command of one published module)
+#   go_build_done WHAT BIN WANT
+
+# Where the builds keep their sources and binaries (the scripts' default BINs): PHOENIX_CACHE, else the checkout's
+# .cache.
+# shellcheck disable=SC2034  # read by the scripts that source this file
+cache=${PHOENIX_CACHE:-$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)/.cache}
 
 # up_to_date STAMP WANT BIN NAME...: the stamp says WANT and every NAME is an executable in BIN.
 up_to_date() {
@@ -9,6 +17,27 @@ up_to_date() {
   [[ -f $stamp && $(cat "$stamp") == "$want" ]] || return 1
   local b
   for b in "$@"; do [[ -x $bin/$b ]] || return 1; done
+}
+
+# go_build_begin WHAT BIN WANT BINARY...: exits saying WHAT is up to date when BIN's stamp says WANT and every
+# BINARY is there; otherwise the toolchain set up, BIN made and its stamp removed, so that a build stopped half-way
+# is never taken for a finished one.
+go_build_begin() {
+  local what=$1 bin=$2 want=$3
+  shift 3
+  if up_to_date "$bin/.versions" "$want" "$bin" "$@"; then
+    echo "$what up to date in $bin ($want)"
+    exit 0
+  fi
+  go_setup "hack/$(basename "$0")"
+  mkdir -p "$bin"
+  rm -f "$bin/.versions"
+}
+
+# go_build_done WHAT BIN WANT: BIN stamped with WANT, once everything is built.
+go_build_done() {
+  echo "$3" > "$2/.versions"
+  echo "$1 built in $2 ($3)"
 }
 
 # go_setup SCRIPT: the machine's toolchain, never a downloaded one, static binaries. The module and build caches
@@ -60,4 +89,23 @@ module_dir() {
     return 1
   }
   sed -n 's/.*"Dir": "\(.*\)",/\1/p' <<<"$json"
+}
+
+# module_src SRC GO MODULE VERSION PACKAGE...: SRC made the module that builds PACKAGEs of MODULE@vVERSION (go GO),
+# and the working directory: it requires MODULE with MODULE's own replace and exclude directives (single lines and
+# blocks), which must hold in any module that builds it, and keeps each PACKAGE's dependencies (tools.go, go get,
+# go mod tidy). Sets moddir, MODULE's extracted source (its VERSION file, its manifests).
+module_src() {
+  local src=$1 go=$2 module=$3 version=$4
+  shift 4
+  mkdir -p "$src"
+  moddir=$(module_dir "$module@v$version")
+  {
+    printf 'module phoenix.local/%sbuild\n\ngo %s\n\n' "$(basename "$(dirname "$src")")" "$go"
+    awk '/^(replace|exclude) \($/ {block=1} block || /^(replace|exclude) / {print} /^\)$/ {block=0}' "$moddir/go.mod"
+  } > "$src/go.mod"
+  tools_go "$src" "$@"
+  cd "$src" || exit
+  go get "$module@v$version"
+  go mod tidy
 }

@@ -28,8 +28,8 @@ from phoenix.cli.stage import StageSettings, confirm, fail, redis_client, settin
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
 from phoenix.keys import StageKeys
+from phoenix.kube_names import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.builders import resolve_streams, worker_env
-from phoenix.operator.constants import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube_api import MERGE_PATCH, KubeApi
 from phoenix.operator.stage_requests import ReplayRequestError, parse_replay_count

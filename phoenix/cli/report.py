@@ -38,7 +38,7 @@ from redis.exceptions import RedisError
 import phoenix
 from phoenix.cli.stage import StageSettings, redis_client
 from phoenix.crds.spec import SECRET_NAME_PATTERN
-from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
+from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
 from phoenix.redis_spec import RedisSpec
 from phoenix.tools.queue_stats import collect
 from phoenix.worker_runtime import dlq

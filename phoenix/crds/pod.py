@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from phoenix.crds.common import CamelModel, ObjectName, cel, cel_list
-from phoenix.operator.constants import (
+from phoenix.kube_names import (
     OPERATOR_LABELS,
     OPERATOR_POD_ANNOTATIONS,
     PREFIX,

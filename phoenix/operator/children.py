@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, PhoenixStageSpec
+from phoenix.kube_names import POD_KEYS_ANNOTATION
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -28,7 +29,6 @@ from phoenix.operator.builders import (
     scaled_object_patch,
     trigger_authentication_name,
 )
-from phoenix.operator.constants import POD_KEYS_ANNOTATION
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube_api import KubeApi

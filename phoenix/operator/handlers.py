@@ -11,7 +11,7 @@ from typing import Any
 import kopf
 
 from phoenix.crds import GROUP, PLURAL, VERSION, DeletionPolicy
-from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL
+from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.converge import converge_forever
 from phoenix.operator.errors import StageError

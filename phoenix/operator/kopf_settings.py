@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import kopf
 
-from phoenix.operator.constants import FINALIZER, PREFIX
+from phoenix.kube_names import FINALIZER, PREFIX
 
 # kopf's own API requests (patches of its progress annotations, finalizers): seconds until one is given up and
 # retried, instead of kopf's 300.

@@ -24,8 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
 from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
+from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.builders.keda import KEDA_API_VERSION
-from phoenix.operator.constants import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.errors import StageError
 from phoenix.operator.status.patcher import StatusPatcher
 

@@ -17,11 +17,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, MaxRetryError
 
+from phoenix.kube_names import MANAGED_BY
 from phoenix.operator import (
     handlers,  # noqa: F401  (registers the kopf handlers)
     leader,
 )
-from phoenix.operator.constants import MANAGED_BY
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.kube_api import KubeApi, load_client
 from phoenix.operator.metrics import LEADER, REGISTRY

@@ -19,9 +19,9 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
+from phoenix.kube_names import STAGE_LABEL
 from phoenix.operator.builders import Owner, resolve_streams
 from phoenix.operator.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
-from phoenix.operator.constants import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError, retry_delay, scrub

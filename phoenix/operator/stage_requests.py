@@ -17,7 +17,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from phoenix.operator.constants import (
+from phoenix.kube_names import (
     HANDLED_RESTART_ANNOTATION,
     REPLAY_ANNOTATION,
     RESTART_ANNOTATION,

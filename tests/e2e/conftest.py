@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import os
-import time
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
@@ -41,6 +40,7 @@ from tests.e2e.kubectl import (
     write_overlay,
 )
 from tests.e2e.pipeline import NAMESPACE, Pipeline, documents_server, stage_patch
+from tests.e2e.redis_set import until_answering
 
 OPERATOR_NAMESPACE = evidence.OPERATOR_NAMESPACE
 
@@ -128,15 +128,7 @@ def redis(pipeline: Pipeline) -> Iterator[redis_client.Redis]:
     password = base64.b64decode(secret["data"]["password"]).decode()
     with port_forward(NAMESPACE, "service/redis", 6379) as port:
         client = redis_client.Redis(port=port, password=password, decode_responses=True)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                client.ping()
-                break
-            except redis_client.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
+        until_answering([client])
         yield client
         client.close()
 

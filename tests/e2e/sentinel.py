@@ -20,8 +20,8 @@ from typing import Any
 
 import redis as redis_client
 
-from tests.e2e.kubectl import kubectl, port_forward
-from tests.e2e.pipeline import RESTRICTED
+from tests.e2e.kubectl import port_forward
+from tests.e2e.redis_set import headless_service, server_statefulset, stage_secret, wait_statefulsets
 from tests.fixtures.kube_pki import create_ca, issue_server_cert
 
 NAMESPACE = "phoenix-sentinel"
@@ -94,67 +94,18 @@ def certificates(directory: Path) -> tuple[Path, Path, Path]:
     return ca.cert, server.cert, server.key
 
 
-def _statefulset(name: str, replicas: int, script: str, port: int, image: str) -> dict[str, Any]:
-    labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/part-of": "phoenix-e2e-sentinel"}
-    container = {
-        "name": name,
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        "command": ["sh", "-c", script],
-        "env": [
-            {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "phoenix-redis", "key": "password"}}}
-        ],
-        "ports": [{"name": "redis", "containerPort": port}],
-        "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": {**RESTRICTED, "runAsUser": 65532, "runAsGroup": 65532},
-        "volumeMounts": [
-            {"name": "tls", "mountPath": TLS_DIR, "readOnly": True},
-            {"name": "data", "mountPath": "/data"},
-        ],
-    }
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": {"name": name, "labels": labels},
-        "spec": {
-            "serviceName": name,
-            "replicas": replicas,
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": labels},
-            "template": {
-                "metadata": {"labels": labels},
-                "spec": {
-                    "terminationGracePeriodSeconds": 10,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "fsGroup": 65532,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "containers": [container],
-                    "volumes": [
-                        {"name": "tls", "secret": {"secretName": "redis-tls", "defaultMode": 0o440}},
-                        {"name": "data", "emptyDir": {}},
-                    ],
-                },
-            },
-        },
-    }
-
-
-def _headless_service(name: str, port: int) -> dict[str, Any]:
-    # Not-ready pods get their DNS names too: a Sentinel resolves the primary before it answers.
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": {"name": name},
-        "spec": {
-            "clusterIP": "None",
-            "publishNotReadyAddresses": True,
-            "selector": {"app.kubernetes.io/name": name},
-            "ports": [{"name": "redis", "port": port, "targetPort": "redis"}],
-        },
-    }
+def _server(name: str, replicas: int, script: str, port: int, image: str) -> dict[str, Any]:
+    """A StatefulSet of the set's servers, run by `script`, the certificates at TLS_DIR."""
+    tls = {"secret": {"secretName": "redis-tls", "defaultMode": 0o440}}
+    return server_statefulset(
+        name,
+        "phoenix-e2e-sentinel",
+        replicas,
+        image,
+        {"command": ["sh", "-c", script]},
+        {"redis": port},
+        {"tls": (TLS_DIR, tls)},
+    )
 
 
 def sentinel_set(image: str, ca: Path, cert: Path, key: Path) -> list[dict[str, Any]]:
@@ -169,17 +120,11 @@ def sentinel_set(image: str, ca: Path, cert: Path, key: Path) -> list[dict[str, 
             "type": "kubernetes.io/tls",
             "stringData": {"tls.crt": cert.read_text(), "tls.key": key.read_text(), "ca.crt": ca.read_text()},
         },
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "phoenix-redis"},
-            "type": "Opaque",
-            "stringData": {"url": url, "password": PASSWORD},
-        },
-        _headless_service("redis", 6379),
-        _headless_service("sentinel", 26379),
-        _statefulset("redis", len(DATA_NODES), DATA_SCRIPT, 6379, image),
-        _statefulset("sentinel", len(SENTINELS), SENTINEL_SCRIPT, 26379, image),
+        stage_secret(url, PASSWORD),
+        headless_service("redis", 6379),
+        headless_service("sentinel", 26379),
+        _server("redis", len(DATA_NODES), DATA_SCRIPT, 6379, image),
+        _server("sentinel", len(SENTINELS), SENTINEL_SCRIPT, 26379, image),
     ]
 
 
@@ -237,8 +182,5 @@ def primary_client(ca: Path, host: str) -> Iterator[redis_client.Redis]:
             client.close()
 
 
-def wait_set_ready(timeout: int = 240) -> None:
-    for name in ("redis", "sentinel"):
-        kubectl(
-            "rollout", "status", "-n", NAMESPACE, f"statefulset/{name}", f"--timeout={timeout}s", timeout=timeout + 30
-        )
+def wait_set_ready() -> None:
+    wait_statefulsets(NAMESPACE, ("redis", "sentinel"))

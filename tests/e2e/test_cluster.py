@@ -16,9 +16,9 @@ import pytest
 import redis as redis_client
 
 from phoenix.keys import StageKeys
-from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
-from tests.e2e.pipeline import DOCUMENTS_URL, Pipeline, record_counts
-from tests.e2e.pipeline import NAMESPACE as PIPELINE_NAMESPACE
+from tests.e2e.kubectl import apply_documents, kubectl, kubectl_json
+from tests.e2e.pipeline import Pipeline, record_counts
+from tests.e2e.redis_set import DOCUMENTS, StageReplicas, fresh_namespace, router_stage
 from tests.e2e.valkey_cluster import NAMESPACE, cluster_set, form_cluster, node_clients, node_of, wait_set_ready
 
 pytestmark = pytest.mark.e2e
@@ -27,7 +27,6 @@ STAGE, OUTPUT = "cluster-router", "cluster:routed"
 PARTITIONS = 4
 MAX_REPLICAS = 3
 COPIES = 20
-DOCUMENTS = DOCUMENTS_URL.replace("documents:", f"documents.{PIPELINE_NAMESPACE}.svc:")
 
 
 def lag_count(records: int) -> int:
@@ -37,64 +36,34 @@ def lag_count(records: int) -> int:
 
 
 def cluster_stage(image: str, lag: int) -> dict[str, Any]:
-    """The router's processor on the cluster, partitioned, CPU-limited so that a backlog lasts."""
-    return {
-        "apiVersion": "phoenix.io/v1alpha1",
-        "kind": "PhoenixStage",
-        "metadata": {"name": STAGE},
-        "spec": {
-            "processor": "router",
-            "image": image,
-            "partitions": PARTITIONS,
-            "output": {"stream": OUTPUT},
-            "redis": {
-                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
-                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
-                "mode": "cluster",
-            },
-            "replicas": {"min": 0, "max": MAX_REPLICAS},
-            "autoscaling": {"lagCount": lag, "pollingInterval": 2, "cooldownPeriod": 15},
-            "worker": {"claimIdleMs": 5000, "lockTimeout": 20},
-            "env": [{"name": "TRIM_INTERVAL", "value": "86400"}],  # keep acknowledged entries to count them
-            "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "150m", "memory": "256Mi"}},
-        },
-    }
+    """The router's processor on the cluster, partitioned (acknowledged entries kept, to count them)."""
+    return router_stage(
+        STAGE,
+        image,
+        OUTPUT,
+        MAX_REPLICAS,
+        {"mode": "cluster"},
+        lag_count=lag,
+        partitions=PARTITIONS,
+        env=[{"name": "TRIM_INTERVAL", "value": "86400"}],
+    )
 
 
 @pytest.fixture(scope="module")
 def formed(pipeline: Pipeline, valkey_image: str) -> Iterator[None]:
     """The Valkey Cluster up and formed; the stage is applied by the test (its lagCount follows the records)."""
-    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300)
-    kubectl("create", "namespace", NAMESPACE)
-    apply_documents(cluster_set(valkey_image), NAMESPACE)
-    wait_set_ready()
-    form_cluster()
-    yield
-    kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-
-
-_DESIRED_SEEN: list[int] = []
-
-
-def _replicas() -> tuple[int, int]:
-    """(the Deployment's desired replicas, ready pods); every desired count seen is kept in _DESIRED_SEEN."""
-    desired = kubectl_json("get", "deployment", "-n", NAMESPACE, STAGE)["spec"].get("replicas", 0)
-    _DESIRED_SEEN.append(desired)
-    return desired, sum(is_ready(pod) for pod in pods(NAMESPACE, f"phoenix.io/stage={STAGE}"))
-
-
-def _until(condition: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what} (replicas desired/ready: {_replicas()})")
-        time.sleep(1)
+    with fresh_namespace(NAMESPACE):
+        apply_documents(cluster_set(valkey_image), NAMESPACE)
+        wait_set_ready()
+        form_cluster()
+        yield
 
 
 def test_keda_scales_a_partitioned_stage_on_a_valkey_cluster_by_its_summed_lag(
     formed: None, pipeline: Pipeline, phoenix_image: str, report_dir: Path
 ) -> None:
     keys = StageKeys.for_stage(STAGE, NAMESPACE, output=OUTPUT, partitions=PARTITIONS)
+    replicas = StageReplicas(NAMESPACE, STAGE)
     records = COPIES * len(pipeline.documents)
     lag = lag_count(records)
     apply_documents([cluster_stage(phoenix_image, lag)], NAMESPACE)
@@ -109,34 +78,34 @@ def test_keda_scales_a_partitioned_stage_on_a_valkey_cluster_by_its_summed_lag(
     assert "sum([lag0, lag1, lag2, lag3])" in scaled_object["advanced"]["scalingModifiers"]["formula"]
     authentication = kubectl_json("get", "triggerauthentication", "-n", NAMESPACE, f"{STAGE}-redis")
     assert {ref["parameter"] for ref in authentication["spec"]["secretTargetRef"]} == {"password"}
-    _until(lambda: _replicas() == (0, 0), "the idle stage at zero pods", 180)
+    replicas.until(lambda: replicas.now() == (0, 0), "the idle stage at zero pods", 180)
 
     started = time.monotonic()
     with node_clients() as nodes:
         ids = _enqueue(nodes, keys, pipeline.documents)
         shares = Counter(keys.lane_of(record_id).partition for record_id in ids)
         assert len(shares) == PARTITIONS and max(shares.values()) <= lag, f"a partition alone above lagCount: {shares}"
-        _until(lambda: _replicas()[1] >= 1, "KEDA to wake the stage through the cluster triggers", 180)
+        replicas.until(lambda: replicas.now()[1] >= 1, "KEDA to wake the stage through the cluster triggers", 180)
         woke_after = time.monotonic() - started
-        _until(lambda: _replicas()[0] >= 2, "the summed lag to ask for more than one pod", 180)
+        replicas.until(lambda: replicas.now()[0] >= 2, "the summed lag to ask for more than one pod", 180)
         output = nodes[node_of(OUTPUT)]
 
         def done() -> bool:
             return len(record_counts(output, OUTPUT, ids)) == len(ids)
 
-        _until(done, f"all {len(ids)} records routed", 900)
+        replicas.until(done, f"all {len(ids)} records routed", 900)
         counts = record_counts(output, OUTPUT, ids)
         assert {record_id: n for record_id, n in counts.items() if n != 1} == {}, "records forwarded twice"
         for lane in keys.lanes:
             node = nodes[node_of(lane.input)]
             assert record_counts(node, lane.dlq, ids) == Counter(), f"partition {lane.partition} dead-lettered"
-            _until(
+            replicas.until(
                 lambda node=node, lane=lane: node.xpending(lane.input, lane.consumer_group)["pending"] == 0,
                 f"nothing pending in partition {lane.partition}",
                 120,
             )
-    _until(lambda: _replicas() == (0, 0), "KEDA to scale back to zero after the cooldown", 300)
-    peak = max(_DESIRED_SEEN)
+    replicas.until(lambda: replicas.now() == (0, 0), "KEDA to scale back to zero after the cooldown", 300)
+    peak = replicas.peak
     assert 2 <= peak <= MAX_REPLICAS
     (report_dir / "cluster.txt").write_text(
         f"{len(ids)} records over {PARTITIONS} partitions ({dict(sorted(shares.items()))}) on 3 primaries, exactly "

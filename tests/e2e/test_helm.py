@@ -18,7 +18,7 @@ import pytest
 import redis as redis_client
 import yaml
 
-from phoenix.operator.constants import HANDLED_RESTART_ANNOTATION, RESTART_ANNOTATION
+from phoenix.kube_names import HANDLED_RESTART_ANNOTATION, RESTART_ANNOTATION
 from tests.e2e.kubectl import (
     MANIFESTS,
     OPERATOR_NAMESPACE,

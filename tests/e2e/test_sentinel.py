@@ -13,16 +13,13 @@ from typing import Any
 import pytest
 
 from phoenix.keys import StageKeys
-from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
+from tests.e2e.kubectl import apply_documents, kubectl, kubectl_json
 from tests.e2e.pipeline import (
-    DOCUMENTS_URL,
     Pipeline,
     enqueue_documents,
     record_counts,
 )
-from tests.e2e.pipeline import (
-    NAMESPACE as PIPELINE_NAMESPACE,
-)
+from tests.e2e.redis_set import DOCUMENTS, StageReplicas, fresh_namespace, router_stage
 from tests.e2e.sentinel import (
     DATA_NODES,
     MASTER,
@@ -38,33 +35,12 @@ pytestmark = pytest.mark.e2e
 
 STAGE, OUTPUT = "sentinel-router", "sentinel:routed"
 MAX_REPLICAS = 3
-# The pipeline's documents server, from this namespace.
-DOCUMENTS = DOCUMENTS_URL.replace("documents:", f"documents.{PIPELINE_NAMESPACE}.svc:")
 
 
 def sentinel_stage(image: str) -> dict[str, Any]:
-    """The router's processor as a final stage on the Sentinel set, CPU-limited so that a backlog lasts."""
-    return {
-        "apiVersion": "phoenix.io/v1alpha1",
-        "kind": "PhoenixStage",
-        "metadata": {"name": STAGE},
-        "spec": {
-            "processor": "router",
-            "image": image,
-            "output": {"stream": OUTPUT},
-            "redis": {
-                "urlSecretRef": {"name": "phoenix-redis", "key": "url"},
-                "passwordSecretRef": {"name": "phoenix-redis", "key": "password"},
-                "mode": "sentinel",
-                "sentinel": {"masterName": MASTER},
-                "tls": {"caSecretRef": {"name": "redis-tls", "key": "ca.crt"}},
-            },
-            "replicas": {"min": 0, "max": MAX_REPLICAS},
-            "autoscaling": {"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
-            "worker": {"claimIdleMs": 5000, "lockTimeout": 20},
-            "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "150m", "memory": "256Mi"}},
-        },
-    }
+    """The router's processor as a final stage on the Sentinel set, its CA from the set's Secret."""
+    sentinel = {"sentinel": {"masterName": MASTER}, "tls": {"caSecretRef": {"name": "redis-tls", "key": "ca.crt"}}}
+    return router_stage(STAGE, image, OUTPUT, MAX_REPLICAS, {"mode": "sentinel", **sentinel})
 
 
 @pytest.fixture(scope="module")
@@ -73,34 +49,16 @@ def ca(pipeline: Pipeline, phoenix_image: str, tmp_path_factory: pytest.TempPath
     image = os.environ.get("PHOENIX_E2E_REDIS_TLS_IMAGE")
     if not image:
         pytest.fail("PHOENIX_E2E_REDIS_TLS_IMAGE names no image with a TLS redis-server (make e2e builds one)")
-    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300)
-    kubectl("create", "namespace", NAMESPACE)
-    ca_cert, cert, key = certificates(tmp_path_factory.mktemp("sentinel-tls"))
-    apply_documents(sentinel_set(image, ca_cert, cert, key), NAMESPACE)
-    wait_set_ready()
-    wait_primary(ca_cert, 120)
-    apply_documents([sentinel_stage(phoenix_image)], NAMESPACE)
-    kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", f"phoenixstage/{STAGE}", timeout=210)
-    yield ca_cert
-    kubectl("delete", "namespace", NAMESPACE, "--wait=false", check=False)
-
-
-_DESIRED_SEEN: list[int] = []
-
-
-def _replicas() -> tuple[int, int]:
-    """(the Deployment's desired replicas, ready pods); every desired count seen is kept in _DESIRED_SEEN."""
-    desired = kubectl_json("get", "deployment", "-n", NAMESPACE, STAGE)["spec"].get("replicas", 0)
-    _DESIRED_SEEN.append(desired)
-    return desired, sum(is_ready(pod) for pod in pods(NAMESPACE, f"phoenix.io/stage={STAGE}"))
-
-
-def _until(condition: Any, what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what} (replicas desired/ready: {_replicas()})")
-        time.sleep(1)
+    with fresh_namespace(NAMESPACE):
+        ca_cert, cert, key = certificates(tmp_path_factory.mktemp("sentinel-tls"))
+        apply_documents(sentinel_set(image, ca_cert, cert, key), NAMESPACE)
+        wait_set_ready()
+        wait_primary(ca_cert, 120)
+        apply_documents([sentinel_stage(phoenix_image)], NAMESPACE)
+        kubectl(
+            "wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", f"phoenixstage/{STAGE}", timeout=210
+        )
+        yield ca_cert
 
 
 def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(
@@ -112,16 +70,19 @@ def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(
     authentication = kubectl_json("get", "triggerauthentication", "-n", NAMESPACE, f"{STAGE}-redis")
     assert {ref["parameter"] for ref in authentication["spec"]["secretTargetRef"]} == {"password", "ca"}
     keys = StageKeys.for_stage(STAGE, NAMESPACE)
-    _until(lambda: _replicas() == (0, 0), "the idle stage at zero pods", 120)
+    replicas = StageReplicas(NAMESPACE, STAGE)
+    replicas.until(lambda: replicas.now() == (0, 0), "the idle stage at zero pods", 120)
 
     started = time.monotonic()
     primary = wait_primary(ca, 60)
     with primary_client(ca, primary) as redis:
         first = enqueue_documents(redis, keys.input, pipeline.documents, copies=40, server=DOCUMENTS)
-    _until(lambda: _replicas()[1] >= 1, "KEDA to wake the stage through the Sentinels", 180)
+    replicas.until(lambda: replicas.now()[1] >= 1, "KEDA to wake the stage through the Sentinels", 180)
     scaled_up_after = time.monotonic() - started
     with primary_client(ca, primary) as redis:
-        _until(lambda: len(record_counts(redis, OUTPUT, first)) >= 10, "records routed before the failover", 180)
+        replicas.until(
+            lambda: len(record_counts(redis, OUTPUT, first)) >= 10, "records routed before the failover", 180
+        )
 
     # The primary's pod deleted mid-run; the Sentinels promote the replica; the workers and the operator follow.
     kubectl("delete", "pod", "-n", NAMESPACE, primary.split(".", 1)[0], "--wait=false")
@@ -136,13 +97,13 @@ def test_keda_scales_a_sentinel_tls_stage_and_a_deleted_primary_loses_nothing(
         def done() -> bool:
             return len(record_counts(redis, OUTPUT, ids)) == len(ids)
 
-        _until(done, f"all {len(ids)} records routed after the failover", 600)
+        replicas.until(done, f"all {len(ids)} records routed after the failover", 600)
         counts = record_counts(redis, OUTPUT, ids)
         assert {record_id: n for record_id, n in counts.items() if n != 1} == {}, "records forwarded twice"
         assert record_counts(redis, keys.dlq, ids) == {}, "records dead-lettered"
-        _until(lambda: redis.xpending(keys.input, keys.consumer_group)["pending"] == 0, "nothing pending", 120)
-    _until(lambda: _replicas() == (0, 0), "KEDA to scale back to zero after the cooldown", 240)
-    peak = max(_DESIRED_SEEN)
+        replicas.until(lambda: redis.xpending(keys.input, keys.consumer_group)["pending"] == 0, "nothing pending", 120)
+    replicas.until(lambda: replicas.now() == (0, 0), "KEDA to scale back to zero after the cooldown", 240)
+    peak = replicas.peak
     assert 1 <= peak <= MAX_REPLICAS
     (report_dir / "sentinel.txt").write_text(
         f"{len(ids)} records, exactly once; a pod ready {scaled_up_after:.0f} s after the first enqueue (from 0), at "

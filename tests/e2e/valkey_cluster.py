@@ -17,8 +17,8 @@ from typing import Any
 import redis as redis_client
 from redis.crc import key_slot
 
-from tests.e2e.kubectl import kubectl, kubectl_json, port_forward
-from tests.e2e.pipeline import RESTRICTED
+from tests.e2e.kubectl import kubectl_json, port_forward
+from tests.e2e.redis_set import headless_service, server_statefulset, stage_secret, until_answering, wait_statefulsets
 
 NAMESPACE = "phoenix-cluster"
 PASSWORD = "e2e-cluster-password"
@@ -42,80 +42,15 @@ def node_of(key: str) -> int:
 
 def cluster_set(image: str) -> list[dict[str, Any]]:
     """The stage's Secret (seed URL and password), the headless Service and the StatefulSet."""
-    labels = {"app.kubernetes.io/name": "valkey", "app.kubernetes.io/part-of": "phoenix-e2e-cluster"}
-    container = {
-        "name": "valkey",
-        "image": image,
-        "imagePullPolicy": "IfNotPresent",
-        # The image's entrypoint is valkey-server; $(VAR) is the kubelet's expansion of the env below.
-        "args": [
-            "--port",
-            "6379",
-            "--cluster-enabled",
-            "yes",
-            "--cluster-config-file",
-            "/data/nodes.conf",
-            "--cluster-node-timeout",
-            "5000",
-            "--requirepass",
-            "$(REDIS_PASSWORD)",
-            "--masterauth",
-            "$(REDIS_PASSWORD)",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            "/data",
-        ],
-        "env": [
-            {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": "phoenix-redis", "key": "password"}}}
-        ],
-        "ports": [{"name": "redis", "containerPort": 6379}, {"name": "bus", "containerPort": 16379}],
-        "readinessProbe": {"tcpSocket": {"port": "redis"}, "periodSeconds": 2},
-        "resources": {"requests": {"cpu": "20m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
-        "securityContext": {**RESTRICTED, "runAsUser": 65532, "runAsGroup": 65532},
-        "volumeMounts": [{"name": "data", "mountPath": "/data"}],
-    }
+    # The image's entrypoint is valkey-server; $(VAR) is the kubelet's expansion of the container's env.
+    args = "--port 6379 --cluster-enabled yes --cluster-config-file /data/nodes.conf --cluster-node-timeout 5000"
+    args += " --requirepass $(REDIS_PASSWORD) --masterauth $(REDIS_PASSWORD)"
+    # No RDB snapshots: --save with an empty argument, which a split string cannot hold.
+    start = {"args": [*args.split(), "--save", "", "--appendonly", "no", "--dir", "/data"]}
     return [
-        {
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "phoenix-redis"},
-            "type": "Opaque",
-            "stringData": {"url": f"redis://:{PASSWORD}@{','.join(SEEDS)}/0", "password": PASSWORD},
-        },
-        {
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": {"name": "valkey"},
-            "spec": {
-                "clusterIP": "None",
-                "publishNotReadyAddresses": True,
-                "selector": {"app.kubernetes.io/name": "valkey"},
-                "ports": [{"name": "redis", "port": 6379, "targetPort": "redis"}],
-            },
-        },
-        {
-            "apiVersion": "apps/v1",
-            "kind": "StatefulSet",
-            "metadata": {"name": "valkey", "labels": labels},
-            "spec": {
-                "serviceName": "valkey",
-                "replicas": PRIMARIES,
-                "podManagementPolicy": "Parallel",
-                "selector": {"matchLabels": labels},
-                "template": {
-                    "metadata": {"labels": labels},
-                    "spec": {
-                        "terminationGracePeriodSeconds": 5,
-                        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-                        "containers": [container],
-                        "volumes": [{"name": "data", "emptyDir": {}}],
-                    },
-                },
-            },
-        },
+        stage_secret(f"redis://:{PASSWORD}@{','.join(SEEDS)}/0", PASSWORD),
+        headless_service("valkey", 6379),
+        server_statefulset("valkey", "phoenix-e2e-cluster", PRIMARIES, image, start, {"redis": 6379, "bus": 16379}),
     ]
 
 
@@ -129,21 +64,8 @@ def node_clients() -> Iterator[list[redis_client.Redis]]:
             client = redis_client.Redis(port=port, password=PASSWORD, decode_responses=True, socket_timeout=10)
             stack.callback(client.close)
             clients.append(client)
-        _until_answering(clients)
+        until_answering(clients)
         yield clients
-
-
-def _until_answering(clients: list[redis_client.Redis], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    for client in clients:
-        while True:
-            try:
-                client.ping()
-                break
-            except redis_client.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.5)
 
 
 def form_cluster(timeout: float = 120) -> None:
@@ -173,5 +95,5 @@ def _states(clients: list[redis_client.Redis]) -> list[str]:
     return [" ".join(line for line in info if "state" in line or "known" in line) for info in infos]
 
 
-def wait_set_ready(timeout: int = 240) -> None:
-    kubectl("rollout", "status", "-n", NAMESPACE, "statefulset/valkey", f"--timeout={timeout}s", timeout=timeout + 30)
+def wait_set_ready() -> None:
+    wait_statefulsets(NAMESPACE, ("valkey",))

@@ -10,10 +10,7 @@ from kubernetes.utils import parse_quantity
 from phoenix.crds import PhoenixStageSpec, SecretKeyRef, StageRedisSpec
 from phoenix.crds.pod import SHUTDOWN_MARGIN_SECONDS
 from phoenix.keys import StageKeys
-from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
-from phoenix.operator.builders.security import container_security_context, pod_security_context
-from phoenix.operator.builders.streams import resolve_streams
-from phoenix.operator.constants import (
+from phoenix.kube_names import (
     POD_KEYS_ANNOTATION,
     REDIS_SECRETS_ANNOTATION,
     REDIS_TLS_DIR,
@@ -25,6 +22,9 @@ from phoenix.operator.constants import (
     TMP_DIR,
     TMP_VOLUME,
 )
+from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
+from phoenix.operator.builders.security import container_security_context, pod_security_context
+from phoenix.operator.builders.streams import resolve_streams
 
 HEALTH_PORT = 8080
 PORT_NAME = "http"

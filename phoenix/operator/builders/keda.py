@@ -9,11 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from phoenix.crds import PhoenixStageSpec, RedisMode, SecretKeyRef
+from phoenix.kube_names import PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE, desired_replicas
 from phoenix.operator.builders.meta import Owner, child_metadata
 from phoenix.operator.builders.redis_address import RedisConnection
 from phoenix.operator.builders.streams import resolve_streams
-from phoenix.operator.constants import PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION
 
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 

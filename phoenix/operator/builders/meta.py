@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from phoenix.operator.constants import (
+from phoenix.kube_names import (
     INSTANCE_LABEL,
     MANAGED_BY,
     MANAGED_BY_LABEL,

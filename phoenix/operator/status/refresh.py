@@ -20,7 +20,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from phoenix.crds import Condition, ConditionType
-from phoenix.operator.constants import STAGE_LABEL
+from phoenix.kube_names import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, scrub
 from phoenix.operator.metrics import STAGES, stage_figures

@@ -1,6 +1,9 @@
-"""The operator's labels, annotations and finalizer: every key it reads or writes on Kubernetes objects.
+"""The operator's labels, annotations, finalizer and worker-pod volumes: every name it reads or writes on Kubernetes
+objects.
 
-Keys are spelled here once; each constant is named <WHAT>_LABEL or <WHAT>_ANNOTATION after its role.
+Keys are spelled here once; each constant is named <WHAT>_LABEL or <WHAT>_ANNOTATION after its role. A bottom module
+(like keys.py for Redis), because the CRD models refuse a spec.pod that sets these (crds/pod.py) and the operator,
+the CLI and the tests use them.
 """
 
 from __future__ import annotations
