@@ -10,6 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from phoenix.embedded import embedded_valkey
+from phoenix.worker_runtime import scrub
 from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool
 
@@ -52,6 +53,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 item.add_marker(pytest.mark.timeout(E2E_TEST_TIMEOUT))
             elif "kube_cluster" in used:
                 item.add_marker(pytest.mark.timeout(KUBE_TEST_TIMEOUT))
+
+
+@pytest.fixture(autouse=True)
+def no_exposed_secrets() -> Iterator[None]:
+    """Each test starts with no user keys exposed and leaves none behind. scrub.expose keeps a key for the life of
+    the task that exposed it; a synchronous test exposes it in the main thread's context, which every later test's
+    task would inherit (and mask, say, "sk-a" inside another test's "sk-a4f...")."""
+    token = scrub._exposed.set(())
+    yield
+    scrub._exposed.reset(token)
 
 
 @pytest.fixture(scope="session")
