@@ -50,6 +50,9 @@ async def run_then_wait(
             pipe.wait(replicas, timeout_ms)
             *replies, acked = await pipe.execute()
         return replies, int(acked)
+    # A client that has sent nothing yet has no slot map: get_node_from_key would find no node for any slot.
+    # initialize() reads it once and returns at once afterwards.
+    await client.initialize()
     node = client.get_node_from_key(key)
     assert node is not None  # a slot without a node raises SlotNotCoveredError
     for attempt in range(2):

@@ -30,8 +30,7 @@ async def client(request: pytest.FixtureRequest, redis_url: str) -> AsyncIterato
     with single_node_cluster() as url:
         built = connect(RedisSpec.from_url(url, mode="cluster"), decode_responses=True)
         try:
-            await built.initialize()  # the slot map, as a first command would read it
-            yield built
+            yield built  # fresh: its slot map not read yet, as a producer's first send finds it
         finally:
             await built.aclose()
 
