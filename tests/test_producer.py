@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,6 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from phoenix.embedded import start_valkey
 from phoenix.keys import StageKeys
 from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer, _pipelines, _Target
 from tests.fixtures.cli import run_phoenix
@@ -136,20 +135,6 @@ def test_the_sync_producer_writes_the_same(redis_url: str) -> None:
         for i, entry_id in enumerate(ids):
             [(_, fields)] = stream_entries_now(client, STAGE.lane_of(f"s{i}").input, entry_id, entry_id)
             assert fields["record_id"] == f"s{i}"
-
-
-@pytest.fixture
-def replicated() -> Iterator[tuple[str, int]]:
-    """A primary with one replica: its URL and the replica's pid (to freeze it)."""
-    primary = start_valkey()
-    replica = start_valkey(replicaof=f"{primary.host} {primary.port}")
-    try:
-        with redis.Redis(host=replica.host, port=replica.port) as copy:
-            pid = int(copy.info("server")["process_id"])
-        yield f"redis://{primary.host}:{primary.port}/0", pid
-    finally:
-        replica.stop()
-        primary.stop()
 
 
 @pytest.mark.timeout(60)

@@ -108,6 +108,8 @@ _READ_BATCH = 200
 # A partitioned stage on Redis Cluster waits for new entries on one lane at a time (a read is single-slot): this long,
 # so an entry arriving on another lane waits for it at most.
 _LANE_BLOCK_MS = 100
+# The longest a stopping worker relays what its last commits left in its stage's outboxes (relay.py, finish).
+_RELAY_FINISH_SECONDS = 5.0
 
 
 class Worker:
@@ -341,8 +343,7 @@ class Worker:
             ),
             asyncio.create_task(self._every(s.trim_interval, self.trimmer.trim), name="trimmer"),
         ]
-        if self.relay.enabled:
-            background.append(asyncio.create_task(self.relay.run(), name="relay"))
+        relay = [asyncio.create_task(self.relay.run(), name="relay")] if self.relay.enabled else []
         if self.backpressure.enabled:
             background.append(
                 asyncio.create_task(
@@ -354,11 +355,16 @@ class Worker:
             asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
         ]
         stop = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait([stop, *intake, *background], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([stop, *intake, *relay, *background], return_when=asyncio.FIRST_COMPLETED)
         await _cancel([stop, *intake])
         await self._drain()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.settler.flush(), 30)
+        if relay:
+            # The last commits may have gone to an outbox: relayed now, not left for a worker that may never come
+            # (a stage scaled to zero). The loop first, so that no two relays of this worker read its pending batch.
+            await _cancel(relay)
+            await self.relay.finish(_RELAY_FINISH_SECONDS)
         await _cancel(background)
         log.info("worker_stopped")
 
