@@ -295,7 +295,8 @@ class Worker:
     async def _wait_for_redis(self) -> bool:
         """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
         when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them), LayoutDiffers
-        when PARTITIONS differs from the stage's layout."""
+        when PARTITIONS differs from the stage's layout, OutputLayoutDiffers when OUTPUT_PARTITIONS differs from the
+        next stage's."""
         backoff = Backoff(0.5, 10.0)
         while not self._stopping.is_set():
             try:
@@ -305,6 +306,7 @@ class Worker:
                         if holder := await ownership.holder_at_start(self.redis, lane.keys):
                             raise ownership.KeysHeld(holder, lane.keys.input)
                     await ownership.check_layout(self.redis, s.keys)  # a stage's own worker: with its claim
+                await lanes.check_output_layout(self.redis, s)
                 if await lanes.cluster_enabled(self.redis, s.redis.mode):
                     self._route(slots_matter=True)  # a forward to another slot goes through the outbox
                 await self.ensure_group()
