@@ -11,8 +11,10 @@ redis-py) builds: one Redis, a Sentinel's master, a Redis Cluster.
 
 - **Where a record goes.** The stage's layout (`keys.StageKeys.layout`, written by the operator when it creates the
   stage, or by its first worker) says how many partitions it has; a record goes to the input of its partition
-  (`keys.partition_of`). A stage with no layout yet has never run: it is taken as one partition, which is what a
-  stage is unless its PhoenixStage says otherwise. `partitions=` overrides the lookup (a producer that knows).
+  (`keys.partition_of`). A stage of one partition goes to the input its owner marker names (`StageKeys.owner`,
+  written when its keys are claimed), which its PhoenixStage's `spec.input` may have set. A stage with neither
+  has never run: it is taken as one partition under the default names, which is what a stage is unless its
+  PhoenixStage says otherwise. `partitions=` overrides the lookup (a producer that knows).
 - **Batches.** `send_many` writes in pipelines of `BATCH` entries, grouped by stream: on a cluster, redis-py sends
   each node its own commands.
 - **Replicas.** `min_replicas_ack` (the workers' MIN_REPLICAS_ACK) waits until that many replicas have the entries
@@ -92,17 +94,22 @@ class _Target:
             raise ValueError("give a stage or a stream, not both")
         self.stage, self.namespace, self.stream, self.partitions = stage, namespace, stream, partitions
 
-    def layout_key(self) -> str | None:
-        """The key to read the partitions from, None when they are known (given, read before, or a plain stream)."""
+    def lookup_keys(self) -> tuple[str, str] | None:
+        """The stage's layout (its partitions) and owner marker (the input stream of a stage of one partition, which
+        its PhoenixStage may name: spec.input) to read; None when known (given, read before, or a plain stream)."""
         if self.stream is not None or self.partitions is not None:
             return None
         assert self.stage is not None
-        return StageKeys.for_stage(self.stage, self.namespace).layout
+        keys = StageKeys.for_stage(self.stage, self.namespace)
+        return keys.layout, keys.owner
 
-    def learn(self, stored: bytes | str | None) -> None:
-        """Keep the layout once there is one; until then each call looks again (the stage may be created meanwhile)."""
-        if stored:
-            self.partitions = int(stored)
+    def learn(self, partitions: bytes | str | None, input_stream: bytes | str | None) -> None:
+        """Keep the layout once there is one, or the input of a stage of one partition once its keys are claimed;
+        until then each call looks again (the stage may be created meanwhile)."""
+        if partitions:
+            self.partitions = int(partitions)
+        elif input_stream:
+            self.partitions, self.stream = 1, _text(input_stream)
 
     def stream_of(self, record_id: str) -> str:
         if self.stream is not None:
@@ -220,8 +227,11 @@ class Producer(_Sender):
 
     async def send_many(self, records: Iterable[Record]) -> list[str]:
         """Write the records, pipelined; returns their entry ids in order."""
-        if (layout := self._target.layout_key()) is not None:
-            self._target.learn(await self.client.hget(layout, "partitions"))
+        if (lookup := self._target.lookup_keys()) is not None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(lookup[0], "partitions")
+            pipe.hget(lookup[1], "input")
+            self._target.learn(*await pipe.execute())
         ids: list[str] = []
         for size, batch in self._batches(records):
             ids += self._entry_ids(size, [(pipeline, await self._run(pipeline)) for pipeline in batch])
@@ -250,8 +260,11 @@ class SyncProducer(_Sender):
 
     def send_many(self, records: Iterable[Record]) -> list[str]:
         """Write the records, pipelined; returns their entry ids in order."""
-        if (layout := self._target.layout_key()) is not None:
-            self._target.learn(self.client.hget(layout, "partitions"))
+        if (lookup := self._target.lookup_keys()) is not None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(lookup[0], "partitions")
+            pipe.hget(lookup[1], "input")
+            self._target.learn(*pipe.execute())
         ids: list[str] = []
         for size, batch in self._batches(records):
             ids += self._entry_ids(size, [(pipeline, self._run(pipeline)) for pipeline in batch])

@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis import Redis as SyncRedis
 
-from phoenix.embedded import embedded_valkey
+from phoenix.embedded import embedded_valkey, start_valkey
 from phoenix.worker_runtime import scrub
 from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool
@@ -114,3 +115,17 @@ async def cluster(cluster_url: str) -> AsyncIterator[aioredis.Redis]:
     await client.flushall()
     yield client
     await client.aclose()
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[str, int]]:
+    """A primary with one replica: its URL and the replica's pid (to freeze it: MIN_REPLICAS_ACK's short count)."""
+    primary = start_valkey()
+    replica = start_valkey(replicaof=f"{primary.host} {primary.port}")
+    try:
+        with SyncRedis(host=replica.host, port=replica.port) as copy:
+            pid = int(copy.info("server")["process_id"])
+        yield f"redis://{primary.host}:{primary.port}/0", pid
+    finally:
+        replica.stop()
+        primary.stop()

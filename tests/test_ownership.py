@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.keys import StageKeys
+from phoenix.keys import StageKeys, input_stream
 from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
 from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from tests.fixtures.eventually import wait_until
@@ -270,3 +270,24 @@ async def test_a_worker_started_with_another_partition_count_exits_with_one_line
         ), lines
     assert (await redis.xlen(KEYS.input), await redis.xlen(by_hand.input)) == (1, 1)
     assert await redis.exists(by_hand.layout) == 0
+
+
+@pytest.mark.timeout(90)
+async def test_a_worker_forwarding_to_another_count_than_the_next_stages_layout_exits_with_one_line(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """OUTPUT_PARTITIONS against the next stage's layout: forwarding to its unpartitioned input (or to lanes of
+    another count) would put every result where no worker of it reads."""
+    following = StageKeys.for_stage("nxt", partitions=4)
+    await claim(redis, following, "nxt-uid", adopt=True)  # writes its layout: 4
+    await add(redis, "r1")
+    started = workers.start("s", OUTPUT_QUEUE=input_stream("nxt"))  # OUTPUT_PARTITIONS: 1 by default
+    assert started.process.popen.wait(timeout=60) == 2
+    lines = started.process.log_path.read_text().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        "phoenix worker: refusing to start with OUTPUT_PARTITIONS=1: the next stage default/nxt is laid out in 4 "
+        "partition(s) in Redis, not the 1 this worker would forward to"
+    ), lines
+    assert "set OUTPUT_PARTITIONS=4" in lines[0]
+    assert await redis.exists(input_stream("nxt")) == 0  # nothing forwarded beside its lanes
+    assert await redis.xlen(KEYS.input) == 1

@@ -9,19 +9,20 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 import redis
+import redis as redis_sync
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import ClusterNode, RedisCluster
 from redis.crc import key_slot
 
-from phoenix.embedded import start_valkey
 from phoenix.keys import StageKeys
 from phoenix.producer import BATCH, NotReplicated, Producer, Record, SyncProducer, _pipelines, _Target
+from phoenix.worker_runtime.ownership import claim
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.replies import stream_entries, stream_entries_now
@@ -65,6 +66,21 @@ async def test_records_go_to_their_partition_as_the_layout_says(redis: aioredis.
         assert fields["record_id"] == f"r{i}"
     assert (await stream_entries(redis, lanes[0], count=1))[0][1]["traceparent"].startswith("00-111")
     assert [f["record_id"] for _, f in await stream_entries(redis, STAGE.input)] == ["before"]
+
+
+async def test_a_stage_whose_phoenixstage_names_its_input_gets_its_records_there(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """spec.input: the stage's workers read that stream, and its owner marker (claimed with its keys) says so; the
+    producer and `phoenix enqueue --service` write there, not to the default name no worker of it reads."""
+    named = StageKeys.for_stage("billing", "team", input="orders:incoming")
+    await claim(redis, named, "billing-uid", adopt=True)
+    await Producer(redis, "billing", "team").send_many([Record("o1"), Record("o2")])
+    run_phoenix(redis_url, "enqueue", "--namespace", "team", "--service", "billing", "--record-id", "o3")
+    with redis_sync.Redis.from_url(redis_url, decode_responses=True) as client:
+        SyncProducer(client, "billing", "team").send("o4")
+    assert [f["record_id"] for _, f in await stream_entries(redis, "orders:incoming")] == ["o1", "o2", "o3", "o4"]
+    assert await redis.exists(StageKeys.for_stage("billing", "team").input) == 0
 
 
 async def test_an_explicit_stream_and_an_explicit_count_need_no_layout(redis: aioredis.Redis) -> None:
@@ -136,20 +152,6 @@ def test_the_sync_producer_writes_the_same(redis_url: str) -> None:
         for i, entry_id in enumerate(ids):
             [(_, fields)] = stream_entries_now(client, STAGE.lane_of(f"s{i}").input, entry_id, entry_id)
             assert fields["record_id"] == f"s{i}"
-
-
-@pytest.fixture
-def replicated() -> Iterator[tuple[str, int]]:
-    """A primary with one replica: its URL and the replica's pid (to freeze it)."""
-    primary = start_valkey()
-    replica = start_valkey(replicaof=f"{primary.host} {primary.port}")
-    try:
-        with redis.Redis(host=replica.host, port=replica.port) as copy:
-            pid = int(copy.info("server")["process_id"])
-        yield f"redis://{primary.host}:{primary.port}/0", pid
-    finally:
-        replica.stop()
-        primary.stop()
 
 
 @pytest.mark.timeout(60)

@@ -7,19 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
+import signal
+import time
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ClusterCrossSlotError
 
 from phoenix.keys import StageKeys, input_stream, partition_of
+from phoenix.redis_spec import connect
 from phoenix.worker_runtime import lanes, metrics
+from phoenix.worker_runtime import relay as relay_module
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.settle import Settler
+from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.replies import get_text, raw_stream_entries, stream_entries
@@ -194,6 +201,152 @@ async def test_a_forward_to_another_partition_count_is_relayed_exactly_once(
     assert all(stream == nxt.lane_of(record).input for stream, record in forwarded)
     assert relayed._value.get() - before == len(records)
     assert all(json.loads(f["data"])["seen_by"] == "p" for _, f in await stream_entries(redis, nxt.lanes[0].input))
+
+
+@pytest.mark.timeout(90)
+async def test_a_stopping_worker_relays_what_its_last_commits_left_in_the_outbox(
+    redis: aioredis.Redis, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last worker of a stage going away (scaled to zero, paused) relays its outboxes before it exits: nothing
+    else would wake the stage for them (its triggers count its input and retry set). The relay loop is held asleep
+    after its first look, so only the stop's own pass can move the results."""
+    monkeypatch.setattr(relay_module, "_IDLE_SECONDS", 3600.0)
+    stage, nxt = StageKeys.for_stage("p", partitions=4), StageKeys.for_stage("q", partitions=3)
+    records = [f"f{i}" for i in range(60)]
+    async with running_worker(
+        redis_url, "p", OutcomeProcessor, partitions=4, output_queue=input_stream("q"), output_partitions=3
+    ) as worker:
+        await wait_until(lambda: _relay_groups_exist(redis, stage), "the relay's first look", 30)
+        await asyncio.sleep(0.2)  # the relay loop now sleeps
+        await enqueue(redis, stage, records)
+        await wait_until(lambda: drained(worker), "drained", 60)
+        assert sum([await redis.xlen(lane.outbox) for lane in stage.lanes]) == len(records)  # committed, not relayed
+    forwarded = await arrived(redis, [lane.input for lane in nxt.lanes])
+    assert sorted(r for _, r in forwarded) == sorted(records)
+    assert await _outboxes_empty(redis, stage)
+
+
+async def _relay_groups_exist(client: aioredis.Redis, stage: StageKeys) -> bool:
+    return all([await client.exists(lane.outbox) for lane in stage.lanes])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.subprocess
+async def test_with_min_replicas_ack_the_relay_waits_for_replicas_before_it_deletes_from_the_outbox(
+    replicated: tuple[str, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MIN_REPLICAS_ACK on a relayed hop: the relay's XADDs are followed by a WAIT on their connection before the
+    batch leaves the outbox (else a failover of the target's primary could lose a record the outbox no longer
+    has). With the replica frozen the WAIT runs out: the short count is logged, as the settler's is."""
+    url, replica_pid = replicated
+    client = aioredis.Redis.from_url(url)  # bytes, as the runtime reads
+    text_client = aioredis.Redis.from_url(url, decode_responses=True)
+    logged: list[dict[str, object]] = []
+    monkeypatch.setattr(relay_module, "log", _Recorder(logged))
+    settings = WorkerSettings(
+        service_name="p",
+        processor=OUTCOMES,
+        redis_url=url,
+        partitions=2,
+        output_queue=input_stream("q"),
+        output_partitions=3,
+        min_replicas_ack=1,
+        min_replicas_timeout_ms=400,
+    )
+    routes = lanes.routes(settings, slots_matter=False)
+    relay = relay_module.Relay(client, settings, routes)
+    try:
+        await wait_until(lambda: _replica_online(text_client), "the replica connected", 30)
+        await relay.ensure_groups()
+        outbox = settings.keys.lanes[0].outbox
+        for i in range(5):
+            await client.xadd(outbox, {"record_id": f"w{i}", "user_id": "u", "data": "{}"})
+        assert await relay.relay_once() == 5  # replica online: WAIT answers at once
+        os.kill(replica_pid, signal.SIGSTOP)
+        try:
+            await client.xadd(outbox, {"record_id": "late", "user_id": "u", "data": "{}"})
+            started = time.monotonic()
+            assert await relay.relay_once() == 1
+            waited = time.monotonic() - started
+        finally:
+            os.kill(replica_pid, signal.SIGCONT)
+        assert waited >= 0.35, f"no WAIT after the relay's XADDs ({waited:.3f} s)"
+        behind = [e for e in logged if e["event"] == "replicas_behind"]
+        assert behind and behind[0]["hop"] == "relay" and behind[0]["acknowledged_by"] == 0
+        assert await client.xlen(outbox) == 0
+        nxt = StageKeys.for_stage("q", partitions=3)
+        assert sorted(r for _, r in await arrived(text_client, [lane.input for lane in nxt.lanes])) == sorted(
+            [*(f"w{i}" for i in range(5)), "late"]
+        )
+    finally:
+        await client.aclose()
+        await text_client.aclose()
+
+
+@pytest.mark.subprocess
+async def test_on_a_cluster_the_relay_waits_on_the_node_it_wrote_to(
+    cluster: aioredis.Redis, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The relay's WAIT on a cluster goes in the pipeline of the node holding the target's slot (the runtime's own
+    cluster client): the node has no replica, so the count is 0, logged, and the batch relayed all the same."""
+    logged: list[dict[str, object]] = []
+    monkeypatch.setattr(relay_module, "log", _Recorder(logged))
+    settings = WorkerSettings(
+        service_name="p",
+        processor=OUTCOMES,
+        redis_url=cluster_url,
+        redis_mode="cluster",
+        partitions=2,
+        output_queue=PLAIN,
+        min_replicas_ack=1,
+        min_replicas_timeout_ms=200,
+    )
+    routes = lanes.routes(settings, slots_matter=True)
+    assert all(r.relayed for r in routes)
+    client = connect(settings.redis, decode_responses=False)
+    try:
+        relay = relay_module.Relay(client, settings, routes)
+        await relay.ensure_groups()
+        for lane in settings.keys.lanes:
+            await cluster.xadd(lane.outbox, {"record_id": f"c{lane.partition}", "user_id": "u", "data": "{}"})
+        assert await relay.relay_once() == 1
+        assert sorted(r for _, r in await arrived(cluster, [PLAIN])) == ["c0", "c1"]
+        assert [e["hop"] for e in logged if e["event"] == "replicas_behind"] == ["relay", "relay"]
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.subprocess
+async def test_on_a_cluster_the_processors_client_has_its_slot_map_before_the_first_record(
+    cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """redis-py #3935: scripts run concurrently on a cluster client that has not read its slot map yet fail now and
+    then. The worker reads it for the client it gives processors (and billing) before it takes in any record."""
+    async with running_worker(cluster_url, "p", OutcomeProcessor, redis_mode="cluster", partitions=2) as worker:
+        await wait_until(lambda: _reading(worker), "the worker reading", 30)
+        shared = worker.processor.redis
+        assert isinstance(shared, AsyncRedisCluster) and shared is worker.billing.client
+        assert len(shared.nodes_manager.slots_cache) == 16384  # read, not left to the first concurrent scripts
+
+
+async def _reading(worker: Worker) -> bool:
+    return not worker.lanes[0].reread_own_pending
+
+
+class _Recorder:
+    """Stands in for a module's structlog logger: what it was told, as structlog's event dicts."""
+
+    def __init__(self, into: list[dict[str, object]]) -> None:
+        self._into = into
+
+    def warning(self, event: str, **fields: object) -> None:
+        self._into.append({"event": event, **fields})
+
+    info = error = debug = warning
+
+
+async def _replica_online(client: aioredis.Redis) -> bool:
+    return (await client.info("replication")).get("slave0", {}).get("state") == "online"
 
 
 async def _outboxes_empty(client: aioredis.Redis, stage: StageKeys) -> bool:

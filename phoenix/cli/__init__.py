@@ -259,7 +259,9 @@ def _parser() -> argparse.ArgumentParser:
 
     e = with_redis(sub.add_parser("enqueue", help="add a record to a stage's input stream"))
     target = e.add_mutually_exclusive_group(required=True)
-    target.add_argument("--service", help="stage name: writes to phoenix:{namespace}:service:input")
+    target.add_argument(
+        "--service", help="stage name: writes where its workers read (its input, or its record's partition's)"
+    )
     target.add_argument("--stream", help="explicit stream key")
     source = e.add_mutually_exclusive_group(required=True)
     source.add_argument("--record-id", help="one record, its data from --data and --field")

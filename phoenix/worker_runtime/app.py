@@ -16,6 +16,7 @@ from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingSettings, load_billing_settings
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.health import start_health_server
+from phoenix.worker_runtime.lanes import OutputLayoutDiffers
 from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.ownership import KeysHeld, LayoutDiffers
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
@@ -131,6 +132,9 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
         return 2
     except LayoutDiffers as exc:
         print(f"phoenix worker: refusing to start with PARTITIONS={exc.wanted}: {exc}", file=sys.stderr)
+        return 2
+    except OutputLayoutDiffers as exc:
+        print(f"phoenix worker: refusing to start with OUTPUT_PARTITIONS={exc.wanted}: {exc}", file=sys.stderr)
         return 2
     finally:
         await processor.cleanup()

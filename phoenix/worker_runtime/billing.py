@@ -202,6 +202,11 @@ class ApiKeyProvider:
         self._drops: set[asyncio.Task[None]] = set()
 
     @property
+    def client(self) -> Redis:
+        """The Redis client the cache and its guard are read and written through."""
+        return self._redis
+
+    @property
     def enabled(self) -> bool:
         return self._endpoint is not None
 

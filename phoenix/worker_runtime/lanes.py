@@ -44,6 +44,11 @@ class Output:
         self._partitions = settings.output_partitions if self._stage else 1
 
     @property
+    def next_stage(self) -> tuple[str, str] | None:
+        """(namespace, stage) when the output is a stage's input (`output.stage`), else None."""
+        return self._stage
+
+    @property
     def streams(self) -> tuple[str, ...]:
         """Every stream results may go to: one, or each partition of the next stage."""
         if not self._queue:
@@ -69,6 +74,35 @@ class Output:
         # Same count: partition_of(record, K) is the lane's own partition in both stages.
         namespace, stage = self._stage
         return input_stream(stage, namespace, lane.partition)
+
+
+@dataclass(eq=False)
+class OutputLayoutDiffers(Exception):
+    """The next stage's layout in Redis has `layout` partitions; this worker was started to forward to `wanted`."""
+
+    stage: str
+    layout: int
+    wanted: int
+
+    def __str__(self) -> str:
+        return (
+            f"the next stage {self.stage} is laid out in {self.layout} partition(s) in Redis, not the {self.wanted} "
+            "this worker would forward to: its results would go to streams no worker of that stage reads; set "
+            f"OUTPUT_PARTITIONS={self.layout} (the operator sets it from that layout)"
+        )
+
+
+async def check_output_layout(client: Redis, settings: WorkerSettings) -> None:
+    """Raise OutputLayoutDiffers when the output is a stage's input and that stage's layout (written when its keys
+    were claimed) has another count than OUTPUT_PARTITIONS. No layout says nothing: a stage of one partition, or
+    one not created yet, whose operator-given count (its spec's) is then taken as it is."""
+    found = Output(settings).next_stage
+    if found is None:
+        return
+    namespace, stage = found
+    laid_out = await client.hget(StageKeys.for_stage(stage, namespace).layout, "partitions")
+    if laid_out is not None and int(laid_out) != settings.output_partitions:
+        raise OutputLayoutDiffers(f"{namespace}/{stage}", int(laid_out), settings.output_partitions)
 
 
 def routes(settings: WorkerSettings, *, slots_matter: bool) -> tuple[Route, ...]:

@@ -6,8 +6,12 @@ stage's group name): it reads a batch (its own pending entries first, idle ones 
 CLAIM_INTERVAL), XADDs each entry unchanged to its record's stream, then acknowledges and deletes the batch in
 one script (relay_done.lua). A worker killed between the XADDs and that script leaves the batch pending: it is
 relayed again, and the downstream stage's record markers absorb the repeat; nothing is acknowledged before it is
-written, so nothing is lost. Memory is bounded by the batch, and the outbox by backpressure (it counts there);
-only relayed entries are deleted, so nothing leaves it unread.
+written, so nothing is lost. With MIN_REPLICAS_ACK the XADDs are followed by a WAIT on their own connection (one per
+node on a cluster) before the batch is deleted from the outbox: otherwise the deletion could replicate while the
+relayed entry, on another primary, did not, and a failover of that primary would lose the record. A short count is
+logged (`replicas_behind`, hop `relay`) as the settler's is. At shutdown a worker relays what is left (`finish`),
+so a stage scaled to zero leaves nothing waiting in its outboxes. Memory is bounded by the batch, and the outbox by
+backpressure (it counts there); only relayed entries are deleted, so nothing leaves it unread.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.backoff import Backoff
+from phoenix.redis_spec import is_cluster
+from phoenix.replica_wait import run_then_wait
 from phoenix.worker_runtime import lua, metrics
 from phoenix.worker_runtime.lanes import Output, Route
 from phoenix.worker_runtime.messages import OUTPUT_FIELDS
@@ -52,6 +59,7 @@ class Relay:
         self._next_claim = 0.0
         self._m_backlog = metrics.OUTBOX_BACKLOG.labels(s.service_name)
         self._m_relayed = metrics.OUTBOX_RELAYED.labels(s.service_name)
+        self._replicas, self._replicas_timeout_ms = s.min_replicas_ack, s.min_replicas_timeout_ms
 
     @property
     def enabled(self) -> bool:
@@ -88,6 +96,19 @@ class Relay:
             if moved < _BATCH:
                 await asyncio.sleep(_IDLE_SECONDS)
 
+    async def finish(self, seconds: float) -> None:
+        """At shutdown, once the last commit is written (and the relay loop cancelled): relay what is left in the
+        outboxes, this worker's pending batch first, for at most `seconds`. What is left then waits for the next
+        worker; without this a stage scaled to zero would leave its last results in the outbox until new work."""
+        self._own_history.update(self._outboxes)
+        deadline = time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                if not await asyncio.wait_for(self.relay_once(), seconds):
+                    break
+        except (RedisError, TimeoutError) as exc:
+            log.warning("relay_unfinished", error=str(exc) or type(exc).__name__)
+
     async def relay_once(self) -> int:
         """One step over every relayed outbox; returns the most entries moved from one of them."""
         s = self._settings
@@ -116,7 +137,9 @@ class Relay:
             return 0
         # An entry deleted while pending (fields None) has nothing to relay: it is only acknowledged.
         live = [(entry_id, fields) for entry_id, fields in entries if fields]
-        if live:
+        if live and self._replicas:
+            await self._write_then_wait([(self._output.target(f[_RECORD_ID].decode()), f) for _, f in live])
+        elif live:
             async with self._client.pipeline(transaction=False) as pipe:
                 for _, fields in live:
                     pipe.xadd(self._output.target(fields[_RECORD_ID].decode()), fields)  # type: ignore[arg-type]
@@ -124,3 +147,31 @@ class Relay:
         await self._done(keys=[outbox], args=[self._settings.consumer_group, *(entry_id for entry_id, _ in entries)])
         self._m_relayed.inc(len(live))
         return len(entries)
+
+    async def _write_then_wait(self, writes: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
+        """The XADDs, each group followed by WAIT on its own connection: one group on a single Redis, one per node
+        holding a target's slot on a cluster. Errors are raised (the batch stays pending and is relayed again)."""
+        groups: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
+        if is_cluster(self._client):
+            cluster: Any = self._client
+            await cluster.initialize()  # a slot map before get_node_from_key (run_then_wait's own note)
+            for stream, fields in writes:
+                groups.setdefault(cluster.get_node_from_key(stream).name, []).append((stream, fields))
+        else:
+            groups[""] = list(writes)
+        for group in groups.values():
+            commands = [
+                ("XADD", stream, "*", *(part for item in fields.items() for part in item)) for stream, fields in group
+            ]
+            _, acked = await run_then_wait(
+                self._client, group[0][0], commands, self._replicas, self._replicas_timeout_ms
+            )
+            if acked < self._replicas:
+                log.warning(
+                    "replicas_behind",
+                    hop="relay",
+                    acknowledged_by=acked,
+                    wanted=self._replicas,
+                    batch=len(group),
+                    timeout_ms=self._replicas_timeout_ms,
+                )

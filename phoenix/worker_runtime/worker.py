@@ -24,6 +24,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.backoff import Backoff
 from phoenix.keys import StageKeys
+from phoenix.redis_spec import is_cluster
 from phoenix.worker_runtime import lanes, metrics, ownership
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
@@ -108,6 +109,8 @@ _READ_BATCH = 200
 # A partitioned stage on Redis Cluster waits for new entries on one lane at a time (a read is single-slot): this long,
 # so an entry arriving on another lane waits for it at most.
 _LANE_BLOCK_MS = 100
+# The longest a stopping worker relays what its last commits left in its stage's outboxes (relay.py, finish).
+_RELAY_FINISH_SECONDS = 5.0
 
 
 class Worker:
@@ -292,7 +295,8 @@ class Worker:
     async def _wait_for_redis(self) -> bool:
         """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
         when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them), LayoutDiffers
-        when PARTITIONS differs from the stage's layout."""
+        when PARTITIONS differs from the stage's layout, OutputLayoutDiffers when OUTPUT_PARTITIONS differs from the
+        next stage's."""
         backoff = Backoff(0.5, 10.0)
         while not self._stopping.is_set():
             try:
@@ -302,9 +306,11 @@ class Worker:
                         if holder := await ownership.holder_at_start(self.redis, lane.keys):
                             raise ownership.KeysHeld(holder, lane.keys.input)
                     await ownership.check_layout(self.redis, s.keys)  # a stage's own worker: with its claim
+                await lanes.check_output_layout(self.redis, s)
                 if await lanes.cluster_enabled(self.redis, s.redis.mode):
                     self._route(slots_matter=True)  # a forward to another slot goes through the outbox
                 await self.ensure_group()
+                await self._initialize_shared_clients()
                 return True
             except RedisError as exc:
                 redis, wait = self.settings.redis, backoff.failed()
@@ -312,6 +318,16 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), wait)
         return False
+
+    async def _initialize_shared_clients(self) -> None:
+        """The slot map of the cluster clients processors and billing use, read now, before CONCURRENCY tasks share
+        them: redis-py's cluster client reads it on first use, and scripts run concurrently on a client that has
+        none yet fail now and then (NoScriptError, RedisClusterException, IndexError: redis-py #3935). The
+        runtime's own client has its map already (the sequential calls above)."""
+        shared = {id(c): c for c in (getattr(self.processor, "redis", None), self.billing.client) if c is not None}
+        for client in shared.values():
+            if is_cluster(client):
+                await client.initialize()
 
     async def run(self) -> None:
         """Until `request_stop`: then finish in-flight work within SHUTDOWN_GRACE and return."""
@@ -341,8 +357,7 @@ class Worker:
             ),
             asyncio.create_task(self._every(s.trim_interval, self.trimmer.trim), name="trimmer"),
         ]
-        if self.relay.enabled:
-            background.append(asyncio.create_task(self.relay.run(), name="relay"))
+        relay = [asyncio.create_task(self.relay.run(), name="relay")] if self.relay.enabled else []
         if self.backpressure.enabled:
             background.append(
                 asyncio.create_task(
@@ -354,11 +369,16 @@ class Worker:
             asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
         ]
         stop = asyncio.create_task(self._stopping.wait())
-        await asyncio.wait([stop, *intake, *background], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([stop, *intake, *relay, *background], return_when=asyncio.FIRST_COMPLETED)
         await _cancel([stop, *intake])
         await self._drain()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.settler.flush(), 30)
+        if relay:
+            # The last commits may have gone to an outbox: relayed now, not left for a worker that may never come
+            # (a stage scaled to zero). The loop first, so that no two relays of this worker read its pending batch.
+            await _cancel(relay)
+            await self.relay.finish(_RELAY_FINISH_SECONDS)
         await _cancel(background)
         log.info("worker_stopped")
 
