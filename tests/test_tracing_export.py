@@ -131,6 +131,49 @@ async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_
     assert report["trace_ids"] == [processes[0].trace_id]
 
 
+@pytest.mark.timeout(90)
+async def test_a_batch_processors_failure_lines_carry_each_records_trace(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """process_batch decides many records' outcomes after one call: each record's failure line is written inside its
+    own process span, whether the record failed alone or the whole call raised."""
+    await add(redis, "once", action="fail-once")
+    await add(redis, "gone", action="missing")
+    async with otlp_receiver() as receiver:
+        worker = workers.start(
+            "s", processor="tests.processors:ScriptedBatchProcessor", OUTPUT_QUEUE=OUT, **otel_env(receiver)
+        )
+        await wait_until(lambda: committed(redis, "s", "once"), "once committed on its retry", timeout=60)
+        await redis.set("batch-down:s", 1)
+        await add(redis, "down")
+        await wait_until(lambda: worker.logged("processing_failed_will_retry"), "the failures logged")
+
+        async def failed_attempts() -> dict[str, ReceivedSpan] | None:
+            spans = {
+                record: [s for s in of_record(receiver, record) if s.name == "s process"]
+                for record in ("once", "gone", "down")
+            }
+            if not all(spans.values()):
+                return None
+            return {record: min(found, key=lambda s: s.start_ns) for record, found in spans.items()}
+
+        first = await wait_until(failed_attempts, "each record's first attempt received")
+
+        async def lines() -> dict[str, dict[str, object]] | None:
+            failures = ("processing_failed_will_retry", "message_dead_lettered")
+            found = {line["record_id"]: line for line in worker.events() if line["event"] in failures}
+            return found if {"once", "gone", "down"} <= set(found) else None
+
+        failed = await wait_until(lines, "each record's failure line")
+    assert {record: first[record].attributes["phoenix.outcome"] for record in first} == {
+        "once": "retry",
+        "gone": "dlq",
+        "down": "retry",
+    }
+    for record, span in first.items():
+        assert (failed[record]["trace_id"], failed[record]["span_id"]) == (span.trace_id, span.span_id), record
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.kube
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
