@@ -174,6 +174,28 @@ async def test_a_batch_processors_failure_lines_carry_each_records_trace(
         assert (failed[record]["trace_id"], failed[record]["span_id"]) == (span.trace_id, span.span_id), record
 
 
+@pytest.mark.timeout(90)
+async def test_a_batch_writes_lines_carry_its_settle_span(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    """A line the batch write logs (here replicas_behind: MIN_REPLICAS_ACK=1 and no replica) is inside its settle
+    span, which links to the records' process spans."""
+    async with otlp_receiver() as receiver:
+        env = {"MIN_REPLICAS_ACK": "1", "MIN_REPLICAS_TIMEOUT_MS": "50", **otel_env(receiver)}
+        worker = workers.start("s", OUTPUT_QUEUE=OUT, **env)
+        await add(redis, "r1")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+
+        async def settled() -> tuple[ReceivedSpan, ReceivedSpan] | None:
+            processes = [s for s in of_record(receiver, "r1") if s.name == "s process"]
+            links = {p.span_id for p in processes}
+            settles = [s for s in receiver.spans if s.name == "s settle" and links & set(s.links)]
+            return (processes[0], settles[0]) if settles else None
+
+        process, settle = await wait_until(settled, "r1's process span and its batch write's")
+    behind = [line for line in worker.events() if line["event"] == "replicas_behind"]
+    assert behind and (behind[0]["trace_id"], behind[0]["span_id"]) == (settle.trace_id, settle.span_id)
+    assert behind[0]["trace_id"] != process.trace_id  # the batch's own trace, linked to the record's
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.kube
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
