@@ -196,6 +196,31 @@ async def test_a_batch_writes_lines_carry_its_settle_span(redis: aioredis.Redis,
     assert behind[0]["trace_id"] != process.trace_id  # the batch's own trace, linked to the record's
 
 
+@pytest.mark.timeout(90)
+async def test_a_processors_stdlib_log_lines_are_json_lines_in_its_trace(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """A processor (or its libraries) logging with the standard library's `logging` inside process(): the line is one
+    of the worker's JSON lines on stdout, with the record's ids and its process span's trace_id and span_id."""
+    async with otlp_receiver() as receiver:
+        worker = workers.start(
+            "s", processor="tests.processors:StdlibLoggingProcessor", OUTPUT_QUEUE=OUT, **otel_env(receiver)
+        )
+        await add(redis, "r1")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+
+        async def processed() -> ReceivedSpan | None:
+            return next((s for s in of_record(receiver, "r1") if s.name == "s process"), None)
+
+        process = await wait_until(processed, "r1's process span")
+    (line,) = [line for line in worker.events() if str(line["event"]).startswith("vendor answered slowly")]
+    assert line["event"] == "vendor answered slowly for r1" and line["logger"] == "vendor.client"
+    assert (line["level"], line["service"], line["record_id"]) == ("warning", "s", "r1")
+    assert (line["trace_id"], line["span_id"]) == (process.trace_id, process.span_id)
+    assert "timestamp" in line
+    assert not [line for line in worker.events() if line["event"] == "connected to the vendor"]  # below WARNING
+
+
 @pytest.mark.timeout(150)
 @pytest.mark.kube
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
