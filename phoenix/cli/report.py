@@ -84,7 +84,7 @@ class ReportOptions:
 # calls), none of which holds a record's data. message_id (the entry id) and trace_id still find the record.
 LOG_FIELDS_KEPT = frozenset(
     {
-        "timestamp", "level", "event", "service", "message_id", "trace_id", "span_id", "duration_seconds",
+        "timestamp", "level", "event", "service", "logger", "message_id", "trace_id", "span_id", "duration_seconds",
         "error_type", "retry_count", "retry_in", "retry_in_seconds", "retrying_for_seconds", "count", "batch",
         "acknowledged_by", "wanted", "timeout_ms", "action", "outcome", "concurrency", "consumer", "consumers",
         "dlq_maxlen", "function", "grace_seconds", "group", "high_water", "low_water", "hint", "idle_ms",
