@@ -24,7 +24,7 @@ from tests.fixtures.eventually import wait_until
 from tests.fixtures.operator_process import final_stage, kubectl_apply, running_operator
 from tests.fixtures.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.fixtures.records import committed
-from tests.fixtures.sample_stage import OUT, add
+from tests.fixtures.sample_stage import OUT, add, outputs
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 CONSUMER_KIND = 5  # opentelemetry.proto's Span.SpanKind
@@ -219,6 +219,28 @@ async def test_a_processors_stdlib_log_lines_are_json_lines_in_its_trace(
     assert (line["trace_id"], line["span_id"]) == (process.trace_id, process.span_id)
     assert "timestamp" in line
     assert not [line for line in worker.events() if line["event"] == "connected to the vendor"]  # below WARNING
+
+
+@pytest.mark.timeout(90)
+async def test_the_standard_environment_names_the_service_and_samples(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """OTEL_SERVICE_NAME names the worker's resource; OTEL_TRACES_SAMPLER=always_off sends nothing, while the record
+    still goes on with a trace context (not sampled) for the next stage."""
+    async with otlp_receiver() as receiver:
+        named = workers.start("s", OUTPUT_QUEUE=OUT, OTEL_SERVICE_NAME="billing-router", **otel_env(receiver))
+        await add(redis, "r1")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+        await asyncio.to_thread(named.stop)  # its last spans flushed at exit, to the receiver on this loop
+        assert {s.service for s in of_record(receiver, "r1")} == {"billing-router"}
+
+        unsampled = workers.start("s", OUTPUT_QUEUE=OUT, OTEL_TRACES_SAMPLER="always_off", **otel_env(receiver))
+        await add(redis, "r2")
+        await wait_until(lambda: committed(redis, "s", "r2"), "r2 committed")
+        await asyncio.to_thread(unsampled.stop)
+        assert of_record(receiver, "r2") == []
+    (forwarded,) = [o for o in await outputs(redis) if o["record_id"] == "r2"]
+    assert int(forwarded["traceparent"].rsplit("-", 1)[1], 16) & 1 == 0  # the flags' sampled bit unset
 
 
 @pytest.mark.timeout(150)
