@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import threading
@@ -275,3 +276,14 @@ class KeyRefusingProcessor(BaseProcessor):
         if await self.redis.rpush(f"keys-given:{record_id}", current_api_key() or "") == 1:
             raise ApiKeyRejectedError("the LLM service refused the API key (HTTP 401)")
         return {"ok": True}
+
+
+class StdlibLoggingProcessor(BaseProcessor):
+    """Logs with the standard library's `logging`, as a processor's libraries do: a warning per record (and an info
+    line, below the level stdlib lines are written from), then forwards it."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
+        logger = logging.getLogger("vendor.client")
+        logger.info("connected to the vendor")
+        logger.warning("vendor answered slowly for %s", record_id)
+        return data

@@ -24,7 +24,7 @@ from tests.fixtures.eventually import wait_until
 from tests.fixtures.operator_process import final_stage, kubectl_apply, running_operator
 from tests.fixtures.otlp_receiver import OtlpReceiver, ReceivedSpan, otlp_receiver
 from tests.fixtures.records import committed
-from tests.fixtures.sample_stage import OUT, add
+from tests.fixtures.sample_stage import OUT, add, outputs
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 CONSUMER_KIND = 5  # opentelemetry.proto's Span.SpanKind
@@ -129,6 +129,118 @@ async def test_a_retried_record_stays_in_its_trace_and_its_failure_line_carries_
     assert f"  trace:  {processes[0].trace_id}\n" in text
     report = json.loads(phoenix(redis_url, "inspect", "--service", "s", "r1", "--output", OUT, "--json"))
     assert report["trace_ids"] == [processes[0].trace_id]
+
+
+@pytest.mark.timeout(90)
+async def test_a_batch_processors_failure_lines_carry_each_records_trace(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """process_batch decides many records' outcomes after one call: each record's failure line is written inside its
+    own process span, whether the record failed alone or the whole call raised."""
+    await add(redis, "once", action="fail-once")
+    await add(redis, "gone", action="missing")
+    async with otlp_receiver() as receiver:
+        worker = workers.start(
+            "s", processor="tests.processors:ScriptedBatchProcessor", OUTPUT_QUEUE=OUT, **otel_env(receiver)
+        )
+        await wait_until(lambda: committed(redis, "s", "once"), "once committed on its retry", timeout=60)
+        await redis.set("batch-down:s", 1)
+        await add(redis, "down")
+        await wait_until(lambda: worker.logged("processing_failed_will_retry"), "the failures logged")
+
+        async def failed_attempts() -> dict[str, ReceivedSpan] | None:
+            spans = {
+                record: [s for s in of_record(receiver, record) if s.name == "s process"]
+                for record in ("once", "gone", "down")
+            }
+            if not all(spans.values()):
+                return None
+            return {record: min(found, key=lambda s: s.start_ns) for record, found in spans.items()}
+
+        first = await wait_until(failed_attempts, "each record's first attempt received")
+
+        async def lines() -> dict[str, dict[str, object]] | None:
+            failures = ("processing_failed_will_retry", "message_dead_lettered")
+            found = {line["record_id"]: line for line in worker.events() if line["event"] in failures}
+            return found if {"once", "gone", "down"} <= set(found) else None
+
+        failed = await wait_until(lines, "each record's failure line")
+    assert {record: first[record].attributes["phoenix.outcome"] for record in first} == {
+        "once": "retry",
+        "gone": "dlq",
+        "down": "retry",
+    }
+    for record, span in first.items():
+        assert (failed[record]["trace_id"], failed[record]["span_id"]) == (span.trace_id, span.span_id), record
+
+
+@pytest.mark.timeout(90)
+async def test_a_batch_writes_lines_carry_its_settle_span(redis: aioredis.Redis, workers: WorkerPool) -> None:
+    """A line the batch write logs (here replicas_behind: MIN_REPLICAS_ACK=1 and no replica) is inside its settle
+    span, which links to the records' process spans."""
+    async with otlp_receiver() as receiver:
+        env = {"MIN_REPLICAS_ACK": "1", "MIN_REPLICAS_TIMEOUT_MS": "50", **otel_env(receiver)}
+        worker = workers.start("s", OUTPUT_QUEUE=OUT, **env)
+        await add(redis, "r1")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+
+        async def settled() -> tuple[ReceivedSpan, ReceivedSpan] | None:
+            processes = [s for s in of_record(receiver, "r1") if s.name == "s process"]
+            links = {p.span_id for p in processes}
+            settles = [s for s in receiver.spans if s.name == "s settle" and links & set(s.links)]
+            return (processes[0], settles[0]) if settles else None
+
+        process, settle = await wait_until(settled, "r1's process span and its batch write's")
+    behind = [line for line in worker.events() if line["event"] == "replicas_behind"]
+    assert behind and (behind[0]["trace_id"], behind[0]["span_id"]) == (settle.trace_id, settle.span_id)
+    assert behind[0]["trace_id"] != process.trace_id  # the batch's own trace, linked to the record's
+
+
+@pytest.mark.timeout(90)
+async def test_a_processors_stdlib_log_lines_are_json_lines_in_its_trace(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """A processor (or its libraries) logging with the standard library's `logging` inside process(): the line is one
+    of the worker's JSON lines on stdout, with the record's ids and its process span's trace_id and span_id."""
+    async with otlp_receiver() as receiver:
+        worker = workers.start(
+            "s", processor="tests.processors:StdlibLoggingProcessor", OUTPUT_QUEUE=OUT, **otel_env(receiver)
+        )
+        await add(redis, "r1")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+
+        async def processed() -> ReceivedSpan | None:
+            return next((s for s in of_record(receiver, "r1") if s.name == "s process"), None)
+
+        process = await wait_until(processed, "r1's process span")
+    (line,) = [line for line in worker.events() if str(line["event"]).startswith("vendor answered slowly")]
+    assert line["event"] == "vendor answered slowly for r1" and line["logger"] == "vendor.client"
+    assert (line["level"], line["service"], line["record_id"]) == ("warning", "s", "r1")
+    assert (line["trace_id"], line["span_id"]) == (process.trace_id, process.span_id)
+    assert "timestamp" in line
+    assert not [line for line in worker.events() if line["event"] == "connected to the vendor"]  # below WARNING
+
+
+@pytest.mark.timeout(90)
+async def test_the_standard_environment_names_the_service_and_samples(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """OTEL_SERVICE_NAME names the worker's resource; OTEL_TRACES_SAMPLER=always_off sends nothing, while the record
+    still goes on with a trace context (not sampled) for the next stage."""
+    async with otlp_receiver() as receiver:
+        named = workers.start("s", OUTPUT_QUEUE=OUT, OTEL_SERVICE_NAME="billing-router", **otel_env(receiver))
+        await add(redis, "r1")
+        await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+        await asyncio.to_thread(named.stop)  # its last spans flushed at exit, to the receiver on this loop
+        assert {s.service for s in of_record(receiver, "r1")} == {"billing-router"}
+
+        unsampled = workers.start("s", OUTPUT_QUEUE=OUT, OTEL_TRACES_SAMPLER="always_off", **otel_env(receiver))
+        await add(redis, "r2")
+        await wait_until(lambda: committed(redis, "s", "r2"), "r2 committed")
+        await asyncio.to_thread(unsampled.stop)
+        assert of_record(receiver, "r2") == []
+    (forwarded,) = [o for o in await outputs(redis) if o["record_id"] == "r2"]
+    assert int(forwarded["traceparent"].rsplit("-", 1)[1], 16) & 1 == 0  # the flags' sampled bit unset
 
 
 @pytest.mark.timeout(150)

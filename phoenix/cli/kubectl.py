@@ -223,7 +223,12 @@ def stage_target(api: client.ApiClient, body: Json, redis_host: str | None) -> t
 
 def cmd_report(stages: Stages, args: argparse.Namespace) -> int:
     options = report.ReportOptions(
-        args.namespace, args.operator_namespace, args.tail, args.dlq_scan, redis=not args.no_redis
+        args.namespace,
+        args.operator_namespace,
+        args.tail,
+        args.dlq_scan,
+        redis=not args.no_redis,
+        redact_logs=not args.unredacted_logs,
     )
     found = stages.list(args.namespace)
 
@@ -316,6 +321,12 @@ def _parser() -> argparse.ArgumentParser:
         "--no-redis", action="store_true", help="leave out queue, DLQ and Redis settings: reads no Secret at all"
     )
     r.add_argument("--redis-host", metavar="HOST:PORT", help="reach every stage's Redis here (a port-forward)")
+    r.add_argument(
+        "--unredacted-logs",
+        action="store_true",
+        help="the workers' log lines as written (by default a record's ids, error texts and a processor's fields are"
+        " redacted)",
+    )
     r.add_argument("--dlq-scan", type=int, default=report.DEFAULT_DLQ_SCAN, help="DLQ entries counted at most")
     r.set_defaults(handler=cmd_report)
     return p

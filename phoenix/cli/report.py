@@ -9,7 +9,11 @@ type, the settings RedisRisk reads and the server's version. What is never in it
   with --no-redis), and only in memory; its passwords are masked out of every file before the archive is written.
   Environment variables from secretKeyRef are references (the API holds no value); a literal value of a variable
   whose name looks secret (SECRET_NAME_PATTERN) is redacted anyway.
-- Record data: entries are not copied; the DLQ is read only to count error_type.
+- Record data: entries are not copied; the DLQ is read only to count error_type. The workers' log lines are
+  written about records: each keeps its fields' names, but only the runtime's own fields that hold no record data
+  keep their values (LOG_FIELDS_KEPT: event, level, timestamp, message_id, trace_id, span_id, error_type, counts and
+  timings...); record_id, user_id, a record's error text and whatever a processor logs become `<redacted>`, and a
+  line that is not JSON (a traceback) is redacted whole. --unredacted-logs keeps them as written.
 
 A part that cannot be read (a pod without a node has no logs, a Secret the caller may not read) is recorded in
 summary.json's errors and the rest is still written.
@@ -73,6 +77,47 @@ class ReportOptions:
     tail_lines: int = DEFAULT_TAIL_LINES
     dlq_scan: int = DEFAULT_DLQ_SCAN
     redis: bool = True
+    redact_logs: bool = True  # the workers' log lines: redact_worker_log
+
+
+# The fields of a worker's JSON line that keep their value in the report: the runtime's own (worker_runtime's log
+# calls), none of which holds a record's data. message_id (the entry id) and trace_id still find the record.
+LOG_FIELDS_KEPT = frozenset(
+    {
+        "timestamp", "level", "event", "service", "logger", "message_id", "trace_id", "span_id", "duration_seconds",
+        "error_type", "retry_count", "retry_in", "retry_in_seconds", "retrying_for_seconds", "count", "batch",
+        "acknowledged_by", "wanted", "timeout_ms", "action", "outcome", "concurrency", "consumer", "consumers",
+        "dlq_maxlen", "function", "grace_seconds", "group", "high_water", "low_water", "hint", "idle_ms",
+        "in_flight", "input", "output", "output_partitions", "partitions", "job", "leaked_threads", "threads",
+        "previous", "reason", "state", "redis", "retention", "seconds", "settings", "stage", "stream", "target_nodes",
+        "task", "unfinished",
+    }
+)  # fmt: skip
+# Kept only on a line about no record: a record's error text may quote its data.
+_ERROR_FIELD = "error"
+
+
+def redact_worker_log(text: str) -> str:
+    """A worker's log as the API gives it (`<RFC 3339 time> <line>`), with every value that may be a record's
+    redacted: of each JSON line, the fields not in LOG_FIELDS_KEPT (and `error` on a line about a record); a line
+    that is not a JSON object, whole."""
+    redacted = []
+    for line in text.splitlines():
+        stamp, _, rest = line.partition(" ")
+        try:
+            fields = json.loads(rest)
+        except ValueError:
+            fields = None
+        if not isinstance(fields, dict):
+            redacted.append(f"{stamp} {REDACTED} (not a JSON line)")
+            continue
+        about_a_record = "record_id" in fields or "user_id" in fields
+        kept = {
+            key: value if key in LOG_FIELDS_KEPT or (key == _ERROR_FIELD and not about_a_record) else REDACTED
+            for key, value in fields.items()
+        }
+        redacted.append(f"{stamp} {json.dumps(kept)}")
+    return "".join(f"{line}\n" for line in redacted)
 
 
 @dataclass
@@ -131,7 +176,8 @@ def collect_report(api: client.ApiClient, stages: list[Json], options: ReportOpt
             found = apps.list_namespaced_deployment(ns, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}").items
             deployments = [_redacted(api.sanitize_for_serialization(d)) for d in found]
             bundle.add_json(f"workloads/{ns}/deployments.json", deployments)
-        _pods(bundle, api, ns, f"{NAME_LABEL}={WORKER_APP_NAME}", "workers", options.tail_lines)
+        redact = redact_worker_log if options.redact_logs else None
+        _pods(bundle, api, ns, f"{NAME_LABEL}={WORKER_APP_NAME}", "workers", options.tail_lines, redact)
     operator_pods = f"{NAME_LABEL}={OPERATOR_APP_NAME}"
     _pods(bundle, api, options.operator_namespace, operator_pods, "operator", options.tail_lines)
     for ns in sorted({*namespaces, options.operator_namespace}):
@@ -164,9 +210,17 @@ def _stage_document(stage: Json) -> Json:
     return {**stage, "metadata": meta}
 
 
-def _pods(bundle: Bundle, api: client.ApiClient, ns: str, selector: str, role: str, tail_lines: int) -> None:
+def _pods(
+    bundle: Bundle,
+    api: client.ApiClient,
+    ns: str,
+    selector: str,
+    role: str,
+    tail_lines: int,
+    redact: Callable[[str], str] | None = None,
+) -> None:
     """The pods `selector` finds in `ns` (their state) and the last `tail_lines` of each container's log (and of
-    its previous run, after a restart)."""
+    its previous run, after a restart), through `redact` when given."""
     core = client.CoreV1Api(api)
     with bundle.attempt(f"pods ({role}) of namespace {ns}"):
         pods = [api.sanitize_for_serialization(p) for p in core.list_namespaced_pod(ns, label_selector=selector).items]
@@ -186,7 +240,8 @@ def _pods(bundle: Bundle, api: client.ApiClient, ns: str, selector: str, role: s
                             name, ns, container=container, tail_lines=tail_lines, timestamps=True, previous=previous
                         )
                         log = f"logs/{ns}/{name}/{container}{'.previous' if previous else ''}.log"
-                        bundle.files[log] = lines or ""  # an empty log comes back as None
+                        lines = lines or ""  # an empty log comes back as None
+                        bundle.files[log] = redact(lines) if redact is not None else lines
 
 
 def _redacted(deployment: Json) -> Json:

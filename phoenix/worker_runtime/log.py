@@ -83,23 +83,49 @@ def log_info_lines(lines: list[dict[str, Any]]) -> None:
     _json_output.flush()
 
 
+# The level from which stdlib `logging` lines (a processor's, its libraries') are written: Python's own default
+# (its last-resort handler writes WARNING and above), so that libraries' info chatter stays out as before.
+STDLIB_LEVEL = logging.WARNING
+
+
+def _stdlib_to_json(pre_chain: list[structlog.typing.Processor], renderer: structlog.typing.Processor) -> None:
+    """stdlib `logging` lines as the worker's own JSON lines on stdout, with the same fields (the message's ids,
+    trace_id and span_id, service, level, timestamp) and `logger`, instead of plain text on stderr."""
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[*pre_chain, structlog.stdlib.add_logger_name],
+            processors=[
+                structlog.stdlib.ProcessorFormatter.remove_processors_meta,
+                structlog.processors.format_exc_info,
+                renderer,
+                scrub_line,
+            ],
+        )
+    )
+    handler.set_name("phoenix-json")
+    root = logging.getLogger()
+    root.handlers = [h for h in root.handlers if h.get_name() != "phoenix-json"] + [handler]
+    root.setLevel(STDLIB_LEVEL)
+
+
 def configure_logging(service: str, level: str = "info", fmt: str = "json") -> None:
     global _json_output
     _json_output = sys.stdout if fmt == "json" else None
     renderer: structlog.typing.Processor = (
         structlog.processors.JSONRenderer(serializer=_encode_line) if fmt == "json" else structlog.dev.ConsoleRenderer()
     )
+    pre_chain: list[structlog.typing.Processor] = [
+        add_message_context,
+        add_trace_context,
+        structlog.contextvars.merge_contextvars,
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
+    ]
+    if fmt == "json":
+        _stdlib_to_json(pre_chain, renderer)
     structlog.configure(
-        processors=[
-            add_message_context,
-            add_trace_context,
-            structlog.contextvars.merge_contextvars,
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True, key="timestamp"),
-            structlog.processors.format_exc_info,
-            renderer,
-            scrub_line,
-        ],
+        processors=[*pre_chain, structlog.processors.format_exc_info, renderer, scrub_line],
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelNamesMapping()[level.upper()]),
         logger_factory=structlog.WriteLoggerFactory(sys.stdout),
         cache_logger_on_first_use=True,

@@ -241,8 +241,9 @@ class MessageTracing:
 
     @contextlib.contextmanager
     def settling(self, batch: Sequence[Outcome]) -> Iterator[None]:
-        """Around one batch write: its settle span, linked to every record's process span; once written, each
-        record's commit span, a child of its process span linked to the settle span, with the final outcome."""
+        """Around one batch write: its settle span (current while it lasts), linked to every record's process span;
+        once written, each record's commit span, a child of its process span linked to the settle span, with the
+        final outcome."""
         links = [trace.Link(o.trace.span.get_span_context()) for o in batch if o.trace is not None]
         if not links:
             yield
@@ -254,7 +255,9 @@ class MessageTracing:
             attributes={**self._attributes, "messaging.batch.message_count": len(batch)},
             links=links,
         )
-        yield
+        # Current during the write: its lines (replicas_behind, settle_failed, an item's fallback) carry its ids.
+        with trace.use_span(settle, end_on_exit=False):
+            yield
         settled_link = [trace.Link(settle.get_span_context())]
         now = time.time_ns()
         for o in batch:

@@ -736,7 +736,8 @@ class Worker:
 
     async def _handle_batch(self, flights: list[InFlight]) -> None:
         """The records of one read in one process_batch call; each still gets its own outcome, as in _handle.
-        Each record gets its own process span, none of them current: one call cannot be inside every record's."""
+        Each record gets its own process span, none of them current during the call (one call cannot be inside
+        every record's); each is current while its record's outcome is decided."""
         started = time.time()
         tracing = self._tracing
         admitted: list[InFlight] = []
@@ -753,19 +754,26 @@ class Worker:
                 CURRENT_MESSAGE.set(m)
                 outcomes.append((flight, self.policy.deferred(m, circuit_open=True)))
         CURRENT_MESSAGE.set(None)  # the processor's lines during a batch belong to no single record
+        # Each record's outcome is decided inside its own process span, as in _handle: the line of its failure
+        # (processing_failed_will_retry, message_dead_lettered) carries its trace's ids.
         try:
             results = await self._process_batch([f.message for f in admitted]) if admitted else []
         except BaseException as exc:  # the call itself failed: so did every record in it
             for f in admitted:
                 CURRENT_MESSAGE.set(f.message)
-                outcomes.append((f, self._raised_outcome(f, exc, started)))
+                record_trace = traces.get(f.message.entry_id) if traces else None
+                with _NO_SPAN if record_trace is None else tracing.current(record_trace):
+                    outcomes.append((f, self._raised_outcome(f, exc, started)))
         else:
             for f, result in zip(admitted, results, strict=True):
                 CURRENT_MESSAGE.set(f.message)
                 m = f.message
                 record_trace = traces.get(m.entry_id) if traces else None
-                traceparent = m.traceparent if record_trace is None else record_trace.traceparent
-                outcomes.append((f, self.policy.of_result(m, result, started, traceparent)))
+                if record_trace is None:
+                    outcomes.append((f, self.policy.of_result(m, result, started, m.traceparent)))
+                else:
+                    with tracing.current(record_trace):
+                        outcomes.append((f, self.policy.of_result(m, result, started, record_trace.traceparent)))
         CURRENT_MESSAGE.set(None)
         for flight, outcome in outcomes:
             if traces and (record_trace := traces.get(outcome.entry_id)) is not None:

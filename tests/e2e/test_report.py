@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from phoenix.cli.report import REDACTED
 from tests.e2e.evidence import OPERATOR_NAMESPACE
 from tests.e2e.kubectl import port_forward
 from tests.e2e.pipeline import NAMESPACE, Pipeline
@@ -65,6 +66,11 @@ def test_report_has_the_pods_logs(pipeline: Pipeline, tmp_path: Path) -> None:
         assert 0 < len(lines) <= 50, name
         # Each line as the API gives it with timestamps: "<RFC 3339 time> <the worker's JSON line>".
         assert any(json_line(line).get("service") in STAGES for line in lines), lines[-3:]
+        # Redacted by default: a line about a record names it by message_id, never by its own ids.
+        about_records = [json_line(line) for line in lines if "record_id" in json_line(line)]
+        for fields in about_records:
+            assert fields["record_id"] == fields.get("user_id", REDACTED) == REDACTED, fields
+            assert fields.get("message_id") != REDACTED, fields
     operator = log_lines(OPERATOR_NAMESPACE, "operator")
     assert operator and all(operator.values()), list(operator)
     assert {row["stage"] for row in json.loads(files["redis/queue.json"])} == set(STAGES)
