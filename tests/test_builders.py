@@ -401,9 +401,25 @@ def test_a_stage_of_several_pods_has_a_disruption_budget_of_one_pod_at_a_time() 
     }
 
 
-@pytest.mark.parametrize("replicas", [{"min": 0, "max": 1}, {"min": 1, "max": 1}])
-def test_a_stage_of_at_most_one_pod_has_no_disruption_budget(replicas: dict[str, int]) -> None:
-    assert build_pod_disruption_budget(OWNER, make_spec(replicas=replicas)) is None
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"replicas": {"min": 0, "max": 1}},
+        {"replicas": {"min": 1, "max": 1}},
+        # At zero: paused, or no autoscaling at min 0; without autoscaling the stage runs exactly min pods.
+        {"replicas": {"min": 2, "max": 5}, "paused": True},
+        {"replicas": {"min": 0, "max": 5}, "autoscaling": {"enabled": False}},
+        {"replicas": {"min": 1, "max": 5}, "autoscaling": {"enabled": False}},
+    ],
+    ids=["max-1-from-0", "max-1", "paused", "no-autoscaling-at-0", "no-autoscaling-at-1"],
+)
+def test_a_stage_of_at_most_one_pod_has_no_disruption_budget(changes: dict[str, Any]) -> None:
+    assert build_pod_disruption_budget(OWNER, make_spec(**changes)) is None
+
+
+def test_a_stage_without_autoscaling_has_a_disruption_budget_from_two_pods() -> None:
+    spec = make_spec(replicas={"min": 2, "max": 5}, autoscaling={"enabled": False})
+    assert build_pod_disruption_budget(OWNER, spec) is not None
 
 
 def test_default_and_custom_resources() -> None:

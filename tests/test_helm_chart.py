@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, WORKER_
 from phoenix.operator.builders import HEALTH_PORT, Owner, build_deployment
 from tests.fixtures.cluster_objects import ensure_namespace
 from tests.fixtures.control_plane import REPO_ROOT, ControlPlane, kube_bin_dir
+from tests.fixtures.docs import DOCS, marked_block
 from tests.fixtures.helm import helm_binary
 
 pytestmark = pytest.mark.helm
@@ -217,8 +219,41 @@ def test_several_replicas_without_leader_election_are_refused(helm: Helm) -> Non
     assert not [doc for doc in single if doc["kind"] == "PodDisruptionBudget"]
 
 
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"podLabels": {"app.kubernetes.io/name": "mine"}}, "operator.podLabels must not set app.kubernetes.io/name"),
+        (
+            {"podLabels": {"app.kubernetes.io/part-of": "x"}},
+            "operator.podLabels must not set app.kubernetes.io/part-of",
+        ),
+        ({"podAnnotations": {"prometheus.io/port": "9999"}}, "operator.podAnnotations must not set prometheus.io/port"),
+    ],
+    ids=["selector-label", "part-of-label", "scrape-annotation"],
+)
+def test_pod_labels_and_annotations_cannot_replace_the_charts_own(
+    helm: Helm, values: dict[str, Any], message: str
+) -> None:
+    """Rendered twice in the pod template they would be duplicate keys, the selector's label possibly replaced (a
+    Deployment the API server refuses): refused at render, saying which."""
+    result = helm.template(values={"operator": values})
+    assert result.returncode != 0
+    assert message in result.stderr
+    extra = helm.render(values={"operator": {"podLabels": {"team": "platform"}, "podAnnotations": {"a/b": "c"}}})
+    template = one(extra, "Deployment", "phoenix-operator")["spec"]["template"]["metadata"]
+    assert template["labels"]["team"] == "platform" and template["annotations"]["a/b"] == "c"
+
+
 def test_crds_install_false_leaves_the_crd_out(helm: Helm) -> None:
     assert not [doc for doc in helm.render("--set=crds.install=false") if doc["kind"] == "CustomResourceDefinition"]
+
+
+def test_the_chart_and_its_default_image_are_the_packages_version() -> None:
+    """Chart.yaml's comment: version and appVersion (the image tag when image.tag is empty) follow pyproject.toml,
+    as manifests/ pins the image of that version (which the drift test compares with the chart's default)."""
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    package = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert (chart["version"], chart["appVersion"]) == (package, package)
 
 
 @pytest.mark.parametrize("name", sorted(CHART_FILES))
@@ -286,6 +321,18 @@ def test_operator_policy_admits_only_metrics_and_reaches_only_the_api_server_red
     assert policy["spec"]["podSelector"] == {"matchLabels": {NAME_LABEL: "phoenix-operator"}}
     assert policy["spec"]["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}]}]
     assert egress_ports(policy) == [[(443, "TCP"), (6443, "TCP")], [(6379, "TCP")], [(53, "UDP"), (53, "TCP")]]
+
+
+def test_the_documented_egress_of_one_stage_selects_that_stages_pods_only() -> None:
+    """docs/operations.md's policy for one stage's egress: the pods of the stage it names, no other stage's."""
+    _, code = marked_block("stage-egress-policy", DOCS / "operations.md")
+    policy = yaml.safe_load(code)
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert policy["spec"]["policyTypes"] == ["Egress"] and "ingress" not in policy["spec"]
+    pod_labels = sample_worker_pod()["metadata"]["labels"]  # the sample router's pods
+    assert not selector.items() <= pod_labels.items()
+    assert selector.items() <= {**pod_labels, "app.kubernetes.io/instance": "parser"}.items()
+    assert selector[NAME_LABEL] == WORKER_APP_NAME
 
 
 def test_network_policy_values_narrow_peers_and_ports(helm: Helm) -> None:

@@ -657,6 +657,12 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
         timeout=CONVERGE_SECONDS,
     )
 
+    # A stage at zero has none: paused, it is deleted; resumed, created again.
+    kube_cluster.kubectl("patch", "phoenixstage", "shaped", "-n", ns, "--type=merge", "-p", '{"spec":{"paused":true}}')
+    eventually(lambda: budget() is None, "the paused stage's PodDisruptionBudget deleted", timeout=CONVERGE_SECONDS)
+    kube_cluster.kubectl("patch", "phoenixstage", "shaped", "-n", ns, "--type=merge", "-p", '{"spec":{"paused":false}}')
+    eventually(budget, "the resumed stage's PodDisruptionBudget created", timeout=CONVERGE_SECONDS)
+
     # A stage of at most one pod has none; spec.pod dropped, the pod template loses what it had put there.
     patch = json.dumps({"spec": {"replicas": {"min": 0, "max": 1}, "pod": None}})
     kube_cluster.kubectl("patch", "phoenixstage", "shaped", "-n", ns, "--type=merge", "-p", patch)
