@@ -87,7 +87,7 @@ LOG_FIELDS_KEPT = frozenset(
         "timestamp", "level", "event", "service", "logger", "message_id", "trace_id", "span_id", "duration_seconds",
         "error_type", "retry_count", "retry_in", "retry_in_seconds", "retrying_for_seconds", "count", "batch",
         "acknowledged_by", "wanted", "timeout_ms", "action", "outcome", "concurrency", "consumer", "consumers",
-        "dlq_maxlen", "function", "grace_seconds", "group", "high_water", "low_water", "hint", "idle_ms",
+        "dlq_maxlen", "function", "grace_seconds", "group", "high_water", "hint", "hop", "idle_ms", "low_water",
         "in_flight", "input", "output", "output_partitions", "partitions", "job", "leaked_threads", "threads",
         "previous", "reason", "state", "redis", "retention", "seconds", "settings", "stage", "stream", "target_nodes",
         "task", "unfinished",
