@@ -16,6 +16,9 @@ Layout (v2): `phoenix:{<namespace>}:<stage>:<kind>`, for example `phoenix:{team-
   audit, replay ledgers) are always under `{<namespace>}`.
 - **Data the stages share** (the example pipeline's pages, the billing cache) sits in the same scope under a
   segment no stage name can take (stage names start with a letter or digit): `phoenix:{ns}:_pages:<record id>`.
+- **Relay markers** are the one kind of key in a slot not of their own namespace but of the stream they guard (a
+  relayed hop's plain target, which may be any name): `phoenix:{<what the target's slot is hashed from>}:_relayed:
+  <namespace>/<stage>[/<partition>]:<outbox entry id>` (StageKeys.relay_marker).
 
 The operator creates and deletes these keys and the workers use them, so both sides derive the same names from a
 stage's namespace and name: change a format here and both move together. The Lua scripts receive every key they
@@ -83,6 +86,14 @@ def stage_of_stream(key: str) -> tuple[str, str] | None:
 def forward_stream(next_stage: str, namespace: str, record_id: str, partitions: int) -> str:
     """The input stream of `next_stage` (of `partitions` partitions) that the record `record_id` is forwarded to."""
     return input_stream(next_stage, namespace, partition_of(record_id, partitions))
+
+
+def hashed_part(key: str) -> str:
+    """What Redis Cluster hashes of `key` for its slot: the text between its first `{` and the first `}` after it
+    when that is not empty (its hash tag), else the whole key."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else key
 
 
 def shared_data_key(namespace: str, kind: str, ident: str) -> str:
@@ -222,6 +233,14 @@ class StageKeys:
         """Stream of the lane's committed results bound for a stream in another slot (a Redis Cluster forward that
         cannot be in the commit's script): written by the commit, relayed to their streams idempotently."""
         return f"{self._stage}:outbox"
+
+    def relay_marker(self, target: str, entry_id: str) -> str:
+        """Set when the relay wrote the lane's outbox entry `entry_id` to `target`, a stream no stage reads
+        (relay_write.lua): in the target's slot, so one script sets it and writes. Its tag is the target's hashed
+        part, which lands in that slot unless it holds a `}` (a target with no hash tag and a `}` in its name):
+        the relay refuses such a target (relay.py)."""
+        source = f"{self.namespace}/{self.name}" + ("" if self.partition is None else f"/{self.partition}")
+        return f"{PREFIX}:{{{hashed_part(target)}}}:_relayed:{source}:{entry_id}"
 
     def replay_ledger(self, request_id: str) -> str:
         """The operator's ledger of one DLQ replay request, so a repeated attempt continues instead of redoing. A

@@ -58,3 +58,21 @@ def test_partitioned_stage_cannot_name_its_streams() -> None:
 def test_status_pattern_tells_namespaces_apart() -> None:
     pattern = keys.input_streams_pattern("team")
     assert pattern == "phoenix:{team[}~]*:input"
+
+
+@pytest.mark.parametrize("target", ["results", "{team}:results", "a{b}c", "{a{b}c", "a{b", "é{ü}"])
+def test_a_relay_marker_is_in_its_targets_slot_and_names_its_outbox_entry(target: str) -> None:
+    lane = StageKeys.for_stage("parser", "team", partitions=4).lanes[2]
+    marker = lane.relay_marker(target, "1700000000000-3")
+    assert key_slot(marker.encode()) == key_slot(target.encode())
+    assert marker.endswith(":_relayed:team/parser/2:1700000000000-3")
+    whole = StageKeys.for_stage("parser", "team")
+    assert whole.relay_marker(target, "1-0").endswith(":_relayed:team/parser:1-0")
+
+
+@pytest.mark.parametrize("target", ["a}b", "{}", "{}x", "x{}{y}"])
+def test_a_target_hashed_whole_with_a_closing_brace_has_no_marker_in_its_slot(target: str) -> None:
+    """No tag, or an empty one (`{}`), and a `}`: the marker's tag would end there. The relay refuses such a
+    target (tests/test_worker_partitions.py)."""
+    marker = StageKeys.for_stage("parser", "team").relay_marker(target, "1-0")
+    assert key_slot(marker.encode()) != key_slot(target.encode())

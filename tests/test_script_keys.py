@@ -363,7 +363,7 @@ WORKER_SCRIPTS = {
     "worker_runtime/trim.lua",
 }
 # Run by a partitioned worker whose forwards are relayed (test_a_partitioned_worker_relays_...).
-RELAY_SCRIPTS = {"worker_runtime/relay_done.lua"}
+RELAY_SCRIPTS = {"worker_runtime/relay_done.lua", "worker_runtime/relay_write.lua"}
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
     "worker_runtime/layout_check.lua",
@@ -435,7 +435,8 @@ async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_i
     cluster: aioredis.Redis, cluster_url: str
 ) -> None:
     """PARTITIONS=3 with a plain output stream on a cluster node: every script call (claims, commits to the outbox,
-    retries, trims, the relay's acknowledgement) has the keys of one lane, in that lane's slot."""
+    retries, trims, the relay's acknowledgement) has the keys of one lane, in that lane's slot; the relay's writes
+    (relay_write.lua) those of the output, in its slot."""
     stage = StageKeys.for_stage("scripts", NAMESPACE, partitions=3)
     output = "scripts-plain-output"  # a slot of its own: the commits go to each lane's outbox
     records = [f"r{i}" for i in range(30)]
@@ -463,7 +464,10 @@ async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_i
     await monitor_client.aclose()
     lane_slots = {key_slot(lane.input.encode()) for lane in stage.lanes}
     assert len(lane_slots) == 3
-    check_calls(monitor, WORKER_SCRIPTS - {"worker_runtime/locks_renew.lua"} | RELAY_SCRIPTS, lane_slots)
+    lane_scripts = WORKER_SCRIPTS - {"worker_runtime/locks_renew.lua"} | {"worker_runtime/relay_done.lua"}
+    check_calls(monitor, lane_scripts, lane_slots)
+    # The relay's writes to the plain output, each with its marker: in the output's slot.
+    check_calls(monitor, {"worker_runtime/relay_write.lua"}, key_slot(output.encode()))
     done = [call for call in monitor.calls if call.sha == _sha("worker_runtime/relay_done.lua") and call.inner]
     assert {call.keys[0] for call in done} <= {lane.outbox.encode() for lane in stage.lanes}
 

@@ -201,6 +201,7 @@ async def test_a_forward_to_another_partition_count_is_relayed_exactly_once(
     assert all(stream == nxt.lane_of(record).input for stream, record in forwarded)
     assert relayed._value.get() - before == len(records)
     assert all(json.loads(f["data"])["seen_by"] == "p" for _, f in await stream_entries(redis, nxt.lanes[0].input))
+    assert [key async for key in redis.scan_iter(match="*:_relayed:*")] == []  # a stage's input: no relay markers
 
 
 @pytest.mark.timeout(90)
@@ -314,6 +315,86 @@ async def test_on_a_cluster_the_relay_waits_on_the_node_it_wrote_to(
         assert [e["hop"] for e in logged if e["event"] == "replicas_behind"] == ["relay", "relay"]
     finally:
         await client.aclose()
+
+
+@pytest.mark.subprocess
+async def test_a_relay_killed_before_its_acknowledgement_writes_a_plain_stream_once(
+    cluster: aioredis.Redis, cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The crash window of a relayed hop to a plain stream, no stage's input (no record markers downstream): a
+    relay writes its batch and dies before relay_done.lua, and another worker's relay claims the batch and relays
+    it again. Each entry's relay marker, set with it in the target's slot, makes the repeat write nothing. The
+    scripts are flushed first, as on a primary promoted since: the node is given relay_write.lua (NOSCRIPT)."""
+    await cluster.script_flush()
+    settings = WorkerSettings(
+        service_name="p",
+        processor=OUTCOMES,
+        redis_url=cluster_url,
+        redis_mode="cluster",
+        partitions=2,
+        output_queue=PLAIN,
+        claim_idle_ms=1,
+        consumer_name="killed",
+    )
+    routes = lanes.routes(settings, slots_matter=True)
+    assert all(r.relayed for r in routes)
+    client = connect(settings.redis, decode_responses=False)
+    records = [f"k{i}" for i in range(10)]
+    try:
+        killed = relay_module.Relay(client, settings, routes)
+        await killed.ensure_groups()
+        for record in records:
+            await cluster.xadd(
+                settings.keys.lane_of(record).outbox, {"record_id": record, "user_id": "u", "data": "{}"}
+            )
+
+        async def dies(**_: object) -> None:
+            raise ConnectionError("SIGKILL between the writes and relay_done.lua")
+
+        monkeypatch.setattr(killed, "_done", dies)
+        with pytest.raises(ConnectionError):
+            await killed.relay_once()
+        written = sorted(r for _, r in await arrived(cluster, [PLAIN]))
+        assert written == sorted(r for r in records if settings.keys.lane_of(r).partition == 0)  # the first lane's
+        await asyncio.sleep(0.01)  # idle past CLAIM_IDLE_MS
+        other = relay_module.Relay(client, settings.model_copy(update={"consumer_name": "other"}), routes)
+        while await other.relay_once():
+            pass
+    finally:
+        await client.aclose()
+    assert sorted(r for _, r in await arrived(cluster, [PLAIN])) == sorted(records)  # each once
+    assert await _outboxes_empty(cluster, settings.keys)
+    markers = [key async for key in cluster.scan_iter(match="*:_relayed:*")]
+    assert len(markers) == len(records)
+    assert {key_slot(m.encode()) for m in markers} == {key_slot(PLAIN.encode())}
+    assert all(0 < ttl <= settings.idempotency_ttl * 1000 for ttl in [await cluster.pttl(m) for m in markers])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.subprocess
+async def test_a_relayed_target_whose_markers_cannot_be_in_its_slot_is_refused(
+    cluster: aioredis.Redis, cluster_url: str, tmp_path: Path
+) -> None:
+    """A plain output hashed whole (no hash tag) with a `}` in its name: its relay markers' tag would end at that
+    `}`, in another slot, and the cluster would refuse each write (CROSSSLOT). The worker exits with one line."""
+    target = "results}p"
+    settings = WorkerSettings(service_name="p", processor=OUTCOMES, redis_url=cluster_url, output_queue=target)
+    routes = lanes.routes(settings, slots_matter=True)
+    assert all(r.relayed for r in routes)
+    with pytest.raises(relay_module.UnmarkableTarget):
+        relay_module.Relay(cluster, settings, routes)
+    pool = WorkerPool(cluster_url, tmp_path / "logs")
+    try:
+        started = pool.start("p", processor=OUTCOMES, REDIS_MODE="cluster", OUTPUT_QUEUE=target)
+        assert started.process.popen.wait(timeout=60) == 2
+    finally:
+        pool.stop_all()
+    lines = started.process.log_path.read_text().splitlines()
+    assert lines == [
+        f"phoenix worker: refusing to start: OUTPUT_QUEUE={target} is relayed (another slot than the stage's) and "
+        "no stage reads it, so each entry is written with a relay marker in its slot, and no marker can be put "
+        "there: the name has a '}' but no hash tag; give it a hash tag ('{...}') or a name without '}'"
+    ]
 
 
 @pytest.mark.subprocess

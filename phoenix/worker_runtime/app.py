@@ -20,6 +20,7 @@ from phoenix.worker_runtime.lanes import OutputLayoutDiffers
 from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.ownership import KeysHeld, LayoutDiffers
 from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
+from phoenix.worker_runtime.relay import UnmarkableTarget
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing, otlp_header_values
 from phoenix.worker_runtime.worker import Worker
@@ -135,6 +136,9 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
         return 2
     except OutputLayoutDiffers as exc:
         print(f"phoenix worker: refusing to start with OUTPUT_PARTITIONS={exc.wanted}: {exc}", file=sys.stderr)
+        return 2
+    except UnmarkableTarget as exc:
+        print(f"phoenix worker: refusing to start: {exc}", file=sys.stderr)
         return 2
     finally:
         await processor.cleanup()

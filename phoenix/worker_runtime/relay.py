@@ -3,11 +3,15 @@ their streams.
 
 Each worker of the stage relays, sharing the work through a consumer group on every relayed lane's outbox (the
 stage's group name): it reads a batch (its own pending entries first, idle ones of dead workers every
-CLAIM_INTERVAL), XADDs each entry unchanged to its record's stream, then acknowledges and deletes the batch in
-one script (relay_done.lua). A worker killed between the XADDs and that script leaves the batch pending: it is
-relayed again, and the downstream stage's record markers absorb the repeat; nothing is acknowledged before it is
-written, so nothing is lost. With MIN_REPLICAS_ACK the XADDs are followed by a WAIT on their own connection (one per
-node on a cluster) before the batch is deleted from the outbox: otherwise the deletion could replicate while the
+CLAIM_INTERVAL), writes each entry unchanged to its record's stream, then acknowledges and deletes the batch in
+one script (relay_done.lua). A worker killed between the writes and that script leaves the batch pending: it is
+relayed again, and nothing is acknowledged before it is written, so nothing is lost. The repeat is written once:
+to a stage's input as a plain XADD, whose stage's record markers absorb it; to a stream no stage reads (a plain
+stream, found by keys.stage_of_input) through relay_write.lua, which writes an entry and its relay marker
+(StageKeys.relay_marker, in the target's slot, kept IDEMPOTENCY_TTL as a record marker is) together and writes
+nothing when the marker is there. A target whose marker cannot be put in its slot is refused at start
+(UnmarkableTarget). With MIN_REPLICAS_ACK the writes are followed by a WAIT on their own connection (one per node
+on a cluster) before the batch is deleted from the outbox: otherwise the deletion could replicate while the
 relayed entry, on another primary, did not, and a failover of that primary would lose the record. A short count is
 logged (`replicas_behind`, hop `relay`) as the settler's is. At shutdown a worker relays what is left (`finish`),
 so a stage scaled to zero leaves nothing waiting in its outboxes. Memory is bounded by the batch, and the outbox by
@@ -20,13 +24,16 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import structlog
 from redis.asyncio import Redis
+from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.backoff import Backoff
+from phoenix.keys import StageKeys, stage_of_input
 from phoenix.redis_spec import is_cluster
 from phoenix.replica_wait import run_then_wait
 from phoenix.worker_runtime import lua, metrics
@@ -45,14 +52,39 @@ _IDLE_SECONDS = 0.05
 _RECORD_ID = OUTPUT_FIELDS[0].encode()
 
 
+@dataclass(eq=False)
+class UnmarkableTarget(Exception):
+    """The relayed output `target` is a stream no stage reads whose relay markers cannot be put in its slot."""
+
+    target: str
+
+    def __str__(self) -> str:
+        return (
+            f"OUTPUT_QUEUE={self.target} is relayed (another slot than the stage's) and no stage reads it, so each "
+            "entry is written with a relay marker in its slot, and no marker can be put there: the name has a '}' "
+            "but no hash tag; give it a hash tag ('{...}') or a name without '}'"
+        )
+
+
 class Relay:
     def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
+        """Raises UnmarkableTarget (see there)."""
         s = settings
         self._client = client
         self._settings = s
-        self._outboxes = tuple(r.keys.outbox for r in routes if r.relayed)
+        self._lanes = {r.keys.outbox: r.keys for r in routes if r.relayed}
+        self._outboxes = tuple(self._lanes)
         self._output = Output(s)
+        # A stream no stage reads has no record markers to absorb a repeated relay: the relay marks its writes.
+        # (An output that is a stage's input, of any partition, sends every result to that stage.)
+        self._marked = bool(self._outboxes) and stage_of_input(s.output_queue) is None
+        if self._marked:  # a marker's slot is its tag's, the same for every lane: one lane's tells
+            lane = next(iter(self._lanes.values()))
+            if key_slot(lane.relay_marker(s.output_queue, "0-0").encode()) != key_slot(s.output_queue.encode()):
+                raise UnmarkableTarget(s.output_queue)
+        self._marker_ttl_ms = int(s.idempotency_ttl * 1000)
         self._done = lua.register(client, "relay_done.lua")
+        self._write_once = lua.register(client, "relay_write.lua")
         self._reclaimers = {outbox: Reclaimer(client, s, outbox) for outbox in self._outboxes}
         # Outboxes whose own pending entries (a batch whose relay failed half-way) are read first.
         self._own_history = set(self._outboxes)
@@ -137,9 +169,10 @@ class Relay:
             return 0
         # An entry deleted while pending (fields None) has nothing to relay: it is only acknowledged.
         live = [(entry_id, fields) for entry_id, fields in entries if fields]
-        if live and self._replicas:
-            await self._write_then_wait([(self._output.target(f[_RECORD_ID].decode()), f) for _, f in live])
+        if live and (self._marked or self._replicas):
+            await self._write_per_node(self._lanes[outbox], live)
         elif live:
+            # Stages' inputs, whose record markers absorb a repeat: the cluster pipeline splits the XADDs per node.
             async with self._client.pipeline(transaction=False) as pipe:
                 for _, fields in live:
                     pipe.xadd(self._output.target(fields[_RECORD_ID].decode()), fields)  # type: ignore[arg-type]
@@ -148,23 +181,35 @@ class Relay:
         self._m_relayed.inc(len(live))
         return len(entries)
 
-    async def _write_then_wait(self, writes: Sequence[tuple[str, dict[bytes, bytes]]]) -> None:
-        """The XADDs, each group followed by WAIT on its own connection: one group on a single Redis, one per node
-        holding a target's slot on a cluster. Errors are raised (the batch stays pending and is relayed again)."""
-        groups: dict[str, list[tuple[str, dict[bytes, bytes]]]] = {}
-        if is_cluster(self._client):
-            cluster: Any = self._client
+    def _command(self, lane: StageKeys, entry_id: bytes, stream: str, fields: dict[bytes, bytes]) -> tuple[Any, ...]:
+        """The write of one entry: relay_write.lua with its marker to a stream no stage reads, else an XADD."""
+        flat = (part for item in fields.items() for part in item)
+        if not self._marked:
+            return ("XADD", stream, "*", *flat)
+        marker = lane.relay_marker(stream, entry_id.decode())
+        return ("EVALSHA", self._write_once.sha, 2, stream, marker, self._marker_ttl_ms, *flat)
+
+    async def _write_per_node(self, lane: StageKeys, live: Sequence[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        """The writes, in one pipeline per node holding a target's slot (one on a single Redis): redis-py's cluster
+        pipeline runs no scripts. Each pipeline ends in a WAIT for MIN_REPLICAS_ACK replicas (with none asked,
+        WAIT 0 answers at once). Errors are raised (the batch stays pending and is relayed again)."""
+        groups: dict[str, list[tuple[str, tuple[Any, ...]]]] = {}
+        cluster: Any = self._client if is_cluster(self._client) else None
+        if cluster is not None:
             await cluster.initialize()  # a slot map before get_node_from_key (run_then_wait's own note)
-            for stream, fields in writes:
-                groups.setdefault(cluster.get_node_from_key(stream).name, []).append((stream, fields))
-        else:
-            groups[""] = list(writes)
+        for entry_id, fields in live:
+            stream = self._output.target(fields[_RECORD_ID].decode())
+            node = cluster.get_node_from_key(stream).name if cluster is not None else ""
+            groups.setdefault(node, []).append((stream, self._command(lane, entry_id, stream, fields)))
+        script = self._write_once if self._marked else None
         for group in groups.values():
-            commands = [
-                ("XADD", stream, "*", *(part for item in fields.items() for part in item)) for stream, fields in group
-            ]
             _, acked = await run_then_wait(
-                self._client, group[0][0], commands, self._replicas, self._replicas_timeout_ms
+                self._client,
+                group[0][0],
+                [command for _, command in group],
+                self._replicas,
+                self._replicas_timeout_ms,
+                script=script,
             )
             if acked < self._replicas:
                 log.warning(

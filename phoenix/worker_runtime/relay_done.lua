@@ -1,6 +1,7 @@
--- The relay's last step for outbox entries it has XADDed to their streams (relay.py): acknowledge and delete them
--- together, so an entry is either still pending in the outbox (relayed again after a crash: the downstream
--- stage's record markers absorb the repeat) or gone, never acknowledged and left behind unread.
+-- The relay's last step for outbox entries it has written to their streams (relay.py): acknowledge and delete
+-- them together, so an entry is either still pending in the outbox (relayed again after a crash: the downstream
+-- stage's record markers, or the entry's relay marker for a plain stream, absorb the repeat) or gone, never
+-- acknowledged and left behind unread.
 -- KEYS: the lane's outbox stream.
 -- ARGV: the relay's consumer group, then the entry ids.
 -- Returns how many entries were deleted.

@@ -296,7 +296,7 @@ class Worker:
         """Create the group, retrying while Redis is unreachable; False if asked to stop meanwhile. Raises KeysHeld
         when the stage's keys are another's (a worker run by hand: when any PhoenixStage holds them), LayoutDiffers
         when PARTITIONS differs from the stage's layout, OutputLayoutDiffers when OUTPUT_PARTITIONS differs from the
-        next stage's."""
+        next stage's, UnmarkableTarget when a relayed output's relay markers cannot be put in its slot."""
         backoff = Backoff(0.5, 10.0)
         while not self._stopping.is_set():
             try:
