@@ -199,7 +199,7 @@ class Worker:
         trimmer and the outbox relay."""
         s, client = self.settings, self.redis
         self._slots_matter = slots_matter
-        routes = lanes.routes(s, slots_matter=slots_matter)
+        routes = lanes.routes(s.keys, s.output_partitions, slots_matter=slots_matter)
         self.settler = Settler(client, s, self.locks.lock_value, self._on_settled, routes, self._tracing)
         self.backpressure = Backpressure(client, s, routes)
         self.trimmer = Trimmer(client, s, routes)
