@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ClusterCrossSlotError
 
@@ -26,7 +25,6 @@ from phoenix.worker_runtime import relay as relay_module
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.settle import Settler
-from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.replies import get_text, raw_stream_entries, stream_entries
@@ -399,23 +397,6 @@ async def test_a_relayed_target_whose_markers_cannot_be_in_its_slot_is_refused(
         "no stage reads it, so each entry is written with a relay marker in its slot, and no marker can be put "
         "there: the name has a '}' but no hash tag; give it a hash tag ('{...}') or a name without '}'"
     ]
-
-
-@pytest.mark.subprocess
-async def test_on_a_cluster_the_processors_client_has_its_slot_map_before_the_first_record(
-    cluster: aioredis.Redis, cluster_url: str
-) -> None:
-    """redis-py #3935: scripts run concurrently on a cluster client that has not read its slot map yet fail now and
-    then. The worker reads it for the client it gives processors (and billing) before it takes in any record."""
-    async with running_worker(cluster_url, "p", OutcomeProcessor, redis_mode="cluster", partitions=2) as worker:
-        await wait_until(lambda: _reading(worker), "the worker reading", 30)
-        shared = worker.processor.redis
-        assert isinstance(shared, AsyncRedisCluster) and shared is worker.billing.client
-        assert len(shared.nodes_manager.slots_cache) == 16384  # read, not left to the first concurrent scripts
-
-
-async def _reading(worker: Worker) -> bool:
-    return not worker.lanes[0].reread_own_pending
 
 
 class _Recorder:
