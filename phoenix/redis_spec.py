@@ -11,7 +11,8 @@ The API is two names (and RedisSpecError):
   (the operator's `in_namespace`).
 - `connect(spec, decode_responses=..., hiredis_packing=..., **options)` -- the one way a `redis.asyncio.Redis` is
   built: standalone is a plain client; sentinel is `Sentinel(...).master_for(master)` (the `Sentinel` is
-  `client.connection_pool.sentinel_manager`, and closing the client closes the Sentinel connections too).
+  `client.connection_pool.sentinel_manager`, and closing the client closes the Sentinel connections too); cluster
+  is a RedisCluster that reads its slot map before its first command, so concurrent first calls cannot race it.
   TLS verifies the server's certificate and host name against `tls_ca` (or the system's CAs) and presents
   `tls_cert`/`tls_key` when given; each of these is a file path (pods mount them) or PEM bytes (the operator reads
   them from Secrets). `options` go to every connection (e.g. `encoding_errors`).
@@ -343,6 +344,11 @@ class _Cluster(RedisCluster):
             raise ClusterUnavailable(str(exc)) from exc
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        if self._initialize:
+            # redis-py reads the slot map inside a command, after it picked a node for it: commands started
+            # together on a client without one (a fresh client's first concurrent scripts) race that read and
+            # fail (redis-py #3935). Read here first, once: initialize() holds the client's lock.
+            await self.initialize()
         try:
             return await super().execute_command(*args, **kwargs)
         except SlotNotCoveredError as exc:  # after the client's own retries

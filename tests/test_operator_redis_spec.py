@@ -72,6 +72,29 @@ def test_the_objects_of_a_sentinel_mtls_stage_are_admitted(
         _dry_run(kube_cluster, ns, document)
 
 
+def test_the_scaled_object_of_a_relayed_partitioned_cluster_stage_is_admitted(
+    kube_cluster: ControlPlane, kube_namespace: str
+) -> None:
+    """A cluster stage of 3 partitions forwarding to a plain stream (another slot: every lane relays): its lag,
+    pending, retry and outbox triggers per partition and the formula summing them, as KEDA's CRDs validate them."""
+    spec = PhoenixStageSpec.model_validate(
+        {
+            "processor": "parser",
+            "image": "img:1",
+            "partitions": 3,
+            "output": {"stream": "results"},
+            "redis": {**SENTINEL_MTLS, "mode": "cluster", "sentinel": None},
+        }
+    )
+    owner = Owner(
+        "phoenix.io/v1alpha1", "PhoenixStage", "parser", kube_namespace, "0b5c1f4e-0000-4000-8000-000000000002"
+    )
+    redis = RedisSpec.from_url("rediss://:pw@valkey-0.valkey:6379,valkey-1.valkey:6379/0", mode="cluster")
+    scaled_object = build_scaled_object(owner, spec, redis_connection(redis))
+    assert [t["name"] for t in scaled_object["spec"]["triggers"]][3::4] == ["outbox0", "outbox1", "outbox2"]
+    _dry_run(kube_cluster, kube_namespace, scaled_object)
+
+
 @pytest.fixture(scope="module")
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Any:
     with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-redis-spec") as (process, liveness):

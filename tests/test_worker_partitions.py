@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ClusterCrossSlotError
 
@@ -26,7 +25,6 @@ from phoenix.worker_runtime import relay as relay_module
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.settle import Settler
-from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.replies import get_text, raw_stream_entries, stream_entries
@@ -87,7 +85,9 @@ async def test_every_record_is_processed_once_in_its_own_lane(redis: aioredis.Re
         concurrency=16,
     ) as worker:
         await wait_until(lambda: drained(worker), "every lane drained", 60)
-        assert [r.relayed for r in lanes.routes(worker.settings, slots_matter=True)] == [False] * 4
+        assert [
+            r.relayed for r in lanes.routes(worker.settings.keys, worker.settings.output_partitions, slots_matter=True)
+        ] == [False] * 4
     forwarded = await arrived(redis, [lane.input for lane in nxt.lanes])
     assert sorted(r for _, r in forwarded) == sorted(records)  # exactly once
     assert all(stream == nxt.lane_of(record).input for stream, record in forwarded)
@@ -193,7 +193,9 @@ async def test_a_forward_to_another_partition_count_is_relayed_exactly_once(
     async with running_worker(
         redis_url, "p", OutcomeProcessor, partitions=4, output_queue=input_stream("q"), output_partitions=3
     ) as worker:
-        assert all(r.relayed for r in lanes.routes(worker.settings, slots_matter=False))
+        assert all(
+            r.relayed for r in lanes.routes(worker.settings.keys, worker.settings.output_partitions, slots_matter=False)
+        )
         await wait_until(lambda: drained(worker), "drained", 60)
         await wait_until(lambda: _outboxes_empty(redis, stage), "the outboxes relayed", 60)
     forwarded = await arrived(redis, [lane.input for lane in nxt.lanes])
@@ -254,7 +256,7 @@ async def test_with_min_replicas_ack_the_relay_waits_for_replicas_before_it_dele
         min_replicas_ack=1,
         min_replicas_timeout_ms=400,
     )
-    routes = lanes.routes(settings, slots_matter=False)
+    routes = lanes.routes(settings.keys, settings.output_partitions, slots_matter=False)
     relay = relay_module.Relay(client, settings, routes)
     try:
         await wait_until(lambda: _replica_online(text_client), "the replica connected", 30)
@@ -302,7 +304,7 @@ async def test_on_a_cluster_the_relay_waits_on_the_node_it_wrote_to(
         min_replicas_ack=1,
         min_replicas_timeout_ms=200,
     )
-    routes = lanes.routes(settings, slots_matter=True)
+    routes = lanes.routes(settings.keys, settings.output_partitions, slots_matter=True)
     assert all(r.relayed for r in routes)
     client = connect(settings.redis, decode_responses=False)
     try:
@@ -336,7 +338,7 @@ async def test_a_relay_killed_before_its_acknowledgement_writes_a_plain_stream_o
         claim_idle_ms=1,
         consumer_name="killed",
     )
-    routes = lanes.routes(settings, slots_matter=True)
+    routes = lanes.routes(settings.keys, settings.output_partitions, slots_matter=True)
     assert all(r.relayed for r in routes)
     client = connect(settings.redis, decode_responses=False)
     records = [f"k{i}" for i in range(10)]
@@ -379,7 +381,7 @@ async def test_a_relayed_target_whose_markers_cannot_be_in_its_slot_is_refused(
     `}`, in another slot, and the cluster would refuse each write (CROSSSLOT). The worker exits with one line."""
     target = "results}p"
     settings = WorkerSettings(service_name="p", processor=OUTCOMES, redis_url=cluster_url, output_queue=target)
-    routes = lanes.routes(settings, slots_matter=True)
+    routes = lanes.routes(settings.keys, settings.output_partitions, slots_matter=True)
     assert all(r.relayed for r in routes)
     with pytest.raises(relay_module.UnmarkableTarget):
         relay_module.Relay(cluster, settings, routes)
@@ -395,23 +397,6 @@ async def test_a_relayed_target_whose_markers_cannot_be_in_its_slot_is_refused(
         "no stage reads it, so each entry is written with a relay marker in its slot, and no marker can be put "
         "there: the name has a '}' but no hash tag; give it a hash tag ('{...}') or a name without '}'"
     ]
-
-
-@pytest.mark.subprocess
-async def test_on_a_cluster_the_processors_client_has_its_slot_map_before_the_first_record(
-    cluster: aioredis.Redis, cluster_url: str
-) -> None:
-    """redis-py #3935: scripts run concurrently on a cluster client that has not read its slot map yet fail now and
-    then. The worker reads it for the client it gives processors (and billing) before it takes in any record."""
-    async with running_worker(cluster_url, "p", OutcomeProcessor, redis_mode="cluster", partitions=2) as worker:
-        await wait_until(lambda: _reading(worker), "the worker reading", 30)
-        shared = worker.processor.redis
-        assert isinstance(shared, AsyncRedisCluster) and shared is worker.billing.client
-        assert len(shared.nodes_manager.slots_cache) == 16384  # read, not left to the first concurrent scripts
-
-
-async def _reading(worker: Worker) -> bool:
-    return not worker.lanes[0].reread_own_pending
 
 
 class _Recorder:
@@ -457,12 +442,20 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     assert isinstance(entry, bytes)  # a client that does not decode
     await raw.xreadgroup("p-group", settings.consumer_name, {lane.input: ">"})
     commit = Outcome(Disposition.COMMIT, entry.decode(), "r", ("u", "{}"), holds_lock=True, lane=1)
-    direct = Settler(raw, settings, "lock x", print, lanes.routes(settings, slots_matter=False))
+    direct = Settler(
+        raw, settings, "lock x", print, lanes.routes(settings.keys, settings.output_partitions, slots_matter=False)
+    )
     with pytest.raises(ClusterCrossSlotError, match="same slot"):  # CROSSSLOT
         await direct._commit(1, [commit])  # the one script call the settler would retry forever
     assert not await raw.exists(PLAIN) and not await raw.exists(lane.record("r"))
     settled: list[Outcome] = []
-    relayed = Settler(raw, settings, "lock x", settled.extend, lanes.routes(settings, slots_matter=True))
+    relayed = Settler(
+        raw,
+        settings,
+        "lock x",
+        settled.extend,
+        lanes.routes(settings.keys, settings.output_partitions, slots_matter=True),
+    )
     task = asyncio.create_task(relayed.run())
     relayed.submit(commit)
     await asyncio.wait_for(relayed.flush(), 30)

@@ -157,11 +157,12 @@ def _present(wanted: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def apply_autoscaling(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, redis: RedisSpec
+    kube: KubeApi, owner: Owner, stage: PhoenixStage, redis: RedisSpec, output_partitions: int
 ) -> tuple[Condition, list[ActionTaken], dict[str, dict[str, Any]]]:
     """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
     the actions taken and the wanted form of each KEDA object by kind (none for an object the stage does not own:
-    its watch events are not the stage's drift)."""
+    its watch events are not the stage's drift). `output_partitions`: as for the Deployment (OUTPUT_PARTITIONS),
+    which tells the lanes whose outbox KEDA counts."""
     spec, generation = stage.spec, stage.metadata.generation
 
     def unscaled(reason: str, message: str) -> Condition:
@@ -183,7 +184,7 @@ async def apply_autoscaling(
             actions += await _remove_autoscaling(kube, owner)
             return unscaled("AutoscalingDisabled", "autoscaling.enabled is false"), actions, {}
         try:
-            scaled_object = build_scaled_object(owner, spec, redis_connection(redis))
+            scaled_object = build_scaled_object(owner, spec, redis_connection(redis), output_partitions)
         except AutoscalingConfigError as exc:
             actions += await _remove_autoscaling(kube, owner)
             condition = new_condition(

@@ -136,7 +136,7 @@ async def apply_spec(
     record.next_partitions = next_partitions
     record.streams, record.redis = streams, redis
     async with record.deployment_lock:
-        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis)
+        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis, forward_partitions)
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(

@@ -54,7 +54,7 @@ class Backpressure:
         s = settings
         self._client = client
         self._output = s.output_queue
-        self._streams = Output(s).streams
+        self._streams = Output.of(s).streams
         self._outboxes = tuple(r.keys.outbox for r in routes if r.relayed)
         self._retained = bool(s.output_retention)
         # True while the output is bounded by OUTPUT_RETENTION rather than read: forwards then count for nothing.

@@ -36,12 +36,17 @@ class Output:
     """The stream a result of the stage goes to: OUTPUT_QUEUE, or, when that is a stage's default input
     (`output.stage`), the record's partition of that stage's OUTPUT_PARTITIONS."""
 
-    def __init__(self, settings: WorkerSettings) -> None:
-        self._queue = settings.output_queue
+    def __init__(self, queue: str, partitions: int) -> None:
+        """`queue`: OUTPUT_QUEUE (empty: no output); `partitions`: OUTPUT_PARTITIONS."""
+        self._queue = queue
         found = stage_of_input(self._queue) if self._queue else None
         # Only the unpartitioned name of a stage's input is `output.stage`; a partitioned name is a stream given.
         self._stage = found if found and self._queue == input_stream(found[1], found[0]) else None
-        self._partitions = settings.output_partitions if self._stage else 1
+        self._partitions = partitions if self._stage else 1
+
+    @classmethod
+    def of(cls, settings: WorkerSettings) -> Output:
+        return cls(settings.output_queue, settings.output_partitions)
 
     @property
     def next_stage(self) -> tuple[str, str] | None:
@@ -96,7 +101,7 @@ async def check_output_layout(client: Redis, settings: WorkerSettings) -> None:
     """Raise OutputLayoutDiffers when the output is a stage's input and that stage's layout (written when its keys
     were claimed) has another count than OUTPUT_PARTITIONS. No layout says nothing: a stage of one partition, or
     one not created yet, whose operator-given count (its spec's) is then taken as it is."""
-    found = Output(settings).next_stage
+    found = Output.of(settings).next_stage
     if found is None:
         return
     namespace, stage = found
@@ -105,12 +110,14 @@ async def check_output_layout(client: Redis, settings: WorkerSettings) -> None:
         raise OutputLayoutDiffers(f"{namespace}/{stage}", int(laid_out), settings.output_partitions)
 
 
-def routes(settings: WorkerSettings, *, slots_matter: bool) -> tuple[Route, ...]:
-    """Each lane's route; `slots_matter`: the server is a cluster (a script may touch one slot only)."""
-    output = Output(settings)
+def routes(keys: StageKeys, output_partitions: int, *, slots_matter: bool) -> tuple[Route, ...]:
+    """Each lane's route, from the stage's keys (their `output`: OUTPUT_QUEUE) and OUTPUT_PARTITIONS alone, so the
+    operator derives the same from a spec (its KEDA triggers count the relayed lanes' outboxes); `slots_matter`:
+    the server is a cluster (a script may touch one slot only)."""
+    output = Output(keys.output or "", output_partitions)
     found = []
-    for lane in settings.keys.lanes:
-        if not settings.output_queue:
+    for lane in keys.lanes:
+        if not keys.output:
             found.append(Route(lane, None))
             continue
         target = output.target_of_lane(lane)

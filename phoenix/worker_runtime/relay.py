@@ -74,7 +74,7 @@ class Relay:
         self._settings = s
         self._lanes = {r.keys.outbox: r.keys for r in routes if r.relayed}
         self._outboxes = tuple(self._lanes)
-        self._output = Output(s)
+        self._output = Output.of(s)
         # A stream no stage reads has no record markers to absorb a repeated relay: the relay marks its writes.
         # (An output that is a stage's input, of any partition, sends every result to that stage.)
         self._marked = bool(self._outboxes) and stage_of_input(s.output_queue) is None

@@ -79,7 +79,7 @@ class Settler:
     ) -> None:
         self._script = lua.register(client, "settle.lua")
         s = settings
-        routes = routes or routes_of(s, slots_matter=False)
+        routes = routes or routes_of(s.keys, s.output_partitions, slots_matter=False)
         # Per lane: settle.lua's four stage keys (all in the lane's slot), and its record key prefix.
         self._keys = [[r.keys.input, r.forward or r.keys.input, r.keys.dlq, r.keys.retry] for r in routes]
         self._record_prefixes = [r.keys.record_prefix for r in routes]

@@ -38,7 +38,7 @@ class Trimmer:
         self._retention = s.retention
         if self._retention is not None:
             self._args[1:] = self._retention.script_args()
-        self._outputs = Output(s).streams
+        self._outputs = Output.of(s).streams
         self._output = s.output_queue
         self._high_water = s.output_high_water
         self._dlq_maxlen = s.dlq_maxlen

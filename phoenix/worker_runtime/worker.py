@@ -24,7 +24,6 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.backoff import Backoff
 from phoenix.keys import StageKeys
-from phoenix.redis_spec import is_cluster
 from phoenix.worker_runtime import lanes, metrics, ownership
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
@@ -199,7 +198,7 @@ class Worker:
         trimmer and the outbox relay."""
         s, client = self.settings, self.redis
         self._slots_matter = slots_matter
-        routes = lanes.routes(s, slots_matter=slots_matter)
+        routes = lanes.routes(s.keys, s.output_partitions, slots_matter=slots_matter)
         self.settler = Settler(client, s, self.locks.lock_value, self._on_settled, routes, self._tracing)
         self.backpressure = Backpressure(client, s, routes)
         self.trimmer = Trimmer(client, s, routes)
@@ -310,7 +309,6 @@ class Worker:
                 if await lanes.cluster_enabled(self.redis, s.redis.mode):
                     self._route(slots_matter=True)  # a forward to another slot goes through the outbox
                 await self.ensure_group()
-                await self._initialize_shared_clients()
                 return True
             except RedisError as exc:
                 redis, wait = self.settings.redis, backoff.failed()
@@ -318,16 +316,6 @@ class Worker:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), wait)
         return False
-
-    async def _initialize_shared_clients(self) -> None:
-        """The slot map of the cluster clients processors and billing use, read now, before CONCURRENCY tasks share
-        them: redis-py's cluster client reads it on first use, and scripts run concurrently on a client that has
-        none yet fail now and then (NoScriptError, RedisClusterException, IndexError: redis-py #3935). The
-        runtime's own client has its map already (the sequential calls above)."""
-        shared = {id(c): c for c in (getattr(self.processor, "redis", None), self.billing.client) if c is not None}
-        for client in shared.values():
-            if is_cluster(client):
-                await client.initialize()
 
     async def run(self) -> None:
         """Until `request_stop`: then finish in-flight work within SHUTDOWN_GRACE and return."""

@@ -1,7 +1,8 @@
 """A partitioned stage (4 partitions) on an in-cluster Valkey Cluster of three primaries
 (tests/e2e/valkey_cluster.py): the workers and the operator run with REDIS_MODE=cluster, the real KEDA scales the
-stage 0 -> N -> 0 through one redis-cluster-streams / redis-cluster trigger per partition summed by its formula, and
-every record is forwarded exactly once (relayed from each partition's slot to the output stream's)."""
+stage 0 -> N -> 0 through its redis-cluster-streams / redis-cluster triggers per partition (its outbox's too) summed
+by its formula, and every record is forwarded exactly once (relayed from each partition's slot to the output
+stream's)."""
 
 from __future__ import annotations
 
@@ -71,11 +72,13 @@ def test_keda_scales_a_partitioned_stage_on_a_valkey_cluster_by_its_summed_lag(
     scaled_object = kubectl_json("get", "scaledobject", "-n", NAMESPACE, STAGE)["spec"]
     triggers = scaled_object["triggers"]
     types = Counter(t["type"] for t in triggers)
-    assert types == {"redis-cluster-streams": 2 * PARTITIONS, "redis-cluster": PARTITIONS}
+    # Lag, pending and outbox (every lane relays: OUTPUT is in another slot) on streams, the retry set on a set.
+    assert types == {"redis-cluster-streams": 3 * PARTITIONS, "redis-cluster": PARTITIONS}
     assert {t["metadata"].get("stream") or t["metadata"]["listName"] for t in triggers} == {
-        name for lane in keys.lanes for name in (lane.input, lane.retry)
+        name for lane in keys.lanes for name in (lane.input, lane.retry, lane.outbox)
     }
-    assert "sum([lag0, lag1, lag2, lag3])" in scaled_object["advanced"]["scalingModifiers"]["formula"]
+    formula = scaled_object["advanced"]["scalingModifiers"]["formula"]
+    assert "sum([lag0, lag1, lag2, lag3])" in formula and "sum([outbox0, outbox1, outbox2, outbox3])" in formula
     authentication = kubectl_json("get", "triggerauthentication", "-n", NAMESPACE, f"{STAGE}-redis")
     assert {ref["parameter"] for ref in authentication["spec"]["secretTargetRef"]} == {"password"}
     replicas.until(lambda: replicas.now() == (0, 0), "the idle stage at zero pods", 180)

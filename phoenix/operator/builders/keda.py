@@ -1,19 +1,22 @@
-"""KEDA objects of a stage: a ScaledObject on its consumer group's lag, pending entries and retry set (of each
-partition, summed by a formula), and the TriggerAuthentication that hands KEDA the secrets of spec.redis
-(passwords, CA, client certificate) from their Secrets. Parameter names are KEDA's (pkg/scalers/redis_scaler.go,
-redisConnectionInfo, 2.21); the formula's rules are KEDA 2.21's (apis/keda/v1alpha1/scaledobject_webhook.go,
-pkg/scaling/modifiers/formula.go)."""
+"""KEDA objects of a stage: a ScaledObject on its consumer group's lag, pending entries, retry set and, for a
+relayed hop, outbox (of each partition, summed by a formula), and the TriggerAuthentication that hands KEDA the
+secrets of spec.redis (passwords, CA, client certificate) from their Secrets. Parameter names are KEDA's
+(pkg/scalers/redis_scaler.go, redisConnectionInfo, and pkg/scalers/redis_streams_scaler.go, 2.21); the formula's
+rules are KEDA 2.21's (apis/keda/v1alpha1/scaledobject_webhook.go, pkg/scaling/modifiers/formula.go)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from phoenix.crds import PhoenixStageSpec, RedisMode, SecretKeyRef
+from phoenix.keys import StageKeys
 from phoenix.kube_names import PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE, desired_replicas
 from phoenix.operator.builders.meta import Owner, child_metadata
 from phoenix.operator.builders.redis_address import RedisConnection
 from phoenix.operator.builders.streams import resolve_streams
+from phoenix.worker_runtime.lanes import routes
 
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 
@@ -63,8 +66,8 @@ TRIGGER_TYPES = {
     RedisMode.SENTINEL: ("redis-sentinel-streams", "redis-sentinel"),
     RedisMode.CLUSTER: ("redis-cluster-streams", "redis-cluster"),
 }
-# Three triggers per partition, each polled by KEDA every pollingInterval: beyond this many partitions the
-# ScaledObject grows past what KEDA polls in time (and towards the API server's object size limit).
+# Three triggers per partition (four with an outbox), each polled by KEDA every pollingInterval: beyond this many
+# partitions the ScaledObject grows past what KEDA polls in time (and towards the API server's object size limit).
 MAX_AUTOSCALED_PARTITIONS = 128
 
 
@@ -85,20 +88,37 @@ def _connection_metadata(spec: PhoenixStageSpec, connection: RedisConnection) ->
     return metadata
 
 
-def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) -> list[dict[str, Any]]:
+def relayed_partitions(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> frozenset[int | None]:
+    """The partitions (None: the one lane of a stage of one partition) whose commits forward through the lane's
+    outbox: the worker's own choice (worker_runtime/lanes.py), from the spec alone, slots mattering in cluster
+    mode. (A worker of a standalone spec whose server runs in cluster mode finds that out from the server and
+    relays too; without Redis, this takes a standalone spec for a single Redis.)"""
+    keys = resolve_streams(owner.name, owner.namespace, spec)
+    found = routes(keys, output_partitions, slots_matter=spec.redis.mode is RedisMode.CLUSTER)
+    return frozenset(route.keys.partition for route in found if route.relayed)
+
+
+def triggers(
+    owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection, output_partitions: int = 1
+) -> list[dict[str, Any]]:
     """What KEDA scales a stage on; the stage stays up while any of them is active (above zero):
     - lag (entries not yet delivered), the target per pod from spec.autoscaling: the only redis-streams mode that
       reflects new work, so the one that scales out and wakes a stage from zero;
     - pending entries (delivered, not acknowledged), one pod per CONCURRENCY of them: work a pod holds, waits to
       retry under an open circuit, or left behind when its pod died. Lag alone would let KEDA scale to zero under
       such an entry, and with no pod left to reclaim it, it would wait for the next new entry;
-    - the retry set (records waiting for their next attempt), wake-only: only workers move due retries back.
-    In sentinel mode the same three go through the Sentinels (redis-sentinel-streams, redis-sentinel), which name
+    - the retry set (records waiting for their next attempt), wake-only: only workers move due retries back;
+    - the outbox of a lane whose hop is relayed (relayed_partitions), wake-only: its length is exactly the results
+      committed and not yet relayed (a relayed entry is deleted), which only a worker relays. Without it a stage
+      at zero, or whose last worker was killed before relaying, would leave them there until new work came.
+    In sentinel mode the same go through the Sentinels (redis-sentinel-streams, redis-sentinel), which name
     the current primary; in cluster mode through the seed nodes (redis-cluster-streams, redis-cluster), which
-    route each key to its shard. A stage of K > 1 partitions has the three per partition, named
-    lag<p>/pending<p>/retry<p> for the formula that sums them (scaling_modifiers). KEDA trigger metadata values
-    are all strings."""
+    route each key to its shard. A stage of K > 1 partitions has them per partition, named
+    lag<p>/pending<p>/retry<p>/outbox<p> for the formula that sums them (scaling_modifiers). `output_partitions`:
+    the partitions of the stage `output.stage` names (OUTPUT_PARTITIONS). KEDA trigger metadata values are all
+    strings."""
     lanes = resolve_streams(owner.name, owner.namespace, spec).lanes
+    relayed = relayed_partitions(owner, spec, output_partitions)
     connection_metadata = _connection_metadata(spec, connection)
     streams_type, list_type = TRIGGER_TYPES[spec.redis.mode]
     auth: dict[str, Any] = {}
@@ -114,42 +134,54 @@ def triggers(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) 
         }
         pending = {**group, "pendingEntriesCount": str(spec.worker.concurrency)}
         retries = {"listName": lane.retry, "listLength": str(WAKE_ONLY_TARGET)}
-        for kind, name, metadata in (
-            (streams_type, "lag", lag),
-            (streams_type, "pending", pending),
-            (list_type, "retry", retries),
-        ):
+        measured = [(streams_type, "lag", lag), (streams_type, "pending", pending), (list_type, "retry", retries)]
+        if lane.partition in relayed:
+            measured.append((streams_type, "outbox", _outbox_metadata(lane)))
+        for kind, name, metadata in measured:
             # Named only for the formula: a stage of one partition keeps today's unnamed triggers.
             named = {} if lane.partition is None else {"name": f"{name}{lane.partition}"}
             found.append({"type": kind, **named, "metadata": {**connection_metadata, **metadata}, **auth})
     return found
 
 
-def scaling_modifiers(spec: PhoenixStageSpec) -> dict[str, str] | None:
+def _outbox_metadata(lane: StageKeys) -> dict[str, str]:
+    # No consumerGroup: KEDA's streams scaler then measures XLEN (its streamLength mode), active above
+    # activationLagCount, which it reads in every mode: one entry waiting wakes the stage.
+    return {"stream": lane.outbox, "streamLength": str(WAKE_ONLY_TARGET), "activationLagCount": "0"}
+
+
+def scaling_modifiers(spec: PhoenixStageSpec, relayed: frozenset[int | None] = frozenset()) -> dict[str, str] | None:
     """KEDA's formula over the triggers of a stage of K > 1 partitions (None for one partition): the HPA alone
     takes the maximum of its metrics, so K evenly loaded partitions would get the pods of one. With a formula
     KEDA feeds the HPA one composite metric (target 1 per pod, so its value is the pods wanted) and decides
     activity on it alone (above activationTarget 0): the formula gives what the unnamed triggers of one partition
     give, on the sums: one pod per lagCount of total lag and per CONCURRENCY of total pending entries, at least
-    one while any lag is above activationLagCount or any entry is pending or waiting to retry, else none."""
+    one while any lag is above activationLagCount or any entry is pending, waiting to retry or waiting in the
+    outbox of a `relayed` partition, else none."""
     partitions = spec.partitions
     if partitions == 1:
         return None
 
-    def total(name: str) -> str:
-        return f"sum([{', '.join(f'{name}{p}' for p in range(partitions))}])"
+    def total(name: str, among: Iterable[int] = range(partitions)) -> str:
+        return f"sum([{', '.join(f'{name}{p}' for p in among)}])"
 
     lag, pending, retry = total("lag"), total("pending"), total("retry")
+    waiting = f"{pending} + {retry}"
+    if relayed:
+        waiting += f" + {total('outbox', sorted(p for p in relayed if p is not None))}"
     autoscaling = spec.autoscaling
-    active = f"{lag} > {autoscaling.activation_lag_count} || {pending} + {retry} > 0"
+    active = f"{lag} > {autoscaling.activation_lag_count} || {waiting} > 0"
     wanted = f"max(ceil({lag} / {autoscaling.lag_count}), ceil({pending} / {spec.worker.concurrency}), 1)"
     return {"formula": f"({active}) ? {wanted} : 0", "target": "1"}
 
 
-def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection) -> dict[str, Any]:
+def build_scaled_object(
+    owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection, output_partitions: int = 1
+) -> dict[str, Any]:
     """The ScaledObject driving the stage's Deployment between replicas.min and replicas.max.
 
-    `connection` comes from `redis_connection()` on the URL in spec.redis.urlSecretRef. Raises
+    `connection` comes from `redis_connection()` on the URL in spec.redis.urlSecretRef; `output_partitions` is
+    what the Deployment's OUTPUT_PARTITIONS says (which lanes relay follows from it). Raises
     AutoscalingConfigError when that URL has a password but no passwordSecretRef tells KEDA where to read it.
     """
     if connection.has_password and spec.redis.password_secret_ref is None:
@@ -160,8 +192,8 @@ def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisC
         )
     if spec.partitions > MAX_AUTOSCALED_PARTITIONS:
         raise AutoscalingConfigError(
-            f"spec.partitions {spec.partitions} is more than KEDA can scale on ({MAX_AUTOSCALED_PARTITIONS}: three "
-            "triggers per partition, polled every pollingInterval); use fewer partitions, or set "
+            f"spec.partitions {spec.partitions} is more than KEDA can scale on ({MAX_AUTOSCALED_PARTITIONS}: three or "
+            "four triggers per partition, polled every pollingInterval); use fewer partitions, or set "
             "autoscaling.enabled=false"
         )
     annotations = None
@@ -178,10 +210,10 @@ def build_scaled_object(owner: Owner, spec: PhoenixStageSpec, connection: RedisC
             "maxReplicaCount": spec.replicas.max,
             "pollingInterval": spec.autoscaling.polling_interval,
             "cooldownPeriod": spec.autoscaling.cooldown_period,
-            "triggers": triggers(owner, spec, connection),
+            "triggers": triggers(owner, spec, connection, output_partitions),
         },
     }
-    if (modifiers := scaling_modifiers(spec)) is not None:
+    if (modifiers := scaling_modifiers(spec, relayed_partitions(owner, spec, output_partitions))) is not None:
         scaled_object["spec"]["advanced"] = {"scalingModifiers": modifiers}
     return scaled_object
 
