@@ -1,6 +1,7 @@
 """Worker pods shaped by spec.pod, under the restricted Pod Security Standard (the pipeline's namespace enforces
-it): a stage with a pull secret, a ServiceAccount, labels, annotations, an envFrom ConfigMap and its processor's
-code in a ConfigMap volume runs on the node; a stage asking for privileges is refused by the API server; a long
+it): a stage with a pull secret, a ServiceAccount, labels, annotations, an envFrom ConfigMap, its processor's
+code in a ConfigMap volume, a nodeSelector, a toleration, node affinity, a topology spread constraint and a
+PriorityClass runs on the node; a stage asking for privileges is refused by the API server; a long
 job survives a scale-in, committed by the pod that is going, within the termination grace that follows
 processingTimeout."""
 
@@ -38,7 +39,35 @@ class SlowProcessor(BaseProcessor):
         await asyncio.sleep(float(os.environ["SLOW_SECONDS"]))
         return None
 """
+PRIORITY_CLASS = "phoenix-e2e-longjob"
+PRIORITY = 1000
+# Placement the single e2e node meets (it is Linux and untainted): each field is set, none keeps a pod pending.
+PLACEMENT: dict[str, Any] = {
+    "nodeSelector": {"kubernetes.io/os": "linux"},
+    "tolerations": [{"key": "example.com/dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]}
+                ]
+            }
+        }
+    },
+    "topologySpreadConstraints": [
+        {
+            "maxSkew": 1,
+            "topologyKey": "kubernetes.io/hostname",
+            "whenUnsatisfiable": "ScheduleAnyway",
+            "labelSelector": {"matchLabels": {"app.kubernetes.io/instance": STAGE}},
+        }
+    ],
+    "priorityClassName": PRIORITY_CLASS,
+}
+# Every spec.pod field but terminationGracePeriodSeconds, whose default (processingTimeout + 15) the scale-in
+# test relies on (the builder tests cover it set).
 POD = {
+    **PLACEMENT,
     "imagePullSecrets": [{"name": "longjob-registry"}],
     "serviceAccountName": "longjob",
     "labels": {"team": "e2e"},
@@ -66,6 +95,14 @@ def longjob_stage(image: str, replicas: int) -> dict[str, Any]:
 
 def _objects() -> list[dict[str, Any]]:
     return [
+        {
+            "apiVersion": "scheduling.k8s.io/v1",
+            "kind": "PriorityClass",
+            "metadata": {"name": PRIORITY_CLASS},
+            "value": PRIORITY,
+            "preemptionPolicy": "Never",
+            "description": "The e2e's spec.pod.priorityClassName (tests/e2e/test_pod_shaping.py).",
+        },
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "longjob"}},
         {
             "apiVersion": "v1",
@@ -109,6 +146,7 @@ def longjob(pipeline: Pipeline, phoenix_image: str) -> Iterator[None]:
     _until(lambda: sum(is_ready(pod) for pod in _stage_pods()) == 2, "both longjob pods ready", 180)
     yield
     kubectl("delete", "-n", NAMESPACE, "phoenixstage", STAGE, "--wait=false")
+    kubectl("delete", "priorityclass", PRIORITY_CLASS, "--ignore-not-found", "--wait=false")
 
 
 def test_the_namespace_enforces_restricted_and_every_worker_pod_is_admitted(longjob: None) -> None:
@@ -132,6 +170,14 @@ def test_a_stage_with_spec_pod_runs_shaped_as_asked(longjob: None) -> None:
         assert meta["labels"]["team"] == "e2e" and meta["labels"]["app.kubernetes.io/instance"] == STAGE
         assert meta["annotations"]["example.com/cost-center"] == "cc-42"
         assert spec["terminationGracePeriodSeconds"] == PROCESSING_TIMEOUT + 15
+        assert spec["nodeSelector"] == PLACEMENT["nodeSelector"]
+        assert spec["affinity"] == PLACEMENT["affinity"]
+        # Beside the not-ready/unreachable tolerations the API server adds to every pod.
+        assert PLACEMENT["tolerations"][0] in spec["tolerations"]
+        (spread,) = spec["topologySpreadConstraints"]
+        assert PLACEMENT["topologySpreadConstraints"][0].items() <= spread.items()
+        # The priority is resolved from the PriorityClass at admission: the class existed and was used.
+        assert (spec["priorityClassName"], spec["priority"]) == (PRIORITY_CLASS, PRIORITY)
         (container,) = spec["containers"]
         assert container["securityContext"]["allowPrivilegeEscalation"] is False
     budget = kubectl_json("get", "poddisruptionbudget", "-n", NAMESPACE, STAGE)
