@@ -8,14 +8,11 @@ set -euo pipefail
 HELM_VERSION=${HELM_VERSION:-3.22.0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/hack/lib/gobuild.sh"
-bin=${HELM_BIN:-$cache/helm/bin}
-want="helm=$HELM_VERSION"
-go_build_begin helm "$bin" "$want" helm
-
 module="helm.sh/helm/v3"
-module_src "$cache/helm/src" 1.24 "$module" "$HELM_VERSION" "$module/cmd/helm"
+
 # What `helm version` reports (Helm's Makefile sets the same variables).
-ldflags="-s -w -X $module/internal/version.version=v$HELM_VERSION -X $module/internal/version.gitTreeState=clean"
-echo "building helm $HELM_VERSION"
-go build -trimpath -ldflags "$ldflags" -o "$bin/helm" "$module/cmd/helm"
-go_build_done helm "$bin" "$want"
+ldflags() {
+  echo "-s -w -X $module/internal/version.version=v$HELM_VERSION -X $module/internal/version.gitTreeState=clean"
+}
+
+module_command helm "${HELM_BIN:-$cache/helm/bin}" "helm=$HELM_VERSION" 1.24 "$module" "$HELM_VERSION"

@@ -9,16 +9,13 @@ set -euo pipefail
 PROMETHEUS_VERSION=${PROMETHEUS_VERSION:-0.316.0}
 root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/hack/lib/gobuild.sh"
-bin=${PROMTOOL_BIN:-$cache/promtool/bin}
-want="prometheus=$PROMETHEUS_VERSION"
-go_build_begin promtool "$bin" "$want" promtool
-
 module="github.com/prometheus/prometheus"
-module_src "$cache/promtool/src" 1.25 "$module" "$PROMETHEUS_VERSION" "$module/cmd/promtool"
+
 # The module's VERSION file holds the release (3.x) that `promtool --version` reports.
-release=$(cat "$moddir/VERSION")
-ldflags="-s -w -X github.com/prometheus/common/version.Version=$release"
-ldflags+=" -X github.com/prometheus/common/version.Revision=v$PROMETHEUS_VERSION"
-echo "building promtool $release ($module v$PROMETHEUS_VERSION)"
-go build -trimpath -tags netgo -ldflags "$ldflags" -o "$bin/promtool" "$module/cmd/promtool"
-go_build_done promtool "$bin" "$want"
+ldflags() {
+  echo "-s -w -X github.com/prometheus/common/version.Version=$(cat "$moddir/VERSION")" \
+    "-X github.com/prometheus/common/version.Revision=v$PROMETHEUS_VERSION"
+}
+
+module_command promtool "${PROMTOOL_BIN:-$cache/promtool/bin}" "prometheus=$PROMETHEUS_VERSION" 1.25 "$module" \
+  "$PROMETHEUS_VERSION" -tags netgo

@@ -24,16 +24,18 @@ from tests.fixtures.kube_models import custom_object, metadata_of, present, spec
 from tests.fixtures.leaks import assert_shows_no_part_of
 from tests.fixtures.operator_process import (
     ServingOperator,
-    condition,
+    condition_of_reason,
+    event_messages,
+    event_reasons,
     existing_stage,
     final_stage,
     get_stage,
     kubectl_apply,
     read_or_none,
-    ready_reason,
     stage_condition,
     stage_events,
     stage_status,
+    wait_ready,
     watching_operator,
 )
 from tests.fixtures.processes import free_loopback_port
@@ -49,14 +51,6 @@ FINALIZER = "phoenix.io/finalizer"
 def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[ServingOperator]:
     with watching_operator(kube_cluster, operator_kubeconfig, "operator-convergence") as served:
         yield served
-
-
-def _reasons(api: client.ApiClient, namespace: str, name: str, type_: str = "Normal") -> list[str]:
-    return [e.reason or "" for e in stage_events(api, namespace, name) if e.type == type_]
-
-
-def _messages(api: client.ApiClient, namespace: str, name: str, reason: str) -> list[str]:
-    return [e.message or "" for e in stage_events(api, namespace, name) if e.reason == reason]
 
 
 @pytest.mark.timeout(180)
@@ -82,7 +76,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     def deployment() -> client.V1Deployment | None:
         return read_or_none(apps.read_namespaced_deployment, "router", ns)
 
-    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    wait_ready(kube_cluster, ns, "router")
     eventually(
         lambda: (
             {
@@ -92,7 +86,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
                 "ScaledObjectCreated",
                 "TriggerAuthenticationCreated",
             }
-            <= set(_reasons(kube_api, ns, "router"))
+            <= set(event_reasons(kube_api, ns, "router"))
         ),
         "a Normal Event for each thing created",
     )
@@ -117,7 +111,7 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
 
     # The restart stamp is kept through a repair, and the repair restores what was edited.
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, "phoenix.io/restart=r1")
-    eventually(lambda: "Restarted" in _reasons(kube_api, ns, "router"), "a Restarted Event")
+    eventually(lambda: "Restarted" in event_reasons(kube_api, ns, "router"), "a Restarted Event")
     stamp = (metadata_of(spec_of(present(deployment())).template).annotations or {})["phoenix.io/restartedAt"]
     apps.patch_namespaced_deployment(
         "router",
@@ -131,7 +125,9 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
     )
     assert (metadata_of(spec_of(present(deployment())).template).annotations or {})["phoenix.io/restartedAt"] == stamp
     assert spec_of(present(deployment())).replicas == 3
-    updated = eventually(lambda: _messages(kube_api, ns, "router", "DeploymentUpdated"), "a DeploymentUpdated Event")
+    updated = eventually(
+        lambda: event_messages(kube_api, ns, "router", "DeploymentUpdated"), "a DeploymentUpdated Event"
+    )
     assert "image" in updated[0]
 
     # Deleted children are recreated.
@@ -185,11 +181,11 @@ def test_children_and_redis_state_come_back_and_each_action_is_an_event(
         timeout=CONVERGE_SECONDS,
     )
     recreated = eventually(
-        lambda: [m for m in _messages(kube_api, ns, "router", "ConsumerGroupCreated") if "again" in m],
+        lambda: [m for m in event_messages(kube_api, ns, "router", "ConsumerGroupCreated") if "again" in m],
         "an Event about the recreated group",
     )
     assert "Redis flushed" in recreated[0]
-    assert not _reasons(kube_api, ns, "router", "Warning")
+    assert not event_reasons(kube_api, ns, "router", "Warning")
 
 
 @pytest.mark.timeout(450)
@@ -207,12 +203,7 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
     kubectl_apply(kube_cluster, final_stage(url, ns))
 
     conflict = eventually(
-        lambda: (
-            (found := condition(get_stage(kube_cluster, ns, "router"), "Ready"))
-            and found["reason"] == "StreamConflict"
-            and found
-        ),
-        "Ready=False/StreamConflict",
+        lambda: condition_of_reason(kube_cluster, ns, "router", "StreamConflict"), "Ready=False/StreamConflict"
     )
     assert conflict["status"] == "False" and "WRONGTYPE" in conflict["message"]
 
@@ -229,16 +220,16 @@ def test_stream_conflict_is_one_warning_per_cause_and_heals(
         )
 
     eventually(lambda: attempts() >= 2, "two failed attempts", timeout=60)
-    assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
-    assert not any(e.reason == "DeploymentCreated" for e in stage_events(kube_api, ns, "router"))
+    assert event_reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
+    assert not stage_events(kube_api, ns, "router", reason="DeploymentCreated")
 
     # The key removed: the next attempt creates everything; the Warning is not repeated.
     connection.delete(f"phoenix:{{{ns}}}:router:input")
     # The next attempt comes after the backoff of the attempts so far (it doubles: a loaded machine sees more).
     wait = retry_delay(attempts() + 1) + 60
-    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=wait)
-    eventually(lambda: "ConsumerGroupCreated" in _reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
-    assert _reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
+    wait_ready(kube_cluster, ns, "router", timeout=wait)
+    eventually(lambda: "ConsumerGroupCreated" in event_reasons(kube_api, ns, "router"), "a ConsumerGroupCreated Event")
+    assert event_reasons(kube_api, ns, "router", "Warning") == ["StreamConflict"]
 
 
 @pytest.mark.parametrize("redis_db", [10], indirect=True)
@@ -251,7 +242,7 @@ def test_oldest_is_the_age_of_the_oldest_unfinished_entry(
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    wait_ready(kube_cluster, ns, "router")
     # Seven records, the first added two minutes ago, and no worker: nothing is pending, all are waiting.
     first_ms = int(time.time() * 1000) - 120_000
     for i in range(7):
@@ -287,9 +278,11 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     # InvalidSpec: the schema admits it, but the stage would feed its own input (its workers would refuse).
     secret, looping = final_stage(url, ns, name="looping", output={"stream": f"phoenix:{{{ns}}}:looping:input"})
     kubectl_apply(kube_cluster, [secret, looping])
-    eventually(lambda: ready_reason(kube_cluster, ns, "looping") == "InvalidSpec", "Ready=False/InvalidSpec")
-    assert "feed itself" in stage_condition(kube_cluster, ns, "looping")["message"]
-    eventually(lambda: "InvalidSpec" in _reasons(kube_api, ns, "looping", "Warning"), "a Warning Event")
+    invalid = eventually(
+        lambda: condition_of_reason(kube_cluster, ns, "looping", "InvalidSpec"), "Ready=False/InvalidSpec"
+    )
+    assert "feed itself" in invalid["message"]
+    eventually(lambda: "InvalidSpec" in event_reasons(kube_api, ns, "looping", "Warning"), "a Warning Event")
     assert read_or_none(apps.read_namespaced_deployment, "looping", ns) is None
 
     # InvalidAutoscaling: a Redis password KEDA cannot read from a Secret; the stage runs without autoscaling.
@@ -305,15 +298,11 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
         )
         kubectl_apply(kube_cluster, [secret, guarded])
         autoscaling = eventually(
-            lambda: (
-                (found := condition(get_stage(kube_cluster, ns, "guarded"), "AutoscalingReady"))
-                and found["reason"] == "InvalidAutoscaling"
-                and found
-            ),
+            lambda: condition_of_reason(kube_cluster, ns, "guarded", "InvalidAutoscaling", "AutoscalingReady"),
             "AutoscalingReady=False/InvalidAutoscaling",
         )
         assert "passwordSecretRef" in autoscaling["message"] and password not in autoscaling["message"]
-        eventually(lambda: ready_reason(kube_cluster, ns, "guarded") == "StageReady", "guarded still Ready")
+        wait_ready(kube_cluster, ns, "guarded")  # still
         scaled = read_or_none(
             client.CustomObjectsApi(kube_api).get_namespaced_custom_object, *KEDA, ns, "scaledobjects", "guarded"
         )
@@ -331,7 +320,7 @@ def test_specs_the_operator_cannot_run_are_conditions_or_refused_at_admission(
     # Without environment swapping the same stage is fine.
     billed["spec"]["env"] = [*billing, {"name": "BILLING_SWAP_ENV", "value": "false"}]
     kubectl_apply(kube_cluster, [billed])
-    eventually(lambda: ready_reason(kube_cluster, ns, "billed") == "StageReady", "billed Ready")
+    wait_ready(kube_cluster, ns, "billed")
 
 
 def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
@@ -341,11 +330,12 @@ def test_a_redis_url_it_cannot_parse_is_a_condition_that_shows_no_part_of_it(
     # The case: an unescaped '#' in the password, which urlsplit reads as the start of a fragment.
     secret, stage = final_stage("redis://:s3cr#et@redis:6379/0", ns, name="hashed")
     kubectl_apply(kube_cluster, [secret, stage])
-    eventually(lambda: ready_reason(kube_cluster, ns, "hashed") == "InvalidRedisUrl", "Ready=False/InvalidRedisUrl")
-    message = stage_condition(kube_cluster, ns, "hashed")["message"]
+    message = eventually(
+        lambda: condition_of_reason(kube_cluster, ns, "hashed", "InvalidRedisUrl"), "Ready=False/InvalidRedisUrl"
+    )["message"]
     assert "unescaped '#'" in message and "%23" in message
-    eventually(lambda: "InvalidRedisUrl" in _reasons(kube_api, ns, "hashed", "Warning"), "a Warning Event")
-    events = _messages(kube_api, ns, "hashed", "InvalidRedisUrl")
+    eventually(lambda: "InvalidRedisUrl" in event_reasons(kube_api, ns, "hashed", "Warning"), "a Warning Event")
+    events = event_messages(kube_api, ns, "hashed", "InvalidRedisUrl")
     assert_shows_no_part_of("s3cr#et", message, *events, json.dumps(stage_status(kube_cluster, ns, "hashed")))
 
 
@@ -363,7 +353,7 @@ def test_only_delete_stages_carry_the_finalizer(
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    wait_ready(kube_cluster, ns, "router")
     # Retain (the default): nothing to do at deletion, so nothing that could hang it while the operator is down.
     assert FINALIZER not in _finalizers(kube_cluster, ns, "router")
 
@@ -420,7 +410,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
 ) -> None:
     ns = kube_namespace
     kubectl_apply(kube_cluster, final_stage(own_valkey.url, ns, deletionPolicy="Delete"))
-    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready", timeout=60)
+    wait_ready(kube_cluster, ns, "router")
     assert FINALIZER in _finalizers(kube_cluster, ns, "router")
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
         valkey.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": "r1"})
@@ -429,13 +419,13 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--wait=false").returncode == 0
 
     def waiting() -> dict[str, Any] | None:
-        found = condition(get_stage(kube_cluster, ns, "router"), "Ready")
-        return found if found and "attempt 2," in found["message"] else None
+        found = stage_condition(kube_cluster, ns, "router")
+        return found if "attempt 2," in found.get("message", "") else None
 
     ready = eventually(waiting, "a second failed attempt in status", timeout=60)
     assert ready["reason"] == "RedisUnavailable"
     assert "deletionPolicy is Delete" in ready["message"] and "Retain" in ready["message"]
-    assert _reasons(kube_api, ns, "router", "Warning") == ["RedisUnavailable"]  # once, not per attempt
+    assert event_reasons(kube_api, ns, "router", "Warning") == ["RedisUnavailable"]  # once, not per attempt
     assert get_stage(kube_cluster, ns, "router") is not None
 
     # Redis back: the next attempt deletes the data and lets the stage go.
@@ -443,7 +433,7 @@ def test_delete_waits_for_an_unreachable_redis_and_says_why(
     eventually(lambda: get_stage(kube_cluster, ns, "router") is None, "the stage gone", timeout=60)
     with sync_redis.Redis.from_url(own_valkey.url) as valkey:
         assert not valkey.exists(f"phoenix:{{{ns}}}:router:input", f"phoenix:{{{ns}}}:router:dlq")
-    assert "RedisDataDeleted" in _reasons(kube_api, ns, "router")
+    assert "RedisDataDeleted" in event_reasons(kube_api, ns, "router")
 
 
 @pytest.mark.timeout(120)
@@ -462,17 +452,17 @@ def test_an_output_no_group_reads_shows_in_status_with_one_warning(
     ns, sink = kube_namespace, "sink:results"
     kubectl_apply(kube_cluster, final_stage(url, ns, output={"stream": sink}))
 
-    def unread() -> dict[str, Any]:
-        return condition(get_stage(kube_cluster, ns, "router"), "OutputUnread") or {}
+    def unread(reason: str) -> dict[str, Any] | None:
+        return condition_of_reason(kube_cluster, ns, "router", reason, "OutputUnread")
 
-    found = eventually(lambda: unread().get("reason") == "NoConsumerGroup" and unread(), "OutputUnread=True")
+    found = eventually(lambda: unread("NoConsumerGroup"), "OutputUnread=True")
     assert found["status"] == "True" and sink in found["message"] and "OUTPUT_HIGH_WATER" in found["message"]
-    warned = eventually(lambda: _messages(kube_api, ns, "router", "OutputUnread"), "a Warning Event")
+    warned = eventually(lambda: event_messages(kube_api, ns, "router", "OutputUnread"), "a Warning Event")
     assert sink in warned[0] and "spec.output.retention" in warned[0]
 
     connection.xgroup_create(sink, "reader", id="0", mkstream=True)
-    eventually(lambda: unread().get("reason") == "ReadByConsumerGroup", "OutputUnread=False once a group reads it")
-    assert unread()["status"] == "False"
+    read = eventually(lambda: unread("ReadByConsumerGroup"), "OutputUnread=False once a group reads it")
+    assert read["status"] == "False"
 
     def worker_env() -> dict[str, str]:
         deployment = client.AppsV1Api(kube_api).read_namespaced_deployment("router", ns)
@@ -482,9 +472,9 @@ def test_an_output_no_group_reads_shows_in_status_with_one_warning(
     assert kube_cluster.kubectl(*patch, '{"spec": {"output": {"retention": "maxlen:1000"}}}').returncode == 0
     eventually(lambda: worker_env().get("OUTPUT_RETENTION") == "maxlen:1000", "the retention in the worker's env")
     connection.xgroup_destroy(sink, "reader")
-    kept = eventually(lambda: unread().get("reason") == "RetentionApplies" and unread(), "RetentionApplies")
+    kept = eventually(lambda: unread("RetentionApplies"), "RetentionApplies")
     assert kept["status"] == "True" and sink in kept["message"] and "maxlen:1000" in kept["message"]
-    assert _reasons(kube_api, ns, "router", "Warning") == ["OutputUnread"]  # once, and not for a chosen retention
+    assert event_reasons(kube_api, ns, "router", "Warning") == ["OutputUnread"]  # once, and not for a chosen retention
 
     refused = kube_cluster.kubectl(*patch, '{"spec": {"output": {"retention": "100000"}}}')
     assert refused.returncode != 0 and "retention" in refused.stderr
@@ -518,16 +508,13 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     kubectl_apply(kube_cluster, final_stage(url, ns, replicas={"min": 1, "max": 5}))
 
     def autoscaling() -> dict[str, Any] | None:
-        found = condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady")
-        return found if found and found["reason"] == "ChildNotOwned" else None
+        return condition_of_reason(kube_cluster, ns, "router", "ChildNotOwned", "AutoscalingReady")
 
     refused = eventually(autoscaling, "AutoscalingReady=False/ChildNotOwned", timeout=60)
     assert refused["status"] == "False"
     assert "ScaledObject router exists and is not owned by this PhoenixStage (owners: none)" in refused["message"]
     assert "replicas.min (1)" in refused["message"]
-    warnings = eventually(
-        lambda: [e for e in stage_events(kube_api, ns, "router") if e.reason == "ChildNotOwned"], "a Warning Event"
-    )
+    warnings = eventually(lambda: stage_events(kube_api, ns, "router", reason="ChildNotOwned"), "a Warning Event")
     assert [e.type for e in warnings] == ["Warning"]
     # The stage runs all the same, at replicas.min (no kubelet here: the Deployment's own count says it).
     apps = client.AppsV1Api(kube_api)
@@ -537,7 +524,7 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     # Status refreshes and watch events meanwhile post nothing new; a spec change (a new generation) reconciles,
     # leaves the object as it was, and tells the cause again once.
     time.sleep(3)
-    assert len([e for e in stage_events(kube_api, ns, "router") if e.reason == "ChildNotOwned"]) == 1
+    assert len(stage_events(kube_api, ns, "router", reason="ChildNotOwned")) == 1
     kube_cluster.kubectl(
         "patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p", '{"spec":{"replicas":{"min":2,"max":5}}}'
     )
@@ -546,7 +533,8 @@ def test_a_keda_object_of_the_stages_name_that_it_does_not_own_is_left_alone(
     assert untouched["metadata"]["resourceVersion"] == created["metadata"]["resourceVersion"]
     assert "ownerReferences" not in untouched["metadata"]
     assert untouched["spec"] == theirs["spec"]
-    assert len([e for e in stage_events(kube_api, ns, "router") if e.reason == "ChildNotOwned"]) == 2
+    # The reconcile writes the status before it posts its Events.
+    eventually(lambda: len(stage_events(kube_api, ns, "router", reason="ChildNotOwned")) == 2, "the cause told again")
 
     # Deleting the stage takes its own children (garbage collection), never the foreign object.
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
@@ -590,10 +578,13 @@ def test_a_deployment_of_the_stages_name_that_it_does_not_own_is_left_alone(
         },
     )
     kubectl_apply(kube_cluster, final_stage(url, ns))
-    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "ChildNotOwned", "Ready=False/ChildNotOwned")
-    ready = stage_condition(kube_cluster, ns, "router")
+    ready = eventually(
+        lambda: condition_of_reason(kube_cluster, ns, "router", "ChildNotOwned"), "Ready=False/ChildNotOwned"
+    )
     assert ready["message"].startswith("Deployment router exists and is not owned by this PhoenixStage (owners: none)")
-    eventually(lambda: "ChildNotOwned" in _reasons(kube_api, ns, "router", "Warning"), "a Warning Event", timeout=30)
+    eventually(
+        lambda: "ChildNotOwned" in event_reasons(kube_api, ns, "router", "Warning"), "a Warning Event", timeout=30
+    )
     after = apps.read_namespaced_deployment("router", ns)
     # Its own controller writes its status meanwhile; its spec and metadata are as its owner left them.
     assert metadata_of(after).generation == metadata_of(theirs).generation
@@ -632,7 +623,7 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     }
     stage_uid = existing_stage(kube_cluster, ns, "shaped")["metadata"]["uid"]
     assert [ref.uid for ref in metadata_of(found).owner_references or []] == [stage_uid]
-    eventually(lambda: "PodDisruptionBudgetCreated" in _reasons(kube_api, ns, "shaped"), "a Created Event")
+    eventually(lambda: "PodDisruptionBudgetCreated" in event_reasons(kube_api, ns, "shaped"), "a Created Event")
     template = spec_of(apps.read_namespaced_deployment("shaped", ns)).template
     assert (metadata_of(template).labels or {})["team"] == "search"
     assert (metadata_of(template).annotations or {})["sidecar.istio.io/inject"] == "false"
@@ -667,7 +658,7 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     patch = json.dumps({"spec": {"replicas": {"min": 0, "max": 1}, "pod": None}})
     kube_cluster.kubectl("patch", "phoenixstage", "shaped", "-n", ns, "--type=merge", "-p", patch)
     eventually(lambda: budget() is None, "the PodDisruptionBudget deleted", timeout=CONVERGE_SECONDS)
-    eventually(lambda: "PodDisruptionBudgetDeleted" in _reasons(kube_api, ns, "shaped"), "a Deleted Event")
+    eventually(lambda: "PodDisruptionBudgetDeleted" in event_reasons(kube_api, ns, "shaped"), "a Deleted Event")
 
     def template_cleared() -> bool:
         spec = apps.read_namespaced_deployment("shaped", ns).spec.template
@@ -682,4 +673,4 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
     assert (metadata_of(spec_of(apps.read_namespaced_deployment("shaped", ns)).template).labels or {})[
         "phoenix.io/stage"
     ] == "shaped"
-    assert not _reasons(kube_api, ns, "shaped", "Warning")
+    assert not event_reasons(kube_api, ns, "shaped", "Warning")

@@ -10,7 +10,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis as sync_redis
@@ -30,9 +29,10 @@ from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.kube_models import custom_object, metadata_of, name_of
 from tests.fixtures.kubelet_player import KubeletPlayer
 from tests.fixtures.operator_process import (
-    condition,
+    condition_of_reason,
+    event_messages,
+    event_reasons,
     existing_stage,
-    get_stage,
     health,
     kubectl_apply,
     read_or_none,
@@ -43,6 +43,7 @@ from tests.fixtures.operator_process import (
     stage_condition,
     stage_events,
     stage_status,
+    wait_ready,
 )
 from tests.fixtures.replies import stream_entries_now
 
@@ -235,7 +236,7 @@ def test_a_replay_brings_a_dead_letter_back(
     last = eventually(lambda: stage_status(kube_cluster, ns, "router").get("lastReplay"), "lastReplay in status")
     assert (last["requested"], last["moved"]) == (1, 1)
     replayed = eventually(
-        lambda: [e.message or "" for e in stage_events(kube_api, ns, "router") if e.reason == "DlqReplayed"],
+        lambda: event_messages(kube_api, ns, "router", "DlqReplayed"),
         "a DlqReplayed Event",
     )
     # The replay is a repair: recorded in the stage's audit stream, which the Event names.
@@ -297,11 +298,11 @@ def test_without_keda_the_stage_runs_at_min(
     router["spec"]["replicas"] = {"min": 2, "max": 5}
     kubectl_apply(kube_cluster, [secret, router])
 
-    def degraded() -> dict[str, Any] | None:
-        found = condition(get_stage(kube_cluster, kube_namespace, "router"), "AutoscalingReady")
-        return found if found and found["reason"] == "KedaNotInstalled" else None
-
-    autoscaling = eventually(degraded, "AutoscalingReady=False/KedaNotInstalled", timeout=60)
+    autoscaling = eventually(
+        lambda: condition_of_reason(kube_cluster, kube_namespace, "router", "KedaNotInstalled", "AutoscalingReady"),
+        "AutoscalingReady=False/KedaNotInstalled",
+        timeout=60,
+    )
     assert autoscaling["status"] == "False"
     assert "replicas.min (2)" in autoscaling["message"]
     deployment = client.AppsV1Api(kube_api).read_namespaced_deployment("router", kube_namespace)
@@ -310,10 +311,7 @@ def test_without_keda_the_stage_runs_at_min(
     # KEDA installed later: the operator notices by itself and hands the stage over to it.
     install_keda_crds(kube_cluster)
     eventually(
-        lambda: (
-            (condition(get_stage(kube_cluster, kube_namespace, "router"), "AutoscalingReady") or {}).get("status")
-            == "True"
-        ),
+        lambda: stage_condition(kube_cluster, kube_namespace, "router", "AutoscalingReady").get("status") == "True",
         "AutoscalingReady=True once KEDA is there",
         timeout=90,
     )
@@ -322,7 +320,7 @@ def test_without_keda_the_stage_runs_at_min(
     )
     assert (scaled["spec"]["minReplicaCount"], scaled["spec"]["maxReplicaCount"]) == (2, 5)
     adopted = eventually(
-        lambda: [e.type for e in stage_events(kube_api, kube_namespace, "router") if e.reason == "KedaAdopted"],
+        lambda: [e.type for e in stage_events(kube_api, kube_namespace, "router", reason="KedaAdopted")],
         "a KedaAdopted Event",
     )
     assert adopted == ["Normal"]
@@ -357,16 +355,12 @@ def test_bad_redis_settings_become_conditions_and_events(
     eventually(lambda: reason("router") == "SecretNotFound", "router Ready=False/SecretNotFound")
     eventually(lambda: reason("parser") == "RedisUnavailable", "parser Ready=False/RedisUnavailable", timeout=60)
     # The operator keeps serving the stage that is fine.
-    eventually(lambda: reason("grouper") == "StageReady", "grouper Ready")
+    wait_ready(kube_cluster, ns, "grouper")
 
-    def posted(name: str) -> set[tuple[str, str]]:
-        return {(e.type or "", e.reason or "") for e in stage_events(kube_api, ns, name)}
-
-    eventually(lambda: ("Warning", "SecretNotFound") in posted("router"), "a Warning Event on router")
     eventually(
-        lambda: any(e.reason == "RedisUnavailable" for e in stage_events(kube_api, ns, "parser")),
-        "a Warning Event on parser",
+        lambda: "SecretNotFound" in event_reasons(kube_api, ns, "router", "Warning"), "a Warning Event on router"
     )
+    eventually(lambda: stage_events(kube_api, ns, "parser", reason="RedisUnavailable"), "a Warning Event on parser")
     shown = json.dumps([existing_stage(kube_cluster, ns, "parser")["status"]]) + " ".join(
         e.message or "" for e in stage_events(kube_api, ns, "parser")
     )
@@ -410,7 +404,7 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
 
     eventually(lambda: replicas() == 2, "the Deployment at replicas.min")
     eventually(
-        lambda: (condition(get_stage(kube_cluster, ns, "router"), "AutoscalingReady") or {}).get("status") == "True",
+        lambda: stage_condition(kube_cluster, ns, "router", "AutoscalingReady").get("status") == "True",
         "the ScaledObject in place",
         timeout=90,
     )
@@ -418,18 +412,15 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
 
     pause = ("patch", "phoenixstage", "router", "-n", ns, "--type=merge", "-p")
 
-    def reasons() -> list[str]:
-        return [e.reason or "" for e in stage_events(kube_api, ns, "router")]
-
     kube_cluster.kubectl(*pause, '{"spec": {"paused": true}}')
     eventually(lambda: replicas() == 0, "paused: scaled to zero")
     assert keda_paused() == {"autoscaling.keda.sh/paused": "true", "autoscaling.keda.sh/paused-replicas": "0"}
-    eventually(lambda: "Paused" in reasons(), "a Paused Event")
+    eventually(lambda: "Paused" in event_reasons(kube_api, ns, "router"), "a Paused Event")
 
     kube_cluster.kubectl(*pause, '{"spec": {"paused": false}}')
     eventually(lambda: replicas() == 2, "unpaused: back to replicas.min")
     eventually(lambda: keda_paused() == {}, "KEDA no longer paused")
-    eventually(lambda: "Resumed" in reasons(), "a Resumed Event")
+    eventually(lambda: "Resumed" in event_reasons(kube_api, ns, "router"), "a Resumed Event")
 
 
 @pytest.mark.timeout(210)

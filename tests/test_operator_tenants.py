@@ -19,13 +19,15 @@ from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.operator_process import (
     ServingOperator,
+    condition_of_reason,
+    event_messages,
+    event_reasons,
     existing_stage,
     final_stage,
     kubectl_apply,
     read_or_none,
-    ready_reason,
-    stage_condition,
     stage_events,
+    wait_ready,
     watching_operator,
 )
 from tests.fixtures.workers import ROOT
@@ -56,10 +58,6 @@ def _stage(url: str, namespace: str, name: str, **spec: Any) -> list[dict[str, A
     return final_stage(url, namespace, name, processor="tests.processors:ScriptedProcessor", **spec)
 
 
-def _events(api: client.ApiClient, namespace: str, name: str, type_: str) -> list[client.CoreV1Event]:
-    return [e for e in stage_events(api, namespace, name) if e.type == type_]
-
-
 def _groups(connection: sync_redis.Redis, stream: str) -> dict[str, dict[str, Any]]:
     return {g["name"]: g for g in connection.xinfo_groups(stream)} if connection.exists(stream) else {}
 
@@ -82,9 +80,7 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
     for team in teams:
         kubectl_apply(kube_cluster, _stage(url, team, "shared", deletionPolicy="Delete"))
     for team in teams:
-        eventually(
-            lambda t=team: stage_condition(kube_cluster, t, "shared").get("reason") == "StageReady", f"{team} Ready"
-        )
+        wait_ready(kube_cluster, team, "shared")
 
     inputs = {team: f"phoenix:{{{team}}}:shared:input" for team in teams}
     for team in teams:
@@ -108,7 +104,7 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
     connection.rpush("phoenix:{team-b}:shared:record:list", "someone else's list")
 
     assert kube_cluster.kubectl("delete", "phoenixstage", "shared", "-n", "team-b", "--timeout=60s").returncode == 0
-    deleted = [e.message or "" for e in stage_events(kube_api, "team-b", "shared") if e.reason == "RedisDataDeleted"]
+    deleted = event_messages(kube_api, "team-b", "shared", "RedisDataDeleted")
     assert len(deleted) == 1 and "consumer group shared-group" in deleted[0]
     left = sorted(connection.scan_iter(match="phoenix:{team-b}:*"))
     assert left == ["phoenix:{team-b}:shared:record:list", "phoenix:{team-b}:shared:retry"]
@@ -131,7 +127,7 @@ def test_two_namespaces_share_no_key_and_delete_removes_only_its_own(
 
 def _refused(plane: ControlPlane, namespace: str, name: str) -> dict[str, Any]:
     return eventually(
-        lambda: (found := stage_condition(plane, namespace, name)).get("reason") == "KeysHeldByAnotherStage" and found,
+        lambda: condition_of_reason(plane, namespace, name, "KeysHeldByAnotherStage"),
         f"{name} refused its keys",
     )
 
@@ -149,7 +145,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     ns = kube_namespace
     shared_input = f"phoenix:{{{ns}}}:shared:input"
     kubectl_apply(kube_cluster, _stage(url, ns, "shared", deletionPolicy="Delete"))
-    eventually(lambda: ready_reason(kube_cluster, ns, "shared") == "StageReady", "shared Ready")
+    wait_ready(kube_cluster, ns, "shared")
     connection.xadd(shared_input, {"record_id": "r1", "user_id": "u1", "data": "{}"})
     mine = f"phoenix:{{{ns}}}:*"  # the other tests' stages may still be going away, in other namespaces
     before = {key: connection.type(key) for key in connection.scan_iter(match=mine)}
@@ -158,7 +154,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
     refused = _refused(kube_cluster, ns, "intruder")
     assert refused["status"] == "False"
     assert f"held by PhoenixStage {ns}/shared" in refused["message"] and "redis://" not in refused["message"]
-    warnings = eventually(lambda: _events(kube_api, ns, "intruder", "Warning"), "a Warning Event")
+    warnings = eventually(lambda: stage_events(kube_api, ns, "intruder", type_="Warning"), "a Warning Event")
     assert [e.reason for e in warnings] == ["KeysHeldByAnotherStage"]
     assert f"{ns}/shared" in (warnings[0].message or "")
     # Nothing created or changed in Redis, no Deployment for it.
@@ -168,11 +164,7 @@ def test_a_stage_naming_another_stages_input_is_refused_until_the_keys_are_free(
 
     # The holder goes (deletionPolicy Delete takes its keys along): the intruder converges by itself.
     assert kube_cluster.kubectl("delete", "phoenixstage", "shared", "-n", ns, "--timeout=60s").returncode == 0
-    eventually(
-        lambda: ready_reason(kube_cluster, ns, "intruder") == "StageReady",
-        "intruder Ready once the keys are free",
-        timeout=CONVERGE_SECONDS,
-    )
+    wait_ready(kube_cluster, ns, "intruder", timeout=CONVERGE_SECONDS)  # once the keys are free
     assert connection.hgetall(f"phoenix:{{{ns}}}:intruder:owner")["input"] == shared_input
     assert _deployment_exists(kube_api, ns, "intruder")
 
@@ -196,13 +188,13 @@ def test_a_hand_run_workers_keys_are_refused_and_deleting_the_refused_stage_keep
     kubectl_apply(kube_cluster, _stage(url, ns, "router", deletionPolicy="Delete"))
     refused = _refused(kube_cluster, ns, "router")
     assert "no ownership marker" in refused["message"] and f"--namespace {ns} --service router" in refused["message"]
-    eventually(lambda: _events(kube_api, ns, "router", "Warning"), "a Warning Event")
+    eventually(lambda: stage_events(kube_api, ns, "router", type_="Warning"), "a Warning Event")
     assert not _deployment_exists(kube_api, ns, "router")
     assert list(connection.scan_iter(match=f"phoenix:{{{ns}}}:*")) == [own_input]
 
     # Deleting the refused stage is not blocked, and deletes none of the keys it never held.
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
-    kept = [e.message or "" for e in stage_events(kube_api, ns, "router") if e.reason == "RedisDataNotOwned"]
+    kept = event_messages(kube_api, ns, "router", "RedisDataNotOwned")
     assert len(kept) == 1 and "deleted none" in kept[0]
     assert connection.xlen(own_input) == 1
     assert _groups(connection, own_input)["router-group"]["pending"] == 1
@@ -220,7 +212,7 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     url, connection = redis_db
     ns = kube_namespace
     kubectl_apply(kube_cluster, _stage(url, ns, "router"))
-    eventually(lambda: ready_reason(kube_cluster, ns, "router") == "StageReady", "router Ready")
+    wait_ready(kube_cluster, ns, "router")
     connection.xadd(f"phoenix:{{{ns}}}:router:input", {"record_id": "r1", "user_id": "u1", "data": "{}"})
     assert kube_cluster.kubectl("delete", "phoenixstage", "router", "-n", ns, "--timeout=60s").returncode == 0
     # Its Deployment goes by garbage collection (until then the successor leaves it alone: ChildNotOwned).
@@ -228,14 +220,8 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
 
     # Its successor of the same name takes the retained keys over, and says so.
     kubectl_apply(kube_cluster, _stage(url, ns, "router"))
-    eventually(
-        lambda: ready_reason(kube_cluster, ns, "router") == "StageReady",
-        "the successor Ready",
-        timeout=CONVERGE_SECONDS,
-    )
-    adopted = eventually(
-        lambda: [e for e in stage_events(kube_api, ns, "router") if e.reason == "RedisKeysAdopted"], "adopted"
-    )
+    wait_ready(kube_cluster, ns, "router", timeout=CONVERGE_SECONDS)
+    adopted = eventually(lambda: stage_events(kube_api, ns, "router", reason="RedisKeysAdopted"), "adopted")
     assert adopted[0].type == "Normal" and "deleted with Retain" in (adopted[0].message or "")
     uid = existing_stage(kube_cluster, ns, "router")["metadata"]["uid"]
     assert connection.hgetall(f"phoenix:{{{ns}}}:router:owner")["uid"] == uid
@@ -245,9 +231,9 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     connection.xgroup_create("phoenix:grouper:input", "grouper-group", id="0", mkstream=True)
     kubectl_apply(kube_cluster, _stage(url, ns, "grouper"))
     legacy = eventually(
-        lambda: (found := stage_condition(kube_cluster, ns, "grouper")).get("reason") == "LegacyKeysFound" and found,
+        lambda: condition_of_reason(kube_cluster, ns, "grouper", "LegacyKeysFound"),
         "grouper asks for phoenix migrate",
     )
     assert f"phoenix migrate --namespace {ns} --service grouper" in legacy["message"]
-    assert [e.reason for e in _events(kube_api, ns, "grouper", "Warning")] == ["LegacyKeysFound"]
+    assert event_reasons(kube_api, ns, "grouper", "Warning") == ["LegacyKeysFound"]
     assert not connection.exists(f"phoenix:{{{ns}}}:grouper:input", f"phoenix:{{{ns}}}:grouper:owner")

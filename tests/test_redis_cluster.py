@@ -284,6 +284,12 @@ async def test_a_partitioned_pipeline_on_six_nodes_delivers_exactly_once_through
     # The producer API, each batch on a replica before it returns: a SIGKILLed primary loses no record.
     await Producer(client, "pa", partitions=K, min_replicas_ack=1, min_replicas_timeout_ms=5000).send_many(records)
     pool = WorkerPool(cluster.url, tmp_path / "logs")
+    # Above the default 10: each read of a worker's own pending entries counts a delivery of each, and the SIGKILL
+    # makes many. Until the killed primary's replica serves (node timeout 3 s, then the election), each intake read
+    # broken on it sets every lane to read its own pending entries again (worker.py, _reread_own_pending), while the
+    # settler, committing lane after lane, retries the dead lanes' batches and holds back all commits: the entries
+    # stay pending through each re-read, and reclaims after CLAIM_IDLE_MS add theirs. A healthy record must not be
+    # dead-lettered as poison for that (the test counts the DLQ as a loss).
     env = {"MAX_DELIVERIES": "50"}
     try:
         for stage, settings in stages.items():

@@ -12,6 +12,7 @@ import random
 import signal
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -46,6 +47,16 @@ async def enqueue(client: aioredis.Redis, keys: StageKeys, records: list[str], *
 async def arrived(client: aioredis.Redis, streams: list[str]) -> list[tuple[str, str]]:
     """(stream, record id) of every entry of `streams`."""
     return [(s, fields["record_id"]) for s in streams for _, fields in await stream_entries(client, s)]
+
+
+def _stage_p(redis_url: str, **fields: Any) -> WorkerSettings:
+    """Stage p's settings (OutcomeProcessor), for the tests that build a relay or a settler of their own."""
+    return WorkerSettings(service_name="p", processor=OUTCOMES, redis_url=redis_url, **fields)
+
+
+def _two_lanes_to_plain_on_cluster(cluster_url: str, **fields: Any) -> WorkerSettings:
+    """Stage p in two lanes on the cluster node, forwarding to PLAIN: another slot than either lane's, so relayed."""
+    return _stage_p(cluster_url, redis_mode="cluster", partitions=2, output_queue=PLAIN, **fields)
 
 
 def test_partitions_and_output_partitions_are_checked_at_start(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -246,10 +257,8 @@ async def test_with_min_replicas_ack_the_relay_waits_for_replicas_before_it_dele
     text_client = aioredis.Redis.from_url(url, decode_responses=True)
     logged: list[dict[str, object]] = []
     monkeypatch.setattr(relay_module, "log", _Recorder(logged))
-    settings = WorkerSettings(
-        service_name="p",
-        processor=OUTCOMES,
-        redis_url=url,
+    settings = _stage_p(
+        url,
         partitions=2,
         output_queue=input_stream("q"),
         output_partitions=3,
@@ -294,16 +303,7 @@ async def test_on_a_cluster_the_relay_waits_on_the_node_it_wrote_to(
     cluster client): the node has no replica, so the count is 0, logged, and the batch relayed all the same."""
     logged: list[dict[str, object]] = []
     monkeypatch.setattr(relay_module, "log", _Recorder(logged))
-    settings = WorkerSettings(
-        service_name="p",
-        processor=OUTCOMES,
-        redis_url=cluster_url,
-        redis_mode="cluster",
-        partitions=2,
-        output_queue=PLAIN,
-        min_replicas_ack=1,
-        min_replicas_timeout_ms=200,
-    )
+    settings = _two_lanes_to_plain_on_cluster(cluster_url, min_replicas_ack=1, min_replicas_timeout_ms=200)
     routes = lanes.routes(settings.keys, settings.output_partitions, slots_matter=True)
     assert all(r.relayed for r in routes)
     client = connect(settings.redis, decode_responses=False)
@@ -328,16 +328,7 @@ async def test_a_relay_killed_before_its_acknowledgement_writes_a_plain_stream_o
     it again. Each entry's relay marker, set with it in the target's slot, makes the repeat write nothing. The
     scripts are flushed first, as on a primary promoted since: the node is given relay_write.lua (NOSCRIPT)."""
     await cluster.script_flush()
-    settings = WorkerSettings(
-        service_name="p",
-        processor=OUTCOMES,
-        redis_url=cluster_url,
-        redis_mode="cluster",
-        partitions=2,
-        output_queue=PLAIN,
-        claim_idle_ms=1,
-        consumer_name="killed",
-    )
+    settings = _two_lanes_to_plain_on_cluster(cluster_url, claim_idle_ms=1, consumer_name="killed")
     routes = lanes.routes(settings.keys, settings.output_partitions, slots_matter=True)
     assert all(r.relayed for r in routes)
     client = connect(settings.redis, decode_responses=False)
@@ -380,7 +371,7 @@ async def test_a_relayed_target_whose_markers_cannot_be_in_its_slot_is_refused(
     """A plain output hashed whole (no hash tag) with a `}` in its name: its relay markers' tag would end at that
     `}`, in another slot, and the cluster would refuse each write (CROSSSLOT). The worker exits with one line."""
     target = "results}p"
-    settings = WorkerSettings(service_name="p", processor=OUTCOMES, redis_url=cluster_url, output_queue=target)
+    settings = _stage_p(cluster_url, output_queue=target)
     routes = lanes.routes(settings.keys, settings.output_partitions, slots_matter=True)
     assert all(r.relayed for r in routes)
     with pytest.raises(relay_module.UnmarkableTarget):
@@ -431,9 +422,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
 ) -> None:
     """The same commit, by the real Settler, of a lane whose output is in another slot: straight to the output
     the cluster refuses it (CROSSSLOT: nothing written); through the lane's outbox it is written."""
-    settings = WorkerSettings(
-        service_name="p", processor=OUTCOMES, redis_url=cluster_url, partitions=2, output_queue=PLAIN
-    )
+    settings = _two_lanes_to_plain_on_cluster(cluster_url)
     lane = settings.keys.lanes[1]
     assert key_slot(PLAIN.encode()) != key_slot(lane.input.encode())
     raw = aioredis.Redis.from_url(cluster_url, decode_responses=False)

@@ -4,6 +4,7 @@
 #   go_build_begin WHAT BIN WANT BINARY...   (exits when up to date)
 #   the builds (module_src for a command of one published module)
 #   go_build_done WHAT BIN WANT
+# or, for the one command of one published module, its `ldflags` function and module_command (which does all three).
 
 # Where the builds keep their sources and binaries (the scripts' default BINs): PHOENIX_CACHE, else the checkout's
 # .cache.
@@ -108,4 +109,19 @@ module_src() {
   cd "$src" || exit
   go get "$module@v$version"
   go mod tidy
+}
+
+# module_command NAME BIN WANT GO MODULE VERSION [GO BUILD FLAG...]: the whole build of a script whose one command is
+# cmd/NAME of MODULE@vVERSION (go GO): exits when BIN is up to date (go_build_begin), else sets up its source
+# (module_src, in $cache/NAME/src), builds BIN/NAME with the flags the script's function `ldflags` prints (it may
+# read moddir, the module's extracted source) and stamps BIN with WANT.
+module_command() {
+  local name=$1 bin=$2 want=$3 go=$4 module=$5 version=$6 flags
+  shift 6
+  go_build_begin "$name" "$bin" "$want" "$name"
+  module_src "$cache/$name/src" "$go" "$module" "$version" "$module/cmd/$name"
+  flags=$(ldflags)
+  echo "building $name ($want)"
+  go build -trimpath "$@" -ldflags "$flags" -o "$bin/$name" "$module/cmd/$name"
+  go_build_done "$name" "$bin" "$want"
 }
