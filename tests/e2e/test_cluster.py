@@ -27,7 +27,9 @@ pytestmark = pytest.mark.e2e
 STAGE, OUTPUT = "cluster-router", "cluster:routed"
 PARTITIONS = 4
 MAX_REPLICAS = 3
-COPIES = 20
+# 1500 records: at about 20 a second on the CPU-limited pod the backlog lasts over a minute, so the HPA (its sync
+# every 15 s, after KEDA's 0 -> 1) sees the summed lag ask for more pods; 100 were done in 5 s, before any sync.
+COPIES = 300
 
 
 def lag_count(records: int) -> int:
