@@ -99,7 +99,7 @@ def relayed_partitions(owner: Owner, spec: PhoenixStageSpec, output_partitions: 
 
 
 def triggers(
-    owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection, output_partitions: int = 1
+    owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection, relayed: frozenset[int | None]
 ) -> list[dict[str, Any]]:
     """What KEDA scales a stage on; the stage stays up while any of them is active (above zero):
     - lag (entries not yet delivered), the target per pod from spec.autoscaling: the only redis-streams mode that
@@ -114,11 +114,9 @@ def triggers(
     In sentinel mode the same go through the Sentinels (redis-sentinel-streams, redis-sentinel), which name
     the current primary; in cluster mode through the seed nodes (redis-cluster-streams, redis-cluster), which
     route each key to its shard. A stage of K > 1 partitions has them per partition, named
-    lag<p>/pending<p>/retry<p>/outbox<p> for the formula that sums them (scaling_modifiers). `output_partitions`:
-    the partitions of the stage `output.stage` names (OUTPUT_PARTITIONS). KEDA trigger metadata values are all
-    strings."""
+    lag<p>/pending<p>/retry<p>/outbox<p> for the formula that sums them (scaling_modifiers). `relayed`: the
+    stage's relayed_partitions. KEDA trigger metadata values are all strings."""
     lanes = resolve_streams(owner.name, owner.namespace, spec).lanes
-    relayed = relayed_partitions(owner, spec, output_partitions)
     connection_metadata = _connection_metadata(spec, connection)
     streams_type, list_type = TRIGGER_TYPES[spec.redis.mode]
     auth: dict[str, Any] = {}
@@ -196,6 +194,7 @@ def build_scaled_object(
             "four triggers per partition, polled every pollingInterval); use fewer partitions, or set "
             "autoscaling.enabled=false"
         )
+    relayed = relayed_partitions(owner, spec, output_partitions)
     annotations = None
     if spec.paused:
         # paused-replicas makes KEDA hold the Deployment at 0 instead of fighting the operator's 0.
@@ -210,10 +209,10 @@ def build_scaled_object(
             "maxReplicaCount": spec.replicas.max,
             "pollingInterval": spec.autoscaling.polling_interval,
             "cooldownPeriod": spec.autoscaling.cooldown_period,
-            "triggers": triggers(owner, spec, connection, output_partitions),
+            "triggers": triggers(owner, spec, connection, relayed),
         },
     }
-    if (modifiers := scaling_modifiers(spec, relayed_partitions(owner, spec, output_partitions))) is not None:
+    if (modifiers := scaling_modifiers(spec, relayed)) is not None:
         scaled_object["spec"]["advanced"] = {"scalingModifiers": modifiers}
     return scaled_object
 
