@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from phoenix.kube_names import STAGE_LABEL
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 MANIFESTS = REPO_ROOT / "manifests"
 # The upstream names in the manifests; the e2e overrides them with kustomize, as a user pointing at a registry would.
@@ -99,6 +101,18 @@ def port_forward(namespace: str, target: str, port: int) -> Iterator[int]:
 
 def pods(namespace: str, selector: str) -> list[dict[str, Any]]:
     return kubectl_json("get", "pods", "-n", namespace, "-l", selector)["items"]
+
+
+def stage_pods(namespace: str, stage: str) -> list[dict[str, Any]]:
+    return pods(namespace, f"{STAGE_LABEL}={stage}")
+
+
+def delete_stage(namespace: str, stage: str, timeout: int = 180) -> None:
+    """Delete a test's own stage and wait until its workers are gone, so that the next test (the report's, which lists
+    every worker pod of the namespace) finds the namespace as the pipeline fixture made it."""
+    kubectl("delete", "-n", namespace, "phoenixstage", stage, "--ignore-not-found", f"--timeout={timeout}s")
+    gone = ("wait", "-n", namespace, "--for=delete", "pod", "-l", f"{STAGE_LABEL}={stage}", f"--timeout={timeout}s")
+    kubectl(*gone, timeout=timeout + 30)
 
 
 def is_ready(pod: dict[str, Any]) -> bool:

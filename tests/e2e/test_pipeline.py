@@ -9,7 +9,7 @@ import pytest
 import redis as redis_client
 
 from phoenix.stages.data_keys import grouped_key
-from tests.e2e.kubectl import is_ready, kubectl, pods
+from tests.e2e.kubectl import is_ready, kubectl, stage_pods
 from tests.e2e.pipeline import (
     NAMESPACE,
     Pipeline,
@@ -30,7 +30,7 @@ PROCESS_FACTS = (
 
 
 def test_worker_runs_non_root_read_only_without_capabilities(pipeline: Pipeline) -> None:
-    (router, *_) = [pod for pod in pods(NAMESPACE, "phoenix.io/stage=router") if is_ready(pod)]
+    (router, *_) = [pod for pod in stage_pods(NAMESPACE, "router") if is_ready(pod)]
     facts = json.loads(
         kubectl("exec", "-n", NAMESPACE, router["metadata"]["name"], "--", "python3", "-c", PROCESS_FACTS)
     )

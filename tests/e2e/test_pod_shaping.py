@@ -16,8 +16,9 @@ import redis as redis_client
 import yaml
 
 from phoenix.keys import StageKeys
+from phoenix.kube_names import STAGE_LABEL
 from phoenix.worker_runtime.locks import committed_by
-from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods
+from tests.e2e.kubectl import apply_documents, delete_stage, is_ready, kubectl, kubectl_json, pods, stage_pods
 from tests.e2e.pipeline import NAMESPACE, Pipeline, stage_document
 from tests.fixtures.replies import add_entry_now, get_text_now
 
@@ -126,10 +127,6 @@ def _objects() -> list[dict[str, Any]]:
     ]
 
 
-def _stage_pods() -> list[dict[str, Any]]:
-    return pods(NAMESPACE, f"phoenix.io/stage={STAGE}")
-
-
 def _until(condition: Any, what: str, timeout: float) -> Any:
     deadline = time.monotonic() + timeout
     while not (found := condition()):
@@ -143,9 +140,9 @@ def _until(condition: Any, what: str, timeout: float) -> Any:
 def longjob(pipeline: Pipeline, phoenix_image: str) -> Iterator[None]:
     apply_documents([*_objects(), longjob_stage(phoenix_image, replicas=2)], NAMESPACE)
     kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=180s", f"phoenixstage/{STAGE}", timeout=210)
-    _until(lambda: sum(is_ready(pod) for pod in _stage_pods()) == 2, "both longjob pods ready", 180)
+    _until(lambda: sum(is_ready(pod) for pod in stage_pods(NAMESPACE, STAGE)) == 2, "both longjob pods ready", 180)
     yield
-    kubectl("delete", "-n", NAMESPACE, "phoenixstage", STAGE, "--wait=false")
+    delete_stage(NAMESPACE, STAGE)
     kubectl("delete", "priorityclass", PRIORITY_CLASS, "--ignore-not-found", "--wait=false")
 
 
@@ -158,12 +155,12 @@ def test_the_namespace_enforces_restricted_and_every_worker_pod_is_admitted(long
         ]
         assert not failures, f"{replica_set['metadata']['name']}: {failures}"
     workers = pods(NAMESPACE, "app.kubernetes.io/name=phoenix-worker")
-    assert {pod["metadata"]["labels"]["phoenix.io/stage"] for pod in workers} >= {STAGE}
-    assert all(is_ready(pod) for pod in workers if pod["metadata"]["labels"]["phoenix.io/stage"] == STAGE)
+    assert {pod["metadata"]["labels"][STAGE_LABEL] for pod in workers} >= {STAGE}
+    assert all(is_ready(pod) for pod in workers if pod["metadata"]["labels"][STAGE_LABEL] == STAGE)
 
 
 def test_a_stage_with_spec_pod_runs_shaped_as_asked(longjob: None) -> None:
-    for pod in _stage_pods():
+    for pod in stage_pods(NAMESPACE, STAGE):
         spec, meta = pod["spec"], pod["metadata"]
         assert spec["imagePullSecrets"] == [{"name": "longjob-registry"}]
         assert spec["serviceAccountName"] == "longjob"
@@ -223,7 +220,7 @@ def test_a_long_job_survives_a_scale_in(longjob: None, redis: redis_client.Redis
     apply_documents([longjob_stage(phoenix_image, replicas=1)], NAMESPACE)
 
     def terminating() -> dict[str, Any] | None:
-        gone = [pod for pod in _stage_pods() if pod["metadata"].get("deletionTimestamp")]
+        gone = [pod for pod in stage_pods(NAMESPACE, STAGE) if pod["metadata"].get("deletionTimestamp")]
         return gone[0] if gone else None
 
     going = _until(terminating, "a pod to be scaled in", 60)
@@ -238,7 +235,7 @@ def test_a_long_job_survives_a_scale_in(longjob: None, redis: redis_client.Redis
     # Committed by the going pod itself: acknowledged, never delivered to another consumer.
     assert redis.xpending(keys.input, keys.consumer_group)["pending"] <= 1
     assert not redis.xpending_range(keys.input, keys.consumer_group, entry, entry, 1)
-    _until(lambda: not any(pod["metadata"]["name"] == name for pod in _stage_pods()), f"{name} gone", 60)
+    _until(lambda: not any(pod["metadata"]["name"] == name for pod in stage_pods(NAMESPACE, STAGE)), f"{name} gone", 60)
     other = next(r for r in records if r != record)
     _until(
         lambda: committed_by(get_text_now(redis, keys.record_prefix + other)) == records[other],

@@ -8,7 +8,15 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.kubectl import apply_documents, is_ready, kubectl, pods, printed_columns, wait_rollout
+from tests.e2e.kubectl import (
+    apply_documents,
+    delete_stage,
+    is_ready,
+    kubectl,
+    printed_columns,
+    stage_pods,
+    wait_rollout,
+)
 from tests.e2e.pipeline import NAMESPACE, RESTRICTED, Pipeline
 from tests.fixtures.eventually import eventually
 
@@ -75,12 +83,12 @@ def probed_stage(pipeline: Pipeline, phoenix_image: str, valkey_image: str) -> I
     wait_rollout(NAMESPACE, REDIS)
     apply_documents([stage], NAMESPACE)
     yield
-    kubectl("delete", "-n", NAMESPACE, "phoenixstage", STAGE, "--wait=false")
+    delete_stage(NAMESPACE, STAGE)
     kubectl("delete", "-n", NAMESPACE, "deployment,service,secret", REDIS, "--wait=false")
 
 
 def worker() -> dict[str, Any] | None:
-    found = pods(NAMESPACE, f"phoenix.io/stage={STAGE}")
+    found = stage_pods(NAMESPACE, STAGE)
     return found[0] if len(found) == 1 else None
 
 

@@ -12,7 +12,7 @@ import redis as redis_client
 
 from phoenix.stages.data_keys import grouped_key
 from phoenix.stages.samples import ensure_samples
-from tests.e2e.kubectl import is_ready, kubectl, kubectl_json, pods, wait_rollout
+from tests.e2e.kubectl import is_ready, kubectl, kubectl_json, stage_pods, wait_rollout
 from tests.e2e.pipeline import (
     DOCUMENTS_URL,
     NAMESPACE,
@@ -32,7 +32,7 @@ OPERATOR = ("-n", "phoenix-system", "-l", "app.kubernetes.io/name=phoenix-operat
 
 
 def ready_pods(name: str) -> list[str]:
-    return [pod["metadata"]["name"] for pod in pods(NAMESPACE, f"phoenix.io/stage={name}") if is_ready(pod)]
+    return [pod["metadata"]["name"] for pod in stage_pods(NAMESPACE, name) if is_ready(pod)]
 
 
 def test_force_deleted_worker_and_deleted_operator_lose_and_duplicate_nothing(
@@ -101,7 +101,7 @@ def test_restart_annotation_replaces_the_pods_with_a_new_replica_set(
         timeout=180,
     )
     eventually(
-        lambda: not old_pods & {p["metadata"]["name"] for p in pods(NAMESPACE, "phoenix.io/stage=router")},
+        lambda: not old_pods & {p["metadata"]["name"] for p in stage_pods(NAMESPACE, "router")},
         "the old pods to be gone",
         timeout=180,
     )

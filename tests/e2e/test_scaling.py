@@ -17,7 +17,15 @@ import redis as redis_client
 
 from phoenix.keys import StageKeys
 from phoenix.worker_runtime.locks import committed_by
-from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, pods, printed_columns
+from tests.e2e.kubectl import (
+    apply_documents,
+    delete_stage,
+    is_ready,
+    kubectl,
+    kubectl_json,
+    printed_columns,
+    stage_pods,
+)
 from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents, stage_document
 from tests.fixtures.replies import add_entry_now, get_text_now, read_group_now
 
@@ -65,7 +73,7 @@ class Timeline:
 
     def sample(self) -> Sample:
         deployment = kubectl_json("get", "deployment", "-n", NAMESPACE, STAGE)
-        ready = sum(is_ready(pod) for pod in pods(NAMESPACE, f"phoenix.io/stage={STAGE}"))
+        ready = sum(is_ready(pod) for pod in stage_pods(NAMESPACE, STAGE))
         printed = printed_columns("phoenixstage", "-n", NAMESPACE, STAGE)
         sample = Sample(time.monotonic() - self.start, deployment["spec"].get("replicas", 0), ready, printed)
         self.samples.append(sample)
@@ -88,7 +96,7 @@ def scaler(pipeline: Pipeline, phoenix_image: str) -> Iterator[None]:
     apply_documents([scaler_stage(phoenix_image)], NAMESPACE)
     kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "--timeout=120s", f"phoenixstage/{STAGE}")
     yield
-    kubectl("delete", "-n", NAMESPACE, "phoenixstage", STAGE, "--wait=false")
+    delete_stage(NAMESPACE, STAGE)
 
 
 def stage_keys() -> StageKeys:
