@@ -23,12 +23,13 @@ from phoenix.keys import StageKeys, input_stream, partition_of
 from phoenix.redis_spec import connect
 from phoenix.worker_runtime import lanes, metrics
 from phoenix.worker_runtime import relay as relay_module
+from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
-from tests.fixtures.replies import get_text, raw_stream_entries, stream_entries
+from tests.fixtures.replies import get_text, raw_stream_entries, read_group, stream_entries
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 from tests.processors import OutcomeProcessor
 
@@ -188,6 +189,98 @@ async def _committed(client: aioredis.Redis, stage: StageKeys, record: str) -> b
 async def _unread_or_pending(client: aioredis.Redis, lane: StageKeys) -> int:
     (group,) = await client.xinfo_groups(lane.input)
     return int(group["lag"]) + int(group["pending"])
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("server", ["single", "cluster"])
+async def test_a_full_partition_downstream_holds_back_only_the_lane_that_feeds_it(
+    server: str, redis: aioredis.Redis, redis_url: str, cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """K=4 -> K=4 with OUTPUT_HIGH_WATER=400: each lane's share is 100. Partition 0 of the next stage holds 150 unread
+    entries, the others none: lane 0 reads nothing and reports the pause, lanes 1-3 forward all they have; once
+    partition 0 is read, lane 0 resumes and every record arrives once. On a single Redis the open lanes wait in
+    one XREADGROUP, on the cluster node one lane at a time: both pass the held lane by."""
+    on_cluster = server == "cluster"
+    if on_cluster:
+        redis, redis_url = cluster, cluster_url
+    stage, nxt = StageKeys.for_stage("p", partitions=4), StageKeys.for_stage("q", partitions=4)
+    for lane in nxt.lanes:  # stage q exists, stopped
+        await redis.xgroup_create(lane.input, nxt.consumer_group, id="0", mkstream=True)
+    backlog = [await redis.xadd(nxt.lanes[0].input, {"record_id": f"old{i}", "user_id": "u"}) for i in range(150)]
+    by_lane: dict[int | None, list[str]] = {p: [] for p in range(4)}
+    for record in (f"r{i}" for i in range(2000)):
+        if len(of_lane := by_lane[stage.lane_of(record).partition]) < 40:
+            of_lane.append(record)
+    async with running_worker(
+        redis_url,
+        "p",
+        OutcomeProcessor,
+        partitions=4,
+        output_queue=input_stream("q"),
+        output_partitions=4,
+        output_high_water=400,
+        backpressure_interval=0.1,
+        redis_mode="cluster" if on_cluster else "standalone",
+        block_ms=100,
+        concurrency=8,
+    ) as worker:
+        bp = worker.backpressure
+        await wait_until(lambda: _held(worker, [0]), "lane 0 held, the others not", 10)
+        await asyncio.sleep(0.3)  # a blocking read begun before the pause (BLOCK_MS) has returned
+        await enqueue(redis, stage, [r for records in by_lane.values() for r in records])
+        others = [r for p in (1, 2, 3) for r in by_lane[p]]
+        await wait_until(lambda: _all_committed(redis, stage, others), "lanes 1-3 through", 30)
+        await asyncio.sleep(0.5)  # several measurements: lane 0 stays held
+        assert await _held(worker, [0])
+        assert await _unread_or_pending(redis, stage.lanes[0]) == 40  # read by nobody
+        assert int(await redis.get(stage.lanes[0].backpressure) or 0) >= 150
+        assert not any([await redis.exists(lane.backpressure) for lane in stage.lanes[1:]])
+
+        # Stage q reads its partition 0: below the lane's low-water share (80), lane 0 reads again.
+        read = await read_group(redis, nxt.consumer_group, "q-1", nxt.lanes[0].input, len(backlog))
+        assert len(read) == len(backlog)
+        await redis.xack(nxt.lanes[0].input, nxt.consumer_group, *[entry_id for entry_id, _ in read])
+        await wait_until(lambda: _all_committed(redis, stage, by_lane[0]), "lane 0 through after the resume", 30)
+        assert not bp.holds(0) and not await redis.exists(stage.lanes[0].backpressure)
+    forwarded = await arrived(redis, [lane.input for lane in nxt.lanes])
+    assert sorted(r for _, r in forwarded if r.startswith("r")) == sorted(r for rs in by_lane.values() for r in rs)
+    assert all(stream == nxt.lane_of(record).input for stream, record in forwarded if record.startswith("r"))
+
+
+async def test_a_small_mark_shared_by_many_partitions_still_pauses_and_resumes(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """OUTPUT_HIGH_WATER=4 over 8 partitions: a lane's share rounds up to 1 entry and its low water to 1, so a lane
+    pauses on one unread entry of its partition and reads again once that is read (a low water of 0 never would).
+    Towards a stage of another partition count the lanes share one count of the whole output."""
+    nxt = StageKeys.for_stage("q", partitions=8)
+    settings = _stage_p(
+        redis_url, partitions=8, output_queue=input_stream("q"), output_partitions=8, output_high_water=4
+    )
+    bp = Backpressure(redis, settings, lanes.routes(settings.keys, 8, slots_matter=False))
+    await redis.xgroup_create(nxt.lanes[3].input, nxt.consumer_group, id="0", mkstream=True)
+    entry = await redis.xadd(nxt.lanes[3].input, {"record_id": "x", "user_id": "u"})
+    await bp.measure()
+    assert [p for p in range(8) if bp.holds(p)] == [3] and not bp.holds_all
+    await read_group(redis, nxt.consumer_group, "q-1", nxt.lanes[3].input, 1)
+    await redis.xack(nxt.lanes[3].input, nxt.consumer_group, entry)
+    await bp.measure()
+    assert not any(bp.holds(p) for p in range(8))
+
+    spread = _stage_p(redis_url, partitions=8, output_queue=input_stream("q"), output_partitions=3, output_high_water=2)
+    shared = Backpressure(redis, spread, lanes.routes(spread.keys, 3, slots_matter=False))
+    await redis.xadd(input_stream("q", partition=1), {"record_id": "y", "user_id": "u"})
+    await redis.xadd(input_stream("q", partition=2), {"record_id": "z", "user_id": "u"})
+    await shared.measure()
+    assert shared.holds_all
+
+
+async def _held(worker: Any, lanes: list[int]) -> bool:
+    return [lane.index for lane in worker.lanes if worker.backpressure.holds(lane.index)] == lanes
+
+
+async def _all_committed(client: aioredis.Redis, stage: StageKeys, records: list[str]) -> bool:
+    return all([await _committed(client, stage, record) for record in records])
 
 
 @pytest.mark.timeout(90)

@@ -1,10 +1,15 @@
 """Backpressure: a stage whose output holds too many unfinished entries stops reading until it drains.
 
-A background job measures the output stream every BACKPRESSURE_INTERVAL (one round trip); between two
+A background job measures the output streams every BACKPRESSURE_INTERVAL (one round trip each); between two
 measurements the worker adds what it forwarded itself, so it stops close to OUTPUT_HIGH_WATER even at tens of
-thousands of messages a second. The intake loop only looks at a flag. In-flight work still commits.
-While paused, the worker publishes the figure at `StageKeys.backpressure` (with a TTL, so a dead worker's
-report vanishes), which the operator shows as the Backpressure condition.
+thousands of messages a second. The intake loop only looks at flags. In-flight work still commits.
+The pause is per partition where the output is: when each lane's results go to one partition of the next stage
+(K -> K), lane p counts partition p of the output (and its own outbox) against its share of the mark,
+OUTPUT_HIGH_WATER / K, and pauses alone, so one slow partition downstream holds back only the lane that feeds it.
+Otherwise (one output stream, or results spread over another partition count) the lanes share one count, the
+whole output and every outbox, against the whole mark.
+While paused, a lane publishes the figure at its `StageKeys.backpressure` (with a TTL, so a dead worker's report
+vanishes), which the operator shows as the Backpressure condition.
 An output that no consumer group reads is the exception: nothing ever finishes its entries, so with
 OUTPUT_RETENTION set they do not count (the retention bounds the stream, trim.py); without it they all do, and the
 stage pauses at the high-water mark until a group reads the stream (the Trimmer warns about it).
@@ -14,7 +19,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import structlog
 from redis.asyncio import Redis
@@ -47,82 +54,128 @@ async def unfinished_entries(client: Redis, stream: str, *, retained: bool = Fal
     return max(length if g.get("lag") is None else int(g["lag"]) + int(g["pending"]) for g in groups)
 
 
+@dataclass(eq=False)
+class _Gauge:
+    """The lanes that fill the same output streams, paused and resumed together against their share of the marks."""
+
+    name: str  # for the log: OUTPUT_QUEUE, or the one partition of it these lanes feed
+    lanes: tuple[int, ...]  # indexes in the stage's routes
+    streams: tuple[str, ...]  # where their results wait for the next stage
+    outboxes: tuple[str, ...]  # where their relayed results wait for the relay: always counted
+    report_keys: tuple[str, ...]
+    high: int
+    low: int
+    # True while the streams are bounded by OUTPUT_RETENTION rather than read: forwards then count for nothing.
+    uncounted: bool
+    measured: int = 0
+    forwarded_since: int = 0
+    paused: bool = False
+
+
+def _gauges(settings: WorkerSettings, routes: Sequence[Route]) -> tuple[_Gauge, ...]:
+    """One gauge per output stream when each lane forwards to a partition of its own, else one for the stage."""
+    s, output = settings, Output.of(settings)
+    everything = output.streams
+    by_target: dict[str | None, list[int]] = {}
+    for index, route in enumerate(routes):
+        by_target.setdefault(output.target_of_lane(route.keys), []).append(index)
+    gauges = []
+    for target, members in by_target.items():
+        streams = (target,) if target else everything
+        share = len(streams) / len(everything) if everything else 1.0
+        gauges.append(
+            _Gauge(
+                name=target or s.output_queue,
+                lanes=tuple(members),
+                streams=streams,
+                outboxes=tuple(routes[i].keys.outbox for i in members if routes[i].relayed),
+                report_keys=tuple(routes[i].keys.backpressure for i in members),
+                high=math.ceil(s.output_high_water * share),
+                # At least 1: "below 0" would never resume (a small mark, or its share of K partitions).
+                low=max(1, math.floor((s.output_low_water or 0) * share)),
+                uncounted=bool(s.output_retention),  # assumed until the first measurement tells
+            )
+        )
+    return tuple(gauges)
+
+
 class Backpressure:
     def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
         """Measures every stream the stage's results wait in: the output (each partition of a partitioned next
-        stage) and the outbox of each relayed lane of `routes`, summed against the marks."""
+        stage) and the outbox of each relayed lane of `routes`."""
         s = settings
         self._client = client
-        self._output = s.output_queue
-        self._streams = Output.of(s).streams
-        self._outboxes = tuple(r.keys.outbox for r in routes if r.relayed)
         self._retained = bool(s.output_retention)
-        # True while the output is bounded by OUTPUT_RETENTION rather than read: forwards then count for nothing.
-        # Assumed from the start when a retention is set, until the first measurement tells.
-        self._uncounted = self._retained
-        self._high = s.output_high_water
-        self._low = s.output_low_water or 0
-        # Each lane's report key (the operator reads any): the pause holds for the stage as a whole.
-        self._report_keys = tuple(r.keys.backpressure for r in routes)
+        self._gauges = _gauges(s, routes)
+        self._gauge_of_lane = {lane: gauge for gauge in self._gauges for lane in gauge.lanes}
         self._report_ttl = max(_MIN_REPORT_TTL_SECONDS, round(_REPORT_TTL_INTERVALS * s.backpressure_interval))
         self.enabled = bool(s.output_queue and s.output_high_water)
-        self._measured = 0
-        self._forwarded_since = 0
-        self.paused = False
         self._resumed = asyncio.Event()
         self._m_paused = metrics.BACKPRESSURE.labels(s.service_name)
         self._m_unfinished = metrics.OUTPUT_UNFINISHED.labels(s.service_name)
         self._m_paused.set(0)
 
-    def note_forwarded(self, count: int) -> None:
-        """Entries this worker just added to the output: counted until the next measurement sees them."""
-        self._forwarded_since += count
-        if (
-            self.enabled
-            and not self._uncounted
-            and not self.paused
-            and self._measured + self._forwarded_since >= self._high
-        ):
-            self._pause(self._measured + self._forwarded_since)
+    def holds(self, lane: int) -> bool:
+        """The lane reads nothing new: what it feeds is over its mark."""
+        return self._gauge_of_lane[lane].paused
+
+    @property
+    def holds_all(self) -> bool:
+        return all(gauge.paused for gauge in self._gauges)
+
+    def note_forwarded(self, lane: int, count: int) -> None:
+        """Entries the lane just added to the output: counted until the next measurement sees them."""
+        gauge = self._gauge_of_lane[lane]
+        gauge.forwarded_since += count
+        if not self.enabled or gauge.uncounted or gauge.paused:
+            return
+        if gauge.measured + gauge.forwarded_since >= gauge.high:
+            self._pause(gauge, gauge.measured + gauge.forwarded_since)
 
     async def wait_resumed(self, timeout: float) -> None:
-        if self.paused:
+        """Wait until a lane reads again (the intake loop, while every lane is held)."""
+        if self.holds_all:
             self._resumed.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._resumed.wait(), timeout)
 
     async def measure(self) -> None:
-        """The background job: measure, pause or resume, and refresh the report while paused."""
-        # Forwards noted before the measurement are committed, hence in it; those noted meanwhile may not be.
-        counted = self._forwarded_since
-        measured = [await unfinished_entries(self._client, stream, retained=self._retained) for stream in self._streams]
-        # An outbox always counts: what it holds is not yet where it goes.
-        outboxes = [await unfinished_entries(self._client, outbox) or 0 for outbox in self._outboxes]
-        self._uncounted = all(m is None for m in measured)
-        unfinished = sum(m or 0 for m in measured) + sum(outboxes)
-        self._measured = unfinished
-        self._forwarded_since -= counted
-        self._m_unfinished.set(unfinished)
-        if self.paused and unfinished < self._low:
-            self.paused = False
-            self._m_paused.set(0)
-            self._resumed.set()
-            for key in self._report_keys:
-                await self._client.delete(key)
-            log.info("backpressure_resumed", output=self._output, unfinished=unfinished, low_water=self._low)
-        elif not self.paused and unfinished >= self._high:
-            self._pause(unfinished)
-        if self.paused:
-            for key in self._report_keys:
-                await self._client.set(key, unfinished, ex=self._report_ttl)
+        """The background job: measure, pause or resume each gauge, and refresh the reports of the paused ones."""
+        for gauge in self._gauges:
+            await self._measure(gauge)
+        self._m_unfinished.set(sum(gauge.measured for gauge in self._gauges))
+        self._m_paused.set(int(any(gauge.paused for gauge in self._gauges)))
 
-    def _pause(self, unfinished: int) -> None:
-        self.paused = True
+    async def _measure(self, gauge: _Gauge) -> None:
+        # Forwards noted before the measurement are committed, hence in it; those noted meanwhile may not be.
+        counted = gauge.forwarded_since
+        client = self._client
+        measured = [await unfinished_entries(client, stream, retained=self._retained) for stream in gauge.streams]
+        # An outbox always counts: what it holds is not yet where it goes.
+        outboxes = [await unfinished_entries(client, outbox) or 0 for outbox in gauge.outboxes]
+        gauge.uncounted = all(m is None for m in measured)
+        unfinished = sum(m or 0 for m in measured) + sum(outboxes)
+        gauge.measured = unfinished
+        gauge.forwarded_since -= counted
+        if gauge.paused and unfinished < gauge.low:
+            gauge.paused = False
+            self._resumed.set()
+            for key in gauge.report_keys:
+                await client.delete(key)
+            log.info("backpressure_resumed", output=gauge.name, unfinished=unfinished, low_water=gauge.low)
+        elif not gauge.paused and unfinished >= gauge.high:
+            self._pause(gauge, unfinished)
+        if gauge.paused:
+            for key in gauge.report_keys:
+                await client.set(key, unfinished, ex=self._report_ttl)
+
+    def _pause(self, gauge: _Gauge, unfinished: int) -> None:
+        gauge.paused = True
         self._m_paused.set(1)
         log.warning(
             "backpressure_paused",
-            output=self._output,
+            output=gauge.name,
             unfinished=unfinished,
-            high_water=self._high,
-            low_water=self._low,
+            high_water=gauge.high,
+            low_water=gauge.low,
         )

@@ -449,8 +449,8 @@ class Worker:
                 # Open, or all half-open trials running: pull no new work until the breaker lets calls through.
                 await asyncio.sleep(min(1.0, self.breaker.seconds_until_half_open() or 0.2))
                 continue
-            if self.backpressure.paused:
-                # The output is over OUTPUT_HIGH_WATER: read nothing new until the next stage catches up.
+            if self.backpressure.holds_all:
+                # What every lane feeds is over OUTPUT_HIGH_WATER: read nothing until the next stage catches up.
                 await self.backpressure.wait_resumed(1.0)
                 continue
             n = await self._reserve(self._read_batch if trial_slots is None else min(self._read_batch, trial_slots))
@@ -491,6 +491,8 @@ class Worker:
         for _ in all_lanes:
             lane = all_lanes[self._turn]
             self._turn = (self._turn + 1) % len(all_lanes)
+            if self.backpressure.holds(lane.index):
+                continue  # the partition of the output it feeds is over its mark
             if lane.reread_own_pending:
                 lane.reread_own_pending, lane.cursor = False, "0"
             if lane.cursor != ">":
@@ -508,19 +510,23 @@ class Worker:
         await self._wait_for_new(n)
 
     async def _wait_for_new(self, n: int) -> None:
-        """Every lane was empty: block until new entries come. On a single Redis one XREADGROUP waits on every
-        lane at once (n // lanes entries of each at most, so CONCURRENCY holds); on a cluster, or with fewer
-        slots than lanes, one lane waits _LANE_BLOCK_MS, the next lane next time."""
-        s, all_lanes = self.settings, self.lanes
-        if not self._slots_matter and n >= len(all_lanes):
-            streams = [lane.keys.input for lane in all_lanes]
-            count = n // len(all_lanes)
+        """Every lane not held by backpressure was empty: block until new entries come. On a single Redis one
+        XREADGROUP waits on every such lane at once (n // lanes entries of each at most, so CONCURRENCY holds); on a
+        cluster, or with fewer slots than lanes, one lane waits _LANE_BLOCK_MS, the next lane next time."""
+        s, all_lanes, backpressure = self.settings, self.lanes, self.backpressure
+        open_lanes = [lane for lane in all_lanes if not backpressure.holds(lane.index)]
+        if not open_lanes:
+            return  # held since the turn began: the intake loop waits for a resume
+        if not self._slots_matter and n >= len(open_lanes):
+            streams = [lane.keys.input for lane in open_lanes]
+            count = n // len(open_lanes)
             for stream, entries in await read_groups(
                 self.redis, s.consumer_group, s.consumer_name, streams, count, s.block_ms
             ):
                 await self._dispatch(self._lane_of_stream[stream], entries, None)
             return
-        lane = all_lanes[self._turn]
+        while backpressure.holds((lane := all_lanes[self._turn]).index):
+            self._turn = (self._turn + 1) % len(all_lanes)
         self._turn = (self._turn + 1) % len(all_lanes)
         block = min(s.block_ms, _LANE_BLOCK_MS)
         new = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, ">", n, block)
@@ -685,7 +691,7 @@ class Worker:
         if lines:
             log_info_lines(lines)
         self._m_processed.inc(processed)
-        self.backpressure.note_forwarded(processed)
+        self.backpressure.note_forwarded(lane.index, processed)
         self._m_duplicate.inc(duplicates)
         self._release(len(batch))
 
