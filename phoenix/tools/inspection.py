@@ -17,6 +17,7 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.worker_runtime.lanes import Output
 from phoenix.worker_runtime.locks import committed_by, lock_holder, locked_by
 from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
 from phoenix.worker_runtime.reclaim import id_order
@@ -175,7 +176,7 @@ async def inspect_record(
             )
         )
     if s.output_queue:
-        output = s.output_of(record_id)
+        output = Output.of(s).target(record_id)
         async for entry_id, fields in entries_of(client, output, record_id, scan_limit):
             report.saw_trace(fields)
             report.forwarded.append(Forwarded(output, entry_id, _age(entry_id, now_ms)))

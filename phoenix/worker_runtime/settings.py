@@ -15,7 +15,6 @@ from phoenix.keys import (
     MAX_PARTITIONS,
     NAMESPACE_PATTERN,
     StageKeys,
-    forward_stream,
     input_stream,
     stage_of_input,
 )
@@ -245,15 +244,6 @@ class WorkerSettings(BaseSettings):
             output=self.output_queue,
             partitions=self.partitions,
         )
-
-    def output_of(self, record_id: str) -> str:
-        """The stream the record's result goes to: OUTPUT_QUEUE, or, when that is the input of a stage of
-        OUTPUT_PARTITIONS > 1 partitions, the record's partition of it."""
-        next_stage = stage_of_input(self.output_queue) if self.output_partitions > 1 else None
-        if next_stage is None:
-            return self.output_queue
-        namespace, name = next_stage
-        return forward_stream(name, namespace, record_id, self.output_partitions)
 
     @property
     def retention(self) -> Retention | None:
