@@ -697,6 +697,21 @@ def test_changed_status_moves_the_transition_time_in_place() -> None:
     assert changed[1] == conditions[1]
 
 
+def test_the_scale_down_window_is_the_hpa_behavior_and_unsetting_it_nulls_it() -> None:
+    """KEDA passes advanced.horizontalPodAutoscalerConfig.behavior to the HPA it owns; a stage whose window is
+    unset again gets the HPA's default back (the merge patch nulls the behavior, it would stay otherwise)."""
+    connection = connection_of("redis://:pw@redis:6379/0")
+    windowed = make_spec(redis=REDIS_WITH_PASSWORD, autoscaling={"scaleDownStabilizationSeconds": 30})
+    behavior = {"behavior": {"scaleDown": {"stabilizationWindowSeconds": 30}}}
+    assert build_scaled_object(OWNER, windowed, connection)["spec"]["advanced"] == {
+        "horizontalPodAutoscalerConfig": behavior
+    }
+    patch = scaled_object_patch(build_scaled_object(OWNER, make_spec(redis=REDIS_WITH_PASSWORD), connection))
+    assert patch["spec"]["advanced"]["horizontalPodAutoscalerConfig"] is None
+    with pytest.raises(ValidationError, match="scaleDownStabilizationSeconds"):
+        make_spec(autoscaling={"scaleDownStabilizationSeconds": 3601})
+
+
 def test_unpausing_patch_removes_the_pause_annotations() -> None:
     connection = connection_of("redis://:pw@redis:6379/0")
     unpaused = build_scaled_object(OWNER, make_spec(redis=REDIS_WITH_PASSWORD), connection)
@@ -705,7 +720,8 @@ def test_unpausing_patch_removes_the_pause_annotations() -> None:
         "autoscaling.keda.sh/paused": None,
         "autoscaling.keda.sh/paused-replicas": None,
     }
-    assert patch["spec"] == {**unpaused["spec"], "advanced": {"scalingModifiers": None}}  # no formula: nulled
+    nulled = {"scalingModifiers": None, "horizontalPodAutoscalerConfig": None}  # no formula, no HPA behavior
+    assert patch["spec"] == {**unpaused["spec"], "advanced": nulled}
     paused = build_scaled_object(OWNER, make_spec(paused=True, redis=REDIS_WITH_PASSWORD), connection)
     assert scaled_object_patch(paused)["metadata"]["annotations"] == {
         "autoscaling.keda.sh/paused": "true",

@@ -76,13 +76,15 @@ def test_the_scaled_object_of_a_relayed_partitioned_cluster_stage_is_admitted(
     kube_cluster: ControlPlane, kube_namespace: str
 ) -> None:
     """A cluster stage of 3 partitions forwarding to a plain stream (another slot: every lane relays): its lag,
-    pending, retry and outbox triggers per partition and the formula summing them, as KEDA's CRDs validate them."""
+    pending, retry and outbox triggers per partition, the formula summing them and the HPA's scale-down window, as
+    KEDA's CRDs validate them."""
     spec = PhoenixStageSpec.model_validate(
         {
             "processor": "parser",
             "image": "img:1",
             "partitions": 3,
             "output": {"stream": "results"},
+            "autoscaling": {"scaleDownStabilizationSeconds": 30},
             "redis": {**SENTINEL_MTLS, "mode": "cluster", "sentinel": None},
         }
     )
@@ -92,6 +94,7 @@ def test_the_scaled_object_of_a_relayed_partitioned_cluster_stage_is_admitted(
     redis = RedisSpec.from_url("rediss://:pw@valkey-0.valkey:6379,valkey-1.valkey:6379/0", mode="cluster")
     scaled_object = build_scaled_object(owner, spec, redis_connection(redis))
     assert [t["name"] for t in scaled_object["spec"]["triggers"]][3::4] == ["outbox0", "outbox1", "outbox2"]
+    assert set(scaled_object["spec"]["advanced"]) == {"scalingModifiers", "horizontalPodAutoscalerConfig"}
     _dry_run(kube_cluster, kube_namespace, scaled_object)
 
 

@@ -235,6 +235,15 @@ class Autoscaling(CamelModel):
     cooldown_period: int = Field(
         default=180, ge=0, le=86400, description="Seconds after the last activity before scaling to replicas.min."
     )
+    scale_down_stabilization_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=3600,
+        description=(
+            "Seconds the HPA keeps the highest pod count it computed before removing pods (its scale-down "
+            "stabilization window); unset: the HPA's 300. The step to zero follows cooldownPeriod."
+        ),
+    )
 
 
 class WorkerTuning(CamelModel):

@@ -37,15 +37,15 @@ MAX_REPLICAS = 4
 
 def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
     """The router's processor as a final stage, CPU-limited so that a backlog builds up and lasts, with KEDA's
-    polling and cooldown shortened so that the test sees a whole cycle in a few minutes, and a gone worker's
-    entries claimed after 3 s instead of 5 min."""
+    polling, cooldown and the HPA's scale-down window shortened so that the test sees a whole cycle in a few
+    minutes, and a gone worker's entries claimed after 3 s instead of 5 min."""
     return stage_document(
         STAGE,
         "router",
         image,
         cpu=("50m", "150m"),
         replicas={"min": 0, "max": MAX_REPLICAS},
-        autoscaling={"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15},
+        autoscaling={"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15, "scaleDownStabilizationSeconds": 10},
         worker={"claimIdleMs": 3000},
         paused=paused,
     )
@@ -116,6 +116,9 @@ def test_keda_scales_up_on_backlog_and_down_after_cooldown(
     timeline.until(lambda s: s.desired == 0 and s.printed["BACKLOG"] == "0", "the idle stage at zero pods", 120)
     enqueue_documents(redis, input_stream(), pipeline.documents, copies=300)  # 1500 records
     top = timeline.until(lambda s: s.desired >= 2, "KEDA's HPA to scale beyond one pod", 180)
+    # KEDA gave its HPA the stage's scale-down window (spec.autoscaling.scaleDownStabilizationSeconds).
+    hpa = kubectl_json("get", "hpa", "-n", NAMESPACE, f"keda-hpa-{STAGE}")
+    assert hpa["spec"]["behavior"]["scaleDown"]["stabilizationWindowSeconds"] == 10
     peak = timeline.until(
         lambda s: s.ready == s.desired == MAX_REPLICAS or s.printed["BACKLOG"] == "0", "all pods ready", 180
     )

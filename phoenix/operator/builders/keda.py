@@ -212,8 +212,14 @@ def build_scaled_object(
             "triggers": triggers(owner, spec, connection, relayed),
         },
     }
+    advanced: dict[str, Any] = {}
     if (modifiers := scaling_modifiers(spec, relayed)) is not None:
-        scaled_object["spec"]["advanced"] = {"scalingModifiers": modifiers}
+        advanced["scalingModifiers"] = modifiers
+    if (window := spec.autoscaling.scale_down_stabilization_seconds) is not None:
+        scale_down = {"stabilizationWindowSeconds": window}
+        advanced["horizontalPodAutoscalerConfig"] = {"behavior": {"scaleDown": scale_down}}
+    if advanced:
+        scaled_object["spec"]["advanced"] = advanced
     return scaled_object
 
 
@@ -221,12 +227,13 @@ def scaled_object_patch(scaled_object: dict[str, Any]) -> dict[str, Any]:
     """The merge patch that brings an existing ScaledObject to `scaled_object`.
 
     A merge patch removes only what it sets to null, so after an unpause the pause annotations are nulled
-    explicitly; otherwise KEDA would keep the stage at zero. So is the formula of a stage back to one partition:
-    KEDA would otherwise sum triggers that no longer exist.
+    explicitly; otherwise KEDA would keep the stage at zero. So is the formula of a stage back to one partition
+    (KEDA would otherwise sum triggers that no longer exist) and the HPA behavior of a stage whose
+    scaleDownStabilizationSeconds was unset (back to the HPA's default).
     """
     metadata, spec = scaled_object["metadata"], scaled_object["spec"]
     annotations = {PAUSED_ANNOTATION: None, PAUSED_REPLICAS_ANNOTATION: None, **(metadata.get("annotations") or {})}
-    advanced = spec.get("advanced") or {"scalingModifiers": None}
+    advanced = {"scalingModifiers": None, "horizontalPodAutoscalerConfig": None, **(spec.get("advanced") or {})}
     return {
         **scaled_object,
         "metadata": {**metadata, "annotations": annotations},
