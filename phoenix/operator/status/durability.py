@@ -19,8 +19,9 @@ def backpressure_condition(unfinished: int | None, generation: int | None = None
             observed_generation=generation,
         )
     message = (
-        f"the output stream holds {unfinished} unfinished entries, over OUTPUT_HIGH_WATER: the stage "
-        "stopped reading its input until the next stage catches up"
+        f"the output holds {unfinished} unfinished entries, over OUTPUT_HIGH_WATER (for a stage of K partitions "
+        "forwarding to K, over a partition's share of it): the stage, or that partition, stopped reading its input "
+        "until the next stage catches up"
     )
     return new_condition(
         ConditionType.BACKPRESSURE, True, "OutputOverHighWater", message, observed_generation=generation
