@@ -6,6 +6,7 @@ only a cluster needs run on the single-node cluster fixture, which refuses CROSS
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -27,6 +28,7 @@ from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
 from phoenix.worker_runtime.settle import Settler
+from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.replies import get_text, raw_stream_entries, read_group, stream_entries
@@ -35,6 +37,13 @@ from tests.processors import OutcomeProcessor
 
 OUTCOMES = "tests.processors:OutcomeProcessor"
 PLAIN = "phoenix-partitions-results"  # a plain stream: a slot of its own
+
+
+def _four_to_four(redis_url: str, **fields: Any) -> contextlib.AbstractAsyncContextManager[Worker]:
+    """Stage p in 4 partitions (OutcomeProcessor) forwarding to stage q of 4: every hop atomic, lane p to q's p."""
+    return running_worker(
+        redis_url, "p", OutcomeProcessor, partitions=4, output_queue=input_stream("q"), output_partitions=4, **fields
+    )
 
 
 async def enqueue(client: aioredis.Redis, keys: StageKeys, records: list[str], **data: object) -> None:
@@ -87,15 +96,7 @@ async def test_every_record_is_processed_once_in_its_own_lane(redis: aioredis.Re
     stage, nxt = StageKeys.for_stage("p", partitions=4), StageKeys.for_stage("q", partitions=4)
     records = [f"r{i}" for i in range(400)]
     await enqueue(redis, stage, records)
-    async with running_worker(
-        redis_url,
-        "p",
-        OutcomeProcessor,
-        partitions=4,
-        output_queue=input_stream("q"),
-        output_partitions=4,
-        concurrency=16,
-    ) as worker:
+    async with _four_to_four(redis_url, concurrency=16) as worker:
         await wait_until(lambda: drained(worker), "every lane drained", 60)
         assert [
             r.relayed for r in lanes.routes(worker.settings.keys, worker.settings.output_partitions, slots_matter=True)
@@ -211,13 +212,8 @@ async def test_a_full_partition_downstream_holds_back_only_the_lane_that_feeds_i
     for record in (f"r{i}" for i in range(2000)):
         if len(of_lane := by_lane[stage.lane_of(record).partition]) < 40:
             of_lane.append(record)
-    async with running_worker(
+    async with _four_to_four(
         redis_url,
-        "p",
-        OutcomeProcessor,
-        partitions=4,
-        output_queue=input_stream("q"),
-        output_partitions=4,
         output_high_water=400,
         backpressure_interval=0.1,
         redis_mode="cluster" if on_cluster else "standalone",
