@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test test-fast eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
+.PHONY: help demo test test-fast fuzz eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
 	lint format lock clean
 .DEFAULT_GOAL := help
 
@@ -55,6 +55,18 @@ test: $(STAMP) lint go-tools ocr tls-redis  ## Lint, then the whole test suite (
 FAST_TIERS := not (subprocess or kube or helm or promtool or sentinel or cluster or tls or e2e)
 test-fast: $(STAMP)  ## Pure and embedded-Valkey tests only: no Go build, a couple of minutes
 	$(BIN)/python -m pytest -q -m "$(FAST_TIERS)"
+
+# The property-based suites (marker fuzz, tests/fixtures/fuzzing.py) in rounds of new seeds and FUZZ_SCALE times the
+# examples of `make test`, until FUZZ_SECONDS have passed; the first failure stops it with the seed to reproduce.
+FUZZ_SECONDS ?= 600
+FUZZ_SCALE ?= 20
+fuzz: $(STAMP)  ## The property-based suites with new seeds for FUZZ_SECONDS (default 600)
+	@end=$$(( $$(date +%s) + $(FUZZ_SECONDS) )); round=1; \
+	while [ "$$(date +%s)" -lt "$$end" ]; do \
+	  echo "fuzz round $$round"; \
+	  HYPOTHESIS_PROFILE=fuzz FUZZ_SCALE=$(FUZZ_SCALE) $(BIN)/python -m pytest -q -m fuzz || exit 1; \
+	  round=$$((round + 1)); \
+	done
 
 kube:
 	bash hack/build-kube.sh

@@ -15,7 +15,8 @@ from phoenix.worker_runtime import scrub
 from tests.fixtures.valkey_cluster import single_node_cluster
 from tests.fixtures.workers import WorkerPool
 
-pytest_plugins = ["tests.fixtures.kube_cluster", "tests.fixtures.sentinel"]
+# fuzzing: the hypothesis profile of the run (a fixed seed unless `make fuzz`), loaded before any suite.
+pytest_plugins = ["tests.fixtures.kube_cluster", "tests.fixtures.sentinel", "tests.fixtures.fuzzing"]
 
 # The tiers of DEVELOPMENT.md ("Test tiers"), marked by what a test uses. A fixture that starts something says so
 # here; a test that starts it itself carries the marker (a decorator, or `pytestmark` for a whole module).
