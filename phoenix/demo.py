@@ -31,12 +31,12 @@ from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_stream
 from phoenix.producer import Producer
+from phoenix.redis_replies import text_range
 from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.stages.data_keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
 from phoenix.tools.queue_stats import QueueStats, collect
-from phoenix.worker_runtime.redis_client import text_range
 from phoenix.worker_runtime.settings import WorkerSettings
 
 SHOWCASE_SAMPLE = "02-diabetes-follow-up.pdf"  # the report whose biomarkers come in several names and units

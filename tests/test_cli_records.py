@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
+from phoenix.record_format import LOCKED
 from phoenix.tools.inspection import duration
-from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import phoenix, run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked, record_key

@@ -26,11 +26,11 @@ from redis.exceptions import ResponseError
 
 import phoenix
 from phoenix.keys import StageKeys
-from phoenix.operator.redis_ops import Destroyed, destroy, replay_once
-from phoenix.tools import repair
-from phoenix.worker_runtime import dlq, ownership
+from phoenix.operator.redis_ops import Destroyed, destroy
+from phoenix.record_format import DONE, LOCKED
+from phoenix.tools import dlq, repair
+from phoenix.worker_runtime import ownership
 from phoenix.worker_runtime.billing import ApiKeyProvider
-from phoenix.worker_runtime.locks import DONE, LOCKED
 from phoenix.worker_runtime.ownership import Claimed
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.worker import Worker
@@ -368,7 +368,7 @@ DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
     "worker_runtime/layout_check.lua",
     "operator/delete_owned.lua",
-    "worker_runtime/dlq_replay.lua",
+    "tools/dlq_replay.lua",
     "tools/repair_unlock.lua",
     "tools/repair_reclaim.lua",
     "tools/repair_reprocess.lua",
@@ -529,7 +529,7 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
         for record in ("d", "e"):
             await cluster.xadd(STAGE.dlq, {"record_id": record, "user_id": "u1", "data": "{}", "error": "gone"})
         assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, 1) == 1
-        assert await replay_once(cluster, STAGE.replay_ledger("r1"), STAGE.dlq, STAGE.input, None) == 1
+        assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, None, ledger=STAGE.replay_ledger("r1")) == 1
         # Billing: a fetch under the single-fetch guard, which is released with the compare-and-delete script.
         provider = ApiKeyProvider(
             cluster,

@@ -22,11 +22,10 @@ from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.producer import BATCH as PRODUCER_BATCH
 from phoenix.producer import NotReplicated, Producer, Record
+from phoenix.redis_replies import text_range
 from phoenix.redis_spec import RedisSpecError
-from phoenix.tools import audit
-from phoenix.worker_runtime import dlq
+from phoenix.tools import audit, dlq
 from phoenix.worker_runtime.ownership import laid_out
-from phoenix.worker_runtime.redis_client import text_range
 
 # What a dry run lists of the entries it would move, at most.
 DRY_RUN_SHOWN = 20

@@ -43,10 +43,10 @@ import phoenix
 from phoenix.cli.stage import StageSettings, redis_client
 from phoenix.crds.spec import SECRET_NAME_PATTERN
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
+from phoenix.redis_replies import text
 from phoenix.redis_spec import RedisSpec
+from phoenix.tools import dlq
 from phoenix.tools.queue_stats import collect
-from phoenix.worker_runtime import dlq
-from phoenix.worker_runtime.redis_client import text
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.scrub import register as scrub_register
 from phoenix.worker_runtime.scrub import scrub

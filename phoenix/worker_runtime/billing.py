@@ -37,10 +37,11 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from yarl import URL
 
+from phoenix import lua
 from phoenix.keys import billing_cache_key, billing_guard_key
-from phoenix.worker_runtime import lua, scrub
+from phoenix.redis_replies import text
+from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.metrics import BILLING_KEY_LOOKUPS
-from phoenix.worker_runtime.redis_client import text
 from phoenix.worker_runtime.settings import ConfigurationError, describe_validation_error
 
 API_KEY_ENV = "OPENAI_API_KEY"
@@ -196,7 +197,7 @@ class ApiKeyProvider:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout)
         # Long enough to outlast one crashed guard owner and one full fetch by the next owner.
         self._max_wait = max_wait if max_wait is not None else guard_ttl + request_timeout
-        self._delete_if = lua.register(redis, "billing_delete_if.lua")
+        self._delete_if = lua.register(redis, "billing_delete_if.lua", __package__)
         self._session: aiohttp.ClientSession | None = None
         # Drops of refused keys under way: a later lookup in this process waits for them.
         self._drops: set[asyncio.Task[None]] = set()

@@ -36,9 +36,9 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from phoenix import lua
 from phoenix.keys import StageKeys, input_stream
-from phoenix.worker_runtime import lua
-from phoenix.worker_runtime.redis_client import text
+from phoenix.redis_replies import text
 
 
 @dataclass(frozen=True)
@@ -111,7 +111,7 @@ def stage_ref(keys: StageKeys) -> str:
 async def check_layout(client: Redis, keys: StageKeys) -> None:
     """Raise LayoutDiffers unless the stage's layout has `keys.partitions`; write it when the stage has none (and
     more than one partition)."""
-    script = lua.register(client, "layout_check.lua")
+    script = lua.register(client, "layout_check.lua", __package__)
     reply = await script(keys=[keys.layout, input_stream(keys.name, keys.namespace)], args=[keys.partitions])
     if text(reply[0]) == "differs":
         raise LayoutDiffers(stage_ref(keys), int(text(reply[1])), keys.partitions)
@@ -156,7 +156,7 @@ async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Cla
 
 
 async def _claim_lane(client: Redis, keys: StageKeys, uid: str, adopt: bool) -> Claimed:
-    script = lua.register(client, "claim_keys.lua")
+    script = lua.register(client, "claim_keys.lua", __package__)
     args = [stage_ref(keys), uid, keys.consumer_group, "1" if adopt else "0"]
     reply = await script(keys=[keys.owner, keys.input, keys.dlq, *keys.holder_markers[1:]], args=args)
     outcome = text(reply[0])

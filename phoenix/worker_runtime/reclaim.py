@@ -6,7 +6,9 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from phoenix.worker_runtime.redis_client import Entry, text
+from phoenix.record_format import id_order
+from phoenix.redis_replies import text
+from phoenix.worker_runtime.redis_client import Entry
 from phoenix.worker_runtime.settings import WorkerSettings
 
 # Consumers of dead pods pile up in XINFO CONSUMERS; a live worker polls every BLOCK_MS, so an hour of
@@ -64,9 +66,3 @@ class Reclaimer:
                 await self._client.xgroup_delconsumer(self._stream, s.consumer_group, name)
                 gone.append(name)
         return gone
-
-
-def id_order(entry_id: str) -> tuple[int, int]:
-    """Stream ids compare as (milliseconds, sequence), not as strings."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)

@@ -18,9 +18,9 @@ from phoenix.keys import (
     input_stream,
     stage_of_input,
 )
+from phoenix.record_format import SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
-from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 # The Redis client's socket timeout must outlast its longest blocking command (XREADGROUP BLOCK, WAIT) by this much:
