@@ -29,6 +29,7 @@ from phoenix import producer
 from phoenix.cli.stage import add_connection_arguments, redis_env, redis_spec
 from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
+from phoenix.errors import PhoenixError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_stream
 from phoenix.producer import Producer
 from phoenix.redis_replies import text_range
@@ -45,7 +46,7 @@ RATE_WINDOW_SECONDS = 2.0
 STOP_WAIT_SECONDS = 30.0
 
 
-class DemoError(Exception):
+class DemoError(PhoenixError):
     """The pipeline did not finish as expected; the message says what to look at."""
 
 

@@ -15,7 +15,7 @@ from phoenix.operator import handlers  # noqa: F401  (registers the kopf handler
 from phoenix.operator.children import deployment_replicas
 from phoenix.operator.converge import current_view, due_work
 from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import MAX_BACKOFF_SECONDS, StageError, retry_delay, scrub
+from phoenix.operator.errors import MAX_BACKOFF_SECONDS, StageError, retry_delay
 from phoenix.operator.kopf_settings import QuietHandlers
 from phoenix.operator.stage_reconcile import kopf_retry
 from phoenix.operator.stage_record import StageRecord
@@ -151,8 +151,12 @@ def test_refresh_groups_stages_by_redis_url() -> None:
     }
 
 
-def test_scrub_and_records_hide_the_password() -> None:
-    assert scrub("Error connecting to redis://:pw@h:1", "redis://:pw@h:1") == "Error connecting to ***"
+def test_masked_errors_and_records_hide_the_password() -> None:
+    spec = RedisSpec.from_url("redis://:p%2Fw@h:1/0")
+    assert (
+        spec.masked("Error connecting to redis://:p%2Fw@h:1 (AUTH p/w)")
+        == "Error connecting to redis://:***@h:1 (AUTH ***)"
+    )
     assert "pw" not in repr(StageRecord("ns", "a", redis=RedisSpec.from_url("redis://:pw@h:1/0")))
     assert "pw" not in repr(RedisSpec.from_url("redis://:pw@h:1/0"))
 

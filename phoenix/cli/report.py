@@ -42,6 +42,7 @@ from redis.exceptions import RedisError
 import phoenix
 from phoenix.cli.stage import StageSettings, redis_client
 from phoenix.crds.spec import SECRET_NAME_PATTERN
+from phoenix.errors import PhoenixError
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
 from phoenix.redis_replies import text
 from phoenix.redis_spec import RedisSpec
@@ -59,7 +60,7 @@ DEFAULT_DLQ_SCAN = 100_000
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
-class UnreadableStage(Exception):
+class UnreadableStage(PhoenixError):
     """The stage's Redis cannot be reached from here (its Secret unreadable, its URL invalid): one line, no secret."""
 
 

@@ -31,6 +31,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from phoenix.errors import ConfigError
 from phoenix.operator.metrics import LEADER
 
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 Json = dict[str, Any]
 
 
-class LeaseConfigError(ValueError):
+class LeaseConfigError(ConfigError):
     """Leader election cannot start: the Lease's namespace is unknown."""
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.errors import PhoenixError
 from phoenix.keys import LegacyStageKeys, StageKeys
 from phoenix.record_format import lock_holder, locked_by
 from phoenix.redis_replies import text
@@ -31,7 +32,7 @@ _BATCH = 500
 _NEVER_MERGED = "migrate never merges"
 
 
-class MigrationRefused(Exception):
+class MigrationRefused(PhoenixError):
     """The stage cannot be moved now; the message says why and what to do, in one line."""
 
 

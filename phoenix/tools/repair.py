@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from phoenix import lua
+from phoenix.errors import PhoenixError
 from phoenix.keys import StageKeys
 from phoenix.record_format import (
     DONE,
@@ -194,7 +195,7 @@ async def _candidate(client: Redis, s: WorkerSettings, lane: StageKeys, row: dic
     return found, value if owned and value else ""
 
 
-class ReprocessError(Exception):
+class ReprocessError(PhoenixError):
     """The record cannot be reprocessed now; the message says why and what to do."""
 
 

@@ -38,11 +38,12 @@ from redis.exceptions import RedisError
 from yarl import URL
 
 from phoenix import lua
+from phoenix.errors import ConfigError, PhoenixError
 from phoenix.keys import billing_cache_key, billing_guard_key
 from phoenix.redis_replies import text
 from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.metrics import BILLING_KEY_LOOKUPS
-from phoenix.worker_runtime.settings import ConfigurationError, describe_validation_error
+from phoenix.worker_runtime.settings import describe_validation_error
 
 API_KEY_ENV = "OPENAI_API_KEY"
 KEY_MAX_AGE_SECONDS = 86400
@@ -58,14 +59,14 @@ _current_key: ContextVar[SecretStr | None] = ContextVar("phoenix_billing_api_key
 _env_swap = threading.Lock()
 
 
-class BillingUnavailableError(Exception):
+class BillingUnavailableError(PhoenixError):
     """The billing service could not provide a key (outage, timeout, 5xx, rejected master key, bad reply).
 
     Transient: the message is retried with backoff, never dead-lettered; it is not the message's fault.
     """
 
 
-class ApiKeyRejectedError(Exception):
+class ApiKeyRejectedError(PhoenixError):
     """Raised by a processor when its LLM service refuses the API key in scope (HTTP 401/403).
 
     Transient: the runtime drops the user's cached key (for every worker), so the retried message runs on a key
@@ -73,7 +74,7 @@ class ApiKeyRejectedError(Exception):
     """
 
 
-class BillingConfigError(ConfigurationError):
+class BillingConfigError(ConfigError):
     """Billing settings that cannot work; raised at worker start."""
 
 
@@ -149,7 +150,7 @@ class BillingSettings(BaseSettings):
 
 
 def load_billing_settings() -> BillingSettings:
-    """BillingSettings from the environment; a bad value raises ConfigurationError naming the variable."""
+    """BillingSettings from the environment; a bad value raises ConfigError naming the variable."""
     try:
         return BillingSettings()
     except ValidationError as exc:

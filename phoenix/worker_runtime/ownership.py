@@ -33,10 +33,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from redis.asyncio import Redis
 
 from phoenix import lua
+from phoenix.errors import StartRefused
 from phoenix.keys import StageKeys, input_stream
 from phoenix.redis_replies import text
 
@@ -53,11 +55,18 @@ class Claimed:
 # The refusals below are not frozen: a frozen exception cannot pass through a `contextlib.contextmanager`, which
 # writes its __traceback__ (operator/errors.py says the same of StageError).
 @dataclass(eq=False)
-class KeysHeld(Exception):
+class KeysHeld(StartRefused):
     """The stage's keys are held by `holder` ("<namespace>/<name>"; "" when a group exists with no marker)."""
 
     holder: str
     input: str
+    reason: ClassVar[str] = "KeysHeldByAnotherStage"
+
+    def worker_line(self) -> str:
+        return (
+            f"refusing to start: {self}; only that stage's own workers (STAGE_UID) run on them: give this worker keys "
+            "of its own (KEY_NAMESPACE, SERVICE_NAME, INPUT_QUEUE)"
+        )
 
     def __str__(self) -> str:
         if not self.holder:
@@ -69,11 +78,12 @@ class KeysHeld(Exception):
 
 
 @dataclass(eq=False)
-class KeyOfAnotherType(Exception):
+class KeyOfAnotherType(StartRefused):
     """A key of the name of one of the stage's streams exists and is not a stream."""
 
     key: str
     type: str
+    reason: ClassVar[str] = "StreamConflict"
 
     def __str__(self) -> str:
         return f"WRONGTYPE: {self.key} is a {self.type}, not a stream"
@@ -89,12 +99,16 @@ REPARTITION_HOWTO = (
 
 
 @dataclass(eq=False)
-class LayoutDiffers(Exception):
+class LayoutDiffers(StartRefused):
     """The stage's layout in Redis has `layout` partitions; it was asked to run with `wanted`."""
 
     stage: str
     layout: int
     wanted: int
+    reason: ClassVar[str] = "PartitionsChanged"
+
+    def worker_line(self) -> str:
+        return f"refusing to start with PARTITIONS={self.wanted}: {self}"
 
     def __str__(self) -> str:
         howto = REPARTITION_HOWTO.format(layout=self.layout, wanted=self.wanted)

@@ -34,6 +34,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix import lua
 from phoenix.backoff import Backoff
+from phoenix.errors import StartRefused
 from phoenix.keys import StageKeys, stage_of_input
 from phoenix.record_format import OUTPUT_FIELDS
 from phoenix.redis_spec import is_cluster
@@ -54,7 +55,7 @@ _RECORD_ID = OUTPUT_FIELDS[0].encode()
 
 
 @dataclass(eq=False)
-class UnmarkableTarget(Exception):
+class UnmarkableTarget(StartRefused):
     """The relayed output `target` is a stream no stage reads whose relay markers cannot be put in its slot."""
 
     target: str

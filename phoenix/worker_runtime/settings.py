@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from phoenix.errors import ConfigError
 from phoenix.keys import (
     DEFAULT_NAMESPACE,
     MAX_PARTITIONS,
@@ -259,10 +260,6 @@ class WorkerSettings(BaseSettings):
         return self.keys.record_prefix
 
 
-class ConfigurationError(Exception):
-    """Raised with one readable line that names the offending variable."""
-
-
 _SECRET_FIELDS = {"redis_url", "redis_sentinel_password", "billing_master_key", "billing_cache_key"}
 
 
@@ -284,4 +281,4 @@ def load_settings() -> WorkerSettings:
     try:
         return WorkerSettings()
     except ValidationError as exc:
-        raise ConfigurationError(describe_validation_error(exc)) from None
+        raise ConfigError(describe_validation_error(exc)) from None

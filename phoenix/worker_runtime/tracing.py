@@ -24,6 +24,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from phoenix.errors import ConfigError
+
 try:
     from opentelemetry import trace
 except ImportError:  # tracing is optional (the `tracing` extra)
@@ -47,7 +49,7 @@ READ_VARIABLES = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAM
 _OUTCOMES = {"C": "commit", "D": "dlq", "R": "retry", "L": "leave", "S": "duplicate"}
 
 
-class TracingConfigError(Exception):
+class TracingConfigError(ConfigError):
     """The OTEL_* environment asks for something this installation cannot do; the text names the variable."""
 
 
