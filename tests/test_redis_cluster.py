@@ -16,8 +16,8 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from phoenix.keys import StageKeys, input_stream
-from phoenix.operator.redis_ops import Destroyed, destroy
-from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.redis.ops import Destroyed, destroy
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.producer import Producer, Record
 from phoenix.redis_spec import RedisSpec, connect, is_cluster
 from phoenix.tools import dlq

@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 
 import phoenix
 from phoenix.keys import StageKeys
-from phoenix.operator.redis_ops import Destroyed, destroy
+from phoenix.operator.redis.ops import Destroyed, destroy
 from phoenix.record_format import DONE, LOCKED
 from phoenix.tools import dlq, repair
 from phoenix.worker_runtime import ownership
@@ -367,7 +367,7 @@ RELAY_SCRIPTS = {"worker_runtime/relay_done.lua", "worker_runtime/relay_write.lu
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
     "worker_runtime/layout_check.lua",
-    "operator/delete_owned.lua",
+    "operator/redis/delete_owned.lua",
     "tools/dlq_replay.lua",
     "tools/repair_unlock.lua",
     "tools/repair_reclaim.lua",
@@ -569,7 +569,7 @@ async def test_a_partitioned_stages_claim_and_delete_call_their_scripts_one_slot
     await monitor_client.aclose()
     scripts = {
         _sha(s): s
-        for s in ("worker_runtime/claim_keys.lua", "worker_runtime/layout_check.lua", "operator/delete_owned.lua")
+        for s in ("worker_runtime/claim_keys.lua", "worker_runtime/layout_check.lua", "operator/redis/delete_owned.lua")
     }
     calls = [c for c in monitor.calls if c.sha in scripts and c.inner]
     slots = {key_slot(stage.input.encode()), *(key_slot(lane.input.encode()) for lane in stage.lanes)}
@@ -583,5 +583,5 @@ async def test_a_partitioned_stages_claim_and_delete_call_their_scripts_one_slot
     assert called == {
         "worker_runtime/layout_check.lua": {key_slot(stage.layout.encode())},
         "worker_runtime/claim_keys.lua": slots - {key_slot(stage.layout.encode())},
-        "operator/delete_owned.lua": slots,
+        "operator/redis/delete_owned.lua": slots,
     }

@@ -32,8 +32,8 @@ from phoenix.keys import StageKeys
 from phoenix.kube_names import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.builders import resolve_streams, worker_env
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube_api import MERGE_PATCH, KubeApi
-from phoenix.operator.stage_requests import ReplayRequestError, parse_replay_count
+from phoenix.operator.kube.api import MERGE_PATCH, KubeApi
+from phoenix.operator.stage.requests import ReplayRequestError, parse_replay_count
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.tools import audit
 from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport

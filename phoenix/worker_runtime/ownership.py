@@ -6,7 +6,7 @@ The marker is a hash with these fields:
   it at its next reconcile).
 - `input`, `dlq`, `group`: the input stream, DLQ stream and consumer group as last claimed.
 - `created`: which of them the stage created, a comma-separated subset of `input,dlq,group`. deletionPolicy Delete
-  removes only those (operator/redis_ops.py). Absent: all three (what `phoenix migrate` moves is the stage's own).
+  removes only those (operator/redis/ops.py). Absent: all three (what `phoenix migrate` moves is the stage's own).
 
 The claim (claim_keys.lua: checks and creation in one script, so two claimants cannot both pass the check):
 - refused when the marker, or the marker of the stage whose default input or DLQ name the stage's explicit

@@ -3,7 +3,7 @@
 `phoenix.io/restart: <any new value>` rolls the workers; `phoenix.io/replay-dlq: <N|all>` moves DLQ entries
 back to the input. Bookkeeping lives in status fields beside the schema's own (status keeps unknown fields):
 `handledRestart` is the restart value already acted on; `replayRequest` is a replay being carried out.
-The converger (converge.py) runs them: restart_workers and replay_dlq at the end of this module. A replay is a
+The converger (stage/converge.py) runs them: restart_workers and replay_dlq at the end of this module. A replay is a
 repair: it goes into the stage's audit stream (tools/audit.py) and its Event says so.
 """
 
@@ -26,10 +26,10 @@ from phoenix.kube_names import (
 )
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.redis_ops import replay_lanes
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import StageRecord
+from phoenix.operator.redis.ops import replay_lanes
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.operator.status.writer import StatusWriter
 from phoenix.tools import audit
 

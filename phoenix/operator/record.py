@@ -61,7 +61,7 @@ class StageRecord:
     # Serializes whole reconciles: a spec change (kopf handler) against a drift repair (converger).
     reconcile_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
-    # The converger's work (converge.py).
+    # The converger's work (stage/converge.py).
     # Why the stage's world departs from its spec (cause -> kind of what is repaired), noticed since its last
     # repair; the converger repairs it and counts each kind in phoenix_operator_drift_repairs_total.
     drift: dict[str, str] = field(default_factory=dict)

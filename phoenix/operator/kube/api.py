@@ -27,7 +27,7 @@ from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.builders.keda import KEDA_API_VERSION
 from phoenix.operator.errors import StageError
-from phoenix.operator.status.patcher import StatusPatcher
+from phoenix.operator.kube.status_patcher import StatusPatcher
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"

@@ -24,8 +24,8 @@ from phoenix.kube_names import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError
 from phoenix.operator.metrics import STAGES, stage_figures
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.stage_record import StageKey, StageRecord
+from phoenix.operator.record import StageKey, StageRecord
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.operator.status.conditions import find_condition
 from phoenix.operator.status.durability import (
     OUTPUT_NEVER_TRIMMED,

@@ -15,9 +15,9 @@ from phoenix.keys import StageKeys
 from phoenix.operator.builders import resolve_streams
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, retry_delay
-from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
-from phoenix.operator.stage_reconcile import redis_of, retain_clients, stage_model
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.record import StageRecord
+from phoenix.operator.redis.ops import Destroyed, NotHeld, destroy
+from phoenix.operator.stage.reconcile import redis_of, retain_clients, stage_model
 from phoenix.operator.status.conditions import new_condition
 
 # The source of deletion Warnings, de-duplicated on its own (events.EventRecorder.warning).

@@ -1,10 +1,10 @@
 """Reconcile one PhoenixStage: bring its world in line with its spec (Redis streams and group, then the
-Deployment, KEDA objects and PodDisruptionBudget of children.py), then write its status and Events.
+Deployment, KEDA objects and PodDisruptionBudget of stage/children.py), then write its status and Events.
 
 reconcile_stage is the one entry, run by the kopf handler on a create, a spec change or the operator's start
-(handlers.stage_changed) and by the converger for a drift repair or a KEDA re-check (converge.py); apply_spec is
+(handlers.stage_changed) and by the converger for a drift repair or a KEDA re-check (stage/converge.py); apply_spec is
 its Redis-and-children step. Also here: what marks a stage for repair from watch events (child_changed,
-next_stage_seen). Its deletion is stage_delete.py."""
+next_stage_seen). Its deletion is stage/delete.py."""
 
 from __future__ import annotations
 
@@ -22,14 +22,14 @@ from phoenix.errors import StartRefused
 from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
 from phoenix.kube_names import STAGE_LABEL
 from phoenix.operator.builders import Owner, resolve_streams
-from phoenix.operator.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError, retry_delay
-from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.redis_target import RedisTarget, read_redis_target
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import StageRecord
+from phoenix.operator.redis.pool import RedisPool
+from phoenix.operator.redis.target import RedisTarget, read_redis_target
+from phoenix.operator.stage.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
+from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import (
     CHILD_NOT_OWNED,
@@ -41,7 +41,7 @@ from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime.ownership import KeysHeld, claim
 from phoenix.worker_runtime.tracing import operation_span
 
-# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning); stage_delete.py has its own.
+# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning); stage/delete.py has its own.
 RECONCILE, OWNERSHIP = "reconcile", "ownership"
 # Ready reasons of a stage refused its Redis keys besides the StartRefused ones (worker_runtime/ownership.py: keys
 # held by another stage, a layout of another partition count); all retried, so the stage converges by itself.
@@ -50,7 +50,7 @@ LEGACY_KEYS = "LegacyKeysFound"
 
 async def reconcile_stage(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
     """Reconcile the stage with `body`, then write its status and post its Events: what both the kopf handler
-    (handlers.stage_changed) and the converger (converge.py: drift repair, KEDA re-check) run. Raises StageError
+    (handlers.stage_changed) and the converger (stage/converge.py: drift repair, KEDA re-check) run. Raises StageError
     when the stage cannot run; the kopf handler turns it into a kopf retry (kopf_retry), the converger into its
     own wait (errors.retry_delay either way)."""
     attributes = {"k8s.namespace.name": record.namespace, "phoenix.stage": record.name}

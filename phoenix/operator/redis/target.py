@@ -1,6 +1,6 @@
 """Where a stage's Redis is and how to reach it, as the operator reads it from spec.redis and the Secrets it names.
 
-Read once per reconcile (`read_redis_target`): the operator's own client is built from it (redis_pool.py), the
+Read once per reconcile (`read_redis_target`): the operator's own client is built from it (redis/pool.py), the
 worker pods' template carries its digest (a rotated URL, password, CA or client certificate rolls the workers,
 which read them only at start), and the resourceVersions of the Secrets read are remembered so that the Secret
 check (`check_secrets_forever`) notices a rotation with `get` alone: the operator may not list or watch Secrets.
@@ -21,7 +21,7 @@ from phoenix.crds import SecretKeyRef, StageRedisSpec
 from phoenix.operator.builders import in_namespace
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube_api import KubeApi, secret_key
+from phoenix.operator.kube.api import KubeApi, secret_key
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 
 if TYPE_CHECKING:
@@ -125,7 +125,7 @@ async def rotated_secrets(kube: KubeApi, namespace: str, versions: tuple[tuple[s
 
 
 async def check_secrets_once(ctx: OperatorContext) -> int:
-    """Mark every stage whose Redis Secrets changed for a reconcile (converge.py's repair); returns how many."""
+    """Mark every stage whose Redis Secrets changed for a reconcile (stage/converge.py's repair); returns how many."""
     marked = 0
     for record in ctx.registry.records():
         if not record.redis_versions:
