@@ -54,8 +54,11 @@ class MalformedEntry:
     reason: str
 
 
-def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) -> Message | MalformedEntry:
-    """Validate one entry; anything wrong becomes a MalformedEntry with the reason, never an exception."""
+def parse_entry(
+    entry_id: str, raw: RawFields, max_bytes: int, max_fields: int, max_depth: int
+) -> Message | MalformedEntry:
+    """Validate one entry; anything wrong becomes a MalformedEntry with the reason (RecordPolicy.screen makes one
+    of anything it raises all the same)."""
     if len(raw) > max_fields + _RETRY_ADDED_FIELDS:  # before decoding thousands of fields
         return MalformedEntry(entry_id, raw, f"entry has {len(raw)} fields, over MAX_ENTRY_FIELDS={max_fields}")
     # One pass: this runs for every message, so it avoids building intermediate dicts.
@@ -81,6 +84,8 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) 
             entry_id, raw, f"entry carries the {PACKED_FIELDS} of an entry too wide for the runtime's scripts"
         )
     if "data" in fields:
+        if jsoncodec.nests_deeper(raw[b"data"], max_depth):
+            return MalformedEntry(entry_id, raw, f"data nests deeper than MAX_DATA_DEPTH={max_depth} levels")
         try:
             payload = jsoncodec.loads(raw[b"data"])
         except ValueError as exc:

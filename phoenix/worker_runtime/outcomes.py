@@ -118,12 +118,17 @@ class RecordPolicy:
         """The entry parsed, or why it never reaches the processor: malformed, or delivered more than
         MAX_DELIVERIES times without finishing (poison)."""
         s = self._settings
-        parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields)
-        if isinstance(parsed, MalformedEntry):
-            return Unprocessable(entry_id, raw, parsed.reason, "MalformedMessage", 1)
+        # The delivery count first: an entry that keeps ending its worker before its settle is dead-lettered, whatever
+        # in its content does it.
         if deliveries > s.max_deliveries:
             reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
             return Unprocessable(entry_id, raw, reason, "PoisonMessage", deliveries)
+        try:
+            parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields, s.max_data_depth)
+        except Exception as exc:  # an entry that cannot be parsed, for any reason, is malformed
+            parsed = MalformedEntry(entry_id, raw, f"entry cannot be read: {type(exc).__name__}: {error_text(exc)}")
+        if isinstance(parsed, MalformedEntry):
+            return Unprocessable(entry_id, raw, parsed.reason, "MalformedMessage", 1)
         return parsed
 
     def unprocessable(self, entry: Unprocessable) -> Outcome:

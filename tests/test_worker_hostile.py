@@ -1,0 +1,56 @@
+"""Hostile input never stops a stage (issue 30): a record of any content, a result of any shape and a settle whose
+reply is lost end committed, retried or dead-lettered, once; the worker stays up, and when one of its own tasks
+ends all the same it says why and exits non-zero. Real Valkey, real `phoenix worker` processes and the real Worker.
+"""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio as aioredis
+
+from tests.fixtures.eventually import wait_until
+from tests.fixtures.inprocess import drained, running_worker
+from tests.fixtures.records import committed
+from tests.fixtures.replies import add_entry, read_group, stream_entries
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, add, idle, outputs
+from tests.fixtures.workers import WorkerPool
+
+NESTED_LISTS = "[" * 3000 + "]" * 3000
+NESTED_OBJECTS = '{"a":' * 3000 + "1" + "}" * 3000
+
+
+@pytest.mark.timeout(60)
+async def test_deeply_nested_data_is_dead_lettered_and_the_records_behind_it_flow(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """6 KB of nested lists stopped a whole stage: the reader's RecursionError ended the intake and the worker
+    exited 0, to read the same entry after its restart."""
+    lists = await add_entry(redis, IN, {"record_id": "lists", "data": NESTED_LISTS})
+    objects = await add_entry(redis, IN, {"record_id": "objects", "data": NESTED_OBJECTS})
+    for i in range(40):
+        await add(redis, f"ok{i}")
+    w = workers.start("s", OUTPUT_QUEUE=OUT, MAX_DELIVERIES="2")
+    await wait_until(lambda: committed(redis, "s", "ok39"), "the good records behind the nested ones", 30)
+    await wait_until(lambda: idle(redis), "queue drained")
+    assert sorted(o["record_id"] for o in await outputs(redis)) == sorted(f"ok{i}" for i in range(40))
+    dead = {fields["original_id"]: fields for _, fields in await stream_entries(redis, DLQ)}
+    assert set(dead) == {lists, objects}
+    for fields in dead.values():
+        assert fields["error_type"] == "MalformedMessage"
+        assert fields["error"] == "data nests deeper than MAX_DATA_DEPTH=512 levels"
+    assert w.alive
+
+
+async def test_the_poison_limit_is_checked_before_the_entry_is_parsed(redis: aioredis.Redis, redis_url: str) -> None:
+    """An entry delivered past MAX_DELIVERIES is dead-lettered before anything reads its content, so that content
+    that ends a worker for a reason nobody foresaw still ends in the DLQ (it was parsed first, and could end it
+    again)."""
+    await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)
+    entry = await add_entry(redis, IN, {"record_id": "r", "data": "{not json"})
+    await read_group(redis, KEYS.consumer_group, "gone", IN, 10)  # delivered to a worker that died, three times
+    for _ in range(2):
+        await redis.xclaim(IN, KEYS.consumer_group, "gone", 0, [entry])
+    async with running_worker(redis_url, max_deliveries=3, claim_idle_ms=100) as worker:
+        await wait_until(lambda: drained(worker), "the entry dead-lettered")
+    [(_, dead)] = await stream_entries(redis, DLQ)
+    assert (dead["error_type"], dead["attempts"]) == ("PoisonMessage", "4")
