@@ -106,6 +106,19 @@ class AlwaysCrashProcessor(BaseProcessor):
         return None
 
 
+class TaskEndingProcessor(BaseProcessor):
+    """Ends one of its worker's own tasks by name (data["end_task"]: the trimmer, the settler ...), as a bug would,
+    then takes data["sleep"] seconds and forwards nothing: the fault a worker must report and exit non-zero for."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        if name := data.get("end_task"):
+            for task in asyncio.all_tasks():
+                if task.get_name() == name:
+                    task.cancel()
+        await asyncio.sleep(float(data.get("sleep", 0)))
+        return None
+
+
 class KeyReportingProcessor(BaseProcessor):
     """Writes down which API key an LLM call made now would use, both ways a library may look it up."""
 

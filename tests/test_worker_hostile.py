@@ -5,11 +5,14 @@ ends all the same it says why and exits non-zero. Real Valkey, real `phoenix wor
 
 from __future__ import annotations
 
+import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
 from tests.fixtures.eventually import wait_until
+from tests.fixtures.health import probe
 from tests.fixtures.inprocess import drained, running_worker
+from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed
 from tests.fixtures.replies import add_entry, read_group, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, add, idle, outputs
@@ -54,3 +57,29 @@ async def test_the_poison_limit_is_checked_before_the_entry_is_parsed(redis: aio
         await wait_until(lambda: drained(worker), "the entry dead-lettered")
     [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["error_type"], dead["attempts"]) == ("PoisonMessage", "4")
+
+
+@pytest.mark.timeout(60)
+async def test_a_worker_whose_own_task_ends_fails_healthz_drains_and_exits_non_zero(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    """A task of the worker's that ended by itself (here the trimmer, cancelled from inside) made the worker stop
+    as if asked to, and exit 0: Kubernetes saw a clean exit, and nobody why."""
+    await add(redis, "slow", sleep=2)
+    await add(redis, "breaks", end_task="trimmer")
+    port = free_loopback_port()
+    w = workers.start("s", processor="tests.processors:TaskEndingProcessor", CONCURRENCY="2", HEALTH_PORT=str(port))
+    async with aiohttp.ClientSession() as http:
+
+        async def failing() -> str | None:
+            answer = await probe(http, port)
+            return answer[1] if answer and answer[0] == 503 else None
+
+        reason = await wait_until(failing, "/healthz to fail", 20, interval=0.05)
+    assert reason.strip() == "worker task trimmer was cancelled"
+    assert w.process.popen.wait(timeout=30) == 1
+    [line] = [e for e in w.events() if e["event"] == "worker_task_ended"]
+    assert line["level"] == "error" and line["reason"] == reason.strip()
+    # The records in hand were finished first: nothing left pending for the next worker.
+    assert await committed(redis, "s", "slow") and await committed(redis, "s", "breaks")
+    assert await idle(redis)
