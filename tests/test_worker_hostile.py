@@ -5,17 +5,22 @@ ends all the same it says why and exits non-zero. Real Valkey, real `phoenix wor
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from phoenix import lua
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.health import probe
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed
-from tests.fixtures.replies import add_entry, read_group, stream_entries
+from tests.fixtures.replies import add_entry, get_text, read_group, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, add, idle, outputs
+from tests.fixtures.tcp_proxy import TcpProxy, tcp_proxy
 from tests.fixtures.workers import WorkerPool
 
 NESTED_LISTS = "[" * 3000 + "]" * 3000
@@ -83,3 +88,38 @@ async def test_a_worker_whose_own_task_ends_fails_healthz_drains_and_exits_non_z
     # The records in hand were finished first: nothing left pending for the next worker.
     assert await committed(redis, "s", "slow") and await committed(redis, "s", "breaks")
     assert await idle(redis)
+
+
+LOST_REPLY_CASES: dict[str, tuple[dict[str, str], dict[str, Any], int, int]] = {
+    # record's entry, WorkerSettings, the processor calls and entries of the record it takes
+    "dead-letter": ({"data": '{"action": "invalid"}'}, {}, 1, 1),
+    "intake-dead-letter": ({"data": "{not json"}, {}, 0, 1),
+    "retry": ({"data": '{"action": "fail"}'}, {"max_attempts": 2}, 2, 2),
+}
+
+
+@pytest.mark.parametrize("case", list(LOST_REPLY_CASES))
+async def test_a_settle_whose_reply_is_lost_writes_no_second_dead_letter_or_retry(
+    redis: aioredis.Redis, redis_url: str, case: str
+) -> None:
+    """The settle script ran, its reply never came: the settler sends the batch again after its socket timeout.
+    A dead letter was written twice, and a retry the retry set had promoted meanwhile was added again (run twice)."""
+    fields, settings, calls, entries = LOST_REPLY_CASES[case]
+    # Loaded beforehand, so that the call whose reply is lost runs the script (not a NOSCRIPT answer).
+    settle_sha = await redis.script_load(lua.source("settle.lua", "phoenix.worker_runtime"))
+    first = await add_entry(redis, IN, {"record_id": "r", **fields})
+    with tcp_proxy(redis_url) as proxy:
+        proxy.drop_reply_to(settle_sha.encode())
+        async with running_worker(proxy.url, socket_timeout=1.0, output_queue=OUT, **settings) as worker:
+            await wait_until(lambda: _dropped(proxy), "a settle's reply lost", 10)
+            await asyncio.wait_for(worker.settler.flush(), 10)  # sent again after the timeout
+            await wait_until(lambda: idle(redis), "queue drained")
+    [(_, dead)] = await stream_entries(redis, DLQ)
+    assert dead["original_id"] == first and dead["record_id"] == "r"
+    assert int(await get_text(redis, "calls:s") or 0) == calls
+    of_record = [e for e, f in await stream_entries(redis, IN) if f.get("original_id", e) == first]
+    assert len(of_record) == entries
+
+
+async def _dropped(proxy: TcpProxy) -> bool:
+    return proxy.replies_dropped == 1
