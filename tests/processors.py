@@ -171,6 +171,26 @@ class UnprintableError(Exception):
         raise RuntimeError("__str__ failed too")
 
 
+class InterruptingText:
+    """A value whose str() raises KeyboardInterrupt, as a processor's own objects may."""
+
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+    __repr__ = __str__
+
+
+class InterruptingError(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+
+class LimitUntold(Exception):
+    @property
+    def max_attempts(self) -> int:
+        raise ValueError("no limit to tell")
+
+
 #: Set by a test to end the threads MisbehavingProcessor left stuck (each ends on its own after a while anyway).
 RELEASE_STUCK_THREADS = threading.Event()
 
@@ -183,6 +203,9 @@ class MisbehavingProcessor(ScriptedProcessor):
     """ScriptedProcessor, plus what user code does wrong, by data["misbehave"]:
 
     tuple-key / self-reference: a result JSON cannot hold (every time);
+    interrupting-result: a result holding a value whose str() raises KeyboardInterrupt (every time);
+    interrupting-error / limit-untold: an exception whose str() raises KeyboardInterrupt, one whose `max_attempts`
+    property raises (every time);
     surrogate: a PermanentError whose text UTF-8 cannot carry (every time);
     quote:<text>: a transient error quoting <text> (every time);
     unprintable: an exception whose str() raises, the first time only;
@@ -202,6 +225,12 @@ class MisbehavingProcessor(ScriptedProcessor):
             result: dict[str, Any] = {"n": 1}
             result["self"] = result
             return result
+        if action == "interrupting-result":
+            return {"value": InterruptingText()}
+        if action == "interrupting-error":
+            raise InterruptingError
+        if action == "limit-untold":
+            raise LimitUntold("limited")
         if action == "surrogate":
             raise PermanentError("undecodable byte \udcff in the input")
         if action == "quote":

@@ -32,7 +32,7 @@ from phoenix.worker_runtime.intake import InFlight, Intake, Lane, Slots
 from phoenix.worker_runtime.locks import RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
 from phoenix.worker_runtime.messages import Message
-from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, error_text
+from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, error_line
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_risk import assess_redis
@@ -74,7 +74,7 @@ def _how_it_ended(task: asyncio.Task[Any]) -> str:
     if task.cancelled():
         return f"{task.get_name()} was cancelled"
     if (exc := task.exception()) is not None:
-        return f"{task.get_name()} raised {type(exc).__name__}: {error_text(exc)}"
+        return f"{task.get_name()} raised {error_line(exc)}"
     return f"{task.get_name()} returned"
 
 
@@ -395,7 +395,7 @@ class Worker:
                 await job()
             except Exception as exc:  # Redis failing, or anything one record made a job raise: the next round tries
                 job_name = getattr(job, "__name__", "?")
-                log.warning("background_job_failed", job=job_name, error=f"{type(exc).__name__}: {error_text(exc)}")
+                log.warning("background_job_failed", job=job_name, error=error_line(exc))
 
     async def _promote_retries(self) -> None:
         moved = await self.retries.promote_due()
