@@ -16,7 +16,7 @@ from phoenix.stages.documents import DocumentNotFoundError, DocumentRefusedError
 from phoenix.stages.models import PageList
 from phoenix.stages.network_policy import NetworkPolicy, trusted_origin
 from phoenix.stages.ocr import ocr_unavailable_reason
-from phoenix.stages.pdf_text import UnreadablePdfError, extract_page_texts
+from phoenix.stages.pdf_text import DEFAULT_LIMITS, PdfLimits, UnreadablePdfError, extract_page_texts
 from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
 
 
@@ -32,6 +32,8 @@ class RouterSettings(BaseSettings):
     max_document_bytes: int = Field(32 * 2**20, ge=1)
     max_document_redirects: int = Field(5, ge=0, le=50)
     document_allowed_networks: Annotated[tuple[IPvAnyNetwork, ...], NoDecode] = ()
+    max_document_pages: int = Field(DEFAULT_LIMITS.max_pages, ge=1)
+    max_page_pixels: int = Field(DEFAULT_LIMITS.max_page_pixels, ge=1_000_000)
 
     @field_validator("document_root")
     @classmethod
@@ -58,6 +60,9 @@ class RouterSettings(BaseSettings):
             timeout=self.document_timeout,
             network=NetworkPolicy(tuple(self.document_allowed_networks), trusted_origin(self.records_api_url)),
         )
+
+    def pdf_limits(self) -> PdfLimits:
+        return PdfLimits(max_pages=self.max_document_pages, max_page_pixels=self.max_page_pixels)
 
 
 class UnreadableDocumentError(PermanentError):
@@ -92,7 +97,9 @@ class RouterProcessor(BaseProcessor):
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
         try:
             document = await self.loader.load(document_url(record_id, data, self.config.records_api_url))
-            texts = await self.run_blocking(extract_page_texts, document.content, ocr=self.ocr)
+            texts = await self.run_blocking(
+                extract_page_texts, document.content, ocr=self.ocr, limits=self.config.pdf_limits()
+            )
         except DocumentNotFoundError as exc:
             raise RecordNotFoundError(str(exc)) from exc
         except DocumentRefusedError as exc:
