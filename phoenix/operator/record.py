@@ -37,7 +37,7 @@ class StageRecord:
     # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
     redis: RedisSpec | None = field(default=None, repr=False)
     # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
-    # Secret check (redis_target.check_secrets_once) compares them with the current ones.
+    # Secret check (stage/secret_check.py) compares them with the current ones.
     redis_versions: tuple[tuple[str, str], ...] = ()
     # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
     # with it (drift.differences).
