@@ -23,7 +23,7 @@ from phoenix.worker_runtime import jsoncodec
 from phoenix.worker_runtime.processor import BaseProcessor
 from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
-from tests.fixtures.fuzzing import fuzz_settings
+from tests.fixtures.fuzzing import FUZZ_SCALE, fuzz_settings
 from tests.fixtures.inprocess import drained, running_worker
 from tests.fixtures.records import committed
 from tests.fixtures.replies import raw_stream_entries
@@ -176,6 +176,7 @@ MEASURED = [
 ]
 
 
+@pytest.mark.timeout(30 * FUZZ_SCALE)
 @fuzz_settings(25)
 @given(batch=st.lists(entries(), min_size=1, max_size=6))
 @example(batch=MEASURED)
@@ -193,7 +194,7 @@ def worker_process(workers: WorkerPool, redis: aioredis.Redis) -> Iterator[Worke
     yield workers.start("s", processor="tests.test_fuzz_entries:EchoProcessor", MAX_ENTRY_FIELDS=str(MAX_FIELDS), **env)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(60 * FUZZ_SCALE)
 @fuzz_settings(4)
 @given(batch=st.lists(entries(), min_size=5, max_size=15))
 async def test_a_phoenix_worker_process_takes_any_entry_and_stays_up(

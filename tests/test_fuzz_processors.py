@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, PermanentError, Record, RecordNotFoundError
 from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
-from tests.fixtures.fuzzing import fuzz_settings
+from tests.fixtures.fuzzing import FUZZ_SCALE, fuzz_settings
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.records import committed
 from tests.fixtures.replies import stream_entries
@@ -238,7 +238,7 @@ async def worker(request: pytest.FixtureRequest, redis_url: str, redis: aioredis
         yield w
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(60 * FUZZ_SCALE)  # a retry waits RETRY_BASE_SECONDS: about 0.5 s an example
 @fuzz_settings(18)
 @given(batch=behaviours)
 async def test_whatever_a_processor_returns_or_raises_each_record_ends_once(

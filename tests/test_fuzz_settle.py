@@ -31,7 +31,7 @@ from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.retry import RetryScheduler
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Settler
-from tests.fixtures.fuzzing import fuzz_settings
+from tests.fixtures.fuzzing import FUZZ_SCALE, fuzz_settings
 from tests.fixtures.replies import get_text, read_group, scored_members, stream_entries
 from tests.fixtures.tcp_proxy import TcpProxy, tcp_proxy
 
@@ -87,7 +87,7 @@ async def _promote_until_cancelled(scheduler: RetryScheduler) -> None:
         await asyncio.sleep(0.02)
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(120 * FUZZ_SCALE)  # a lost reply costs a socket timeout: about 1 s an example
 @fuzz_settings(10)
 @given(batch=items, lost=st.integers(0, 2), split=st.integers(0, 10))
 async def test_every_outcome_is_written_once_whatever_replies_are_lost_and_items_fail(

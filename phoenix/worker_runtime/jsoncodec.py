@@ -26,8 +26,6 @@ import orjson
 # (bytes.translate, then a substring search), where a regular expression cost more than the parse on a page of text.
 _DIGITS_TO_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_NUMBER = b"0" * 19
-# The deepest MAX_DATA_DEPTH may be: well within both parsers' reach wherever the worker's stack stands.
-DEPTH_CEILING = 512
 # For nests_deeper: every byte but the brackets deleted, and each bracket's step in depth.
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 _STEP = tuple(1 if b in b"[{" else -1 for b in range(256))
