@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from phoenix.record_format import DATA_DEPTH_LIMIT
 from phoenix.worker_runtime import jsoncodec
 from phoenix.worker_runtime.processor import BaseProcessor
 from phoenix.worker_runtime.worker import Worker
@@ -72,9 +73,9 @@ def nested(depth: int, kind: str) -> bytes:
 data_values = st.one_of(
     st.dictionaries(st.text(max_size=8), json_values, max_size=5).map(lambda d: json.dumps(d).encode()),
     json_values.map(lambda v: json.dumps(v).encode()),  # a JSON value that may be no object
-    # Around the limits: MAX_DATA_DEPTH, orjson's writer (254) and reader (1024), the json module's recursion.
+    # Around the limits: orjson's writer (254), the json module's recursion (near 940), DATA_DEPTH_LIMIT (1024).
     st.tuples(
-        st.sampled_from([2, 254, 256, 511, 512, 513, 1000, 1025, 3000]) | st.integers(1, 3000), st.sampled_from("[{")
+        st.sampled_from([2, 254, 256, 940, 1022, 1023, 1024, 3000]) | st.integers(1, 3000), st.sampled_from("[{")
     ).map(lambda t: nested(*t)),
     st.sampled_from(
         [
@@ -209,11 +210,12 @@ async def test_a_phoenix_worker_process_takes_any_entry_and_stays_up(
 
 
 def _depth(value: object) -> int:
-    if isinstance(value, dict):
-        return 1 + max(map(_depth, value.values()), default=0)
-    if isinstance(value, list):
-        return 1 + max(map(_depth, value), default=0)
-    return 0
+    """How deep a parsed value nests lists and dicts, level by level (a recursion would stop at Python's limit)."""
+    depth, level = 0, [value]
+    while level := [v for v in level if isinstance(v, list | dict)]:
+        depth += 1
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v)]
+    return depth
 
 
 tricky_text = st.text(alphabet=st.sampled_from('[]{}"\\ax\u00e9'), max_size=8)
@@ -225,9 +227,28 @@ deep_values = st.recursive(
 
 
 @fuzz_settings(300)
-@given(value=deep_values, limit=st.integers(1, 12), indent=st.sampled_from([None, 1]))
-def test_nests_deeper_tells_the_depth_json_reads(value: object, limit: int, indent: int | None) -> None:
+@given(value=deep_values, indent=st.sampled_from([None, 1]))
+def test_nesting_is_the_depth_json_reads(value: object, indent: int | None) -> None:
     """Brackets inside strings (escaped quotes and backslashes around them) nest nothing; whitespace changes
     nothing."""
     text = json.dumps(value, indent=indent, ensure_ascii=False).encode()
-    assert jsoncodec.nests_deeper(text, limit) == (_depth(json.loads(text)) > limit)
+    assert jsoncodec.nesting(text) == _depth(json.loads(text))
+
+
+@fuzz_settings(40)
+@given(depth=st.integers(2, 2 * DATA_DEPTH_LIMIT), kind=st.sampled_from("[{"), odd=st.booleans())
+@example(depth=DATA_DEPTH_LIMIT, kind="[", odd=True)
+@example(depth=DATA_DEPTH_LIMIT + 1, kind="{", odd=True)
+def test_data_reads_and_results_write_to_the_depth_limit_and_no_deeper(depth: int, kind: str, odd: bool) -> None:
+    """Either way orjson goes (`odd`: a number only the json module reads exactly, or a key orjson cannot write),
+    data within DATA_DEPTH_LIMIT reads, and a result within it writes; deeper is DataTooDeep."""
+    text = nested(depth - 1, kind).replace(b'"deep"', b'"n": 12345678901234567890, "deep"' if odd else b'"deep"')
+    if depth > DATA_DEPTH_LIMIT:
+        with pytest.raises(jsoncodec.DataTooDeep):
+            jsoncodec.loads(text)
+        return
+    value = jsoncodec.loads(text)
+    assert _depth(value) == depth
+    if odd:
+        value[1] = "a key orjson cannot write"
+    assert _depth(json.loads(jsoncodec.dumps(value, str))) == depth

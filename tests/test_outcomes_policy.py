@@ -37,7 +37,7 @@ def _message(retry_count: int = 0, first_failed_at: float | None = None) -> Mess
     if retry_count:
         raw[b"retry_count"] = str(retry_count).encode()
         raw[b"first_failed_at"] = repr(first_failed_at or time.time()).encode()
-    m = parse_entry("1700000000000-0", raw, 1_000_000, 1000, 512)
+    m = parse_entry("1700000000000-0", raw, 1_000_000, 1000)
     assert isinstance(m, Message)
     return m
 

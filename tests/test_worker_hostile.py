@@ -45,7 +45,7 @@ async def test_deeply_nested_data_is_dead_lettered_and_the_records_behind_it_flo
     assert set(dead) == {lists, objects}
     for fields in dead.values():
         assert fields["error_type"] == "MalformedMessage"
-        assert fields["error"] == "data nests deeper than MAX_DATA_DEPTH=512 levels"
+        assert fields["error"] == "data nests deeper than 1024 levels"
     assert w.alive
 
 

@@ -36,7 +36,7 @@ def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
         b"original_id": b"1-0",
         b"traceparent": b"00-ab-cd-01",
     }
-    message = parse_entry("5-0", raw, 1_000_000, 1000, 512)
+    message = parse_entry("5-0", raw, 1_000_000, 1000)
     assert isinstance(message, Message)
     assert (message.record_id, message.user_id, message.data) == ("r1", "u", {"extra": "x", "n": 1})
     assert (message.retry_count, message.first_failed_at, message.original_id) == (2, 1.5, "1-0")
@@ -62,7 +62,7 @@ def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
     ],
 )
 def test_parse_entry_names_what_is_wrong(raw: dict[bytes, bytes], max_bytes: int, reason: str) -> None:
-    parsed = parse_entry("1-0", raw, max_bytes, 4, 512)
+    parsed = parse_entry("1-0", raw, max_bytes, 4)
     assert isinstance(parsed, MalformedEntry) and parsed.raw is raw
     assert parsed.reason.startswith(reason)
 

@@ -54,9 +54,7 @@ class MalformedEntry:
     reason: str
 
 
-def parse_entry(
-    entry_id: str, raw: RawFields, max_bytes: int, max_fields: int, max_depth: int
-) -> Message | MalformedEntry:
+def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) -> Message | MalformedEntry:
     """Validate one entry; anything wrong becomes a MalformedEntry with the reason (RecordPolicy.screen makes one
     of anything it raises all the same)."""
     if len(raw) > max_fields + _RETRY_ADDED_FIELDS:  # before decoding thousands of fields
@@ -84,10 +82,10 @@ def parse_entry(
             entry_id, raw, f"entry carries the {PACKED_FIELDS} of an entry too wide for the runtime's scripts"
         )
     if "data" in fields:
-        if jsoncodec.nests_deeper(raw[b"data"], max_depth):
-            return MalformedEntry(entry_id, raw, f"data nests deeper than MAX_DATA_DEPTH={max_depth} levels")
         try:
             payload = jsoncodec.loads(raw[b"data"])
+        except jsoncodec.DataTooDeep as exc:
+            return MalformedEntry(entry_id, raw, f"data {exc}")
         except ValueError as exc:
             return MalformedEntry(entry_id, raw, f"data is not valid JSON: {exc}")
         if not isinstance(payload, dict):

@@ -125,7 +125,7 @@ class RecordPolicy:
             reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
             return Unprocessable(entry_id, raw, reason, "PoisonMessage", deliveries)
         try:
-            parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields, s.max_data_depth)
+            parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields)
         except Exception as exc:  # an entry that cannot be parsed, for any reason, is malformed
             parsed = MalformedEntry(entry_id, raw, f"entry cannot be read: {error_line(exc)}")
         if isinstance(parsed, MalformedEntry):

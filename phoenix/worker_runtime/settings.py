@@ -19,7 +19,7 @@ from phoenix.keys import (
     input_stream,
     stage_of_input,
 )
-from phoenix.record_format import DATA_DEPTH_CEILING, SCRIPT_SAFE_FIELDS
+from phoenix.record_format import SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 
@@ -96,8 +96,6 @@ class WorkerSettings(BaseSettings):
     max_message_bytes: int = Field(1_048_576, ge=1024)
     # Wider entries are dead-lettered at parse; the scripts write at most SCRIPT_SAFE_FIELDS field by field.
     max_entry_fields: int = Field(1000, ge=4, le=SCRIPT_SAFE_FIELDS)
-    # Data nested deeper is dead-lettered at parse, before either JSON parser could fail on it (jsoncodec.py).
-    max_data_depth: int = Field(DATA_DEPTH_CEILING, ge=1, le=DATA_DEPTH_CEILING)
     # One read asks for at most READ_MEMORY_BYTES / MAX_MESSAGE_BYTES entries (at least one); the operator sets it
     # from the pod's memory limit (docs/durability.md).
     read_memory_bytes: int = Field(268_435_456, ge=1)
