@@ -96,6 +96,19 @@ async def test_a_bad_cache_key_stops_the_worker_with_one_line(workers: WorkerPoo
     assert "sk-not-a-fernet-key" not in line
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("url", ["ftp://{user}:{password}@billing:4000", "https://{user}:{password}@"])
+async def test_a_bad_billing_url_is_refused_without_its_credentials(
+    workers: WorkerPool, key_service: KeyService, url: str
+) -> None:
+    user, password = f"u{secrets.token_hex(4)}", f"pw{secrets.token_hex(8)}"
+    w = workers.start("s", **billing_env(key_service, BILLING_URL=url.format(user=user, password=password)))
+    assert w.process.popen.wait(timeout=30) == 2
+    [line] = w.process.log_path.read_text().splitlines()
+    assert line.startswith("phoenix worker: invalid configuration: BILLING_URL: "), line
+    assert "://***@" in line and user not in line and password not in line
+
+
 async def _retried(w: object) -> bool:
     events = w.events()  # type: ignore[attr-defined]
     return any(

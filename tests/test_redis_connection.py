@@ -111,7 +111,7 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
 def test_connection_settings_are_checked_at_start(variables: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         WorkerSettings(service_name="s", processor="p", **variables)
-    line = describe_validation_error(caught.value)
+    line = describe_validation_error(caught.value, WorkerSettings)
     assert message in line and "\n" not in line
 
 

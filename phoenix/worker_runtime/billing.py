@@ -154,7 +154,7 @@ def load_billing_settings() -> BillingSettings:
     try:
         return BillingSettings()
     except ValidationError as exc:
-        raise BillingConfigError(describe_validation_error(exc)) from None
+        raise BillingConfigError(describe_validation_error(exc, BillingSettings)) from None
 
 
 class ApiKeyProvider:
@@ -183,6 +183,9 @@ class ApiKeyProvider:
             raise BillingConfigError("BILLING_URL is set but BILLING_MASTER_KEY is not")
         for secret in (master_key, cache_key):
             scrub.register(secret.get_secret_value() if secret is not None else None)
+        if billing_url is not None:  # a URL's user info is a credential too (a proxy's basic auth)
+            url = URL(billing_url)
+            scrub.register(url.user, url.raw_user, url.password, url.raw_password)
         self._cipher: MultiFernet | None = None
         if cache_key is not None:
             self._cipher = _cache_cipher(cache_key.get_secret_value())

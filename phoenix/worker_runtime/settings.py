@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from phoenix.errors import ConfigError
@@ -22,6 +22,7 @@ from phoenix.keys import (
 from phoenix.record_format import SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
+from phoenix.worker_runtime.scrub import without_user_info
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 # The Redis client's socket timeout must outlast its longest blocking command (XREADGROUP BLOCK, WAIT) by this much:
@@ -260,11 +261,16 @@ class WorkerSettings(BaseSettings):
         return self.keys.record_prefix
 
 
-_SECRET_FIELDS = {"redis_url", "redis_sentinel_password", "billing_master_key", "billing_cache_key"}
+def secret_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of a settings model that hold a secret: those typed SecretStr (optional or not)."""
+    fields = model.model_fields.items()
+    return frozenset(name for name, field in fields if SecretStr in (field.annotation, *get_args(field.annotation)))
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming each bad variable; values of secret variables are never echoed."""
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line naming each bad variable of `model`; the value of a secret one is never echoed, nor the user info
+    of a URL in any other (BILLING_URL=https://user:password@host)."""
+    secret = secret_fields(model)
     problems = []
     for err in exc.errors():
         message = err["msg"].removeprefix("Value error, ")
@@ -272,8 +278,8 @@ def describe_validation_error(exc: ValidationError) -> str:
             problems.append(message)
             continue
         field = str(err["loc"][0])
-        value = "" if field in _SECRET_FIELDS or err["type"] == "missing" else f" (got {err.get('input')!r})"
-        problems.append(f"{field.upper()}: {message}{value}")
+        value = "" if field in secret or err["type"] == "missing" else f" (got {err.get('input')!r})"
+        problems.append(f"{field.upper()}: {message}{without_user_info(value)}")
     return "; ".join(problems)
 
 
@@ -281,4 +287,4 @@ def load_settings() -> WorkerSettings:
     try:
         return WorkerSettings()
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from None
+        raise ConfigError(describe_validation_error(exc, WorkerSettings)) from None
