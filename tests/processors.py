@@ -266,6 +266,20 @@ class SecretQuotingProcessor(BaseProcessor):
             raise
 
 
+class EnvQuotingProcessor(BaseProcessor):
+    """Fails quoting `name=value` of every environment variable data["quote"] names, after logging the failure with
+    its traceback. data["permanent"]: a PermanentError (DLQ), else a transient error (retried)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        quoted = " ".join(f"{name}={os.environ.get(name)}" for name in data["quote"])
+        error = InvalidInputError(quoted) if data.get("permanent") else ConnectionError(quoted)
+        try:
+            raise error
+        except Exception:
+            self.logger.exception("vendor_call_failed", detail=quoted)
+            raise
+
+
 class KeyRefusingProcessor(BaseProcessor):
     """Refuses the first API key it is given for a record, as an LLM service refuses a revoked key (HTTP 401), and
     writes down every key it was given in the list `keys-given:{record_id}`."""

@@ -122,6 +122,10 @@ class WorkerSettings(BaseSettings):
     circuit_reset_timeout: PositiveSeconds = 60
     circuit_half_open_calls: int = Field(3, ge=1)
 
+    # Variables whose values are secrets, masked like the Redis password (scrub.py): names separated by commas. The
+    # operator lists those spec.env and spec.pod.envFrom take from Secrets.
+    masked_env: str = ""
+
     shutdown_grace: float = Field(25, ge=0)
     health_port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -246,6 +250,11 @@ class WorkerSettings(BaseSettings):
             output=self.output_queue,
             partitions=self.partitions,
         )
+
+    @property
+    def masked_variables(self) -> tuple[str, ...]:
+        """The names MASKED_ENV lists."""
+        return tuple(name for name in (part.strip() for part in self.masked_env.split(",")) if name)
 
     @property
     def retention(self) -> Retention | None:
