@@ -66,7 +66,7 @@ async def _delete_redis_data(
 ) -> tuple[StageKeys, Destroyed | NotHeld]:
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
-    redis = record.redis or (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
+    redis = record.redis or await redis_of(ctx.kube, stage)
     streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     try:
         return streams, await destroy(ctx.pool.client(redis), streams, body["metadata"]["uid"])

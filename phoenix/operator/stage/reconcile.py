@@ -25,9 +25,10 @@ from phoenix.operator.builders import Owner, resolve_streams
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, retry_delay
 from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.kube.secrets import SecretReads, read_pod_secrets
 from phoenix.operator.record import StageRecord
 from phoenix.operator.redis.pool import RedisPool
-from phoenix.operator.redis.target import RedisTarget, read_redis_target
+from phoenix.operator.redis.target import read_redis_target
 from phoenix.operator.stage.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
@@ -121,9 +122,11 @@ async def apply_spec(
     stage = parse_stage(body)
     owner = Owner.from_body(body)
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
-    target = await redis_of(kube, stage, owner.uid)
+    reads = SecretReads(kube, stage.namespace)
+    redis = await read_redis_target(reads, stage.spec.redis)
+    secrets = await read_pod_secrets(reads, stage.spec)
     # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
-    record.redis_versions, redis = target.versions, target.spec
+    record.secret_versions = secrets.versions
     existed_before = record.streams is not None or bool(record.status.get("streams"))
     actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before)
     try:
@@ -138,7 +141,7 @@ async def apply_spec(
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
-            kube, owner, stage, keda_scales, target.digest, forward_partitions
+            kube, owner, stage, keda_scales, secrets, forward_partitions
         )
         actions += deployment_actions
         budget_actions, budget = await apply_disruption_budget(kube, owner, stage)
@@ -206,9 +209,9 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_of(kube: KubeApi, stage: PhoenixStage, uid: str) -> RedisTarget:
+async def redis_of(kube: KubeApi, stage: PhoenixStage) -> RedisSpec:
     """The stage's Redis as the operator and KEDA reach it from their own namespaces, read from its Secrets."""
-    return await read_redis_target(kube, stage.namespace, stage.spec.redis, uid)
+    return await read_redis_target(SecretReads(kube, stage.namespace), stage.spec.redis)
 
 
 async def prepare_streams(
