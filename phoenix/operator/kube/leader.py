@@ -88,6 +88,8 @@ def lease_config(name: str, namespace: str | None) -> LeaseConfig:
 
 
 class LeaseElector:
+    """Acquires, renews and releases the operator's leader Lease, as client-go's leader election does."""
+
     def __init__(self, api_client: client.ApiClient, config: LeaseConfig) -> None:
         self._api = client.CoordinationV1Api(api_client)
         self.config = config
