@@ -11,6 +11,9 @@ from __future__ import annotations
 PREFIX = "phoenix.io"
 # kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.stage_deleted).
 FINALIZER = f"{PREFIX}/finalizer"
+# kopf's copy of the spec it last handled, on each PhoenixStage (kube/kopf_settings.py).
+LAST_HANDLED_KEY = "last-handled-configuration"
+LAST_HANDLED_ANNOTATION = f"{PREFIX}/{LAST_HANDLED_KEY}"
 
 # Labels of every child object (Deployment, ScaledObject, TriggerAuthentication) of a stage.
 NAME_LABEL = "app.kubernetes.io/name"

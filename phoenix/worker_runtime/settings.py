@@ -276,6 +276,12 @@ def secret_fields(model: type[BaseModel]) -> frozenset[str]:
     return frozenset(name for name, field in fields if SecretStr in (field.annotation, *get_args(field.annotation)))
 
 
+def public_variables(*models: type[BaseModel]) -> frozenset[str]:
+    """The variables of these settings models whose values are no secret, in upper case: what a support bundle may
+    show (phoenix/cli/report.py)."""
+    return frozenset(name.upper() for model in models for name in set(model.model_fields) - secret_fields(model))
+
+
 def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
     """One line naming each bad variable of `model`; the value of a secret one is never echoed, nor the user info
     of a URL in any other (BILLING_URL=https://user:password@host)."""
