@@ -32,28 +32,35 @@ from functools import lru_cache
 MASK = "***"
 MIN_LENGTH = 8
 
-# A known form and, for a short one, the pattern that finds it as a whole token (None: replaced wherever it is).
-_Mask = tuple[str, re.Pattern[str] | None]
+# The known forms: those masked wherever they are, longest first (so that a value containing another one is masked
+# whole), then the short ones, each with the pattern that finds it as a whole token.
+_Masks = tuple[tuple[str, ...], tuple[tuple[str, re.Pattern[str]], ...]]
 
 _registered: set[str] = set()
-# Longest first, so that a value containing another one is masked whole.
-_ordered: tuple[_Mask, ...] = ()
-_exposed: ContextVar[tuple[_Mask, ...]] = ContextVar("phoenix_exposed_secrets", default=())
-
-
-@lru_cache(maxsize=1024)
-def _mask(form: str) -> _Mask:
-    if len(form) >= MIN_LENGTH:
-        return form, None
-    return form, re.compile(rf"(?<!\w){re.escape(form)}(?!\w)")
+_ordered: _Masks = ((), ())
+_exposed: ContextVar[_Masks] = ContextVar("phoenix_exposed_secrets", default=((), ()))
 
 
 def _forms(value: str) -> set[str]:
     return {value, json.dumps(value)[1:-1], repr(value)[1:-1]}
 
 
-def _longest_first(forms: set[str]) -> tuple[_Mask, ...]:
-    return tuple(_mask(form) for form in sorted(forms, key=len, reverse=True))
+@lru_cache(maxsize=1024)
+def _token(form: str) -> re.Pattern[str]:
+    return re.compile(rf"(?<!\w){re.escape(form)}(?!\w)")
+
+
+def _masks(forms: set[str]) -> _Masks:
+    longest_first = sorted(forms, key=len, reverse=True)
+    return (
+        tuple(form for form in longest_first if len(form) >= MIN_LENGTH),
+        tuple((form, _token(form)) for form in longest_first if len(form) < MIN_LENGTH),
+    )
+
+
+def _known(masks: _Masks) -> set[str]:
+    anywhere, tokens = masks
+    return {*anywhere, *(form for form, _ in tokens)}
 
 
 def register(*values: str | None) -> None:
@@ -62,24 +69,30 @@ def register(*values: str | None) -> None:
     for value in values:
         if value:
             _registered.update(_forms(value))
-    _ordered = _longest_first(_registered)
+    _ordered = _masks(_registered)
 
 
 def expose(value: str) -> None:
     """Mask `value` in this task (and the tasks and threads it starts from now on) for the rest of its life."""
-    exposed = _exposed.get()
-    forms = _forms(value).difference(form for form, _ in exposed)
-    if value and forms:
-        _exposed.set(_longest_first({*(form for form, _ in exposed), *forms}))
+    exposed = _known(_exposed.get())
+    if value and not _forms(value) <= exposed:
+        _exposed.set(_masks(exposed | _forms(value)))
+
+
+def _masked(text: str, masks: _Masks) -> str:
+    anywhere, tokens = masks
+    for form in anywhere:
+        if form in text:
+            text = text.replace(form, MASK)
+    for form, token in tokens:
+        if form in text:
+            text = token.sub(MASK, text)
+    return text
 
 
 def scrub(text: str) -> str:
     """`text` with every known secret replaced by MASK; the same string when it holds none."""
-    for masks in (_ordered, _exposed.get()):
-        for form, token in masks:
-            if form in text:
-                text = text.replace(form, MASK) if token is None else token.sub(MASK, text)
-    return text
+    return _masked(_masked(text, _ordered), _exposed.get())
 
 
 _USER_INFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s]*@")
