@@ -61,31 +61,37 @@ def _url(redis_url: str, user: str, password: str) -> str:
     return f"redis://{user}:{password}@{host_port}/11"
 
 
-def _secret(namespace: str, url: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "rotating-redis", "namespace": namespace},
-        "type": "Opaque",
-        "stringData": {"url": url},
-    }
+def _opaque(namespace: str, name: str, data: dict[str, str]) -> dict[str, Any]:
+    metadata = {"name": name, "namespace": namespace}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": data}
 
 
-def _stage(namespace: str) -> dict[str, Any]:
+def _one_worker_stage(namespace: str, name: str, processor: str, **spec: Any) -> dict[str, Any]:
+    """A stage of one worker, no autoscaling, its Redis URL in the Secret `<name>-redis` (key `url`)."""
     return {
         "apiVersion": "phoenix.io/v1alpha1",
         "kind": "PhoenixStage",
-        "metadata": {"name": STAGE, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "processor": "tests.processors:ScriptedProcessor",
+            "processor": processor,
             "image": "unused:1",
-            "output": {"stream": OUTPUT},
-            "redis": {"urlSecretRef": {"name": "rotating-redis", "key": "url"}},
+            "redis": {"urlSecretRef": {"name": f"{name}-redis", "key": "url"}},
             "replicas": {"min": 1, "max": 1},
             "autoscaling": {"enabled": False},
-            "worker": {"concurrency": 4, "claimIdleMs": 2000, "lockTimeout": 5},
+            **spec,
         },
     }
+
+
+def _secret(namespace: str, url: str) -> dict[str, Any]:
+    return _opaque(namespace, f"{STAGE}-redis", {"url": url})
+
+
+def _stage(namespace: str) -> dict[str, Any]:
+    worker = {"concurrency": 4, "claimIdleMs": 2000, "lockTimeout": 5}
+    return _one_worker_stage(
+        namespace, STAGE, "tests.processors:ScriptedProcessor", output={"stream": OUTPUT}, worker=worker
+    )
 
 
 def _template_digest(api: client.ApiClient, namespace: str) -> str | None:
@@ -173,28 +179,16 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
 VENDOR = "vendor"
 
 
-def _opaque(namespace: str, name: str, data: dict[str, str]) -> dict[str, Any]:
-    metadata = {"name": name, "namespace": namespace}
-    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": data}
-
-
 def _vendor_stage(namespace: str) -> dict[str, Any]:
     """A stage whose processor quotes the variables it is told to in its errors (dead-lettered): one from a Secret
     by spec.env's secretKeyRef, the keys of another by spec.pod.envFrom's secretRef."""
-    return {
-        "apiVersion": "phoenix.io/v1alpha1",
-        "kind": "PhoenixStage",
-        "metadata": {"name": VENDOR, "namespace": namespace},
-        "spec": {
-            "processor": "tests.processors:EnvQuotingProcessor",
-            "image": "unused:1",
-            "redis": {"urlSecretRef": {"name": "vendor-redis", "key": "url"}},
-            "replicas": {"min": 1, "max": 1},
-            "autoscaling": {"enabled": False},
-            "env": [{"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor-token", "key": "token"}}],
-            "pod": {"envFrom": [{"secretRef": {"name": "vendor-api"}}]},
-        },
-    }
+    return _one_worker_stage(
+        namespace,
+        VENDOR,
+        "tests.processors:EnvQuotingProcessor",
+        env=[{"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor-token", "key": "token"}}],
+        pod={"envFrom": [{"secretRef": {"name": "vendor-api"}}]},
+    )
 
 
 def _template(api: client.ApiClient, namespace: str) -> tuple[dict[str, str], dict[str, str]]:
