@@ -125,6 +125,15 @@ class CacheSeal:
         self._ciphers = [AESGCM(HKDF(SHA256(), length=32, salt=None, info=info).derive(key)) for key in keys]
         self._namespace = namespace
 
+    @classmethod
+    def of(cls, namespace: str, cache_key: SecretStr | None, master_key: SecretStr | None) -> CacheSeal | None:
+        """The namespace's seal under BILLING_CACHE_KEY, else BILLING_MASTER_KEY; None without either."""
+        if cache_key is not None:
+            return cls(_cache_keys(cache_key.get_secret_value()), namespace)
+        if master_key is not None and master_key.get_secret_value():
+            return cls([master_key.get_secret_value().encode()], namespace)
+        return None
+
     def _bound(self, user_id: str) -> bytes:
         return json.dumps([self._namespace, user_id]).encode()
 
@@ -243,11 +252,7 @@ class ApiKeyProvider:
         if billing_url is not None:  # a URL's user info is a credential too (a proxy's basic auth)
             url = URL(billing_url)
             scrub.register(url.user, url.raw_user, url.password, url.raw_password)
-        self._seal: CacheSeal | None = None
-        if cache_key is not None:
-            self._seal = CacheSeal(_cache_keys(cache_key.get_secret_value()), namespace)
-        elif master_key is not None and master_key.get_secret_value():
-            self._seal = CacheSeal([master_key.get_secret_value().encode()], namespace)
+        self._seal = CacheSeal.of(namespace, cache_key, master_key)
         self._max_age = cache_max_age
         self._redis = redis
         self._stage = stage

@@ -98,7 +98,7 @@ def worker_env(
     if memory_limit is not None:
         plain["READ_MEMORY_BYTES"] = str(int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE)
     plain.update(redis_plain_env(spec.redis))
-    if masked := from_secrets(spec, secret_keys or {}):
+    if masked := _taken_from_secrets(spec, secret_keys or {}):
         plain["MASKED_ENV"] = ",".join(masked)
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
     env.append(_from_secret("REDIS_URL", spec.redis.url_secret_ref))
@@ -112,7 +112,7 @@ def worker_env(
     return env
 
 
-def from_secrets(spec: PhoenixStageSpec, secret_keys: Mapping[str, tuple[str, ...]]) -> list[str]:
+def _taken_from_secrets(spec: PhoenixStageSpec, secret_keys: Mapping[str, tuple[str, ...]]) -> list[str]:
     """The variables of the worker container whose value comes from a Secret of spec.env or spec.pod.envFrom, as
     Kubernetes resolves them (`env` wins over `envFrom`), sorted: the worker masks their values (MASKED_ENV). The
     operator's own are not listed (the worker masks the passwords of REDIS_URL and REDIS_SENTINEL_PASSWORD
@@ -265,7 +265,7 @@ def pod_keys(spec: PhoenixStageSpec) -> str:
     )
 
 
-def secret_versions(versions: tuple[tuple[str, str], ...]) -> str:
+def _secret_versions(versions: tuple[tuple[str, str], ...]) -> str:
     """The pod template's phoenix.io/secret-versions: `name=resourceVersion` of each Secret read, by name."""
     return ",".join(f"{name}={version}" for name, version in sorted(versions))
 
@@ -298,7 +298,7 @@ def build_deployment(
     if restarted_at is not None:
         pod_annotations[RESTARTED_AT_ANNOTATION] = restarted_at
     if secrets is not None and secrets.versions:
-        pod_annotations[SECRET_VERSIONS_ANNOTATION] = secret_versions(secrets.versions)
+        pod_annotations[SECRET_VERSIONS_ANNOTATION] = _secret_versions(secrets.versions)
     volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}]
     if (tls_volume := redis_tls_volume(spec.redis)) is not None:
         volumes.append(tls_volume)
