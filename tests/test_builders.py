@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -141,7 +142,8 @@ def test_runtime_variables_are_exactly_the_reserved_names() -> None:
     spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS)
     # OUTPUT_PARTITIONS comes with output.stage, OUTPUT_RETENTION with output.stream: one spec cannot have both.
     to_stage = make_spec(output={"stage": "grouper"})
-    set_by_builder = set(env_of(build_deployment(OWNER, spec))) | set(env_of(build_deployment(OWNER, to_stage)))
+    owner = replace(OWNER, cluster="cluster-east")  # a stage of a known cluster: STAGE_CLUSTER
+    set_by_builder = set(env_of(build_deployment(owner, spec))) | set(env_of(build_deployment(owner, to_stage)))
     assert set_by_builder == set(RUNTIME_ENV_NAMES)
 
 

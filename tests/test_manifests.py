@@ -161,7 +161,12 @@ def test_cluster_role_is_least_privilege() -> None:
     assert "create" not in rules[("phoenix.io", "phoenixstages")]
     assert "delete" not in rules[("phoenix.io", "phoenixstages")]
     assert ("", "pods") not in rules
-    assert rules[("", "namespaces")] == {"list", "watch"}
+    assert rules[("", "namespaces")] == {"list", "watch", "get"}
+    # get: of kube-system alone (the cluster's identity, its uid).
+    [get] = [
+        r for r in load("rbac/cluster-role.yaml")["rules"] if r["resources"] == ["namespaces"] and "get" in r["verbs"]
+    ]
+    assert get["resourceNames"] == ["kube-system"] and get["verbs"] == ["get"]
 
 
 def test_cluster_role_lets_the_operator_manage_what_the_builders_build() -> None:

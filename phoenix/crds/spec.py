@@ -18,6 +18,7 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
     "KEY_NAMESPACE",
     "STAGE_UID",
+    "STAGE_CLUSTER",
     "INPUT_QUEUE",
     "OUTPUT_QUEUE",
     "OUTPUT_RETENTION",

@@ -29,6 +29,7 @@ from phoenix.worker_runtime.tracing import TraceIdsFilter, TracingConfigError, c
 
 # Kubernetes calls run in threads (the official client blocks); 200 stages reconciling at once need more
 # than asyncio's default of cpu+4 threads to stay quick.
+logger = logging.getLogger(__name__)
 API_THREADS = 32
 # What makes a --namespace value one of kopf's patterns (globs, negations, lists) rather than a name.
 NAMESPACE_PATTERN_CHARACTERS = set("*?[]!,")
@@ -87,10 +88,28 @@ async def serving_metrics(port: int, api: ApiReachability) -> AsyncIterator[None
         await runner.cleanup()
 
 
+async def cluster_identity(kube: KubeApi, configured: str | None) -> str:
+    """--cluster-id, else the uid of the kube-system namespace: unique to the cluster and kept for its life. ""
+    (markers then carry none, as before) when the operator may not read it and was given none."""
+    if configured:
+        return configured
+    try:
+        return await kube.namespace_uid("kube-system")
+    except (ApiException, HTTPError, OSError) as exc:
+        reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else type(exc).__name__
+        logger.warning(
+            "no cluster identity: the kube-system namespace could not be read (%s) and no --cluster-id was given; "
+            "the ownership markers of the stages' Redis keys name no cluster",
+            reason,
+        )
+        return ""
+
+
 async def operate(
     options: OperatorOptions, api_client: client.ApiClient, context: OperatorContext, lease: leader.LeaseConfig | None
 ) -> None:
     """Run kopf until stopped; with a Lease, only while holding it."""
+    context.cluster = await cluster_identity(context.kube, options.cluster_id)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # kopf installs its own handlers while it runs; these cover a standby, which does not run kopf.

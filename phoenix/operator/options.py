@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass
 
 DEFAULT_REFRESH_SECONDS = 10.0
 DEFAULT_LEASE_NAME = "phoenix-operator"
+CLUSTER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 
 
 @dataclass(frozen=True)
@@ -21,6 +23,7 @@ class OperatorOptions:
     leader_election: bool
     lease_name: str
     lease_namespace: str | None  # None: the pod's own namespace
+    cluster_id: str | None  # None: the uid of the cluster's kube-system namespace
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> OperatorOptions:
@@ -34,6 +37,7 @@ class OperatorOptions:
             leader_election=args.leader_election,
             lease_name=args.lease_name,
             lease_namespace=args.lease_namespace,
+            cluster_id=args.cluster_id or None,
         )
 
 
@@ -42,6 +46,12 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError("must be greater than 0")
     return value
+
+
+def _cluster_id(text: str) -> str:
+    if not re.match(CLUSTER_ID_PATTERN, text):
+        raise argparse.ArgumentTypeError("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return text
 
 
 def _port(text: str) -> int:
@@ -95,6 +105,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="NS",
         default=os.environ.get("POD_NAMESPACE"),
         help="namespace of the Lease (default $POD_NAMESPACE, else the pod's own namespace)",
+    )
+    parser.add_argument(
+        "--cluster-id",
+        type=_cluster_id,
+        metavar="ID",
+        default=os.environ.get("PHOENIX_CLUSTER_ID") or None,
+        help="this Kubernetes cluster's name in the ownership markers of the stages' Redis keys, so that clusters "
+        "sharing a Redis never take each other's keys (default $PHOENIX_CLUSTER_ID, else the uid of the "
+        "kube-system namespace; set it where the operator may not read that namespace)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(

@@ -60,6 +60,8 @@ class WorkerSettings(BaseSettings):
     redis_socket_timeout: PositiveSeconds | None = None  # None: the longest blocking command + 10 s
     # The PhoenixStage's uid (the operator sets it): proves to the keys' ownership marker that this is its worker.
     stage_uid: str = ""
+    # The Kubernetes cluster of that PhoenixStage (the operator sets it): written to the markers the worker creates.
+    stage_cluster: str = ""
 
     input_queue: str = ""
     output_queue: str = ""

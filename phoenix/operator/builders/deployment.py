@@ -51,15 +51,23 @@ def _number(value: float) -> str:
 
 
 def worker_env(
-    name: str, spec: PhoenixStageSpec, streams: StageKeys, uid: str = "", output_partitions: int = 1
+    name: str,
+    spec: PhoenixStageSpec,
+    streams: StageKeys,
+    uid: str = "",
+    output_partitions: int = 1,
+    *,
+    cluster: str = "",
 ) -> list[dict[str, Any]]:
-    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid`: the
-    PhoenixStage's, by which its workers prove they are its own to the keys' ownership marker. `output_partitions`:
-    the partitions of the stage `output.stage` names (its workers forward each record to its partition there)."""
+    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid` and
+    `cluster`: the PhoenixStage's and its Kubernetes cluster's, by which its workers prove they are its own to the
+    keys' ownership marker. `output_partitions`: the partitions of the stage `output.stage` names (its workers
+    forward each record to its partition there)."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
         "KEY_NAMESPACE": streams.namespace,
         **({"STAGE_UID": uid} if uid else {}),
+        **({"STAGE_CLUSTER": cluster} if cluster else {}),
         "PARTITIONS": str(spec.partitions),
         # A stage of several partitions derives one input and one DLQ per partition; it names none.
         **({"INPUT_QUEUE": streams.input, "DLQ_NAME": streams.dlq} if spec.partitions == 1 else {}),
@@ -176,7 +184,12 @@ def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> 
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["phoenix", "worker"],
         "env": worker_env(
-            owner.name, spec, resolve_streams(owner.name, owner.namespace, spec), owner.uid, output_partitions
+            owner.name,
+            spec,
+            resolve_streams(owner.name, owner.namespace, spec),
+            owner.uid,
+            output_partitions,
+            cluster=owner.cluster,
         ),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s

@@ -124,6 +124,10 @@ class KubeApi:
             raise StageError("SecretNotFound", f"Secret {name!r} does not exist in namespace {namespace!r}")
         return secret
 
+    async def namespace_uid(self, name: str) -> str:
+        """The uid of the namespace `name` (the cluster's identity, read from kube-system's)."""
+        return str((await _json(self._timeout, self._core.read_namespace, name))["metadata"]["uid"])
+
     async def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
         """The decoded value of one Secret key; a missing Secret or key is a StageError naming it (not its value)."""
         return secret_key(await self.read_secret(namespace, ref.name), ref.key).decode()
