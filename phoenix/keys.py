@@ -84,6 +84,22 @@ def name_marker(stream: str) -> str:
     return f"{PREFIX}:_name:{{{hashed_part(stream)}}}:{stream}"
 
 
+def claimed_names(namespace: str) -> str:
+    """Set of the claimed streams of `namespace`, kept by the operator for its Redis ACL users (never granted to a
+    namespace's user, so no tenant can add a name to it)."""
+    return f"{PREFIX}:_names:{{{namespace}}}"
+
+
+def namespace_patterns(namespace: str) -> tuple[str, ...]:
+    """Glob patterns of every key of `namespace` (Redis ACL key patterns): its tag and each partition's."""
+    return (f"{PREFIX}:{{{namespace}}}*", f"{PREFIX}:{{{namespace}~*")
+
+
+def glob_escaped(name: str) -> str:
+    """`name` as a Redis glob pattern matching it alone."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", name)
+
+
 def scope(namespace: str, partition: int | None = None) -> str:
     """The common start of every key of `namespace` (of its partition `partition`, None: of an unpartitioned stage
     or of a stage as a whole), hash tag included. The one place the tag is spelled."""

@@ -196,6 +196,36 @@ def test_binding_grants_the_role_to_the_operator_service_account() -> None:
 CLUSTER_ONLY = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
 
 
+def test_redis_acl_install_adds_only_the_user_secrets_rights_and_the_admin_secret_option() -> None:
+    kustomization = load("redis-acl/kustomization.yaml")
+    assert kustomization["resources"] == [
+        "../crds",
+        "../operator",
+        "../rbac",
+        "cluster-role.yaml",
+        "cluster-role-binding.yaml",
+    ]
+    (arg_patch,) = kustomization["patches"]
+    assert yaml.safe_load(arg_patch["patch"])[0]["value"] == "--redis-acl-admin-secret=phoenix-redis-admin"
+    rules = load("redis-acl/cluster-role.yaml")["rules"]
+    assert rules == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["phoenix-redis-user"],
+            "verbs": ["update", "delete"],
+        },
+    ]
+    binding, account = load("redis-acl/cluster-role-binding.yaml"), load("rbac/service-account.yaml")["metadata"]
+    assert binding["roleRef"]["name"] == "phoenix-operator-redis-acl"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    # Without it, the operator writes no Secret.
+    assert rbac_rules()[("", "secrets")] == {"get"}
+
+
 def test_namespaced_role_is_the_cluster_role_without_cluster_scoped_rights() -> None:
     rules = rbac_rules("namespaced/role.yaml")
     cluster = rbac_rules()

@@ -25,6 +25,8 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "CONSUMER_GROUP",
     "DLQ_NAME",
     "REDIS_URL",
+    "REDIS_USERNAME",
+    "REDIS_PASSWORD",
     "PROCESSOR",
     "LOCK_TIMEOUT",
     "IDEMPOTENCY_TTL",

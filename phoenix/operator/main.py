@@ -24,6 +24,7 @@ from phoenix.operator.kube import leader
 from phoenix.operator.kube.api import KubeApi, load_client
 from phoenix.operator.metrics import LEADER, REGISTRY
 from phoenix.operator.options import OperatorOptions, parse_options
+from phoenix.operator.redis.acl import RedisUsers
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.tracing import TraceIdsFilter, TracingConfigError, configure_tracing
 
@@ -110,6 +111,9 @@ async def operate(
 ) -> None:
     """Run kopf until stopped; with a Lease, only while holding it."""
     context.cluster = await cluster_identity(context.kube, options.cluster_id)
+    if options.acl is not None:
+        namespace = leader.lease_namespace(options.acl.admin_namespace)
+        context.users = RedisUsers(context.kube, options.acl, namespace, context.cluster)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # kopf installs its own handlers while it runs; these cover a standby, which does not run kopf.
@@ -156,6 +160,16 @@ def run(options: OperatorOptions) -> int:
             lease = leader.lease_config(options.lease_name, options.lease_namespace)
         except leader.LeaseConfigError as exc:
             print(f"phoenix operator: {exc}", file=sys.stderr)
+            return 2
+    if options.acl is not None:
+        try:
+            leader.lease_namespace(options.acl.admin_namespace)
+        except leader.LeaseConfigError:
+            print(
+                "phoenix operator: --redis-acl-admin-secret needs the operator's namespace: --lease-namespace (or "
+                "$POD_NAMESPACE) when not running in a pod",
+                file=sys.stderr,
+            )
             return 2
     api_client = load_client(API_THREADS)
     context = OperatorContext(KubeApi(api_client), options.namespaces, options.refresh_interval)

@@ -71,13 +71,15 @@ async def _delete_redis_data(
     redis = record.redis
     if redis is None:
         target = (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
-        redis = target
+        redis = (None if ctx.users is None else await ctx.users.operator_spec(target)) or target
     streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     client = ctx.pool.client(redis)
     try:
         destroyed = await destroy(client, streams, body["metadata"]["uid"], ctx.cluster)
         # The stage goes either way: the names it claimed are free for its namespace's other stages, or anyone.
-        await release_names(client, streams, streams.claimed_streams, ctx.cluster)
+        freed = await release_names(client, streams, streams.claimed_streams, ctx.cluster)
+        if ctx.users is not None:
+            await ctx.users.forget_names(stage.namespace, freed)
     except (RedisError, OSError) as exc:
         ctx.pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None

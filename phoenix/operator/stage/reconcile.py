@@ -27,7 +27,7 @@ from phoenix.operator.errors import StageError, retry_delay
 from phoenix.operator.kube.api import KubeApi
 from phoenix.operator.record import StageRecord
 from phoenix.operator.redis.pool import RedisPool
-from phoenix.operator.redis.target import RedisTarget, read_redis_target
+from phoenix.operator.redis.target import RedisTarget, read_redis_target, secrets_digest
 from phoenix.operator.stage.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
@@ -124,23 +124,37 @@ async def apply_spec(
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
     target = await redis_of(kube, stage, owner.uid)
     # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
-    record.redis_versions, redis = target.versions, target.spec
+    record.redis_versions = target.versions
+    # With Redis ACL users, the operator reaches an administered Redis with the admin's credentials.
+    administered = None if ctx.users is None else await ctx.users.operator_spec(target.spec)
+    redis = administered or target.spec
     existed_before = record.streams is not None or bool(record.status.get("streams"))
     actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before, owner.cluster)
-    await _release_unused_names(pool, redis, record.streams, streams, owner.cluster)
+    freed = await _release_unused_names(pool, redis, record.streams, streams, owner.cluster)
+    digest, user = target.digest, None
+    if administered is not None and ctx.users is not None:
+        await ctx.users.forget_names(owner.namespace, freed)
+        namespace_user = await ctx.users.ensure(owner.namespace, streams.claimed_streams)
+        user = namespace_user.user
+        # Its password rolls the workers when rotated, like a Secret of spec.redis.
+        digest = secrets_digest(owner.uid, (target.digest, namespace_user.password))
+        record.redis_versions = (*target.versions, (user.secret, namespace_user.version))
     try:
         forward_partitions, next_partitions = await output_partitions(kube, pool.client(redis), stage)
     except (RedisError, OSError) as exc:
         pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
     record.next_partitions = next_partitions
-    record.streams, record.redis = streams, redis
+    record.streams, record.redis, record.redis_user = streams, redis, user
     async with record.deployment_lock:
-        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis, forward_partitions)
+        connection = target.spec if user is None else target.spec.model_copy(update={"username": user.username})
+        autoscaling, keda_actions, watched = await apply_autoscaling(
+            kube, owner, stage, connection, forward_partitions, user
+        )
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
-            kube, owner, stage, keda_scales, target.digest, forward_partitions
+            kube, owner, stage, keda_scales, digest, forward_partitions, user
         )
         actions += deployment_actions
         budget_actions, budget = await apply_disruption_budget(kube, owner, stage)
