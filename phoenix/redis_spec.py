@@ -74,6 +74,8 @@ class ClusterUnavailable(PhoenixError, RedisConnectionError):
 
 
 class RedisSpec(BaseModel):
+    """How to reach one Redis: the URL parsed once and strictly, mode, Sentinel, TLS, timeouts."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: Mode = "standalone"

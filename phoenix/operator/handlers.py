@@ -17,11 +17,11 @@ from phoenix.operator.errors import StageError
 from phoenix.operator.kube.api import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.kube.kopf_settings import configure, quiet_handlers
 from phoenix.operator.metrics import observed_reconcile
-from phoenix.operator.redis.target import check_secrets_forever
 from phoenix.operator.stage.converge import converge_forever
 from phoenix.operator.stage.delete import delete_stage
 from phoenix.operator.stage.reconcile import child_changed, kopf_retry, next_stage_seen, reconcile_stage
 from phoenix.operator.stage.refresh import refresh_forever
+from phoenix.operator.stage.secret_check import check_secrets_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
 # The children the operator creates carry this label; only their events can be drift.

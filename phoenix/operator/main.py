@@ -140,7 +140,7 @@ async def operate(
             LEADER.set(1)
             await run_kopf()
         else:
-            await leader.lead(leader.LeaseElector(api_client, lease), run_kopf, stop)
+            await leader.lead(leader.LeaseElector(api_client, lease), run_kopf, stop, LEADER.set)
 
 
 def run(options: OperatorOptions) -> int:

@@ -41,7 +41,7 @@ class StageRecord:
     # The Redis ACL user of its namespace its workers log in as (redis/acl.py); None: its Redis is not administered.
     redis_user: RedisUser | None = None
     # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
-    # Secret check (redis_target.check_secrets_once) compares them with the current ones.
+    # Secret check (stage/secret_check.py) compares them with the current ones.
     redis_versions: tuple[tuple[str, str], ...] = ()
     # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
     # with it (drift.differences).

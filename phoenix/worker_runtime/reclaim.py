@@ -17,6 +17,8 @@ _FORGET_CONSUMER_AFTER_MS = 3_600_000
 
 
 class Reclaimer:
+    """Takes over a lane's entries left pending by dead workers (XAUTOCLAIM past CLAIM_IDLE_MS)."""
+
     def __init__(self, client: Redis, settings: WorkerSettings, stream: str) -> None:
         """`stream`: the lane's input (or outbox) whose pending entries this reclaims."""
         self._client = client

@@ -69,6 +69,8 @@ class UnmarkableTarget(StartRefused):
 
 
 class Relay:
+    """Moves each relayed lane's results from its outbox to the output in another slot, each entry once."""
+
     def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
         """Raises UnmarkableTarget (see there)."""
         s = settings

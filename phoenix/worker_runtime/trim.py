@@ -24,6 +24,8 @@ log = structlog.get_logger("phoenix.trim")
 
 
 class Trimmer:
+    """Applies OUTPUT_RETENTION to the stage's output: trims what every group has read, never more."""
+
     def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
         """One trim.lua call per lane of `routes`, each with the lane's keys only (one slot): the output is given
         to a lane's call when its commits forward to it in the lane's own script (to the outbox: the relay

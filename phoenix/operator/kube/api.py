@@ -93,6 +93,8 @@ def secret_key(secret: Mapping[str, Any], key: str) -> bytes:
 
 
 class KubeApi:
+    """The operator's Kubernetes calls, each with a timeout, off the event loop (the official client blocks)."""
+
     def __init__(self, api_client: client.ApiClient, request_timeout: Timeout = REQUEST_TIMEOUT_SECONDS) -> None:
         self._timeout = request_timeout
         self._status = StatusPatcher(api_client.configuration)

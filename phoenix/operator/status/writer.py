@@ -36,6 +36,8 @@ def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str
 
 
 class StatusWriter:
+    """Writes a stage's status subresource, only the fields that changed."""
+
     def __init__(self, kube: KubeApi) -> None:
         self._kube = kube
 
