@@ -239,15 +239,6 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     assert not connection.exists(f"phoenix:{{{ns}}}:grouper:input", f"phoenix:{{{ns}}}:grouper:owner")
 
 
-@pytest.fixture
-def neighbour(kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str) -> Iterator[str]:
-    """A second fresh namespace beside kube_namespace: another tenant."""
-    name = f"{kube_namespace[:56]}-other"
-    ensure_namespace(kube_cluster, name)
-    yield name
-    client.CoreV1Api(kube_api).delete_namespace(name)
-
-
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("redis_db", [15], indirect=True)
 def test_a_stream_one_namespace_named_is_refused_to_another(

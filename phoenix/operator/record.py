@@ -9,7 +9,6 @@ from typing import Any
 
 from phoenix.crds import Condition
 from phoenix.keys import StageKeys
-from phoenix.operator.builders import RedisUser
 from phoenix.redis_spec import RedisSpec
 
 StageKey = tuple[str, str]  # (namespace, name)
@@ -38,8 +37,9 @@ class StageRecord:
     # Resolved from the stage's Secret at its last reconcile; never printed (repr=False). With Redis ACL users, the
     # administered Redis with the admin's credentials.
     redis: RedisSpec | None = field(default=None, repr=False)
-    # The Redis ACL user of its namespace its workers log in as (redis/acl.py); None: its Redis is not administered.
-    redis_user: RedisUser | None = None
+    # The name of the Redis ACL user of its namespace its workers log in as (redis/acl.py); None: its Redis is not
+    # administered.
+    redis_user: str | None = None
     # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
     # Secret check (stage/secret_check.py) compares them with the current ones.
     redis_versions: tuple[tuple[str, str], ...] = ()

@@ -145,7 +145,8 @@ async def apply_spec(
         pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
     record.next_partitions = next_partitions
-    record.streams, record.redis, record.redis_user = streams, redis, user
+    record.streams, record.redis = streams, redis
+    record.redis_user = None if user is None else user.username
     async with record.deployment_lock:
         connection = target.spec if user is None else target.spec.model_copy(update={"username": user.username})
         autoscaling, keda_actions, watched = await apply_autoscaling(
