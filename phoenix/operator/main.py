@@ -89,11 +89,18 @@ async def serving_metrics(port: int, api: ApiReachability) -> AsyncIterator[None
         await runner.cleanup()
 
 
-async def cluster_identity(kube: KubeApi, configured: str | None) -> str:
+async def cluster_identity(kube: KubeApi, configured: str | None, namespaces: tuple[str, ...]) -> str:
     """--cluster-id, else the uid of the kube-system namespace: unique to the cluster and kept for its life. ""
-    (markers then carry none, as before) when the operator may not read it and was given none."""
+    (markers then carry none, as before) when the operator may not read it and was given none: an operator serving
+    named namespaces (whose install grants nothing cluster-wide) does not try."""
     if configured:
         return configured
+    if namespaces:
+        logger.warning(
+            "no cluster identity: an operator serving named namespaces reads nothing outside them; give it "
+            "--cluster-id so that the ownership markers of the stages' Redis keys name this cluster"
+        )
+        return ""
     try:
         return await kube.namespace_uid("kube-system")
     except (ApiException, HTTPError, OSError) as exc:
@@ -110,7 +117,7 @@ async def operate(
     options: OperatorOptions, api_client: client.ApiClient, context: OperatorContext, lease: leader.LeaseConfig | None
 ) -> None:
     """Run kopf until stopped; with a Lease, only while holding it."""
-    context.cluster = await cluster_identity(context.kube, options.cluster_id)
+    context.cluster = await cluster_identity(context.kube, options.cluster_id, options.namespaces)
     if options.acl is not None:
         namespace = leader.lease_namespace(options.acl.admin_namespace)
         context.users = RedisUsers(context.kube, options.acl, namespace, context.cluster)
