@@ -262,6 +262,10 @@ def test_the_password_rotates_the_workers_roll_and_nothing_is_lost(
         annotation = f"{PASSWORD_ROTATED_ANNOTATION}-"
         assert kube_cluster.kubectl("annotate", "secret", REDIS_USER_SECRET, "-n", ns, annotation).returncode == 0
         eventually(lambda: _secret_data(kube_api, ns)["password"] != second, "the password rotated on request", 30)
+        # A password emptied by hand is replaced, never given to Redis.
+        emptied = '{"data": {"password": ""}}'
+        assert kube_cluster.kubectl("patch", "secret", REDIS_USER_SECRET, "-n", ns, "-p", emptied).returncode == 0
+        eventually(lambda: len(_secret_data(kube_api, ns)["password"]) >= 32, "an emptied password replaced", 30)
 
 
 def _logs_in(port: int, user: str, password: str) -> bool:

@@ -24,7 +24,7 @@ import logging
 import secrets
 import time
 from base64 import b64decode, b64encode
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -56,6 +56,8 @@ USER_PREFIX = "phoenix."
 # users) and users of namespaces without stages are removed.
 SYNC_SECONDS = 10.0
 PASSWORD_BYTES = 32
+# A password in the Secret shorter than this was not written by the operator (token_urlsafe(32) gives 43).
+MIN_PASSWORD_CHARS = 32
 
 # What the worker runtime, the producer and the tools send, found with MONITOR and checked against ACL LOG by
 # tests/test_redis_acl.py (which fails on a command missing here, and on one here that none of them sends). A
@@ -223,10 +225,16 @@ class RedisUsers:
         options, now = self._options, time.time()
         secret = await self._kube.get_secret(namespace, REDIS_USER_SECRET)
         if secret is None:
-            created = await self._kube.create_secret(_user_secret(namespace, self._username(namespace), _new(), now))
+            created = await self._written(
+                self._kube.create_secret(_user_secret(namespace, self._username(namespace), _new(), now))
+            )
             return _decoded(created), None, created["metadata"]["resourceVersion"]
         annotations = secret["metadata"].get("annotations") or {}
         password, previous = _decoded(secret), annotations.get(PREVIOUS_PASSWORD_ANNOTATION)
+        if len(password) < MIN_PASSWORD_CHARS:  # emptied or shortened by hand: replaced at once, not kept
+            replaced = _user_secret(namespace, self._username(namespace), _new(), now)
+            written = await self._replace(secret, replaced)
+            return _decoded(written), None, written["metadata"]["resourceVersion"]
         # No time (the annotation removed by hand): due now.
         rotated = _timestamp(annotations.get(PASSWORD_ROTATED_ANNOTATION)) or 0.0
         if options.rotation_seconds and now - rotated >= options.rotation_seconds:
@@ -243,10 +251,15 @@ class RedisUsers:
         meta = wanted["metadata"]
         meta["resourceVersion"] = current["metadata"]["resourceVersion"]
         meta["labels"] = {**(current["metadata"].get("labels") or {}), **meta["labels"]}
+        return await self._written(self._kube.replace_secret(wanted))
+
+    @staticmethod
+    async def _written(write: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+        """A write of the user's Secret; a refusal is a StageError with its status alone (the API server's answer
+        might quote what was sent). 409: changed or created since it was read; the next sync reads it again."""
         try:
-            return await self._kube.replace_secret(wanted)
+            return await write
         except ApiException as exc:
-            # 409: changed since it was read; the next sync reads it again.
             raise StageError("KubernetesApiError", f"Secret {REDIS_USER_SECRET}: {exc.status} {exc.reason}") from None
 
     def _username(self, namespace: str) -> str:
