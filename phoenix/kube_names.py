@@ -54,3 +54,9 @@ PAUSED_REPLICAS_ANNOTATION = "autoscaling.keda.sh/paused-replicas"
 # The worker pod's own volumes and where the container mounts them: spec.pod.volumes and volumeMounts keep off them.
 TMP_VOLUME, TMP_DIR = "tmp", "/tmp"
 REDIS_TLS_VOLUME, REDIS_TLS_DIR = "redis-tls", "/etc/phoenix/redis-tls"
+
+# The Secret of each namespace holding the password of its Redis ACL user (operator/redis/acl.py), and when it was
+# last replaced and the SHA-256 of the one it replaced (valid until the grace period is over) as its annotations.
+REDIS_USER_SECRET = "phoenix-redis-user"
+PASSWORD_ROTATED_ANNOTATION = f"{PREFIX}/password-rotated-at"
+PREVIOUS_PASSWORD_ANNOTATION = f"{PREFIX}/previous-password-sha256"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
     RedisConnection,
+    RedisUser,
     build_deployment,
     build_pod_disruption_budget,
     build_scaled_object,
@@ -29,6 +31,7 @@ from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.leaks import assert_shows_no_part_of
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
+USER = RedisUser("phoenix.docs", "phoenix-redis-user")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
 REDIS_WITH_PASSWORD = {**REDIS, "passwordSecretRef": {"name": "phoenix-redis", "key": "password"}}
 REDIS_SENTINEL_MTLS = {
@@ -143,7 +146,10 @@ def test_runtime_variables_are_exactly_the_reserved_names() -> None:
     spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS, env=from_secret)
     # OUTPUT_PARTITIONS comes with output.stage, OUTPUT_RETENTION with output.stream: one spec cannot have both.
     to_stage = make_spec(output={"stage": "grouper"})
-    set_by_builder = set(env_of(build_deployment(OWNER, spec))) | set(env_of(build_deployment(OWNER, to_stage)))
+    # A stage of a known cluster (STAGE_CLUSTER), with its namespace's Redis ACL user (REDIS_USERNAME, ...).
+    owner = replace(OWNER, cluster="cluster-east")
+    with_user = build_deployment(owner, spec, redis_user=USER)
+    set_by_builder = set(env_of(with_user)) | set(env_of(build_deployment(owner, to_stage)))
     assert set_by_builder - {"VENDOR_TOKEN"} == set(RUNTIME_ENV_NAMES)
 
 
@@ -568,6 +574,28 @@ def test_password_in_url_without_secret_ref_is_a_clear_error_without_the_passwor
         build_scaled_object(OWNER, make_spec(), connection_of("redis://:hunter2@redis:6379/0"))
     assert "spec.redis.passwordSecretRef" in str(caught.value)
     assert "hunter2" not in str(caught.value)
+
+
+def test_a_namespaces_redis_acl_user_logs_the_workers_and_keda_in() -> None:
+    """The user's name and the Secret of its password replace the URL's credentials, for the workers and KEDA (whose
+    password comes from the user's Secret even when the URL has one of its own and no passwordSecretRef)."""
+    spec = make_spec()
+    env = env_of(build_deployment(OWNER, spec, redis_user=USER))
+    assert env["REDIS_USERNAME"] == "phoenix.docs"
+    assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "phoenix-redis-user", "key": "password"}}
+    assert env["REDIS_URL"] == {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}}
+    auth = build_trigger_authentication(OWNER, spec, USER)
+    assert auth is not None
+    assert auth["spec"] == {
+        "secretTargetRef": [{"parameter": "password", "name": "phoenix-redis-user", "key": "password"}]
+    }
+    connection = connection_of("redis://phoenix.docs:their-own@redis:6379/0")
+    triggers = build_scaled_object(OWNER, spec, connection, user=USER)["spec"]["triggers"]
+    assert {(t["metadata"]["username"], t["authenticationRef"]["name"]) for t in triggers} == {
+        ("phoenix.docs", "parser-redis")
+    }
+    # Without a user, neither variable.
+    assert not {"REDIS_USERNAME", "REDIS_PASSWORD"} & set(env_of(build_deployment(OWNER, spec)))
 
 
 def test_paused_stage_pauses_keda_at_zero_replicas() -> None:

@@ -45,8 +45,12 @@ class StageRecord:
 
     # What the last reconcile found and wants.
     streams: StageKeys | None = None
-    # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
+    # Resolved from the stage's Secret at its last reconcile; never printed (repr=False). With Redis ACL users, the
+    # administered Redis with the admin's credentials.
     redis: RedisSpec | None = field(default=None, repr=False)
+    # The name of the Redis ACL user of its namespace its workers log in as (redis/acl.py); None: its Redis is not
+    # administered.
+    redis_user: str | None = None
     # (Secret name, resourceVersion) of each Secret the pods read (spec.redis, spec.env, spec.pod.envFrom) at the
     # last reconcile that read them: the Secret check (stage/secret_check.py) compares them with the current ones.
     secret_versions: tuple[tuple[str, str], ...] = ()

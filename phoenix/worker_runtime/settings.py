@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -47,6 +47,9 @@ class WorkerSettings(BaseSettings):
     service_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     processor: str = Field(min_length=1, description="package.module:Class or an entry point in phoenix.processors")
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    # Credentials instead of the URL's (the operator's Redis ACL user of the namespace); empty: the URL's.
+    redis_username: str = ""
+    redis_password: SecretStr = SecretStr("")
     # The tenant every key of the stage is scoped by (phoenix/keys.py); the operator sets the stage's namespace.
     key_namespace: str = Field(DEFAULT_NAMESPACE, pattern=NAMESPACE_PATTERN)
     # How to reach Redis beyond the URL (phoenix.redis_spec): checked together, once, into `redis`.
@@ -61,6 +64,8 @@ class WorkerSettings(BaseSettings):
     redis_socket_timeout: PositiveSeconds | None = None  # None: the longest blocking command + 10 s
     # The PhoenixStage's uid (the operator sets it): proves to the keys' ownership marker that this is its worker.
     stage_uid: str = ""
+    # The Kubernetes cluster of that PhoenixStage (the operator sets it): written to the markers the worker creates.
+    stage_cluster: str = ""
 
     input_queue: str = ""
     output_queue: str = ""
@@ -132,6 +137,7 @@ class WorkerSettings(BaseSettings):
     log_format: Literal["json", "console"] = "json"
 
     _redis: RedisSpec = PrivateAttr()
+    _url_secrets: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -218,17 +224,20 @@ class WorkerSettings(BaseSettings):
             "tls_cert": self.redis_tls_cert_file,
             "tls_key": self.redis_tls_key_file,
         }
+        url, password = self.redis_url.get_secret_value(), self.redis_password.get_secret_value()
+        given: dict[str, Any] = {
+            "mode": self.redis_mode.strip().lower(),
+            "sentinel_master": self.redis_sentinel_master,
+            "sentinel_username": self.redis_sentinel_username,
+            "sentinel_password": self.redis_sentinel_password.get_secret_value(),
+            "connect_timeout": self.redis_connect_timeout,
+            "socket_timeout": socket_timeout,
+            **{name: Path(path) for name, path in files.items() if path},
+        }
         try:
-            return RedisSpec.from_url(
-                self.redis_url.get_secret_value(),
-                mode=self.redis_mode.strip().lower(),
-                sentinel_master=self.redis_sentinel_master,
-                sentinel_username=self.redis_sentinel_username,
-                sentinel_password=self.redis_sentinel_password.get_secret_value(),
-                connect_timeout=self.redis_connect_timeout,
-                socket_timeout=socket_timeout,
-                **{name: Path(path) for name, path in files.items() if path},
-            )
+            # REDIS_PASSWORD replaces the URL's own password, which stays in the environment: masked as well.
+            self._url_secrets = RedisSpec.from_url(url, **given).secrets() if password else ()
+            return RedisSpec.from_url(url, username=self.redis_username, password=password, **given)
         except RedisSpecError as exc:
             raise ValueError(str(exc)) from None
 
@@ -236,6 +245,12 @@ class WorkerSettings(BaseSettings):
     def redis(self) -> RedisSpec:
         """How to reach Redis, parsed and checked once (phoenix.redis_spec.connect builds the clients)."""
         return self._redis
+
+    @property
+    def redis_secrets(self) -> tuple[str, ...]:
+        """The Redis passwords the worker knows, to mask: its connection's, and the URL's own when REDIS_PASSWORD
+        replaces it."""
+        return (*self._redis.secrets(), *self._url_secrets)
 
     @property
     def keys(self) -> StageKeys:

@@ -82,3 +82,15 @@ ones): manifests/rbac/cluster-role.yaml and manifests/namespaced/role.yaml. */}}
     - {port: 53, protocol: UDP}
     - {port: 53, protocol: TCP}
 {{- end -}}
+
+{{/* What Redis ACL users add to the operator's rights (manifests/redis-acl/): the Secret phoenix-redis-user of each
+stage's namespace; create cannot be limited to a name, update and delete are. */}}
+{{- define "phoenix.redisAclRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: ["phoenix-redis-user"]
+  verbs: ["update", "delete"]
+{{- end -}}

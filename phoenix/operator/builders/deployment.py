@@ -24,6 +24,7 @@ from phoenix.kube_names import (
     TMP_VOLUME,
 )
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
+from phoenix.operator.builders.redis_address import RedisUser
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
 from phoenix.operator.record import SecretsRead
@@ -58,16 +59,22 @@ def worker_env(
     streams: StageKeys,
     uid: str = "",
     output_partitions: int = 1,
+    *,
+    cluster: str = "",
+    user: RedisUser | None = None,
     secret_keys: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid`: the
-    PhoenixStage's, by which its workers prove they are its own to the keys' ownership marker. `output_partitions`:
-    the partitions of the stage `output.stage` names (its workers forward each record to its partition there).
-    `secret_keys`: the keys of the Secrets spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV."""
+    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid` and
+    `cluster`: the PhoenixStage's and its Kubernetes cluster's, by which its workers prove they are its own to the
+    keys' ownership marker. `output_partitions`: the partitions of the stage `output.stage` names (its workers
+    forward each record to its partition there). `user`: the Redis ACL user of the namespace, whose name and
+    password replace the URL's (REDIS_USERNAME, REDIS_PASSWORD). `secret_keys`: the keys of the Secrets
+    spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV."""
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
         "KEY_NAMESPACE": streams.namespace,
         **({"STAGE_UID": uid} if uid else {}),
+        **({"STAGE_CLUSTER": cluster} if cluster else {}),
         "PARTITIONS": str(spec.partitions),
         # A stage of several partitions derives one input and one DLQ per partition; it names none.
         **({"INPUT_QUEUE": streams.input, "DLQ_NAME": streams.dlq} if spec.partitions == 1 else {}),
@@ -102,6 +109,9 @@ def worker_env(
         plain["MASKED_ENV"] = ",".join(masked)
     env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
     env.append(_from_secret("REDIS_URL", spec.redis.url_secret_ref))
+    if user is not None:
+        env.append({"name": "REDIS_USERNAME", "value": user.username})
+        env.append(_from_secret("REDIS_PASSWORD", SecretKeyRef(name=user.secret, key=user.PASSWORD_KEY)))
     if spec.redis.sentinel is not None and spec.redis.sentinel.password_secret_ref is not None:
         env.append(_from_secret("REDIS_SENTINEL_PASSWORD", spec.redis.sentinel.password_secret_ref))
     for var in spec.env:
@@ -194,7 +204,9 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int, secrets: SecretsRead) -> dict[str, Any]:
+def _container(
+    owner: Owner, spec: PhoenixStageSpec, output_partitions: int, user: RedisUser | None, secrets: SecretsRead
+) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if redis_tls_volume(spec.redis) is not None:
         mounts.append({"name": REDIS_TLS_VOLUME, "mountPath": REDIS_TLS_DIR, "readOnly": True})
@@ -210,7 +222,9 @@ def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int, sec
             resolve_streams(owner.name, owner.namespace, spec),
             owner.uid,
             output_partitions,
-            secrets.keys,
+            cluster=owner.cluster,
+            user=user,
+            secret_keys=secrets.keys,
         ),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s
@@ -277,15 +291,17 @@ def build_deployment(
     restarted_at: str | None = None,
     secrets: SecretsRead | None = None,
     output_partitions: int = 1,
+    redis_user: RedisUser | None = None,
 ) -> dict[str, Any]:
     """The Deployment running the stage's workers.
 
     `restarted_at` (an RFC 3339 time) goes into the pod template as `phoenix.io/restartedAt`: changing it rolls
     the pods, like `kubectl rollout restart`. Pass the current value on every reconcile so it is kept.
     `secrets` (what the reconcile read of the Secrets the pods use, kube/secrets.py): their resourceVersions go in
-    as `phoenix.io/secret-versions`, so a rotated Redis URL, password, CA, client certificate or a Secret of
-    spec.env or spec.pod.envFrom rolls the workers, which read them only at start; the keys of the envFrom Secrets
-    make MASKED_ENV. `output_partitions`: the partitions of the stage `output.stage` names.
+    as `phoenix.io/secret-versions`, so a rotated Redis URL, password, CA, client certificate, the namespace's
+    Redis ACL user's password or a Secret of spec.env or spec.pod.envFrom rolls the workers, which read them only
+    at start; the keys of the envFrom Secrets make MASKED_ENV. `output_partitions`: the partitions of the stage
+    `output.stage` names. `redis_user`: the Redis ACL user the workers log in as (worker_env).
     spec.pod's labels and annotations go on the pod template beside the operator's own (which the schema keeps
     them from replacing).
     """
@@ -321,7 +337,7 @@ def build_deployment(
                     "terminationGracePeriodSeconds": termination_grace(spec),
                     "securityContext": pod_security_context(),
                     **_pod_placement(spec),
-                    "containers": [_container(owner, spec, output_partitions, secrets or SecretsRead())],
+                    "containers": [_container(owner, spec, output_partitions, redis_user, secrets or SecretsRead())],
                     # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there),
                     # besides the volumes spec.pod adds.
                     "volumes": volumes,
