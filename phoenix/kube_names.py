@@ -11,6 +11,9 @@ from __future__ import annotations
 PREFIX = "phoenix.io"
 # kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.stage_deleted).
 FINALIZER = f"{PREFIX}/finalizer"
+# kopf's copy of the spec it last handled, on each PhoenixStage (kube/kopf_settings.py).
+LAST_HANDLED_KEY = "last-handled-configuration"
+LAST_HANDLED_ANNOTATION = f"{PREFIX}/{LAST_HANDLED_KEY}"
 
 # Labels of every child object (Deployment, ScaledObject, TriggerAuthentication) of a stage.
 NAME_LABEL = "app.kubernetes.io/name"
@@ -31,8 +34,12 @@ REPLAY_ANNOTATION = f"{PREFIX}/replay-dlq"
 HANDLED_RESTART_ANNOTATION = f"{PREFIX}/restart-handled"
 # On the pod template: changing it rolls the workers.
 RESTARTED_AT_ANNOTATION = f"{PREFIX}/restartedAt"
-# On the pod template: a digest of the values the stage's Redis Secrets hold; a rotated Secret rolls the workers.
-REDIS_SECRETS_ANNOTATION = f"{PREFIX}/redis-secrets"
+# On the pod template: `name=resourceVersion,...` of every Secret the pods read at start (spec.redis's, spec.env's,
+# spec.pod.envFrom's); a rotated Secret rolls the workers. Versions only: anyone who may read a pod may read it.
+SECRET_VERSIONS_ANNOTATION = f"{PREFIX}/secret-versions"
+# Removed from the pod templates earlier versions wrote: a salted SHA-256 of the Redis Secrets' values, open to an
+# offline guess of a weak password by anyone who may read a Deployment.
+RETIRED_POD_ANNOTATIONS = (f"{PREFIX}/redis-secrets",)
 # On the Deployment: the label and annotation keys spec.pod put on its pod template (JSON), so dropped ones go.
 POD_KEYS_ANNOTATION = f"{PREFIX}/pod-keys"
 # On the pod template: where Prometheus scrapes the worker. spec.pod.annotations may not set these nor PREFIX/ ones.

@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import redis.asyncio
 
@@ -260,12 +260,27 @@ class SecretQuotingProcessor(BaseProcessor):
             f"key={current_api_key()} url={url} password={unquote(urlsplit(url).password or '')} "
             f"master={os.environ.get('BILLING_MASTER_KEY')}"
         )
-        error = InvalidInputError(quoted) if data.get("permanent") else ConnectionError(quoted)
-        try:
-            raise error
-        except Exception:
-            self.logger.exception("llm_call_failed", detail=quoted)
-            raise
+        _fail_quoting(self, "llm_call_failed", quoted, bool(data.get("permanent")))
+
+
+def _fail_quoting(processor: BaseProcessor, event: str, quoted: str, permanent: bool) -> NoReturn:
+    """Log `event` with the traceback of an error quoting `quoted`, then raise it: a PermanentError (DLQ) when
+    `permanent`, else a transient one (retried)."""
+    error = InvalidInputError(quoted) if permanent else ConnectionError(quoted)
+    try:
+        raise error
+    except Exception:
+        processor.logger.exception(event, detail=quoted)
+        raise
+
+
+class EnvQuotingProcessor(BaseProcessor):
+    """Fails quoting `name=value` of every environment variable data["quote"] names, after logging the failure with
+    its traceback. data["permanent"]: a PermanentError (DLQ), else a transient error (retried)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        quoted = " ".join(f"{name}={os.environ.get(name)}" for name in data["quote"])
+        _fail_quoting(self, "vendor_call_failed", quoted, bool(data.get("permanent")))
 
 
 class KeyRefusingProcessor(BaseProcessor):

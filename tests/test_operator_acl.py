@@ -22,8 +22,8 @@ from phoenix.keys import shared_data_key
 from phoenix.kube_names import (
     PASSWORD_ROTATED_ANNOTATION,
     PREVIOUS_PASSWORD_ANNOTATION,
-    REDIS_SECRETS_ANNOTATION,
     REDIS_USER_SECRET,
+    SECRET_VERSIONS_ANNOTATION,
 )
 from tests.fixtures.cluster_objects import MANIFESTS, OPERATOR_NAMESPACE, kubectl_checked
 from tests.fixtures.control_plane import ControlPlane
@@ -235,7 +235,7 @@ def test_the_password_rotates_the_workers_roll_and_nothing_is_lost(
         wait_ready(kube_cluster, ns, "store", timeout=90)
         user = f"phoenix.{ns}.{_kube_system_uid(kube_api)}"
         first = _secret_data(kube_api, ns)["password"]
-        digest = _pod_annotations(kube_api, ns)[REDIS_SECRETS_ANNOTATION]
+        digest = _pod_annotations(kube_api, ns)[SECRET_VERSIONS_ANNOTATION]
         before = eventually(lambda: set(player.processes()), "the worker running")
         sent: list[str] = []
         stop = threading.Event()
@@ -244,7 +244,7 @@ def test_the_password_rotates_the_workers_roll_and_nothing_is_lost(
         try:
             eventually(lambda: _secret_data(kube_api, ns)["password"] != first, "the password rotated", 90)
             assert _logs_in(port, user, first)  # still, for the grace period: workers not yet rolled reconnect
-            eventually(lambda: _pod_annotations(kube_api, ns)[REDIS_SECRETS_ANNOTATION] != digest, "a new digest", 60)
+            eventually(lambda: _pod_annotations(kube_api, ns)[SECRET_VERSIONS_ANNOTATION] != digest, "a new digest", 60)
             eventually(lambda: set(player.processes()) - before, "the workers rolled", 60)
             eventually(
                 lambda: PREVIOUS_PASSWORD_ANNOTATION not in _secret_annotations(kube_api, ns),

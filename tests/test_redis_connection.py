@@ -130,7 +130,7 @@ def test_redis_username_and_password_replace_the_urls_and_are_masked() -> None:
 def test_connection_settings_are_checked_at_start(variables: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         WorkerSettings(service_name="s", processor="p", **variables)
-    line = describe_validation_error(caught.value)
+    line = describe_validation_error(caught.value, WorkerSettings)
     assert message in line and "\n" not in line
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from phoenix.errors import ConfigError
@@ -22,6 +22,7 @@ from phoenix.keys import (
 from phoenix.record_format import SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
+from phoenix.worker_runtime.scrub import without_user_info
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 # The Redis client's socket timeout must outlast its longest blocking command (XREADGROUP BLOCK, WAIT) by this much:
@@ -125,6 +126,10 @@ class WorkerSettings(BaseSettings):
     circuit_failure_threshold: int = Field(5, ge=1)
     circuit_reset_timeout: PositiveSeconds = 60
     circuit_half_open_calls: int = Field(3, ge=1)
+
+    # Variables whose values are secrets, masked like the Redis password (scrub.py): names separated by commas. The
+    # operator lists those spec.env and spec.pod.envFrom take from Secrets.
+    masked_env: str = ""
 
     shutdown_grace: float = Field(25, ge=0)
     health_port: int = Field(8080, ge=0, le=65535)
@@ -262,6 +267,11 @@ class WorkerSettings(BaseSettings):
         )
 
     @property
+    def masked_variables(self) -> tuple[str, ...]:
+        """The names MASKED_ENV lists."""
+        return tuple(name for name in (part.strip() for part in self.masked_env.split(",")) if name)
+
+    @property
     def retention(self) -> Retention | None:
         """OUTPUT_RETENTION parsed; None when unset."""
         return Retention.parse(self.output_retention) if self.output_retention else None
@@ -275,11 +285,22 @@ class WorkerSettings(BaseSettings):
         return self.keys.record_prefix
 
 
-_SECRET_FIELDS = {"redis_url", "redis_password", "redis_sentinel_password", "billing_master_key", "billing_cache_key"}
+def secret_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of a settings model that hold a secret: those typed SecretStr (optional or not)."""
+    fields = model.model_fields.items()
+    return frozenset(name for name, field in fields if SecretStr in (field.annotation, *get_args(field.annotation)))
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming each bad variable; values of secret variables are never echoed."""
+def public_variables(*models: type[BaseModel]) -> frozenset[str]:
+    """The variables of these settings models whose values are no secret, in upper case: what a support bundle may
+    show (phoenix/cli/report.py)."""
+    return frozenset(name.upper() for model in models for name in set(model.model_fields) - secret_fields(model))
+
+
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line naming each bad variable of `model`; the value of a secret one is never echoed, nor the user info
+    of a URL in any other (BILLING_URL=https://user:password@host)."""
+    secret = secret_fields(model)
     problems = []
     for err in exc.errors():
         message = err["msg"].removeprefix("Value error, ")
@@ -287,8 +308,8 @@ def describe_validation_error(exc: ValidationError) -> str:
             problems.append(message)
             continue
         field = str(err["loc"][0])
-        value = "" if field in _SECRET_FIELDS or err["type"] == "missing" else f" (got {err.get('input')!r})"
-        problems.append(f"{field.upper()}: {message}{value}")
+        value = "" if field in secret or err["type"] == "missing" else f" (got {err.get('input')!r})"
+        problems.append(f"{field.upper()}: {message}{without_user_info(value)}")
     return "; ".join(problems)
 
 
@@ -296,4 +317,4 @@ def load_settings() -> WorkerSettings:
     try:
         return WorkerSettings()
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from None
+        raise ConfigError(describe_validation_error(exc, WorkerSettings)) from None

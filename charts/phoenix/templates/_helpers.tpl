@@ -37,7 +37,8 @@ ones): manifests/rbac/cluster-role.yaml and manifests/namespaced/role.yaml. */}}
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# get only: the Secrets a stage names in spec.redis, read again every 10 s for a rotation; never list or watch.
+# get only: the Secrets a stage's pods read (spec.redis, spec.env, spec.pod.envFrom), read again every 10 s for a
+# rotation; never list or watch.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]

@@ -16,7 +16,7 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, PhoenixStageSpec
-from phoenix.kube_names import POD_KEYS_ANNOTATION
+from phoenix.kube_names import POD_KEYS_ANNOTATION, RETIRED_POD_ANNOTATIONS
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -32,6 +32,7 @@ from phoenix.operator.builders import (
 )
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import SecretsRead
 from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import CHILD_NOT_OWNED, KEDA_NOT_INSTALLED
@@ -89,21 +90,20 @@ async def apply_deployment(
     owner: Owner,
     stage: PhoenixStage,
     keda_scales: bool,
-    redis_secrets: str,
+    secrets: SecretsRead,
     output_partitions: int = 1,
     user: RedisUser | None = None,
 ) -> tuple[dict[str, Any], list[ActionTaken], dict[str, Any]]:
     """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
-    KEDA's replica count; nothing is written when nothing differs. `redis_secrets` is the digest of the values
-    of the stage's Redis Secrets: when it differs the patch rolls the workers. `output_partitions`: the
-    partitions of the stage `output.stage` names (OUTPUT_PARTITIONS). `user`: the namespace's Redis ACL user.
+    KEDA's replica count; nothing is written when nothing differs. `secrets`: what the reconcile read of the
+    Secrets the pods use (their resourceVersions: when one differs the patch rolls the workers; the envFrom
+    Secrets' keys for MASKED_ENV). `output_partitions`: the partitions of the stage `output.stage` names
+    (OUTPUT_PARTITIONS). `user`: the namespace's Redis ACL user.
 
     Returns the Deployment, the actions taken and the form later watch events are compared with (KEDA's
     replica count left out of it)."""
     existing = await kube.get_deployment(owner.namespace, owner.name)
-    desired = build_deployment(
-        owner, stage.spec, redis_secrets=redis_secrets, output_partitions=output_partitions, redis_user=user
-    )
+    desired = build_deployment(owner, stage.spec, secrets=secrets, output_partitions=output_partitions, redis_user=user)
     current = None if existing is None else existing.get("spec", {}).get("replicas")
     desired["spec"]["replicas"] = deployment_replicas(stage.spec, current, keda_scales)
     watched = copy.deepcopy(desired)
@@ -124,13 +124,16 @@ async def apply_deployment(
 
 def _remove_dropped_pod_keys(desired: dict[str, Any], existing: Mapping[str, Any]) -> None:
     """The labels and annotations spec.pod put on the pod template before (recorded on `existing`) and no longer
-    asks for become None in `desired`: the merge patch removes them, drift wants them absent."""
+    asks for become None in `desired`, as do the operator's retired annotations: the merge patch removes them,
+    drift wants them absent."""
     recorded = ((existing.get("metadata") or {}).get("annotations") or {}).get(POD_KEYS_ANNOTATION)
     try:
         previous = json.loads(recorded) if recorded else {}
     except ValueError:
         previous = {}  # edited by hand: nothing known to remove
     template = desired["spec"]["template"]["metadata"]
+    for key in RETIRED_POD_ANNOTATIONS:
+        template["annotations"].setdefault(key, None)
     for section in ("labels", "annotations"):
         for key in previous.get(section, ()) if isinstance(previous, dict) else ():
             template[section].setdefault(key, None)

@@ -70,7 +70,7 @@ async def _delete_redis_data(
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
     redis = record.redis
     if redis is None:
-        target = (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
+        target = await redis_of(ctx.kube, stage)
         redis = (None if ctx.users is None else await ctx.users.operator_spec(target)) or target
     streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
     client = ctx.pool.client(redis)

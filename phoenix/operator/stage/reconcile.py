@@ -9,7 +9,7 @@ next_stage_seen). Its deletion is stage/delete.py."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -25,9 +25,10 @@ from phoenix.operator.builders import Owner, resolve_streams
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, retry_delay
 from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.kube.secrets import SecretReads, read_pod_secrets
 from phoenix.operator.record import StageRecord
 from phoenix.operator.redis.pool import RedisPool
-from phoenix.operator.redis.target import RedisTarget, read_redis_target, secrets_digest
+from phoenix.operator.redis.target import read_redis_target
 from phoenix.operator.stage.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
@@ -122,23 +123,25 @@ async def apply_spec(
     stage = parse_stage(body)
     owner = Owner.from_body(body, ctx.cluster)
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
-    target = await redis_of(kube, stage, owner.uid)
+    reads = SecretReads(kube, stage.namespace)
+    target = await read_redis_target(reads, stage.spec.redis)
+    secrets = await read_pod_secrets(reads, stage.spec)
     # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
-    record.redis_versions = target.versions
+    record.secret_versions = secrets.versions
     # With Redis ACL users, the operator reaches an administered Redis with the admin's credentials.
-    administered = None if ctx.users is None else await ctx.users.operator_spec(target.spec)
-    redis = administered or target.spec
+    administered = None if ctx.users is None else await ctx.users.operator_spec(target)
+    redis = administered or target
     existed_before = record.streams is not None or bool(record.status.get("streams"))
     actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before, owner.cluster)
     freed = await _release_unused_names(pool, redis, record.streams, streams, owner.cluster)
-    digest, user = target.digest, None
+    user = None
     if administered is not None and ctx.users is not None:
         await ctx.users.forget_names(owner.namespace, freed)
         namespace_user = await ctx.users.ensure(owner.namespace, streams.claimed_streams)
         user = namespace_user.user
-        # Its password rolls the workers when rotated, like a Secret of spec.redis.
-        digest = secrets_digest(owner.uid, (target.digest, namespace_user.password))
-        record.redis_versions = (*target.versions, (user.secret, namespace_user.version))
+        # Its password's Secret rolls the workers when rotated, like a Secret of spec.redis.
+        secrets = replace(secrets, versions=(*secrets.versions, (user.secret, namespace_user.version)))
+        record.secret_versions = secrets.versions
     try:
         forward_partitions, next_partitions = await output_partitions(kube, pool.client(redis), stage)
     except (RedisError, OSError) as exc:
@@ -148,14 +151,14 @@ async def apply_spec(
     record.streams, record.redis = streams, redis
     record.redis_user = None if user is None else user.username
     async with record.deployment_lock:
-        connection = target.spec if user is None else target.spec.model_copy(update={"username": user.username})
+        connection = target if user is None else target.model_copy(update={"username": user.username})
         autoscaling, keda_actions, watched = await apply_autoscaling(
             kube, owner, stage, connection, forward_partitions, user
         )
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
-            kube, owner, stage, keda_scales, digest, forward_partitions, user
+            kube, owner, stage, keda_scales, secrets, forward_partitions, user
         )
         actions += deployment_actions
         budget_actions, budget = await apply_disruption_budget(kube, owner, stage)
@@ -243,9 +246,9 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_of(kube: KubeApi, stage: PhoenixStage, uid: str) -> RedisTarget:
+async def redis_of(kube: KubeApi, stage: PhoenixStage) -> RedisSpec:
     """The stage's Redis as the operator and KEDA reach it from their own namespaces, read from its Secrets."""
-    return await read_redis_target(kube, stage.namespace, stage.spec.redis, uid)
+    return await read_redis_target(SecretReads(kube, stage.namespace), stage.spec.redis)
 
 
 async def prepare_streams(
