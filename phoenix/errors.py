@@ -7,6 +7,9 @@
 - `StartRefused`: the configuration is valid but the keys it names must not be worked on now (another stage holds
   them, a layout in Redis differs): the worker exits 2 with `worker_line()`, the operator shows `reason` as the
   stage's condition.
+- `TaskEnded`: one of a running worker's own tasks (the intake, the settler, a background job) ended while no stop
+  was asked: the worker logs which and why in one line, fails /healthz, drains and exits 1. Exit 0 means only that
+  it was asked to stop.
 """
 
 from __future__ import annotations
@@ -31,3 +34,7 @@ class StartRefused(PhoenixError):
     def worker_line(self) -> str:
         """What `phoenix worker` prints before it exits 2."""
         return f"refusing to start: {self}"
+
+
+class TaskEnded(PhoenixError):
+    """A task the worker runs until it stops ended by itself; the message names it and why."""

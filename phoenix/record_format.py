@@ -20,6 +20,9 @@ import json
 # the runtime's own fields. Wider entries are written packed (PACKED_FIELDS); MAX_ENTRY_FIELDS cannot exceed it.
 LUA_UNPACK_LIMIT = 7900
 SCRIPT_SAFE_FIELDS = 3000
+# The deepest an entry's data and a result may nest lists and objects: what orjson, which reads nearly every entry,
+# reads itself (worker_runtime/jsoncodec.py holds the json module, which reads and writes the rest, to it as well).
+DATA_DEPTH_LIMIT = 1024
 # A packed entry: its fields as one JSON array [name, value, name, value, ...] beside its record_id.
 PACKED_FIELDS = "packed_fields"
 # The failure history a retried entry carries; a replay or a manual reprocess starts it afresh.

@@ -108,6 +108,19 @@ class AlwaysCrashProcessor(BaseProcessor):
         return None
 
 
+class TaskEndingProcessor(BaseProcessor):
+    """Ends one of its worker's own tasks by name (data["end_task"]: the trimmer, the settler ...), as a bug would,
+    then takes data["sleep"] seconds and forwards nothing: the fault a worker must report and exit non-zero for."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        if name := data.get("end_task"):
+            for task in asyncio.all_tasks():
+                if task.get_name() == name:
+                    task.cancel()
+        await asyncio.sleep(float(data.get("sleep", 0)))
+        return None
+
+
 class KeyReportingProcessor(BaseProcessor):
     """Writes down which API key an LLM call made now would use, both ways a library may look it up."""
 
@@ -160,6 +173,26 @@ class UnprintableError(Exception):
         raise RuntimeError("__str__ failed too")
 
 
+class InterruptingText:
+    """A value whose str() raises KeyboardInterrupt, as a processor's own objects may."""
+
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+    __repr__ = __str__
+
+
+class InterruptingError(Exception):
+    def __str__(self) -> str:
+        raise KeyboardInterrupt
+
+
+class LimitUntold(Exception):
+    @property
+    def max_attempts(self) -> int:
+        raise ValueError("no limit to tell")
+
+
 #: Set by a test to end the threads MisbehavingProcessor left stuck (each ends on its own after a while anyway).
 RELEASE_STUCK_THREADS = threading.Event()
 
@@ -172,6 +205,9 @@ class MisbehavingProcessor(ScriptedProcessor):
     """ScriptedProcessor, plus what user code does wrong, by data["misbehave"]:
 
     tuple-key / self-reference: a result JSON cannot hold (every time);
+    interrupting-result: a result holding a value whose str() raises KeyboardInterrupt (every time);
+    interrupting-error / limit-untold: an exception whose str() raises KeyboardInterrupt, one whose `max_attempts`
+    property raises (every time);
     surrogate: a PermanentError whose text UTF-8 cannot carry (every time);
     quote:<text>: a transient error quoting <text> (every time);
     unprintable: an exception whose str() raises, the first time only;
@@ -191,6 +227,12 @@ class MisbehavingProcessor(ScriptedProcessor):
             result: dict[str, Any] = {"n": 1}
             result["self"] = result
             return result
+        if action == "interrupting-result":
+            return {"value": InterruptingText()}
+        if action == "interrupting-error":
+            raise InterruptingError
+        if action == "limit-untold":
+            raise LimitUntold("limited")
         if action == "surrogate":
             raise PermanentError("undecodable byte \udcff in the input")
         if action == "quote":

@@ -124,11 +124,11 @@ async def test_reclaim_releases_the_dead_holders_lock_and_leaves_poison_to_the_w
     for _ in range(2):  # three deliveries of the poison entry
         await redis.xclaim(IN, "s-group", "dead-1", 0, [poison])
     out = phoenix(
-        redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--max-deliveries", "3", "--yes"
+        redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "1", "--max-deliveries", "3", "--yes"
     ).splitlines()
     assert out[0].startswith(f"re-enqueued {abandoned} (record a, dead-1, ") and out[0].endswith("; released its lock")
     assert out[1].startswith(f"left {poison} (record p, dead-1, ") and "dead-letters it (MAX_DELIVERIES=3)" in out[1]
-    assert out[2] == "reclaimed 1 of 2 entries idle over 0 ms in phoenix:{default}:s:input"
+    assert out[2] == "reclaimed 1 of 2 entries idle over 1 ms in phoenix:{default}:s:input"
     assert not await locked(redis, "s", "a") and await locked(redis, "s", "p")
     [(_, fields)] = await stream_entries(redis, IN, min="(" + poison)
     assert fields["record_id"] == "a" and fields["original_id"] == abandoned
@@ -312,3 +312,45 @@ async def test_pending_on_a_live_consumer_without_a_lock_and_acknowledged_withou
         "be reclaimed in " in report["diagnosis"]
     )
     assert inspect(redis_url, "done")["diagnosis"].startswith("acknowledged, but no marker, retry or dead letter")
+
+
+async def _pending_idle_on(redis: aioredis.Redis, entry_id: str, idle_ms: int) -> bool:
+    rows = await redis.xpending_range(IN, KEYS.consumer_group, min=entry_id, max=entry_id, count=1, idle=idle_ms)
+    return bool(rows)
+
+
+@pytest.mark.timeout(60)
+async def test_reclaim_takes_nothing_from_a_live_worker(
+    redis: aioredis.Redis, redis_url: str, workers: WorkerPool
+) -> None:
+    """Reclaim had no floor and no liveness check: below the lock-renewal interval it took a live worker's entries
+    and released their locks, so a record ran twice at once (two LLM bills). Now an idle time below the lock timeout
+    is refused, and the entries of a live consumer are left to it, as unlock leaves its locks."""
+    timings = ["--lock-timeout", "2", "--claim-idle-ms", "60000"]
+    workers.start("s", OUTPUT_QUEUE=OUT, LOCK_TIMEOUT="2", CLAIM_IDLE_MS="60000", CONCURRENCY="2")
+    first = await add(redis, "r1", action="sleep:6")
+    await wait_until(lambda: locked(redis, "s", "r1"), "r1 in the live worker's hands")
+    # A second entry of the record: the live worker finds its own lock, and leaves the entry pending on itself.
+    second = await add(redis, "r1")
+    await wait_until(lambda: _pending_idle_on(redis, second, 2000), "the second entry idle for the lock timeout")
+
+    refused = run_phoenix(redis_url, "reclaim", "--service", "s", *timings, "--idle-ms", "100", "--yes")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert refused.stderr.splitlines() == [
+        "phoenix reclaim: --idle-ms: an idle time of 100 ms is below the stage's lock timeout (2000 ms: "
+        "LOCK_TIMEOUT, or CLAIM_IDLE_MS when shorter): entries idle that long may be in the hands of live workers; "
+        "nothing changed"
+    ]
+    planned = phoenix(redis_url, "reclaim", "--service", "s", *timings, "--idle-ms", "2000", "--dry-run")
+    [line, summary] = planned.splitlines()
+    assert line.startswith(f"would leave {second} (record r1, ") and line.endswith(
+        "is alive (CLAIM_IDLE_MS=60000), it may be processing it"
+    ), line
+    assert summary.startswith("would reclaim 0 of 1 entries idle over 2000 ms")
+    done = phoenix(redis_url, "reclaim", "--service", "s", *timings, "--idle-ms", "2000", "--yes")
+    assert done.startswith("nothing to reclaim: none of the 1 entries idle over 2000 ms")
+
+    await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed by the live worker", 20)
+    assert await committed(redis, "s", "r1") == first
+    assert await redis.get("calls:s") == "1"  # never run twice at once
+    assert await locked(redis, "s", "r1") is None

@@ -143,13 +143,13 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
     assert await redis.get(record_key("s", "a")) == DEAD_LOCK
 
     # reclaim: the same.
-    dry = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--dry-run"))
+    dry = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "1", "--dry-run"))
     assert dry[0].startswith(f"would re-enqueue {entry} (record a, dead-1, idle ")
     assert dry[0].endswith(", 1 deliveries); release its lock")
-    assert dry[1] == "would reclaim 1 of 1 entries idle over 0 ms in phoenix:{default}:s:input; nothing changed"
+    assert dry[1] == "would reclaim 1 of 1 entries idle over 1 ms in phoenix:{default}:s:input; nothing changed"
     refused_without_yes(
-        run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0"),
-        "Re-enqueue 1 entries idle over 0 ms in phoenix:{default}:s:input?",
+        run_phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "1"),
+        "Re-enqueue 1 entries idle over 1 ms in phoenix:{default}:s:input?",
     )
     assert [row["message_id"] for row in await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)] == [entry]
     assert await redis.xlen(IN) == 1 and await redis.get(record_key("s", "a")) == DEAD_LOCK
@@ -159,8 +159,8 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
     [released] = ok(run_phoenix(redis_url, "unlock", "--service", "s", "a", "--force", "--yes"))
     assert released.startswith("released phoenix:{default}:s:record:a held by dead-1 (idle ")
     assert not await locked(redis, "s", "a")
-    reclaimed = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--idle-ms", "0", "--yes"))
-    assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 0 ms in phoenix:{default}:s:input"
+    reclaimed = ok(run_phoenix(redis_url, "reclaim", "--service", "s", "--claim-idle-ms", "1", "--yes"))
+    assert reclaimed[-1] == "reclaimed 1 of 1 entries idle over 1 ms in phoenix:{default}:s:input"
     assert await redis.xlen(IN) == 2
 
     unlocked, moved = audit(redis_url)
@@ -168,7 +168,7 @@ async def test_reclaim_and_forced_unlock_dry_run_refusal_and_audit(redis: aiored
     assert unlocked["detail"].startswith("released phoenix:{default}:s:record:a held by dead-1 (idle ")
     assert unlocked["detail"].endswith(", forced")
     assert (moved["actor"], moved["action"], moved["count"]) == (ME, "reclaim", 1)
-    assert moved["detail"] == "re-enqueued 1 entries idle over 0 ms in phoenix:{default}:s:input"
+    assert moved["detail"] == "re-enqueued 1 entries idle over 1 ms in phoenix:{default}:s:input"
     assert all(recent(e["at"]) for e in (unlocked, moved))
 
     # inspect shows the repairs that named the record.

@@ -14,9 +14,10 @@ import pytest
 from prometheus_client import REGISTRY
 from redis.exceptions import ConnectionError as RedisConnectionError
 
+from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.messages import Message, RawFields, parse_entry
-from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, Unprocessable
+from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, Unprocessable, error_text
 from phoenix.worker_runtime.processor import PermanentError, RecordNotFoundError
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -192,6 +193,14 @@ def test_an_open_circuit_and_the_shutdown_leave_the_entry_pending(circuit_open: 
 
 
 # -- at intake ----------------------------------------------------------------------------------------------------
+
+
+def test_a_huge_failure_message_is_cut_and_a_secret_at_the_cut_still_masked() -> None:
+    """A processor's exception of megabytes made log lines of megabytes; a dead letter keeps 2,000 characters."""
+    secret = f"sekrit-{uuid.uuid4().hex}"
+    scrub.register(secret)
+    text = error_text(ValueError("m" * 1990 + secret + "m" * 3_000_000))
+    assert text == "m" * 1990 + scrub.MASK + "m" * 7
 
 
 def test_a_well_formed_entry_within_max_deliveries_reaches_the_processor() -> None:

@@ -157,8 +157,8 @@ async def test_inspect_and_the_repairs_find_each_record_in_its_lane(redis: aiore
     )
     assert await redis.get(first.record(held[0])) is None
     # reclaim: both pending entries, each re-enqueued in its own lane (the other's lock released with it).
-    reclaimed = phoenix(redis_url, "reclaim", *NS, "--idle-ms", "0", "--yes").splitlines()
-    assert reclaimed[-1] == "reclaimed 2 of 2 entries idle over 0 ms in the inputs of its 4 partitions"
+    reclaimed = phoenix(redis_url, "reclaim", *NS, "--claim-idle-ms", "1", "--yes").splitlines()
+    assert reclaimed[-1] == "reclaimed 2 of 2 entries idle over 1 ms in the inputs of its 4 partitions"
     for record_id in held:
         lane = STAGE.lane_of(record_id)
         assert await redis.xpending(lane.input, lane.consumer_group) == {

@@ -185,14 +185,15 @@ async def _people_tools(user: aioredis.Redis, url: str) -> None:
         redis_url=url,
         key_namespace=NS,
         input_queue=NAMED.input,
-        claim_idle_ms=1000,
+        claim_idle_ms=1,  # dead-1 is dead a millisecond after its read: reclaim takes its entry
     )
     await _send(user, NAMED, "stuck")
     await user.xreadgroup(NAMED.consumer_group, "dead-1", {NAMED.input: ">"}, count=1)
     await user.set(NAMED.record("stuck"), LOCKED + "dead-1:0123456789ab")
     await inspection.inspect_record(user, settings, "stuck")
     assert (await repair.unlock(user, settings, "stuck", force=True)).status == "released"
-    await repair.reclaim(user, settings, await repair.plan_reclaim(user, settings, 0))
+    await asyncio.sleep(0.01)
+    await repair.reclaim(user, settings, await repair.plan_reclaim(user, settings))
     await user.set(NAMED.record("done"), DONE + "1-0")
     await user.xadd(NAMED.dlq, {"record_id": "done", "user_id": "u1", "data": "{}", "error": "gone"})
     await repair.reprocess(user, settings, await repair.plan_reprocess(user, settings, "done"))

@@ -506,7 +506,7 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
         processor="tests.processors:OutcomeProcessor",
         redis_url=cluster_url,
         key_namespace=NAMESPACE,
-        claim_idle_ms=1000,
+        claim_idle_ms=1,  # dead-1 is dead a millisecond after its read
     )
     monitor_client = aioredis.Redis.from_url(cluster_url, decode_responses=False)
     async with ScriptMonitor(monitor_client) as monitor, running_key_service() as key_service:
@@ -519,7 +519,8 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
         for record in ("a", "b"):
             await cluster.set(STAGE.record(record), LOCKED + "dead-1:0123456789ab")
         assert (await repair.unlock(cluster, settings, "a", force=True)).status == "released"
-        reclaimed = await repair.reclaim(cluster, settings, await repair.plan_reclaim(cluster, settings, 0))
+        await asyncio.sleep(0.01)
+        reclaimed = await repair.reclaim(cluster, settings, await repair.plan_reclaim(cluster, settings))
         assert [(r.record_id, r.status, r.lock_released) for r in reclaimed] == [
             ("a", "moved", False),
             ("b", "moved", True),

@@ -97,6 +97,29 @@ async def test_forty_good_records_flow_and_every_bad_one_settles(redis: aioredis
     assert await locked_records(redis, KEYS.name) == []
 
 
+async def test_what_a_processor_returns_or_raises_cannot_end_its_worker(redis: aioredis.Redis, redis_url: str) -> None:
+    """Found by the processor fuzzer (tests/test_fuzz_processors.py): a result holding a value whose str() raised
+    KeyboardInterrupt ended the worker's event loop; an exception whose `max_attempts` property raised left its
+    record in flight for good."""
+    for misbehave in ("interrupting-result", "interrupting-error", "limit-untold"):
+        await add(redis, misbehave, misbehave=misbehave)
+    async with running_worker(
+        redis_url, processor=MisbehavingProcessor, output_queue=OUT, max_attempts=2, concurrency=4
+    ) as worker:
+        await wait_until(lambda: _settled(worker, redis), "every record settled")
+        assert worker.alive() == (True, "ok")
+    dead = await _dead_letters(redis)
+    assert (dead["interrupting-result"]["error_type"], dead["interrupting-result"]["error"]) == (
+        "UnserializableResult",
+        "the result cannot be written as JSON: KeyboardInterrupt: KeyboardInterrupt",
+    )
+    assert dead["interrupting-error"]["error_type"] == "RetriesExhausted"
+    assert dead["interrupting-error"]["error"].endswith("; last error: InterruptingError: InterruptingError")
+    assert dead["limit-untold"]["error_type"] == "RetriesExhausted"
+    assert dead["limit-untold"]["error"].endswith("reached MAX_ATTEMPTS=2; last error: LimitUntold: limited")
+    assert await outputs(redis) == []
+
+
 async def _leaked(n: int) -> bool:
     return BLOCKING_THREADS.leaked == n and _sample("phoenix_leaked_threads") == n
 

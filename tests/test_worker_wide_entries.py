@@ -209,12 +209,13 @@ async def test_dlq_replay_moves_what_it_can_and_keeps_what_would_fail_again(redi
 
 
 async def test_repair_reclaim_leaves_a_wide_entry_to_the_worker(redis: aioredis.Redis) -> None:
-    s = _settings()
+    s = _settings(claim_idle_ms=1)  # dead-pod is dead a millisecond after its read
     await redis.xgroup_create(IN, KEYS.consumer_group, id="0", mkstream=True)
     wide_id = await add_entry(redis, IN, _wide_fields("wide"))
     ok_id = await add(redis, "ok")
     await redis.xreadgroup(KEYS.consumer_group, "dead-pod", {IN: ">"})
-    plan = await repair.plan_reclaim(redis, s, min_idle_ms=0)
+    await asyncio.sleep(0.01)
+    plan = await repair.plan_reclaim(redis, s)
     assert {r.entry_id: r.status for r in plan.entries} == {wide_id: "wide", ok_id: "moved"}  # the dry run says so
     done = {r.entry_id: r.status for r in await repair.reclaim(redis, s, plan)}
     assert done == {wide_id: "wide", ok_id: "moved"}

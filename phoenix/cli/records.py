@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 import redis.asyncio as aioredis
 
@@ -20,7 +21,7 @@ from phoenix.cli.stage import (
 )
 from phoenix.tools import audit, repair
 from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport, duration, inspect_record
-from phoenix.tools.repair import Reclaimed, ReprocessError, UnlockResult, UnlockStatus
+from phoenix.tools.repair import Reclaimed, ReclaimTooEager, ReprocessError, UnlockResult, UnlockStatus
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -43,7 +44,11 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     r = add_stage_arguments(
         sub.add_parser("reclaim", help="re-enqueue entries idle on dead consumers now (asks first)"), timings=True
     )
-    r.add_argument("--idle-ms", type=int, help="minimum idle time of an entry (default: CLAIM_IDLE_MS)")
+    r.add_argument(
+        "--idle-ms",
+        type=int,
+        help="minimum idle time of an entry (default: CLAIM_IDLE_MS); at least LOCK_TIMEOUT (or CLAIM_IDLE_MS)",
+    )
     add_safety_arguments(r)
     r.set_defaults(handler=reclaim)
 
@@ -210,6 +215,10 @@ def _reclaim_line(r: Reclaimed, settings: StageSettings, planned: bool) -> str:
         as_new = "" if planned else f" as {r.new_entry_id}"
         return f"{'would re-enqueue' if planned else 're-enqueued'} {where}{as_new}{lock}"
     leave = "would leave" if planned else "left"
+    if r.status == "alive":
+        return (
+            f"{leave} {where}: {r.consumer} is alive (CLAIM_IDLE_MS={settings.claim_idle_ms}), it may be processing it"
+        )
     if r.status == "poison":
         return f"{leave} {where}: the next worker reclaim dead-letters it (MAX_DELIVERIES={settings.max_deliveries})"
     if r.status == "wide":
@@ -222,7 +231,11 @@ def _reclaim_line(r: Reclaimed, settings: StageSettings, planned: bool) -> str:
 async def reclaim(args: argparse.Namespace) -> int:
     async with client(args) as redis:
         settings = await laid_out_settings(redis, args)
-        plan = await repair.plan_reclaim(redis, settings, args.idle_ms)
+        try:
+            plan = await repair.plan_reclaim(redis, settings, args.idle_ms)
+        except ReclaimTooEager as exc:
+            print(f"phoenix reclaim: --idle-ms: {exc}; nothing changed", file=sys.stderr)
+            return 2
         keys = settings.keys
         inputs = keys.input if keys.partitions == 1 else f"the inputs of its {keys.partitions} partitions"
         where = f"idle over {plan.min_idle_ms} ms in {inputs}"

@@ -66,6 +66,7 @@ _OVERRIDES = {
     "dlq": "dlq_name",
     "output": "output_queue",
     "claim_idle_ms": "claim_idle_ms",
+    "lock_timeout": "lock_timeout",
     "max_deliveries": "max_deliveries",
 }
 
@@ -131,6 +132,7 @@ def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = Fals
     if timings:
         parser.add_argument("--output", help="OUTPUT_QUEUE, to show what the next stage got")
         parser.add_argument("--claim-idle-ms", type=int, help="CLAIM_IDLE_MS of the stage (default 300000)")
+        parser.add_argument("--lock-timeout", type=float, help="LOCK_TIMEOUT of the stage in seconds (default 600)")
         parser.add_argument("--max-deliveries", type=int, help="MAX_DELIVERIES of the stage (default 10)")
     return parser
 

@@ -5,6 +5,7 @@ then returns what it did, for the CLI to print and to record in the stage's audi
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, replace
 
 from redis.asyncio import Redis
@@ -100,6 +101,19 @@ async def unlock(client: Redis, settings: WorkerSettings, record_id: str, *, for
     return UnlockResult(UnlockStatus(text(status)), key, holder, idle)
 
 
+class ReclaimTooEager(PhoenixError):
+    """An idle time below reclaim_floor_ms: entries that idle may still be in a live worker's hands."""
+
+
+def reclaim_floor_ms(settings: WorkerSettings) -> int:
+    """The least idle time `reclaim` takes entries at: the stage's LOCK_TIMEOUT, or CLAIM_IDLE_MS when that is
+    shorter (the workers' own reclaim takes entries idle that long). A live worker resets the idle time of the
+    entries it processes three times within it, as it renews their locks (Worker._renew_interval); below it,
+    reclaim would take an entry from a worker still processing it and release its lock: the record would run twice
+    at once."""
+    return min(math.ceil(settings.lock_timeout * 1000), settings.claim_idle_ms)
+
+
 @dataclass(frozen=True)
 class Reclaimed:
     entry_id: str
@@ -107,7 +121,8 @@ class Reclaimed:
     consumer: str
     idle_seconds: float
     deliveries: int
-    status: str  # moved | busy | poison | wide | trimmed (see repair_reclaim.lua); in a plan: what it would be
+    # moved | busy | alive | poison | wide | trimmed (see repair_reclaim.lua); in a plan: what it would be
+    status: str
     new_entry_id: str = ""
     lock_released: bool = False
 
@@ -130,17 +145,24 @@ class ReclaimPlan:
 
 
 async def plan_reclaim(client: Redis, settings: WorkerSettings, min_idle_ms: int | None = None) -> ReclaimPlan:
-    """What `reclaim` would do now (default idle: CLAIM_IDLE_MS), changing nothing."""
+    """What `reclaim` would do now (default idle: CLAIM_IDLE_MS), changing nothing. Raises ReclaimTooEager below
+    reclaim_floor_ms. Entries of consumers still alive (as `unlock` tells them) are planned as 'alive': left."""
     s = settings
     min_idle = s.claim_idle_ms if min_idle_ms is None else min_idle_ms
+    if min_idle < (floor := reclaim_floor_ms(s)):
+        raise ReclaimTooEager(
+            f"an idle time of {min_idle} ms is below the stage's lock timeout ({floor} ms: LOCK_TIMEOUT, or "
+            "CLAIM_IDLE_MS when shorter): entries idle that long may be in the hands of live workers"
+        )
     candidates: list[tuple[Reclaimed, str, StageKeys]] = []
     for lane in s.keys.lanes:
+        alive = {text(c["name"]) for c in await _consumers(client, lane) if consumer_alive(int(c["idle"]), s)}
         start = "-"
         while rows := await client.xpending_range(
             lane.input, lane.consumer_group, min=start, max="+", count=_RECLAIM_BATCH, idle=min_idle
         ):
             start = "(" + text(rows[-1]["message_id"])
-            candidates += [(*await _candidate(client, s, lane, row), lane) for row in rows]
+            candidates += [(*await _candidate(client, s, lane, row, alive), lane) for row in rows]
     return ReclaimPlan(min_idle, candidates)
 
 
@@ -156,7 +178,13 @@ async def reclaim(client: Redis, settings: WorkerSettings, plan: ReclaimPlan) ->
             # The script's KEYS: the input, then each candidate's record key; ARGV: its fixed head, then two per
             # candidate.
             keys = [lane.input, *(lane.record(c.record_id) for c, _ in batch)]
-            args: list[str | int] = [lane.consumer_group, plan.min_idle_ms, s.max_deliveries, LUA_UNPACK_LIMIT]
+            args: list[str | int] = [
+                lane.consumer_group,
+                plan.min_idle_ms,
+                s.max_deliveries,
+                LUA_UNPACK_LIMIT,
+                s.claim_idle_ms,
+            ]
             for c, lock_value in batch:
                 args += (c.entry_id, lock_value)
             replies = await script(keys=keys, args=args)
@@ -165,9 +193,11 @@ async def reclaim(client: Redis, settings: WorkerSettings, plan: ReclaimPlan) ->
     return done
 
 
-async def _candidate(client: Redis, s: WorkerSettings, lane: StageKeys, row: dict) -> tuple[Reclaimed, str]:
+async def _candidate(
+    client: Redis, s: WorkerSettings, lane: StageKeys, row: dict, alive: set[str]
+) -> tuple[Reclaimed, str]:
     """A pending entry of `lane` with its record, and the lock's token if its consumer holds the record's lock ('' if
-    not)."""
+    not); `alive`: the lane's consumers alive now."""
     entry_id, consumer = text(row["message_id"]), text(row["consumer"])
     entries = await text_range(client, lane.input, first=entry_id, last=entry_id)
     record_id = entries[0][1].get("record_id", "") if entries else ""
@@ -175,9 +205,12 @@ async def _candidate(client: Redis, s: WorkerSettings, lane: StageKeys, row: dic
     token = locked_by(value)
     owned = token is not None and lock_holder(token) == consumer
     deliveries = int(row["times_delivered"])
-    # As repair_reclaim.lua decides: an entry delivered MAX_DELIVERIES times is left for the worker's poison check,
-    # one too wide for an XADD (its fields and original_id over LUA_UNPACK_LIMIT values) for its packed dead letter.
-    if deliveries >= s.max_deliveries:
+    # As repair_reclaim.lua decides: an entry of a live consumer is left to it, one delivered MAX_DELIVERIES times
+    # for the worker's poison check, one too wide for an XADD (its fields and original_id over LUA_UNPACK_LIMIT
+    # values) for its packed dead letter.
+    if consumer in alive:
+        status = "alive"
+    elif deliveries >= s.max_deliveries:
         status = "poison"
     elif entries and 2 * len(entries[0][1]) + 2 > LUA_UNPACK_LIMIT:
         status = "wide"

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import structlog
 
-from phoenix.errors import ConfigError, StartRefused
+from phoenix.errors import ConfigError, StartRefused, TaskEnded
 from phoenix.redis_spec import connect
 from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingSettings, load_billing_settings
@@ -52,7 +52,9 @@ def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
 
 
 def main() -> int:
-    """Exit 0 after a clean stop; 2 with one readable line on stderr when the configuration is bad."""
+    """Exit 0 after a stop that was asked for (SIGTERM, SIGINT); 1 when one of the worker's own tasks ended by
+    itself (its `worker_task_ended` line says which and why); 2 with one readable line on stderr when the
+    configuration is bad; 3 when the processor's initialize() failed."""
     try:
         settings = load_settings()
         # Here, not in the settings (which tools also build from a pod's variables): TLS files that cannot be
@@ -126,6 +128,8 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
     except StartRefused as exc:
         print(f"phoenix worker: {exc.worker_line()}", file=sys.stderr)
         return 2
+    except TaskEnded:
+        return 1  # logged where it was found (worker_task_ended), before the drain
     finally:
         await processor.cleanup()
         await keys.aclose()

@@ -27,7 +27,7 @@ from phoenix.worker_runtime.circuit_breaker import CircuitBreaker
 from phoenix.worker_runtime.history_read import HistoryReadGuard
 from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.messages import Message
-from phoenix.worker_runtime.outcomes import Outcome, RecordPolicy, Unprocessable
+from phoenix.worker_runtime.outcomes import Outcome, RecordPolicy, Unprocessable, error_line
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group, read_groups
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
@@ -199,6 +199,13 @@ class Intake:
                     # or the claim after a read failed. They are pending on this consumer: read them again first,
                     # as at start, instead of leaving them to a reclaim after CLAIM_IDLE_MS.
                     self.reread_own_pending()
+                await asyncio.sleep(wait)
+            except Exception as exc:  # a bug one entry met past the screen: never the end of the intake
+                failed = True  # no beat: a turn that keeps failing fails /healthz
+                wait = backoff.failed()
+                log.error("intake_turn_failed", error=error_line(exc), retry_in=wait)
+                # Its entries are pending on us: read again, each read counting a delivery up to MAX_DELIVERIES.
+                self.reread_own_pending()
                 await asyncio.sleep(wait)
             finally:
                 self._slots.release(n - self._turn_started)

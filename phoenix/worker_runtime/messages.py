@@ -55,7 +55,8 @@ class MalformedEntry:
 
 
 def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) -> Message | MalformedEntry:
-    """Validate one entry; anything wrong becomes a MalformedEntry with the reason, never an exception."""
+    """Validate one entry; anything wrong becomes a MalformedEntry with the reason (RecordPolicy.screen makes one
+    of anything it raises all the same)."""
     if len(raw) > max_fields + _RETRY_ADDED_FIELDS:  # before decoding thousands of fields
         return MalformedEntry(entry_id, raw, f"entry has {len(raw)} fields, over MAX_ENTRY_FIELDS={max_fields}")
     # One pass: this runs for every message, so it avoids building intermediate dicts.
@@ -83,6 +84,8 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) 
     if "data" in fields:
         try:
             payload = jsoncodec.loads(raw[b"data"])
+        except jsoncodec.DataTooDeep as exc:
+            return MalformedEntry(entry_id, raw, f"data {exc}")
         except ValueError as exc:
             return MalformedEntry(entry_id, raw, f"data is not valid JSON: {exc}")
         if not isinstance(payload, dict):

@@ -39,6 +39,7 @@ from phoenix.worker_runtime.messages import (
 )
 from phoenix.worker_runtime.processor import BatchResult, PermanentError
 from phoenix.worker_runtime.retry import retry_member
+from phoenix.worker_runtime.scrub import scrub
 from phoenix.worker_runtime.settings import WorkerSettings
 
 if TYPE_CHECKING:
@@ -118,12 +119,17 @@ class RecordPolicy:
         """The entry parsed, or why it never reaches the processor: malformed, or delivered more than
         MAX_DELIVERIES times without finishing (poison)."""
         s = self._settings
-        parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields)
-        if isinstance(parsed, MalformedEntry):
-            return Unprocessable(entry_id, raw, parsed.reason, "MalformedMessage", 1)
+        # The delivery count first: an entry that keeps ending its worker before its settle is dead-lettered, whatever
+        # in its content does it.
         if deliveries > s.max_deliveries:
             reason = f"delivered {deliveries} times without finishing (MAX_DELIVERIES={s.max_deliveries})"
             return Unprocessable(entry_id, raw, reason, "PoisonMessage", deliveries)
+        try:
+            parsed = parse_entry(entry_id, raw, s.max_message_bytes, s.max_entry_fields)
+        except Exception as exc:  # an entry that cannot be parsed, for any reason, is malformed
+            parsed = MalformedEntry(entry_id, raw, f"entry cannot be read: {error_line(exc)}")
+        if isinstance(parsed, MalformedEntry):
+            return Unprocessable(entry_id, raw, parsed.reason, "MalformedMessage", 1)
         return parsed
 
     def unprocessable(self, entry: Unprocessable) -> Outcome:
@@ -167,9 +173,11 @@ class RecordPolicy:
         if result is not None and self._settings.output_queue:
             try:
                 fields = output_values(m, result, traceparent)
-            except Exception as exc:  # TypeError, ValueError (a cycle), RecursionError, or raised by a __str__
+            # TypeError, ValueError (a cycle), RecursionError, or anything a __str__ of the result's raises: the
+            # encoding awaits nothing, so no cancellation of the worker's can be among them.
+            except BaseException as exc:
                 self._m_duration.observe(time.time() - started)
-                error = f"the result cannot be written as JSON: {type(exc).__name__}: {error_text(exc)}"
+                error = f"the result cannot be written as JSON: {error_line(exc)}"
                 return self._dead_letter(
                     m.entry_id, m.record_id, m.raw, error, "UnserializableResult", m.retry_count + 1, holds_lock=True
                 )
@@ -208,7 +216,7 @@ class RecordPolicy:
         `max_attempts` (processor.PermanentError tells library authors about it)."""
         s = self._settings
         attempts = m.retry_count + 1
-        own = getattr(exc, "max_attempts", 0)
+        own = _own_limit(exc)
         if isinstance(own, int) and 0 < own <= attempts:
             return f"{type(exc).__name__}.max_attempts={own}"
         if 0 < s.max_attempts <= attempts:
@@ -263,10 +271,32 @@ class RecordPolicy:
         return Outcome(Disposition.DEAD_LETTER, entry_id, record_id, fields, holds_lock=holds_lock)
 
 
+# The most of an exception's text kept: what a dead letter keeps (dlq.py), and a log line stays a line.
+_ERROR_CHARS = 2000
+
+
 def error_text(exc: BaseException) -> str:
-    """An exception's text for the DLQ, the retry set and the logs: never raising (a __str__ may) and always UTF-8."""
+    """An exception's text for the DLQ, the retry set and the logs: never raising (a __str__ may raise anything),
+    always UTF-8, at most _ERROR_CHARS (known secrets masked first, so that no secret's beginning is left at the
+    cut)."""
     try:
         text = str(exc)
-    except Exception:
+    except BaseException:  # a processor's object: even a KeyboardInterrupt of its __str__ is no interrupt of ours
         text = ""
-    return (text or type(exc).__name__).encode(errors="backslashreplace").decode()
+    text = text or type(exc).__name__
+    if len(text) > _ERROR_CHARS:
+        text = scrub(text)[:_ERROR_CHARS]
+    return text.encode(errors="backslashreplace").decode()
+
+
+def error_line(exc: BaseException) -> str:
+    """`Type: text`, as the logs and a dead letter's reason name a failure."""
+    return f"{type(exc).__name__}: {error_text(exc)}"
+
+
+def _own_limit(exc: BaseException) -> object:
+    """The exception's own `max_attempts`, if reading it works (a property of the processor's may raise)."""
+    try:
+        return getattr(exc, "max_attempts", 0)
+    except BaseException:
+        return 0

@@ -9,6 +9,11 @@
 --              stream, or the processor returned None).
 --   D dead-letter: XADD the fields to the DLQ, XACK.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
+--   D and R are written only while their entry is pending, and acknowledged with their write: a batch sent again
+--   after its reply was lost (a socket timeout after the script ran), or written again in halves after a script
+--   error, finds them acknowledged and writes no second dead letter, nor a second retry (one the retry set has
+--   promoted meanwhile would run twice). The entry is the guard an intake dead letter has too (it holds no lock).
+--   Commits need no check of their own: a commit sent again finds its marker.
 --   L leave:   nothing; the entry stays pending for a later attempt (circuit open, shutdown).
 --   s skip:    XACK only: the claim found the record committed already (a duplicate; it took no lock).
 -- D, R and L come in upper case when this worker holds the record's lock, which is then released if still ours
@@ -17,8 +22,8 @@
 -- An error stops the script without undoing the items before it (settle.py then writes the batch again in halves
 -- to find the item), so the order is chosen for that: commits first, a commit whose forward fails taking its
 -- marker back (a commit written already is found by its marker and never forwarded twice; one not written is not
--- taken for a duplicate); then retries (ZADD: idempotent); dead letters last (an XADD would repeat). A D item's
--- fields are unpacked into one XADD (Lua 5.1 stops near 8,000 values): settle.py sends a wider one packed.
+-- taken for a duplicate); then retries and dead letters, each acknowledged as it is written. A D item's fields are
+-- unpacked into one XADD (Lua 5.1 stops near 8,000 values): settle.py sends a wider one packed.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset, then
 --       the items' record keys (record_prefix .. record_id), one per item in item order: KEYS[4 + n] is item n's.
 --       Every key the script touches is declared (a Redis Cluster node checks them; they share one hash tag).
@@ -101,17 +106,22 @@ while i <= argc do
   end
   i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
 end
--- Retries (ZADD: idempotent), then dead letters: a script error on the first of a kind leaves nothing to repeat.
+-- Retries, then dead letters: each written only while its entry is pending, and acknowledged at once.
+local function pending(entry_id)
+  return #redis.call('XPENDING', input, group, entry_id, entry_id, 1) > 0
+end
 for r, j in ipairs(retries) do
-  redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[j + 3]), ARGV[j + 4])
-  n_acked = n_acked + 1
-  acked[n_acked] = ARGV[j + 1]
+  if pending(ARGV[j + 1]) then
+    redis.call('ZADD', retry_set, server_now_ms() + tonumber(ARGV[j + 3]), ARGV[j + 4])
+    redis.call('XACK', input, group, ARGV[j + 1])
+  end
   release(ARGV[j], retry_items[r])
 end
 for d, j in ipairs(dead) do
-  redis.call('XADD', dlq, '*', unpack(ARGV, j + 4, j + 3 + tonumber(ARGV[j + 3])))
-  n_acked = n_acked + 1
-  acked[n_acked] = ARGV[j + 1]
+  if pending(ARGV[j + 1]) then
+    redis.call('XADD', dlq, '*', unpack(ARGV, j + 4, j + 3 + tonumber(ARGV[j + 3])))
+    redis.call('XACK', input, group, ARGV[j + 1])
+  end
   release(ARGV[j], dead_items[d])
 end
 -- One XACK for the batch; chunked to stay far below Lua's limit on unpacked values.

@@ -170,7 +170,8 @@ class Settler:
         A script error is about what the batch holds (the same batch would fail forever): halves are written
         apart until the item that fails alone is found, which then gets its fallback (_write_alone). A script
         stops at its error without undoing the writes before it; writing those items again is safe, since a
-        commit finds its own marker (not forwarded twice) and a retry's ZADD is idempotent."""
+        commit finds its own marker (not forwarded twice) and a retry or dead letter its entry acknowledged
+        (settle.lua writes neither twice)."""
         error = await self._try(lane, outcomes)
         if isinstance(error, list):
             return error
@@ -181,9 +182,10 @@ class Settler:
         first = await self._write(lane, outcomes[:half])
         return first + [half + position for position in await self._write(lane, outcomes[half:])]
 
-    async def _try(self, lane: int, outcomes: list[Outcome]) -> list[int] | RedisError:
-        """The script's reply, or the script error; connection errors and Redis refusing writes are waited out
-        (nothing was acknowledged: the entries stay pending, so waiting loses nothing)."""
+    async def _try(self, lane: int, outcomes: list[Outcome]) -> list[int] | Exception:
+        """The script's reply, or the error of what the batch holds (a script error, a value the client cannot
+        send); connection errors and Redis refusing writes are waited out (the entries stay pending, and settle.lua
+        writes nothing twice: waiting loses nothing)."""
         failures = 0  # a count, not a Backoff: this runs for every batch, and nothing is built unless it fails
         while True:
             try:
@@ -197,8 +199,10 @@ class Settler:
                 failures += 1
                 log.warning("settle_failed", error=str(exc), batch=len(outcomes), retry_in=wait)
                 await asyncio.sleep(wait)
+            except Exception as exc:  # an item's value the client cannot send: the item's, like a script error
+                return exc
 
-    async def _write_alone(self, lane: int, outcome: Outcome, error: RedisError) -> None:
+    async def _write_alone(self, lane: int, outcome: Outcome, error: Exception) -> None:
         """An item the script fails on alone: a dead letter is written again in its minimal form; anything else,
         or a minimal dead letter that fails too, is left pending (lock released) for a later attempt, and logged."""
         if outcome.disposition is Disposition.DEAD_LETTER:

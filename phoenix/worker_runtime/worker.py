@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.backoff import Backoff
+from phoenix.errors import TaskEnded
 from phoenix.worker_runtime import lanes, metrics, ownership
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
@@ -31,7 +32,7 @@ from phoenix.worker_runtime.intake import InFlight, Intake, Lane, Slots
 from phoenix.worker_runtime.locks import RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
 from phoenix.worker_runtime.messages import Message
-from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy
+from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, error_line
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_risk import assess_redis
@@ -62,12 +63,19 @@ else:  # Python 3.11 has no eager tasks: an ordinary task
 
 
 async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
-    """Cancel and await; a task that had already died is reported, since the worker relied on it."""
     for task in tasks:
-        if task.done() and not task.cancelled() and task.exception():
-            log.error("worker_loop_crashed", task=task.get_name(), error=repr(task.exception()))
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _how_it_ended(task: asyncio.Task[Any]) -> str:
+    """What ended a task the worker runs until it stops: its exception, a cancellation not the worker's, or a
+    return."""
+    if task.cancelled():
+        return f"{task.get_name()} was cancelled"
+    if (exc := task.exception()) is not None:
+        return f"{task.get_name()} raised {error_line(exc)}"
+    return f"{task.get_name()} returned"
 
 
 # The longest a stopping worker relays what its last commits left in its stage's outboxes (relay.py, finish).
@@ -133,6 +141,7 @@ class Worker:
         self._log_each_message = settings.log_level in ("debug", "info")
         self._liveness_timeout = settings.liveness_timeout or 0.0  # always derived when unset (settings.py)
         self._liveness_failed = False  # the failure is logged once, when /healthz first reports it
+        self._task_ended = ""  # which of run's tasks ended by itself, and how: /healthz fails from then on
         self.policy = RecordPolicy(settings, self.breaker)
         self.intake = Intake(
             settings,
@@ -195,7 +204,7 @@ class Worker:
     def alive(self) -> tuple[bool, str]:
         """/healthz: False, with the reasons, when only a restart helps; the first failure is logged."""
         now, limit = time.monotonic(), self._liveness_timeout
-        reasons = []
+        reasons = [self._task_ended] if self._task_ended else []
         if (quiet := now - self.intake.last_beat) >= limit:
             reasons.append(f"intake stalled: no Redis read has returned for {quiet:.0f}s (LIVENESS_TIMEOUT={limit:g}s)")
         if (stalled := self.settler.stalled_for(now)) >= limit:
@@ -277,7 +286,8 @@ class Worker:
         return False
 
     async def run(self) -> None:
-        """Until `request_stop`: then finish in-flight work within SHUTDOWN_GRACE and return."""
+        """Until `request_stop`: then finish in-flight work within SHUTDOWN_GRACE and return. Raises TaskEnded,
+        after the same drain, when one of its tasks ended by itself (/healthz failing from that moment)."""
         if not await self._wait_for_redis():
             return
         s = self.settings
@@ -317,6 +327,7 @@ class Worker:
         ]
         stop = asyncio.create_task(self._stopping.wait())
         await asyncio.wait([stop, *intake, *relay, *background], return_when=asyncio.FIRST_COMPLETED)
+        self._note_ended([*intake, *relay, *background])
         await _cancel([stop, *intake])
         await self._drain()
         with contextlib.suppress(TimeoutError):
@@ -324,10 +335,25 @@ class Worker:
         if relay:
             # The last commits may have gone to an outbox: relayed now, not left for a worker that may never come
             # (a stage scaled to zero). The loop first, so that no two relays of this worker read its pending batch.
+            self._note_ended(relay)
             await _cancel(relay)
             await self.relay.finish(_RELAY_FINISH_SECONDS)
+        self._note_ended(background)  # one may have ended while the work drained
         await _cancel(background)
         log.info("worker_stopped")
+        if self._task_ended:
+            raise TaskEnded(self._task_ended)
+
+    def _note_ended(self, tasks: list[asyncio.Task[Any]]) -> None:
+        """The first of `tasks` found ended by itself (a task of the intake may return once a stop was asked):
+        logged in one line, and /healthz fails from now on."""
+        if self._task_ended:
+            return
+        for task in tasks:
+            if task.done() and (not self._stopping.is_set() or task.cancelled() or task.exception() is not None):
+                self._task_ended = f"worker task {_how_it_ended(task)}"
+                log.error("worker_task_ended", reason=self._task_ended, in_flight=self._in_flight_count())
+                return
 
     async def _report_redis_risk(self) -> None:
         """One line at start: a Redis that may lose acknowledged data undoes every guarantee above it."""
@@ -367,8 +393,9 @@ class Worker:
             await asyncio.sleep(seconds)
             try:
                 await job()
-            except RedisError as exc:
-                log.warning("background_job_failed", job=getattr(job, "__name__", "?"), error=str(exc))
+            except Exception as exc:  # Redis failing, or anything one record made a job raise: the next round tries
+                job_name = getattr(job, "__name__", "?")
+                log.warning("background_job_failed", job=job_name, error=error_line(exc))
 
     async def _promote_retries(self) -> None:
         moved = await self.retries.promote_due()
