@@ -188,3 +188,18 @@ async def test_a_malformed_entry_is_dead_lettered_with_the_reason(redis: aioredi
     [(_, dead)] = await stream_entries(redis, DLQ)
     assert (dead["error_type"], dead["error"], dead["user_id"]) == ("MalformedMessage", "missing record_id", "u")
     assert await redis.get("calls:s") is None
+
+
+async def test_a_record_key_of_another_type_dead_letters_its_entry_alone(redis: aioredis.Redis, redis_url: str) -> None:
+    """Something other than the runtime wrote the record's key (a hash where the lock goes): that entry cannot be
+    locked, so it is dead-lettered with the reason, and the rest of its read is processed (the claim script failed
+    the whole read on WRONGTYPE, and the intake read it again forever)."""
+    await redis.hset(KEYS.record_prefix + "bad", "x", "1")
+    entry = await add(redis, "bad")
+    await add(redis, "good")
+    await run_burst(redis_url, output_queue=OUT)
+    [(_, dead)] = await stream_entries(redis, DLQ)
+    assert (dead["record_id"], dead["original_id"], dead["error_type"]) == ("bad", entry, "RecordKeyConflict")
+    assert dead["error"].startswith(f"its record key {KEYS.record_prefix}bad holds no lock or marker")
+    assert [o["record_id"] for o in await outputs(redis)] == ["good"]
+    assert await redis.type(KEYS.record_prefix + "bad") == "hash"  # not the runtime's to delete

@@ -329,6 +329,15 @@ class Intake:
                 if self._tracing.recording:
                     self._tracing.duplicate(message, skip)
                 self._settle_without_flight(lane, skip)
+            elif claim == Claim.KEY_OF_ANOTHER_TYPE:
+                skipped += 1
+                key = lane.keys.record_prefix + message.record_id
+                reason = (
+                    f"its record key {key} holds no lock or marker (a key of another type, written by something else "
+                    "than the runtime): delete the key, then reprocess the record"
+                )
+                unusable = Unprocessable(message.entry_id, message.raw, reason, "RecordKeyConflict", 1)
+                self._settle_without_flight(lane, policy.unprocessable(unusable))
             else:
                 self._m_contention.inc()
                 log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
@@ -338,7 +347,7 @@ class Intake:
         flights = [InFlight(message, deadline, index) for message in acquired]
         for flight in flights:
             in_flight[flight.message.entry_id] = flight
-        self._turn_started += len(unfit) + skipped + len(flights)
+        self._turn_started += len(unfit) + skipped + len(flights)  # each holds a slot until settled
         if flights:
             self._start(flights)
 

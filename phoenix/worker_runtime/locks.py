@@ -30,6 +30,7 @@ class Claim(enum.IntEnum):
 
     DUPLICATE = 1  # marker present: already processed; the worker has the entry acknowledged
     LOCKED = 2  # another worker holds the lock: left pending, reclaim retries it later
+    KEY_OF_ANOTHER_TYPE = 3  # something else wrote the record's key: nothing can lock it, the entry is dead-lettered
 
 
 def lock_token(consumer_name: str) -> str:
