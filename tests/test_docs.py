@@ -23,6 +23,9 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from phoenix.crds.definition import custom_resource_definition
+from phoenix.stages.grouper import GrouperSettings
+from phoenix.stages.parser import ParserSettings
+from phoenix.stages.router import RouterSettings
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.billing import BillingSettings
 from phoenix.worker_runtime.settings import WorkerSettings
@@ -161,6 +164,12 @@ def _code(cell: str) -> str:
 def test_every_worker_variable_is_documented_once() -> None:
     documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "## Configuring the worker")]
     variables = [*WorkerSettings.model_fields, *BillingSettings.model_fields]
+    assert sorted(documented) == sorted(name.upper() for name in variables)
+
+
+def test_every_example_stage_variable_is_documented_once() -> None:
+    documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "### The example stages")]
+    variables = [*RouterSettings.model_fields, *ParserSettings.model_fields, *GrouperSettings.model_fields]
     assert sorted(documented) == sorted(name.upper() for name in variables)
 
 

@@ -3,13 +3,15 @@ replay annotation)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Collection
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
+from redis.exceptions import ResponseError
 
 from phoenix import lua
-from phoenix.record_format import LUA_UNPACK_LIMIT, PACKED_FIELDS
+from phoenix.keys import StageKeys
+from phoenix.record_format import LUA_UNPACK_LIMIT, PACKED_FIELDS, packed_pairs
 from phoenix.redis_replies import text, text_range
 from phoenix.redis_spec import is_cluster
 
@@ -74,16 +76,45 @@ async def _move_claimed(
     return count, seen, last
 
 
-async def entries(client: Redis, dlq: str, page: int = _BATCH) -> AsyncIterator[tuple[str, dict[str, str]]]:
-    """Every DLQ entry, oldest first, read a page at a time."""
-    lower = "-"
+async def entries(
+    client: Redis, stream: str, page: int = _BATCH, *, first: str = "-", last: str = "+"
+) -> AsyncIterator[tuple[str, dict[str, str]]]:
+    """Every entry of a DLQ (or of any stream) from `first` to `last`, oldest first, read a page at a time."""
+    lower = first
     while True:
-        batch = await text_range(client, dlq, first=lower, count=page)
+        batch = await text_range(client, stream, first=lower, last=last, count=page)
         for entry in batch:
             yield entry
         if len(batch) < page:
             return
         lower = "(" + batch[-1][0]
+
+
+async def waiting_records(client: Redis, lane: StageKeys, record_ids: Collection[str]) -> set[str]:
+    """Those of `record_ids` with an entry the lane has still to work on: not yet delivered to its group, pending,
+    or in its retry set (a copy `phoenix reprocess` added, the record sent again). It reads that part of the lane
+    whole, the cost of a purge, paid by the person purging and never by a worker."""
+    wanted, found = set(record_ids), set[str]()
+    if not wanted:
+        return found
+    try:
+        group = next((g for g in await client.xinfo_groups(lane.input) if g["name"] == lane.consumer_group), None)
+    except ResponseError:  # no input stream: nothing waits in it
+        group = None
+    undelivered = "(" + group["last-delivered-id"] if group else "-"
+    async for _, fields in entries(client, lane.input, first=undelivered):
+        found.add(fields.get("record_id", ""))
+    if group:
+        start = "-"
+        while rows := await client.xpending_range(lane.input, lane.consumer_group, min=start, max="+", count=_BATCH):
+            pipe = client.pipeline(transaction=False)
+            for row in rows:
+                pipe.xrange(lane.input, min=row["message_id"], max=row["message_id"])
+            found.update(fields.get("record_id", "") for reply in await pipe.execute() for _, fields in reply)
+            start = "(" + text(rows[-1]["message_id"])
+    async for member in client.zscan_iter(lane.retry):
+        found.add(packed_pairs(member[0]).get("record_id", ""))
+    return found & wanted
 
 
 async def purge_through(client: Redis, dlq: str, last_id: str) -> int:
