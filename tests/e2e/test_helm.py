@@ -23,6 +23,7 @@ from tests.e2e.helm import CHART, helm
 from tests.e2e.kubectl import (
     MANIFESTS,
     OPERATOR_NAMESPACE,
+    OPERATOR_PODS,
     install_operator_with_kustomize,
     is_ready,
     kubectl,
@@ -37,7 +38,6 @@ pytestmark = pytest.mark.e2e
 
 RELEASE = "phoenix"
 CRD = "customresourcedefinition/phoenixstages.phoenix.io"
-OPERATOR_PODS = "app.kubernetes.io/name=phoenix-operator"
 STAGES = {"router", "parser", "grouper"}
 
 

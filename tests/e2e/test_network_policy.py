@@ -1,16 +1,18 @@
-"""The chart's worker NetworkPolicy on a node that enforces it (kube-router's network policy controller, started by
-tests/fixtures/node): a stage's worker reaches its own Redis, through the cluster DNS, and nothing else, and only the
-monitoring namespace reaches its metrics port.
+"""The chart's NetworkPolicies on a node that enforces them (kube-router's network policy controller, started by
+tests/fixtures/node): a stage's worker reaches its own Redis, through the cluster DNS, and nothing else; the operator
+its API server and the stages' Redis, and not another Redis; only the scrapers' namespace reaches their metrics port.
 
 The namespace `phoenix-netpol` holds the stage and its Redis set (`app.kubernetes.io/part-of: netpol-redis`: the
 stage's server on 6379 and a second server of the set on 6380), `phoenix-netpol-other` another Redis on 6379. Every
-connection is tried before the policy too and must succeed then, so that each refusal afterwards is the policy's."""
+connection is tried before the policy too and must succeed then, so that each refusal afterwards is the policy's;
+what was tried is in the run's network-policy.txt."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,19 @@ import yaml
 from phoenix.operator.builders import HEALTH_PORT
 from phoenix.stages.data_keys import grouped_key, parsed_key
 from tests.e2e.helm import CHART, helm
-from tests.e2e.kubectl import apply_documents, is_ready, kubectl, kubectl_json, port_forward, stage_pods
+from tests.e2e.kubectl import (
+    OPERATOR_NAMESPACE,
+    OPERATOR_PODS,
+    apply_documents,
+    is_ready,
+    kubectl,
+    kubectl_json,
+    pods,
+    port_forward,
+    stage_pods,
+    wait_rollout,
+)
+from tests.e2e.pipeline import NAMESPACE as PIPELINE
 from tests.e2e.pipeline import RESTRICTED, stage_document
 from tests.e2e.redis_set import (
     SECRET,
@@ -43,12 +57,16 @@ STAGE = "guarded"
 PASSWORD = "e2e-netpol-password"
 REDIS, SECOND, OTHER_REDIS = "netpol-redis", "netpol-redis-alt", "other-redis"
 REDIS_SET = {"app.kubernetes.io/part-of": REDIS}
-# A TCP connection from inside a pod: "open", or why not.
+PIPELINE_REDIS = {"app.kubernetes.io/name": "redis"}  # manifests/dev/'s, in the suite's pipeline
+# A TCP connection from inside a pod: "open", "refused" (the name resolved, the connection rejected: kube-router's
+# REJECT) or "failed" (anything else: a name that did not resolve, a timeout).
 CONNECT = """import socket, sys
 try:
     socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5).close()
-except OSError as error:
+except ConnectionRefusedError as error:
     print(f"refused: {error}")
+except OSError as error:
+    print(f"failed: {error!r}")
 else:
     print("open")
 """
@@ -92,25 +110,23 @@ def api_server_endpoints() -> list[str]:
     return [address for item in slices["items"] for ep in item["endpoints"] for address in ep["addresses"]]
 
 
-def worker_policy(home: Path, api_server: list[str]) -> dict[str, Any]:
-    """The chart's phoenix-workers policy for NAMESPACE: its Redis set on 6379 only, the scrapers of MONITORING, and
+def peer(namespace: str, labels: dict[str, str]) -> dict[str, Any]:
+    return {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}},
+        "podSelector": {"matchLabels": labels},
+    }
+
+
+def chart_policies(home: Path, api_server: list[str]) -> dict[str, dict[str, Any]]:
+    """The chart's policies by name, for workers in NAMESPACE: Redis on 6379 only, of the stage's set and of the
+    suite's pipeline (so the operator keeps serving it), the scrapers of MONITORING, the API server's endpoints, and
     the chart's default DNS peer (kube-system's kube-dns pods)."""
     values = {
         "networkPolicy": {
             "enabled": True,
             "workerNamespaces": [NAMESPACE],
             "metricsFrom": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": MONITORING}}}],
-            "redis": [
-                {
-                    "to": [
-                        {
-                            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
-                            "podSelector": {"matchLabels": REDIS_SET},
-                        }
-                    ],
-                    "ports": [6379],
-                }
-            ],
+            "redis": [{"to": [peer(NAMESPACE, REDIS_SET), peer(PIPELINE, PIPELINE_REDIS)], "ports": [6379]}],
             "apiServer": {"ports": [443, 6443], "to": [{"ipBlock": {"cidr": f"{ip}/32"}} for ip in api_server]},
         }
     }
@@ -118,25 +134,36 @@ def worker_policy(home: Path, api_server: list[str]) -> dict[str, Any]:
         "template",
         "phoenix",
         str(CHART),
-        "--namespace=phoenix-system",
+        f"--namespace={OPERATOR_NAMESPACE}",
         "--show-only=templates/network-policy.yaml",
         "--values=-",
         home=home,
         input=yaml.safe_dump(values),
     )
-    [policy] = [doc for doc in yaml.safe_load_all(rendered) if doc and doc["metadata"]["namespace"] == NAMESPACE]
-    return policy
+    return {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(rendered) if doc}
 
 
 @dataclass(frozen=True)
 class Guarded:
     api_server: list[str]
-    helm_home: Path
+    policies: dict[str, dict[str, Any]]
+    evidence: Path
+
+    def record(self, title: str, seen: dict[str, str]) -> str:
+        """`seen` added to the run's evidence; the table, for an assertion's message."""
+        table = f"{title}\n" + "".join(f"  {what:<28} {outcome}\n" for what, outcome in seen.items())
+        with self.evidence.open("a") as evidence:
+            evidence.write(table)
+        return table
 
 
 @pytest.fixture(scope="module")
 def guarded(
-    operator_installed: None, phoenix_image: str, valkey_image: str, tmp_path_factory: pytest.TempPathFactory
+    operator_installed: None,
+    phoenix_image: str,
+    valkey_image: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    report_dir: Path,
 ) -> Iterator[Guarded]:
     """The three namespaces with their Redis servers and client pods, and the stage's worker Ready; no policy yet."""
     with fresh_namespace(NAMESPACE), fresh_namespace(OTHER), fresh_namespace(MONITORING):
@@ -158,7 +185,11 @@ def guarded(
             kubectl("wait", "-n", namespace, "--for=condition=Ready", f"pod/{pod}", "--timeout=180s", timeout=210)
         apply_documents([guarded_stage(phoenix_image)], NAMESPACE)
         worker()
-        yield Guarded(api_server_endpoints(), tmp_path_factory.mktemp("helm-home"))
+        api_server = api_server_endpoints()
+        policies = chart_policies(tmp_path_factory.mktemp("helm-home"), api_server)
+        evidence = report_dir / "network-policy.txt"
+        evidence.unlink(missing_ok=True)
+        yield Guarded(api_server, policies, evidence)
 
 
 def worker(other_than: str = "") -> dict[str, Any]:
@@ -172,29 +203,43 @@ def worker(other_than: str = "") -> dict[str, Any]:
 
 
 def connect(namespace: str, pod: str, host: str, port: int) -> str:
-    """Whether `pod` (its first container) opens a TCP connection to host:port: "open" or "refused: <why>"."""
+    """Whether `pod` (its first container) opens a TCP connection to host:port: CONNECT's answer."""
     return kubectl("exec", "-n", namespace, pod, "--", "python3", "-c", CONNECT, host, str(port)).strip()
 
 
-def from_worker(pod: str, api_server: list[str]) -> dict[str, str]:
-    """What the worker reaches: its Redis, its Redis set's other server, another namespace's Redis, the API server
+def reach(namespace: str, pod: str, api_server: list[str]) -> dict[str, str]:
+    """What a pod reaches: the stage's Redis, its Redis set's other server, another namespace's Redis, the API server
     (its Service, and its endpoint as the Service translates to)."""
     targets = {
-        "own redis": (REDIS, 6379),
-        "own set, port 6380": (SECOND, 6380),
+        "own redis": (f"{REDIS}.{NAMESPACE}.svc", 6379),
+        "own set, port 6380": (f"{SECOND}.{NAMESPACE}.svc", 6380),
         "other redis": (f"{OTHER_REDIS}.{OTHER}.svc", 6379),
         "api server service": ("kubernetes.default.svc", 443),
         **{f"api server {ip}": (ip, 6443) for ip in api_server},
     }
-    return {what: connect(NAMESPACE, pod, host, port) for what, (host, port) in targets.items()}
+    return {what: connect(namespace, pod, host, port) for what, (host, port) in targets.items()}
 
 
-def to_metrics(worker_ip: str) -> dict[str, str]:
-    """Who reaches the worker's metrics port: a pod of its own namespace, a pod of MONITORING."""
+def to_metrics(ip: str, port: int) -> dict[str, str]:
+    """Who reaches a metrics port: a pod of the stage's namespace, a pod of MONITORING."""
     return {
-        "from its namespace": connect(NAMESPACE, "outsider", worker_ip, HEALTH_PORT),
-        "from monitoring": connect(MONITORING, "scraper", worker_ip, HEALTH_PORT),
+        "metrics from its namespace": connect(NAMESPACE, "outsider", ip, port),
+        "metrics from monitoring": connect(MONITORING, "scraper", ip, port),
     }
+
+
+def enforced(what: str, seen: Callable[[], dict[str, str]]) -> dict[str, str]:
+    """What `seen` finds once the node enforces the policy on a new pod (kube-router adds a pod's rules once it has
+    its address), or the last of it after a minute."""
+    last: dict[str, str] = {}
+
+    def refused_elsewhere() -> bool:
+        last.update(seen())
+        return last["other redis"] != "open"
+
+    with contextlib.suppress(AssertionError):
+        eventually(refused_elsewhere, f"the node to enforce the policy on {what}", timeout=60, interval=2)
+    return last
 
 
 def scraped(worker_ip: str) -> str:
@@ -217,41 +262,77 @@ def processes_a_record() -> None:
         client.close()
 
 
-def connections(title: str, seen: dict[str, str]) -> str:
-    return f"{title}\n" + "".join(f"  {what:<28} {outcome}\n" for what, outcome in seen.items())
+def operator_pod() -> dict[str, Any]:
+    """A Ready operator pod, once both replicas are."""
+
+    def ready() -> dict[str, Any] | None:
+        found = pods(OPERATOR_NAMESPACE, OPERATOR_PODS)
+        return found[0] if len(found) == 2 and all(is_ready(pod) for pod in found) else None
+
+    return eventually(ready, "two Ready operator pods", timeout=180, interval=1)
 
 
-def test_the_worker_policy_admits_its_redis_and_dns_and_scrapes_from_monitoring_only(
-    guarded: Guarded, report_dir: Path
-) -> None:
+def metrics_port(pod: dict[str, Any]) -> int:
+    [container] = pod["spec"]["containers"]
+    return int(container["ports"][0]["containerPort"])
+
+
+def worker_env(variable: str) -> str | None:
+    """The value of `variable` in the stage's worker Deployment, as the operator last wrote it."""
+    deployment = kubectl_json("get", "deployment", "-n", NAMESPACE, STAGE)
+    [container] = deployment["spec"]["template"]["spec"]["containers"]
+    return next((env.get("value") for env in container["env"] if env["name"] == variable), None)
+
+
+def opened(seen: dict[str, str]) -> set[str]:
+    """What `seen` reached; everything else must have been refused (its name resolved, so DNS was let through)."""
+    assert all(outcome == "open" or outcome.startswith("refused") for outcome in seen.values()), seen
+    return {what for what, outcome in seen.items() if outcome == "open"}
+
+
+def test_the_worker_policy_admits_its_redis_and_dns_and_scrapes_from_monitoring_only(guarded: Guarded) -> None:
     before = worker()
-    reached = {**from_worker(before["metadata"]["name"], guarded.api_server), **to_metrics(before["status"]["podIP"])}
-    evidence = connections("without a policy", reached)
-    (report_dir / "network-policy.txt").write_text(evidence)
+    name, ip = before["metadata"]["name"], before["status"]["podIP"]
+    seen = {**reach(NAMESPACE, name, guarded.api_server), **to_metrics(ip, HEALTH_PORT)}
+    table = guarded.record("worker, without a policy", seen)
     # Without a policy the node lets every connection through: what is refused below is the policy's doing.
-    assert set(reached.values()) == {"open"}, evidence
+    assert set(seen.values()) == {"open"}, table
 
-    apply_documents([worker_policy(guarded.helm_home, guarded.api_server)], NAMESPACE)
+    apply_documents([guarded.policies["phoenix-workers"]], NAMESPACE)
     # A pod started under the policy: its Redis and DNS connections are all new (a connection made before the
     # policy would be let through as established).
-    kubectl("delete", "pod", "-n", NAMESPACE, before["metadata"]["name"], "--wait=false")
-    after = worker(other_than=before["metadata"]["name"])
+    kubectl("delete", "pod", "-n", NAMESPACE, name, "--wait=false")
+    after = worker(other_than=name)
     processes_a_record()
-
     name, ip = after["metadata"]["name"], after["status"]["podIP"]
-    enforced: dict[str, str] = {}
-
-    def refused_elsewhere() -> bool:
-        enforced.update(from_worker(name, guarded.api_server))
-        return enforced["other redis"] != "open"
-
-    try:
-        eventually(refused_elsewhere, "the node to enforce the policy on the new pod", timeout=60, interval=2)
-    finally:
-        enforced.update(to_metrics(ip))
-        evidence += connections("with the chart's worker policy (a new worker pod)", enforced)
-        (report_dir / "network-policy.txt").write_text(evidence)
-    allowed = {"own redis", "from monitoring"}
-    assert {what for what, outcome in enforced.items() if outcome == "open"} == allowed, evidence
-    assert all(enforced[what].startswith("refused") for what in enforced.keys() - allowed), evidence
+    seen = enforced("the new worker", lambda: reach(NAMESPACE, name, guarded.api_server))
+    seen.update(to_metrics(ip, HEALTH_PORT))
+    table = guarded.record("worker, under the chart's worker policy (a new pod)", seen)
+    assert opened(seen) == {"own redis", "metrics from monitoring"}, table
     assert "phoenix_" in scraped(ip)
+
+
+def test_the_operator_policy_admits_its_api_server_and_the_stages_redis_only(guarded: Guarded) -> None:
+    pod = operator_pod()
+    name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+    seen = {**reach(OPERATOR_NAMESPACE, name, guarded.api_server), **to_metrics(ip, metrics_port(pod))}
+    table = guarded.record("operator, without a policy", seen)
+    assert set(seen.values()) == {"open"}, table
+
+    apply_documents([guarded.policies["phoenix-operator"]], OPERATOR_NAMESPACE)
+    try:
+        # Both replicas replaced: the new ones reach the API server (readiness, the Lease) and Redis under the policy.
+        kubectl("delete", "pod", "-n", OPERATOR_NAMESPACE, "-l", OPERATOR_PODS, "--wait=false")
+        wait_rollout(OPERATOR_NAMESPACE, "phoenix-operator")
+        patch = '{"spec": {"worker": {"concurrency": 3}}}'
+        kubectl("patch", "phoenixstage", "-n", NAMESPACE, STAGE, "--type=merge", "-p", patch)
+        eventually(lambda: worker_env("CONCURRENCY") == "3", "the operator to carry out a spec change", timeout=180)
+        pod = operator_pod()
+        name, ip = pod["metadata"]["name"], pod["status"]["podIP"]
+        seen = enforced("the new operator pod", lambda: reach(OPERATOR_NAMESPACE, name, guarded.api_server))
+        seen.update(to_metrics(ip, metrics_port(pod)))
+        table = guarded.record("operator, under the chart's operator policy (a new pod)", seen)
+        api_server = {"api server service", *(f"api server {address}" for address in guarded.api_server)}
+        assert opened(seen) == {"own redis", *api_server, "metrics from monitoring"}, table
+    finally:
+        kubectl("delete", "networkpolicy", "-n", OPERATOR_NAMESPACE, "phoenix-operator")
