@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
     RedisConnection,
+    RedisUser,
     build_deployment,
     build_pod_disruption_budget,
     build_scaled_object,
@@ -22,12 +24,14 @@ from phoenix.operator.builders import (
     resolve_streams,
     scaled_object_patch,
 )
+from phoenix.operator.record import SecretsRead
 from phoenix.operator.status.conditions import new_condition, set_condition
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.leaks import assert_shows_no_part_of
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
+USER = RedisUser("phoenix.docs", "phoenix-redis-user")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
 REDIS_WITH_PASSWORD = {**REDIS, "passwordSecretRef": {"name": "phoenix-redis", "key": "password"}}
 REDIS_SENTINEL_MTLS = {
@@ -138,11 +142,15 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
 
 def test_runtime_variables_are_exactly_the_reserved_names() -> None:
     """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
-    spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS)
+    from_secret = [{"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor", "key": "token"}}]
+    spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS, env=from_secret)
     # OUTPUT_PARTITIONS comes with output.stage, OUTPUT_RETENTION with output.stream: one spec cannot have both.
     to_stage = make_spec(output={"stage": "grouper"})
-    set_by_builder = set(env_of(build_deployment(OWNER, spec))) | set(env_of(build_deployment(OWNER, to_stage)))
-    assert set_by_builder == set(RUNTIME_ENV_NAMES)
+    # A stage of a known cluster (STAGE_CLUSTER), with its namespace's Redis ACL user (REDIS_USERNAME, ...).
+    owner = replace(OWNER, cluster="cluster-east")
+    with_user = build_deployment(owner, spec, redis_user=USER)
+    set_by_builder = set(env_of(with_user)) | set(env_of(build_deployment(owner, to_stage)))
+    assert set_by_builder - {"VENDOR_TOKEN"} == set(RUNTIME_ENV_NAMES)
 
 
 def test_partitioned_stage_derives_its_streams_and_forwards_to_the_next_stages_partitions() -> None:
@@ -224,12 +232,44 @@ def test_without_tls_there_is_no_tls_volume() -> None:
     assert container(deployment)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
 
 
-def test_the_redis_secrets_digest_goes_into_the_pod_template() -> None:
-    """A changed digest changes the pod template, which is what rolls the workers."""
+def test_the_secrets_resource_versions_go_into_the_pod_template() -> None:
+    """A changed resourceVersion changes the pod template, which is what rolls the workers; no value goes in."""
     plain = build_deployment(OWNER, make_spec())
-    assert "phoenix.io/redis-secrets" not in plain["spec"]["template"]["metadata"]["annotations"]
-    rolled = build_deployment(OWNER, make_spec(), redis_secrets="d1")
-    assert rolled["spec"]["template"]["metadata"]["annotations"]["phoenix.io/redis-secrets"] == "d1"
+    assert "phoenix.io/secret-versions" not in plain["spec"]["template"]["metadata"]["annotations"]
+    read = SecretsRead(versions=(("vendor", ""), ("phoenix-redis", "812")))
+    rolled = build_deployment(OWNER, make_spec(), secrets=read)
+    annotations = rolled["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["phoenix.io/secret-versions"] == "phoenix-redis=812,vendor="
+
+
+def test_masked_env_lists_the_variables_the_pods_take_from_secrets() -> None:
+    """spec.env's secretKeyRef names and the keys of spec.pod.envFrom's Secrets (prefixed), as Kubernetes resolves
+    them: `env` wins over `envFrom`, so a literal of the same name is no Secret's; a ConfigMap's keys are not
+    read; the operator's own REDIS_URL is masked by the worker itself."""
+    spec = make_spec(
+        env=[
+            {"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor", "key": "token"}},
+            {"name": "API_REGION", "value": "eu"},
+        ],
+        pod={
+            "envFrom": [
+                {"secretRef": {"name": "api"}},
+                {"prefix": "DB_", "secretRef": {"name": "db", "optional": True}},
+                {"configMapRef": {"name": "settings"}},
+                {"secretRef": {"name": "missing", "optional": True}},
+            ]
+        },
+    )
+    keys = {"api": ("API_KEY", "API_REGION", "REDIS_URL"), "db": ("password", "pin")}
+    env = env_of(build_deployment(OWNER, spec, secrets=SecretsRead(keys=keys)))
+    assert env["MASKED_ENV"] == "API_KEY,DB_password,DB_pin,VENDOR_TOKEN"
+    assert "MASKED_ENV" not in env_of(build_deployment(OWNER, make_spec()))
+    assert WorkerSettings(service_name="s", processor="p", masked_env=env["MASKED_ENV"]).masked_variables == (
+        "API_KEY",
+        "DB_password",
+        "DB_pin",
+        "VENDOR_TOKEN",
+    )
 
 
 def test_read_memory_follows_the_pods_memory_limit() -> None:
@@ -534,6 +574,28 @@ def test_password_in_url_without_secret_ref_is_a_clear_error_without_the_passwor
         build_scaled_object(OWNER, make_spec(), connection_of("redis://:hunter2@redis:6379/0"))
     assert "spec.redis.passwordSecretRef" in str(caught.value)
     assert "hunter2" not in str(caught.value)
+
+
+def test_a_namespaces_redis_acl_user_logs_the_workers_and_keda_in() -> None:
+    """The user's name and the Secret of its password replace the URL's credentials, for the workers and KEDA (whose
+    password comes from the user's Secret even when the URL has one of its own and no passwordSecretRef)."""
+    spec = make_spec()
+    env = env_of(build_deployment(OWNER, spec, redis_user=USER))
+    assert env["REDIS_USERNAME"] == "phoenix.docs"
+    assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "phoenix-redis-user", "key": "password"}}
+    assert env["REDIS_URL"] == {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}}
+    auth = build_trigger_authentication(OWNER, spec, USER)
+    assert auth is not None
+    assert auth["spec"] == {
+        "secretTargetRef": [{"parameter": "password", "name": "phoenix-redis-user", "key": "password"}]
+    }
+    connection = connection_of("redis://phoenix.docs:their-own@redis:6379/0")
+    triggers = build_scaled_object(OWNER, spec, connection, user=USER)["spec"]["triggers"]
+    assert {(t["metadata"]["username"], t["authenticationRef"]["name"]) for t in triggers} == {
+        ("phoenix.docs", "parser-redis")
+    }
+    # Without a user, neither variable.
+    assert not {"REDIS_USERNAME", "REDIS_PASSWORD"} & set(env_of(build_deployment(OWNER, spec)))
 
 
 def test_paused_stage_pauses_keda_at_zero_replicas() -> None:
