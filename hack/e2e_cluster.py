@@ -6,8 +6,9 @@
   python hack/e2e_cluster.py up              bring it up and keep it until Ctrl-C
   python hack/e2e_cluster.py clean           remove what a killed run left (processes, mounts, rules, addresses)
 
-Needs root on Linux, the binaries of hack/build-kube.sh, hack/build-node.sh and hack/build-keda.sh and the images
-of hack/build-images.sh. After teardown it lists anything of the node still on the host and fails if there is any.
+Needs root on Linux, the binaries of hack/build-kube.sh, hack/build-node.sh, hack/build-kube-router.sh and
+hack/build-keda.sh and the images of hack/build-images.sh. After teardown it lists anything of the node still on
+the host and fails if there is any.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _check_clean(network: NodeNetwork) -> int:
     for item in leftovers:
         print(f"left behind: {item}", file=sys.stderr)
     if not leftovers:
-        print("teardown complete: no process, mount, network namespace, iptables rule or address left", flush=True)
+        print("teardown complete: nothing of the node left (processes, mounts, rules, ipsets, addresses)", flush=True)
     return 1 if leftovers else 0
 
 

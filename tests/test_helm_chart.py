@@ -198,9 +198,19 @@ def test_pull_secrets_and_placement_reach_the_operator_pods(helm: Helm) -> None:
         (["--set-string=operator.replicas=two"], "replicas"),  # wrong type
         (["--set=monitoring.podMonitor=true"], "podMonitor"),
         (["--set=image.digest=latest"], "digest"),
-        (["--set=networkPolicy.redis.ports={redis}"], "ports"),
+        (["--set=networkPolicy.apiServer.ports={https}"], "ports"),
+        (["--set-json=networkPolicy.metricsFrom=[]"], "metricsFrom"),
+        (['--set-json=networkPolicy.redis=[{"ports": [6379], "to": []}]'], "redis"),
     ],
-    ids=["unknown-key", "wrong-type", "unknown-nested-key", "bad-digest", "port-not-a-number"],
+    ids=[
+        "unknown-key",
+        "wrong-type",
+        "unknown-nested-key",
+        "bad-digest",
+        "port-not-a-number",
+        "scrapes-from-anyone",
+        "redis-at-any-address",
+    ],
 )
 def test_a_values_typo_fails_template(helm: Helm, args: list[str], message: str) -> None:
     result = helm.template(*args)
@@ -312,19 +322,43 @@ def overlay_policies() -> dict[str, dict[str, Any]]:
     return network_policies([yaml.safe_load((directory / name).read_text()) for name in names])
 
 
-def egress_ports(policy: dict[str, Any]) -> list[list[tuple[int, str]]]:
-    return [[(port["port"], port["protocol"]) for port in rule["ports"]] for rule in policy["spec"]["egress"]]
+NETWORK_POLICY_VALUES = CHART / "ci" / "network-policy-values.yaml"
+MONITORING = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+KUBE_DNS = [
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+        "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+    }
+]
+# The Redis of manifests/dev/, which the overlay and the documented values set name.
+DEV_REDIS = [
+    {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": PIPELINES}},
+        "podSelector": {"matchLabels": {"app.kubernetes.io/name": "redis"}},
+    }
+]
+
+
+def tcp(*ports: int) -> list[dict[str, Any]]:
+    return [{"port": port, "protocol": "TCP"} for port in ports]
+
+
+DNS_RULE = {"ports": [{"port": 53, "protocol": "UDP"}, *tcp(53)], "to": KUBE_DNS}
 
 
 def chart_policies(helm: Helm) -> dict[str, dict[str, Any]]:
-    return network_policies(helm.render(f"--values={CHART / 'ci' / 'network-policy-values.yaml'}"))
+    return network_policies(helm.render(f"--values={NETWORK_POLICY_VALUES}"))
+
+
+def policies_of(source: str, helm: Helm) -> dict[str, dict[str, Any]]:
+    return overlay_policies() if source == "overlay" else chart_policies(helm)
 
 
 @pytest.mark.parametrize("source", ["overlay", "chart"])
-def test_worker_policy_selects_the_pods_the_operator_builds_and_admits_only_their_metrics_port(
+def test_worker_policy_selects_the_pods_the_operator_builds_and_admits_only_scrapes_from_monitoring(
     helm: Helm, source: str
 ) -> None:
-    policy = (overlay_policies() if source == "overlay" else chart_policies(helm))["phoenix-workers"]
+    policy = policies_of(source, helm)["phoenix-workers"]
     assert policy["metadata"]["namespace"] == PIPELINES
     selector = policy["spec"]["podSelector"]["matchLabels"]
     assert selector == {NAME_LABEL: WORKER_APP_NAME, MANAGED_BY_LABEL: MANAGED_BY}
@@ -333,23 +367,26 @@ def test_worker_policy_selects_the_pods_the_operator_builds_and_admits_only_thei
     [container] = pod["spec"]["containers"]
     assert [port["containerPort"] for port in container["ports"]] == [HEALTH_PORT]
     assert policy["spec"]["policyTypes"] == ["Ingress", "Egress"]
-    assert policy["spec"]["ingress"] == [{"ports": [{"port": HEALTH_PORT, "protocol": "TCP"}]}]
-    redis_and_dns = [[(6379, "TCP")], [(53, "UDP"), (53, "TCP")]]
-    extra = [[(443, "TCP")]] if source == "chart" else []
-    assert egress_ports(policy) == redis_and_dns + extra
-    if source == "chart":
-        assert policy["spec"]["egress"][-1]["to"] == [{"ipBlock": {"cidr": "203.0.113.0/24"}}]
+    assert policy["spec"]["ingress"] == [{"ports": tcp(HEALTH_PORT), "from": MONITORING}]
 
 
 @pytest.mark.parametrize("source", ["overlay", "chart"])
-def test_operator_policy_admits_only_metrics_and_reaches_only_the_api_server_redis_and_dns(
+def test_worker_policy_reaches_only_its_redis_and_the_cluster_dns(helm: Helm, source: str) -> None:
+    egress = policies_of(source, helm)["phoenix-workers"]["spec"]["egress"]
+    extra = [{"to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}], "ports": tcp(443)}] if source == "chart" else []
+    assert egress == [{"ports": tcp(6379), "to": DEV_REDIS}, DNS_RULE, *extra]
+
+
+@pytest.mark.parametrize("source", ["overlay", "chart"])
+def test_operator_policy_admits_only_scrapes_and_reaches_only_the_api_server_redis_and_dns(
     helm: Helm, source: str
 ) -> None:
-    policy = (overlay_policies() if source == "overlay" else chart_policies(helm))["phoenix-operator"]
+    policy = policies_of(source, helm)["phoenix-operator"]
     assert policy["metadata"]["namespace"] == NAMESPACE
     assert policy["spec"]["podSelector"] == {"matchLabels": {NAME_LABEL: "phoenix-operator"}}
-    assert policy["spec"]["ingress"] == [{"ports": [{"port": 8080, "protocol": "TCP"}]}]
-    assert egress_ports(policy) == [[(443, "TCP"), (6443, "TCP")], [(6379, "TCP")], [(53, "UDP"), (53, "TCP")]]
+    assert policy["spec"]["ingress"] == [{"ports": tcp(8080), "from": MONITORING}]
+    api_server = {"ports": tcp(443, 6443), "to": [{"ipBlock": {"cidr": "192.0.2.10/32"}}]}
+    assert policy["spec"]["egress"] == [api_server, {"ports": tcp(6379), "to": DEV_REDIS}, DNS_RULE]
 
 
 def test_the_documented_egress_of_one_stage_selects_that_stages_pods_only() -> None:
@@ -364,22 +401,66 @@ def test_the_documented_egress_of_one_stage_selects_that_stages_pods_only() -> N
     assert selector[NAME_LABEL] == WORKER_APP_NAME
 
 
-def test_network_policy_values_narrow_peers_and_ports(helm: Helm) -> None:
-    sentinel = {"redis": {"ports": [6379, 26379], "to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}]}}
-    scraper = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+def test_network_policy_values_name_the_peers_and_ports(helm: Helm) -> None:
+    """Sentinels and TLS data nodes as two Redis rules, a NodeLocal DNSCache, Prometheus's pods alone: every rule as
+    the values give it, in both policies."""
+    redis: list[dict[str, Any]] = [
+        {"to": [{"ipBlock": {"cidr": "10.1.0.0/16"}}], "ports": [6380]},
+        {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "redis"}}}], "ports": [26379]},
+    ]
+    dns = {"ports": [53], "to": [*KUBE_DNS, {"ipBlock": {"cidr": "169.254.20.10/32"}}]}
+    prometheus = [{**MONITORING[0], "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}]
+    api_server = {"ports": [6443], "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]}
     values = {
         "watchNamespaces": ["team-a"],
         "operator": {"metricsPort": 9090},
-        "networkPolicy": {"enabled": True, "metricsFrom": scraper, **sentinel},
+        "networkPolicy": {
+            "enabled": True,
+            "metricsFrom": prometheus,
+            "redis": redis,
+            "dns": dns,
+            "apiServer": api_server,
+        },
     }
     policies = network_policies(helm.render(values=values))
     assert policies["phoenix-workers"]["metadata"]["namespace"] == "team-a"
+    redis_rules = [{"ports": tcp(*rule["ports"]), "to": rule["to"]} for rule in redis]
+    dns_rule = {"ports": [{"port": 53, "protocol": "UDP"}, *tcp(53)], "to": dns["to"]}
     for name, port in (("phoenix-operator", 9090), ("phoenix-workers", HEALTH_PORT)):
         spec = policies[name]["spec"]
-        assert spec["ingress"] == [{"ports": [{"port": port, "protocol": "TCP"}], "from": scraper}]
-        redis_rule = spec["egress"][1 if name == "phoenix-operator" else 0]
-        ports = [{"port": 6379, "protocol": "TCP"}, {"port": 26379, "protocol": "TCP"}]
-        assert redis_rule == {"ports": ports, "to": sentinel["redis"]["to"]}
+        assert spec["ingress"] == [{"ports": tcp(port), "from": prometheus}]
+        api = [{"ports": tcp(6443), "to": api_server["to"]}] if name == "phoenix-operator" else []
+        assert spec["egress"] == [*api, *redis_rules, dns_rule]
+
+
+def test_the_documented_network_policy_values_render_what_they_say(helm: Helm) -> None:
+    """docs/operations.md's values: Sentinels and data nodes in namespace redis, the API server, Prometheus's pods."""
+    _, code = marked_block("network-policy-values", DOCS / "operations.md")
+    values = yaml.safe_load(code)
+    policies = network_policies(helm.render(values=values))
+    workers, operator = policies["phoenix-workers"], policies["phoenix-operator"]
+    assert workers["metadata"]["namespace"] == "team-a"
+    redis = {"ports": tcp(6379, 26379), "to": values["networkPolicy"]["redis"][0]["to"]}
+    assert workers["spec"]["egress"] == [redis, DNS_RULE]
+    assert operator["spec"]["egress"][0] == {"ports": tcp(443, 6443), "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]}
+    assert workers["spec"]["ingress"][0]["from"] == values["networkPolicy"]["metricsFrom"]
+
+
+@pytest.mark.parametrize(
+    ("network_policy", "message"),
+    [
+        ({"apiServer": {"ports": [6443], "to": [{"ipBlock": {"cidr": "10.0.0.10/32"}}]}}, "networkPolicy.redis: name"),
+        ({"redis": [{"to": DEV_REDIS, "ports": [6379]}]}, "networkPolicy.apiServer.to: name"),
+    ],
+    ids=["no-redis", "no-api-server"],
+)
+def test_enabled_policies_need_their_redis_and_api_server_peers(
+    helm: Helm, network_policy: dict[str, Any], message: str
+) -> None:
+    """No default opens a port to every address: without the peers the chart refuses to render, saying which."""
+    result = helm.template(values={"networkPolicy": {"enabled": True, **network_policy}})
+    assert result.returncode != 0
+    assert message in result.stderr
 
 
 # -- Against the real API server, and manifests/ through kustomize ----------------------------------------------------
@@ -456,7 +537,9 @@ def drift_case(case: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if case == "redis-acl":
         return {"redisAcl": {"enabled": True}}, [doc for doc in kustomize("redis-acl") if doc["kind"] != "Namespace"]
     assert case == "network-policy"
-    return {"networkPolicy": {"enabled": True, "workerNamespaces": [PIPELINES]}}, base + kustomize("network-policy")
+    values = yaml.safe_load(NETWORK_POLICY_VALUES.read_text())
+    del values["networkPolicy"]["workerExtraEgress"]  # the overlay's is a patch of your own
+    return values, base + kustomize("network-policy")
 
 
 @pytest.mark.kube

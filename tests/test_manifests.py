@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from phoenix.crds import PhoenixStage
 from phoenix.operator.builders import resolve_streams
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.options import DEFAULT_LEASE_NAME
+from tests.fixtures.control_plane import kube_bin_dir
 
 MANIFESTS = Path(__file__).resolve().parents[1] / "manifests"
 
@@ -252,3 +255,70 @@ def test_namespaced_install_swaps_cluster_rights_for_roles_in_the_served_namespa
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
     ]
+
+
+# -- manifests/network-policy ---------------------------------------------------------------------------------------
+
+NETWORK_POLICY = MANIFESTS / "network-policy"
+
+
+def network_policy_overlay() -> dict[str, dict[str, Any]]:
+    return {doc["metadata"]["name"]: doc for doc in kustomization_documents(NETWORK_POLICY)}
+
+
+def test_every_rule_of_the_network_policies_names_its_peers() -> None:
+    """No rule opens a port to any address or admits any source: each names its peers."""
+    for policy in network_policy_overlay().values():
+        assert all(rule.get("from") for rule in policy["spec"]["ingress"])
+        assert all(rule.get("to") for rule in policy["spec"]["egress"])
+
+
+def test_the_network_policies_redis_peer_selects_the_dev_overlays_redis() -> None:
+    """The overlay's Redis peer is manifests/dev/'s Valkey, in the namespace where the samples and it run."""
+    (redis,) = by_kind(list(yaml.safe_load_all((MANIFESTS / "dev" / "valkey.yaml").read_text())), "Deployment")
+    labels = redis["spec"]["template"]["metadata"]["labels"]
+    policies = network_policy_overlay()
+    namespace = policies["phoenix-workers"]["metadata"]["namespace"]
+    for name, index in (("phoenix-workers", 0), ("phoenix-operator", 1)):
+        rule = policies[name]["spec"]["egress"][index]
+        assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+        [peer] = rule["to"]
+        assert peer["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+        assert peer["podSelector"]["matchLabels"].items() <= labels.items()
+
+
+def documented_patches() -> str:
+    """The `patches:` the overlay's kustomization.yaml shows in its header comment, uncommented."""
+    lines = (NETWORK_POLICY / "kustomization.yaml").read_text().splitlines()
+    start = lines.index("#     patches:")
+    block = []
+    for line in lines[start:]:
+        if not line.startswith("#     "):
+            break
+        block.append(line.removeprefix("#     "))
+    return "\n".join(block) + "\n"
+
+
+@pytest.mark.kube
+def test_the_documented_patches_of_the_network_policies_set_what_they_say(tmp_path: Path) -> None:
+    """kustomize with the header's patches: the operator's API server, the workers' Redis with Sentinel's port and a
+    processor's API, as the comment describes them."""
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    resources = f"resources: [{os.path.relpath(NETWORK_POLICY, overlay)}]\n"
+    (overlay / "kustomization.yaml").write_text(resources + documented_patches())
+    kubectl = kube_bin_dir() / "kubectl"
+    result = subprocess.run([str(kubectl), "kustomize", str(overlay)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    policies = {doc["metadata"]["name"]: doc for doc in yaml.safe_load_all(result.stdout)}
+    operator, workers = policies["phoenix-operator"]["spec"], policies["phoenix-workers"]["spec"]
+    assert operator["egress"][0]["to"] == [{"ipBlock": {"cidr": "10.0.0.10/32"}}]
+    redis_namespace = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "redis"}}}
+    assert workers["egress"][0] == {
+        "to": [redis_namespace],
+        "ports": [{"port": 6379, "protocol": "TCP"}, {"port": 26379, "protocol": "TCP"}],
+    }
+    assert workers["egress"][-1] == {
+        "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
+        "ports": [{"port": 443, "protocol": "TCP"}],
+    }

@@ -94,8 +94,10 @@ module_dir() {
 
 # module_src SRC GO MODULE VERSION PACKAGE...: SRC made the module that builds PACKAGEs of MODULE@vVERSION (go GO),
 # and the working directory: it requires MODULE with MODULE's own replace and exclude directives (single lines and
-# blocks), which must hold in any module that builds it, and keeps each PACKAGE's dependencies (tools.go, go get,
-# go mod tidy). Sets moddir, MODULE's extracted source (its VERSION file, its manifests).
+# blocks), which must hold in any module that builds it, then the script's own `replaces` (lines `replace A => B V`:
+# a dependency at a version the module proxy serves, where it refuses the one MODULE pins), and keeps each
+# PACKAGE's dependencies (tools.go, go get, go mod tidy). Sets moddir, MODULE's extracted source (its VERSION file,
+# its manifests).
 module_src() {
   local src=$1 go=$2 module=$3 version=$4
   shift 4
@@ -104,6 +106,7 @@ module_src() {
   {
     printf 'module phoenix.local/%sbuild\n\ngo %s\n\n' "$(basename "$(dirname "$src")")" "$go"
     awk '/^(replace|exclude) \($/ {block=1} block || /^(replace|exclude) / {print} /^\)$/ {block=0}' "$moddir/go.mod"
+    [[ -z ${replaces:-} ]] || printf '%s\n' "$replaces"
   } > "$src/go.mod"
   tools_go "$src" "$@"
   cd "$src" || exit

@@ -23,6 +23,7 @@ MANIFESTS = REPO_ROOT / "manifests"
 PHOENIX_IMAGE = "ghcr.io/phoenix/phoenix"
 VALKEY_IMAGE = "docker.io/valkey/valkey"
 OPERATOR_NAMESPACE = "phoenix-system"
+OPERATOR_PODS = "app.kubernetes.io/name=phoenix-operator"
 
 
 def kubectl_binary() -> str:

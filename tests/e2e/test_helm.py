@@ -7,8 +7,6 @@ The module's end puts the kustomize install back for the rest of the suite."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
@@ -21,9 +19,11 @@ import yaml
 
 from phoenix.kube_names import HANDLED_RESTART_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.options import DEFAULT_LEASE_NAME
+from tests.e2e.helm import CHART, helm
 from tests.e2e.kubectl import (
     MANIFESTS,
     OPERATOR_NAMESPACE,
+    OPERATOR_PODS,
     install_operator_with_kustomize,
     is_ready,
     kubectl,
@@ -32,27 +32,13 @@ from tests.e2e.kubectl import (
     wait_rollout,
 )
 from tests.e2e.pipeline import NAMESPACE, Pipeline, assert_exactly_once, enqueue_documents, streams, wait_all_grouped
-from tests.fixtures.control_plane import REPO_ROOT
 from tests.fixtures.eventually import eventually
-from tests.fixtures.helm import helm_binary
 
 pytestmark = pytest.mark.e2e
 
-CHART = REPO_ROOT / "charts" / "phoenix"
 RELEASE = "phoenix"
 CRD = "customresourcedefinition/phoenixstages.phoenix.io"
-OPERATOR_PODS = "app.kubernetes.io/name=phoenix-operator"
 STAGES = {"router", "parser", "grouper"}
-
-
-def helm(*args: str, home: Path) -> str:
-    env = {**os.environ, **{f"HELM_{kind}_HOME": str(home / kind.lower()) for kind in ("CACHE", "CONFIG", "DATA")}}
-    result = subprocess.run(
-        [str(helm_binary()), *args], env=env, capture_output=True, text=True, check=False, timeout=600
-    )
-    if result.returncode != 0:
-        raise RuntimeError(f"helm {' '.join(args)} failed: {result.stderr.strip()}")
-    return result.stdout
 
 
 def image_values(image: str) -> list[str]:

@@ -26,7 +26,7 @@ from tests.e2e.kubectl import (
     printed_columns,
     stage_pods,
 )
-from tests.e2e.pipeline import DOCUMENTS_URL, NAMESPACE, Pipeline, enqueue_documents, stage_document
+from tests.e2e.pipeline import DOCUMENTS_URL, FETCH_IN_CLUSTER, NAMESPACE, Pipeline, enqueue_documents, stage_document
 from tests.fixtures.replies import add_entry_now, get_text_now, read_group_now
 
 pytestmark = pytest.mark.e2e
@@ -38,7 +38,8 @@ MAX_REPLICAS = 4
 def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
     """The router's processor as a final stage, CPU-limited so that a backlog builds up and lasts, with KEDA's
     polling, cooldown and the HPA's scale-down window shortened so that the test sees a whole cycle in a few
-    minutes, and a gone worker's entries claimed after 3 s instead of 5 min."""
+    minutes, a gone worker's entries claimed after 3 s instead of 5 min, and the in-cluster documents server
+    allowed (the router refuses private addresses by default)."""
     return stage_document(
         STAGE,
         "router",
@@ -48,6 +49,7 @@ def scaler_stage(image: str, paused: bool = False) -> dict[str, Any]:
         autoscaling={"lagCount": 10, "pollingInterval": 2, "cooldownPeriod": 15, "scaleDownStabilizationSeconds": 10},
         worker={"claimIdleMs": 3000},
         paused=paused,
+        env=[FETCH_IN_CLUSTER],
     )
 
 

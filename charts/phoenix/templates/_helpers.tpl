@@ -55,32 +55,36 @@ ones): manifests/rbac/cluster-role.yaml and manifests/namespaced/role.yaml. */}}
 {{- toJson (.Values.networkPolicy.workerNamespaces | default .Values.watchNamespaces) -}}
 {{- end -}}
 
-{{/* One egress rule to TCP ports, with optional peers: (dict "ports" list "to" list). */}}
+{{/* One egress rule to peers on TCP ports: (dict "ports" list "to" list). */}}
 {{- define "phoenix.egressRule" -}}
 - ports:
   {{- range .ports }}
     - {port: {{ . }}, protocol: TCP}
   {{- end }}
-  {{- with .to }}
   to:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- toYaml .to | nindent 4 }}
 {{- end -}}
 
-{{/* Ingress to the metrics port only, from networkPolicy.metricsFrom (anyone when empty). */}}
+{{/* Ingress to the metrics port only, from networkPolicy.metricsFrom: (dict "port" int "from" list). */}}
 {{- define "phoenix.metricsIngress" -}}
 - ports:
     - {port: {{ .port }}, protocol: TCP}
-  {{- with .from }}
   from:
-    {{- toYaml . | nindent 4 }}
-  {{- end }}
+    {{- toYaml .from | nindent 4 }}
 {{- end -}}
 
-{{- define "phoenix.dnsEgress" -}}
+{{/* The egress rules every pod gets: each networkPolicy.redis rule, then the cluster DNS (UDP and TCP). */}}
+{{- define "phoenix.redisAndDnsEgress" -}}
+{{- range .redis -}}
+{{ include "phoenix.egressRule" . }}
+{{ end -}}
 - ports:
-    - {port: 53, protocol: UDP}
-    - {port: 53, protocol: TCP}
+  {{- range .dns.ports }}
+    - {port: {{ . }}, protocol: UDP}
+    - {port: {{ . }}, protocol: TCP}
+  {{- end }}
+  to:
+    {{- toYaml .dns.to | nindent 4 }}
 {{- end -}}
 
 {{/* What Redis ACL users add to the operator's rights (manifests/redis-acl/): the Secret phoenix-redis-user of each
