@@ -10,7 +10,7 @@
 #   pause    the pod sandbox image (hack/images/pause), named as containerd's sandbox image
 #   coredns  the cluster DNS's pods (tests/fixtures/node/cluster_dns.py): the coredns of hack/build-node.sh
 #   keda, keda-metrics-apiserver   the binaries of hack/build-keda.sh (pass --no-keda to skip them)
-# Needs root, buildah and debootstrap (hack/e2e-deps.sh installs them). pip inside the build reaches PyPI through
+# Needs root, buildah and debootstrap (hack/e2e.sh installs them). pip inside the build reaches PyPI through
 # the host's CA bundle, mounted read-only for the build only, never copied into an image.
 set -euo pipefail
 
