@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
 from phoenix.crds.definition import custom_resource_definition
 from phoenix.crds.generate import CHART_CRD_PATH, CRD_PATH, main, render_crd
-from phoenix.crds.pod import VOLUME_SOURCES
+from phoenix.crds.pod import PROJECTED_SOURCES, VOLUME_SOURCES
 from phoenix.retention import Retention
 from tests.fixtures.admission import admitted_by_the_api_server, admitted_by_the_models
 from tests.fixtures.control_plane import ControlPlane
@@ -190,11 +190,13 @@ def _preserving(node: dict[str, Any], path: str) -> list[str]:
 def test_only_status_root_and_kubernetes_typed_pod_fields_preserve_unknown_fields() -> None:
     """Pruning is off only where the value is Kubernetes' own type, passed to the pod as written; what CEL must
     refuse there (a hostPath, a securityContext) is a declared field, which CEL can see."""
-    volume = [f"spec.pod.volumes[].{name}" for name in VOLUME_SOURCES]
+    volume = [f"spec.pod.volumes[].{name}" for name in VOLUME_SOURCES if name != "projected"]
+    projected = [f"spec.pod.volumes[].projected.sources[].{name}" for name in PROJECTED_SOURCES]
     expected = [
         "spec.pod.affinity",
         "spec.pod.topologySpreadConstraints[]",
         *volume,
+        *projected,
         "spec.pod.volumes[].hostPath",
         "spec.pod.securityContext",
         "status",
@@ -495,6 +497,9 @@ FULL_POD: dict[str, Any] = {
     "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
     "terminationGracePeriodSeconds": 200,
 }
+_TOKEN_SOURCE = {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}
+_TOKEN_VOLUME = {"name": "token", "projected": {"sources": [_TOKEN_SOURCE]}}
+_TOKEN_MOUNT = {"name": "token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}
 # spec.pod -> the part of the refusal both the models and the API server give; None: admitted.
 POD_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
     "every field set": (FULL_POD, None),
@@ -530,6 +535,55 @@ POD_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
         "must not set the operator's own annotations",
     ),
     "a scrape annotation": ({"annotations": {"prometheus.io/port": "9999"}}, "operator's own annotations"),
+    # A token of the pods' ServiceAccount through a projected volume: only when the stage asks for it.
+    "a service account token": (
+        {"serviceAccountName": "reader", "volumes": [_TOKEN_VOLUME], "volumeMounts": [_TOKEN_MOUNT]},
+        "refused unless spec.pod.allowServiceAccountToken is true",
+    ),
+    "a service account token beside a secret": (
+        {
+            "volumes": [{"name": "token", "projected": {"sources": [{"secret": {"name": "s"}}, _TOKEN_SOURCE]}}],
+        },
+        "refused unless spec.pod.allowServiceAccountToken is true",
+    ),
+    "a service account token not allowed": (
+        {"allowServiceAccountToken": False, "volumes": [_TOKEN_VOLUME]},
+        "refused unless spec.pod.allowServiceAccountToken is true",
+    ),
+    "a service account token allowed": (
+        {"serviceAccountName": "reader", "allowServiceAccountToken": True, "volumes": [_TOKEN_VOLUME]},
+        None,
+    ),
+    "projected secrets, config maps and the pod's fields": (
+        {
+            "volumes": [
+                {
+                    "name": "bundle",
+                    "projected": {
+                        "defaultMode": 0o440,
+                        "sources": [
+                            {"secret": {"name": "s", "items": [{"key": "k", "path": "k"}]}},
+                            {"configMap": {"name": "c"}},
+                            {
+                                "downwardAPI": {
+                                    "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                                }
+                            },
+                        ],
+                    },
+                }
+            ],
+        },
+        None,
+    ),
+    "two sources in one projection": (
+        {"volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "s"}, "configMap": {"name": "c"}}]}}]},
+        "needs exactly one of secret, configMap, downwardAPI, serviceAccountToken",
+    ),
+    "a projected mode beyond 0777": (
+        {"volumes": [{"name": "p", "projected": {"defaultMode": 512, "sources": [{"configMap": {"name": "c"}}]}}]},
+        "less than or equal to 511",
+    ),
     "envFrom of both kinds": (
         {"envFrom": [{"configMapRef": {"name": "a"}, "secretRef": {"name": "b"}}]},
         "exactly one of configMapRef or secretRef",
@@ -552,3 +606,28 @@ def test_pod_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, 
     pod, refusal = POD_ADMISSION[case]
     stored = admitted_by_the_api_server(kube_cluster, kube_namespace, "podcheck", {**MINIMAL_SPEC, "pod": pod}, refusal)
     assert refusal is not None or (stored is not None and stored["spec"]["pod"] == pod)
+
+
+@pytest.mark.parametrize("source", ["clusterTrustBundle", "podCertificate"])
+def test_a_projected_source_the_schema_does_not_declare_is_refused_by_the_models(source: str) -> None:
+    """A pod certificate is a credential of the pod's ServiceAccount as a token is, and newer Kubernetes versions
+    add sources: only the declared ones are admitted."""
+    volume = {"name": "p", "projected": {"sources": [{source: {"signerName": "example.com/x"}}]}}
+    admitted_by_the_models({**MINIMAL_SPEC, "pod": {"volumes": [volume]}}, "Extra inputs are not permitted")
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("source", ["clusterTrustBundle", "podCertificate"])
+def test_a_projected_source_the_schema_does_not_declare_is_refused_by_the_api_server(
+    source: str, kube_cluster: ControlPlane, kube_namespace: str
+) -> None:
+    """kubectl validates strictly: a field the schema does not declare is an error, not pruned in silence."""
+    volume = {"name": "p", "projected": {"sources": [{source: {"signerName": "example.com/x"}}]}}
+    spec = {**MINIMAL_SPEC, "pod": {"volumes": [volume]}}
+    admitted_by_the_api_server(
+        kube_cluster,
+        kube_namespace,
+        "projcheck",
+        spec,
+        f'unknown field "spec.pod.volumes[0].projected.sources[0].{source}"',
+    )

@@ -80,6 +80,18 @@ _ONE_SOURCE_MESSAGE = (
     "each spec.pod.volumes entry needs exactly one of " + ", ".join(VOLUME_SOURCES) + " (the volume types "
     "restricted Pod Security admits)"
 )
+# What a projected volume may gather (wire names): the namespace's Secrets and ConfigMaps and the pod's own fields,
+# as its other volumes may, and a ServiceAccount token only when the stage asks for one (allowServiceAccountToken).
+# Any other source (clusterTrustBundle, podCertificate, those of later Kubernetes versions) is unknown to the schema.
+PROJECTED_SOURCES = ("secret", "configMap", "downwardAPI", "serviceAccountToken")
+_ONE_PROJECTION_MESSAGE = "each spec.pod.volumes[].projected.sources entry needs exactly one of " + ", ".join(
+    PROJECTED_SOURCES
+)
+_TOKEN_MESSAGE = (
+    "spec.pod.volumes: a projected serviceAccountToken source puts a token of the pods' ServiceAccount in them "
+    "(one the Kubernetes API accepts, unless its audience is another): refused unless "
+    "spec.pod.allowServiceAccountToken is true"
+)
 _OWN_VOLUMES = (TMP_VOLUME, REDIS_TLS_VOLUME)
 _OWN_VOLUME_MESSAGE = "spec.pod.volumes names " + ", ".join(_OWN_VOLUMES) + " are the operator's own"
 _OWN_MOUNTS = (TMP_DIR, REDIS_TLS_DIR)
@@ -134,8 +146,47 @@ class EnvFromSource(CamelModel):
         return self
 
 
-def _sources_count_cel() -> str:
-    return " + ".join(f"(has(self.{name}) ? 1 : 0)" for name in VOLUME_SOURCES) + " == 1"
+def _exactly_one_cel(names: tuple[str, ...]) -> str:
+    return " + ".join(f"(has(self.{name}) ? 1 : 0)" for name in names) + " == 1"
+
+
+class VolumeProjection(CamelModel):
+    """One source of a projected volume, written as in a Pod spec."""
+
+    model_config = cel((_exactly_one_cel(PROJECTED_SOURCES), _ONE_PROJECTION_MESSAGE))
+
+    secret: KubeObject | None = Field(default=None, description="Keys of a Secret of the stage's namespace.")
+    config_map: KubeObject | None = Field(default=None, description="Keys of a ConfigMap of the stage's namespace.")
+    downward_api: KubeObject | None = Field(
+        default=None, alias="downwardAPI", description="The pod's own fields as files."
+    )
+    service_account_token: KubeObject | None = Field(
+        default=None,
+        description="A token of the pods' ServiceAccount (workload identity for an audience of your choice): refused "
+        "unless spec.pod.allowServiceAccountToken is true.",
+    )
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VolumeProjection:
+        if len(self.to_k8s()) != 1:
+            raise ValueError(f"{_ONE_PROJECTION_MESSAGE} (got {', '.join(self.to_k8s()) or 'none'})")
+        return self
+
+
+class ProjectedVolume(CamelModel):
+    """Several sources in one directory: Secrets, ConfigMaps, the pod's own fields, and a ServiceAccount token only
+    with spec.pod.allowServiceAccountToken."""
+
+    sources: list[VolumeProjection] | None = Field(
+        default=None, max_length=32, description="What the volume holds: " + ", ".join(PROJECTED_SOURCES) + "."
+    )
+    default_mode: int | None = Field(
+        default=None, ge=0, le=0o777, description="Mode bits of the files (0 to 0777, as a decimal number)."
+    )
+
+    @property
+    def has_token(self) -> bool:
+        return any(source.service_account_token is not None for source in self.sources or [])
 
 
 class Volume(CamelModel):
@@ -144,7 +195,7 @@ class Volume(CamelModel):
 
     model_config = cel(
         ("!has(self.hostPath)", _HOST_PATH_MESSAGE),
-        (_sources_count_cel(), _ONE_SOURCE_MESSAGE),
+        (_exactly_one_cel(VOLUME_SOURCES), _ONE_SOURCE_MESSAGE),
         (f"!(self.name in {cel_list(_OWN_VOLUMES)})", _OWN_VOLUME_MESSAGE),
     )
 
@@ -153,7 +204,9 @@ class Volume(CamelModel):
     secret: KubeObject | None = Field(default=None, description="A Secret's keys as files.")
     empty_dir: KubeObject | None = Field(default=None, description="A scratch directory living as long as the pod.")
     persistent_volume_claim: KubeObject | None = Field(default=None, description="A PersistentVolumeClaim.")
-    projected: KubeObject | None = Field(default=None, description="Several sources in one directory.")
+    projected: ProjectedVolume | None = Field(
+        default=None, description="Several sources in one directory (Secrets, ConfigMaps, the pod's fields)."
+    )
     downward_api: KubeObject | None = Field(
         default=None, alias="downwardAPI", description="The pod's own fields as files."
     )
@@ -213,6 +266,12 @@ class PodSpec(CamelModel):
             "self.volumes.exists(v, v.name == m.name))",
             _MOUNT_NEEDS_VOLUME,
         ),
+        (
+            "(has(self.allowServiceAccountToken) && self.allowServiceAccountToken) || !has(self.volumes) || "
+            "self.volumes.all(v, !has(v.projected) || !has(v.projected.sources) || "
+            "v.projected.sources.all(s, !has(s.serviceAccountToken)))",
+            _TOKEN_MESSAGE,
+        ),
     )
 
     image_pull_secrets: list[LocalObjectReference] | None = Field(
@@ -223,7 +282,14 @@ class PodSpec(CamelModel):
     service_account_name: ObjectName | None = Field(
         default=None,
         description="The ServiceAccount the pods run as (workload identity for cloud storage). Its API token is "
-        "still not mounted: workers talk to Redis only.",
+        "still not mounted: workers talk to Redis only (a projected serviceAccountToken volume needs "
+        "allowServiceAccountToken).",
+    )
+    allow_service_account_token: bool | None = Field(
+        default=None,
+        description="Admit projected serviceAccountToken sources in spec.pod.volumes: the pods then hold a token "
+        "of their ServiceAccount, for the audience the source names (the Kubernetes API's when it names none). "
+        "Unset or false: refused, and no token is ever in the pods.",
     )
     node_selector: dict[str, LabelValue] | None = Field(
         default=None, max_length=32, description="Node labels the pods must be scheduled on."
@@ -329,4 +395,7 @@ class PodSpec(CamelModel):
             raise ValueError(f"spec.pod.volumes names must be unique (repeated: {', '.join(duplicates)})")
         if missing := sorted({mount.name for mount in self.volume_mounts or []} - set(names)):
             raise ValueError(f"{_MOUNT_NEEDS_VOLUME} (got {', '.join(missing)})")
+        tokens = [v.name for v in self.volumes or [] if v.projected is not None and v.projected.has_token]
+        if tokens and not self.allow_service_account_token:
+            raise ValueError(f"{_TOKEN_MESSAGE} (volume {', '.join(tokens)})")
         return self
