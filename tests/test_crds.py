@@ -395,6 +395,43 @@ ENV_ADMISSION: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str | None]
         {"concurrency": 4},
         "only safe with worker.concurrency 1",
     ),
+    # Credentials under names the first rule (*_KEY, *PASSWORD*, *TOKEN*, *SECRET*) let through, and in URLs.
+    "otlp headers in plain text": (
+        [{"name": "OTEL_EXPORTER_OTLP_HEADERS", "value": "authorization=Bearer%20abc"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "otlp trace headers in plain text": (
+        [{"name": "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "value": "x-api=abc"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a passwd in plain text": ([{"name": "DB_PASSWD", "value": "hunter2"}], {}, "use secretKeyRef"),
+    "an apikey in plain text": ([{"name": "OPENAI_APIKEY", "value": "sk-plain"}], {}, "use secretKeyRef"),
+    "a credential in plain text": ([{"name": "GCP_CREDENTIALS", "value": "{}"}], {}, "use secretKeyRef"),
+    "basic auth in plain text": ([{"name": "proxy_auth", "value": "user:pw"}], {}, "use secretKeyRef"),
+    "a dsn in plain text": (
+        [{"name": "SENTRY_DSN", "value": "https://k@o1.ingest.sentry.io/1"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a database url": ([{"name": "DATABASE_URL", "value": "postgres://db:5432/app"}], {}, "use secretKeyRef"),
+    "a url with a password": (
+        [{"name": "CACHE_URL", "value": "redis://:hunter2@cache:6379/0"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a url with a user": ([{"name": "UPSTREAM", "value": "https://bot@api.example.com/v1"}], {}, "use secretKeyRef"),
+    "a url with user info in a list": (
+        [{"name": "BROKERS", "value": "kafka://h1:9092,kafka://app:pw@h2:9092"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a url without user info": (
+        [{"name": "CACHE_URL", "value": "http://cache:8080/p?to=a@b"}, {"name": "NOTIFY", "value": "ops@example.com"}],
+        {},
+        None,
+    ),
     "api key from a secret": ([{"name": "OPENAI_API_KEY", **_SECRET_REF}], {}, None),
     "empty api key": ([{"name": "OPENAI_API_KEY", "value": ""}], {}, None),
     "ordinary values": ([{"name": "LOG_LEVEL", "value": "debug"}, {"name": "KEYBOARD", "value": "us"}], {}, None),

@@ -312,13 +312,33 @@ class CircuitBreakerSpec(CamelModel):
     )
 
 
-# Names that look like they hold a secret (upper-cased first): their value must come from a Secret, since a literal
-# `value` is shown to anyone who may read the PhoenixStage (`kubectl get -o yaml`). RE2 (CEL) and Python agree on it.
-SECRET_NAME_PATTERN = r"_KEY$|PASSWORD|TOKEN|SECRET"
-_SECRET_VALUE_MESSAGE = (
-    "a variable whose name looks secret (*_KEY, *PASSWORD*, *TOKEN*, *SECRET*) must not have a literal value, "
-    "which anyone who can read the PhoenixStage sees: put it in a Secret and use secretKeyRef (valueFrom)"
+# Names that say they hold a credential (upper-cased first), and values that carry one in a URL's user info
+# (`scheme://user:password@host`): such a value must come from a Secret, since a literal `value` is shown to anyone
+# who may read the PhoenixStage (`kubectl get -o yaml`). Both are searched anywhere in the text, by RE2 (CEL) and by
+# Python's re alike: ASCII classes only, so the two engines agree on every character.
+SECRET_NAME_PATTERN = (
+    r"PASSWORD|PASSWD|PASSPHRASE|_PWD$|SECRET|TOKEN|_KEY$|APIKEY|API_KEY|CREDENTIAL|AUTH|DSN|CONNECTION_STRING"
+    r"|(DATABASE|DB)_UR[IL]|OTLP_(.*_)?HEADERS"
 )
+URL_WITH_USER_INFO_PATTERN = r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@ \t\r\n]+@"
+# SECRET_NAME_PATTERN and URL_WITH_USER_INFO_PATTERN as people read them.
+_CREDENTIALS_TEXT = (
+    "a name that says it holds one (*PASSWORD*, *PASSWD*, *PASSPHRASE*, *_PWD, *SECRET*, *TOKEN*, *_KEY, *APIKEY*, "
+    "*API_KEY*, *CREDENTIAL*, *AUTH*, *DSN*, *CONNECTION_STRING*, *DATABASE_URL* or *DB_URL* (or _URI), "
+    "OTEL_EXPORTER_OTLP_*HEADERS), or a value holding a URL with user info (scheme://user:password@host)"
+)
+_SECRET_VALUE_MESSAGE = (
+    "a credential must not be a literal value, which anyone who can read the PhoenixStage sees (refused for "
+    + _CREDENTIALS_TEXT
+    + "): put it in a Secret and use secretKeyRef"
+)
+
+
+def is_literal_credential(name: str, value: str) -> bool:
+    """Whether spec.env may not carry `value` for `name` literally (the CRD's CEL rule says the same)."""
+    return bool(value) and bool(
+        re.search(SECRET_NAME_PATTERN, name.upper()) or re.search(URL_WITH_USER_INFO_PATTERN, value)
+    )
 
 
 class EnvVar(CamelModel):
@@ -327,7 +347,8 @@ class EnvVar(CamelModel):
     model_config = cel(
         ("has(self.value) != has(self.secretKeyRef)", "set exactly one of value or secretKeyRef"),
         (
-            f"!has(self.value) || self.value == '' || !self.name.upperAscii().matches('{SECRET_NAME_PATTERN}')",
+            f"!has(self.value) || self.value == '' || (!self.name.upperAscii().matches('{SECRET_NAME_PATTERN}') "
+            f"&& !self.value.matches('{URL_WITH_USER_INFO_PATTERN}'))",
             _SECRET_VALUE_MESSAGE,
         ),
     )
@@ -336,8 +357,7 @@ class EnvVar(CamelModel):
     value: str | None = Field(
         default=None,
         max_length=32768,
-        description="Literal value; never a secret. Refused (unless empty) for names that look secret: *_KEY, "
-        "*PASSWORD*, *TOKEN*, *SECRET*.",
+        description="Literal value; never a credential. Refused (unless empty) for " + _CREDENTIALS_TEXT + ".",
     )
     secret_key_ref: SecretKeyRef | None = Field(default=None, description="Take the value from a Secret key.")
 
@@ -345,7 +365,7 @@ class EnvVar(CamelModel):
     def _one_source(self) -> EnvVar:
         if (self.value is None) == (self.secret_key_ref is None):
             raise ValueError(f"env {self.name}: set exactly one of value or secretKeyRef")
-        if self.value and re.search(SECRET_NAME_PATTERN, self.name.upper()):
+        if self.value is not None and is_literal_credential(self.name, self.value):
             raise ValueError(f"env {self.name}: {_SECRET_VALUE_MESSAGE}")
         return self
 
