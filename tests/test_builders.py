@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from phoenix.crds import RUNTIME_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
+from phoenix.crds import RESERVED_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -130,19 +130,38 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "CIRCUIT_HALF_OPEN_CALLS": "2",
         "SHUTDOWN_GRACE": "90",  # the whole processingTimeout (termination grace 105)
         "HEALTH_PORT": "8080",
+        "OUTPUT_RETENTION": None,  # None: set, empty (the name alone), so no envFrom key of the name reaches it
         "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
         "REDIS_MODE": "standalone",
+        "REDIS_SENTINEL_MASTER": None,
+        "REDIS_SENTINEL_USERNAME": None,
+        "REDIS_TLS_CA_FILE": None,
+        "REDIS_TLS_CERT_FILE": None,
+        "REDIS_TLS_KEY_FILE": None,
         "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
+        "REDIS_SENTINEL_PASSWORD": None,
+        "CONSUMER_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},  # the pod's own name: one consumer per pod
     }
 
 
-def test_runtime_variables_are_exactly_the_reserved_names() -> None:
-    """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
-    spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS)
-    # OUTPUT_PARTITIONS comes with output.stage, OUTPUT_RETENTION with output.stream: one spec cannot have both.
-    to_stage = make_spec(output={"stage": "grouper"})
-    set_by_builder = set(env_of(build_deployment(OWNER, spec))) | set(env_of(build_deployment(OWNER, to_stage)))
-    assert set_by_builder == set(RUNTIME_ENV_NAMES)
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"output": {"stream": "x", "retention": "maxlen:5000"}, "redis": REDIS_SENTINEL_MTLS},
+        {"output": {"stage": "grouper"}, "partitions": 4, "resources": {"requests": {"cpu": 1}}},
+        {"pod": {"envFrom": [{"configMapRef": {"name": "settings"}}]}},
+    ],
+    ids=["final-stage", "sentinel-mtls-retention", "partitioned-no-limit", "env-from"],
+)
+def test_every_reserved_name_is_set_in_env_whatever_the_spec(changes: dict[str, Any]) -> None:
+    """spec.env may set anything except what the builder sets itself, and the builder sets every one of those in
+    `env`, empty where the stage has no value: Kubernetes gives `env` precedence over `envFrom`, so a ConfigMap's
+    CONSUMER_NAME or OUTPUT_QUEUE never reaches the worker."""
+    env = container(build_deployment(OWNER, make_spec(**changes)))["env"]
+    names = [var["name"] for var in env]
+    assert sorted(names) == sorted(RESERVED_ENV_NAMES)  # each once
+    assert all(var.get("value") != "" for var in env)  # empty is the name alone, as the API server stores it
 
 
 def test_partitioned_stage_derives_its_streams_and_forwards_to_the_next_stages_partitions() -> None:
@@ -153,8 +172,8 @@ def test_partitioned_stage_derives_its_streams_and_forwards_to_the_next_stages_p
     assert (env["PARTITIONS"], env["OUTPUT_PARTITIONS"]) == ("4", "8")
     assert StreamsStatus.of(resolve_streams("parser", "docs", spec)).partitions == 4
     assert env["OUTPUT_QUEUE"] == "phoenix:{docs}:grouper:input"  # the next stage as a whole; the worker picks a lane
-    assert "INPUT_QUEUE" not in env and "DLQ_NAME" not in env
-    assert "OUTPUT_PARTITIONS" not in env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))
+    assert env["INPUT_QUEUE"] is None and env["DLQ_NAME"] is None
+    assert env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))["OUTPUT_PARTITIONS"] == "1"
 
 
 @pytest.mark.parametrize("named", [{"input": "in"}, {"dlq": "dead"}])
@@ -213,7 +232,7 @@ def test_a_ca_alone_mounts_only_the_ca() -> None:
     deployment = build_deployment(OWNER, make_spec(redis=redis))
     env = env_of(deployment)
     assert env["REDIS_TLS_CA_FILE"] == "/etc/phoenix/redis-tls/ca.crt"
-    assert "REDIS_TLS_CERT_FILE" not in env and "REDIS_TLS_KEY_FILE" not in env
+    assert env["REDIS_TLS_CERT_FILE"] is None and env["REDIS_TLS_KEY_FILE"] is None
     (tls,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "redis-tls"]
     assert [source["secret"]["name"] for source in tls["projected"]["sources"]] == ["redis-ca"]
 
@@ -237,17 +256,18 @@ def test_read_memory_follows_the_pods_memory_limit() -> None:
     assert env_of(build_deployment(OWNER, make_spec(resources={"limits": {"memory": "2Gi"}})))[
         "READ_MEMORY_BYTES"
     ] == str(2**31 // 4)
-    assert "READ_MEMORY_BYTES" not in env_of(build_deployment(OWNER, make_spec(resources={"requests": {"cpu": 1}})))
+    unlimited = env_of(build_deployment(OWNER, make_spec(resources={"requests": {"cpu": 1}})))
+    assert unlimited["READ_MEMORY_BYTES"] == str(WorkerSettings.model_fields["read_memory_bytes"].default)
 
 
 def test_final_stage_has_no_output_queue() -> None:
-    assert "OUTPUT_QUEUE" not in env_of(build_deployment(OWNER, make_spec()))
+    assert env_of(build_deployment(OWNER, make_spec()))["OUTPUT_QUEUE"] is None
 
 
 def test_output_retention_goes_to_the_worker_only_when_set() -> None:
     retained = env_of(build_deployment(OWNER, make_spec(output={"stream": "sink", "retention": "age:7d"})))
     assert (retained["OUTPUT_QUEUE"], retained["OUTPUT_RETENTION"]) == ("sink", "age:7d")
-    assert "OUTPUT_RETENTION" not in env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))
+    assert env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))["OUTPUT_RETENTION"] is None
 
 
 def test_extra_env_follows_the_runtime_env() -> None:

@@ -13,8 +13,13 @@ from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
 from phoenix.retention import RETENTION_PATTERN
 
-# Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
-RUNTIME_ENV_NAMES: tuple[str, ...] = (
+# The variables the operator sets in every worker container's `env`, from the spec (CONSUMER_NAME from the pod's
+# name: one name shared by all pods would make them take each other's pending entries for their own), empty where a
+# stage has no value. spec.env may not set them, or two sources would disagree; `env` wins over spec.pod.envFrom,
+# so neither can a ConfigMap's key of the same name. The worker reads its settings case-insensitively (`redis_url`
+# sets REDIS_URL), so spec.env's names are compared in upper case, and a worker refuses to start with one of its
+# settings in two letter cases (an envFrom key `redis_url` beside the operator's REDIS_URL).
+RESERVED_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
     "KEY_NAMESPACE",
     "STAGE_UID",
@@ -48,11 +53,8 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "REDIS_TLS_CA_FILE",
     "REDIS_TLS_CERT_FILE",
     "REDIS_TLS_KEY_FILE",
+    "CONSUMER_NAME",
 )
-# What spec.env may not set: those, and CONSUMER_NAME, which each worker derives from its pod name (one name shared
-# by all pods would make them take each other's pending entries for their own). The worker reads its settings
-# case-insensitively (`redis_url` sets REDIS_URL), so names are compared in upper case.
-RESERVED_ENV_NAMES: tuple[str, ...] = (*RUNTIME_ENV_NAMES, "CONSUMER_NAME")
 
 STAGE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A PhoenixStage name becomes a label value and a Deployment name: a DNS-1123 label.
