@@ -260,6 +260,18 @@ def test_read_memory_follows_the_pods_memory_limit() -> None:
     assert unlimited["READ_MEMORY_BYTES"] == str(WorkerSettings.model_fields["read_memory_bytes"].default)
 
 
+@pytest.mark.parametrize("memory", ["1", "3", "1m", 0])
+def test_a_memory_limit_of_a_few_bytes_still_reads_one_entry_at_a_time(memory: str | int) -> None:
+    """A quarter of it was 0, which the worker refuses at start (READ_MEMORY_BYTES >= 1): the pods crash-looped
+    (found by tests/test_fuzz_stage_specs.py)."""
+    env = env_of(build_deployment(OWNER, make_spec(resources={"limits": {"memory": memory}})))
+    assert env["READ_MEMORY_BYTES"] == "1"
+    assert (
+        WorkerSettings(service_name="s", processor="p", read_memory_bytes=env["READ_MEMORY_BYTES"]).read_memory_bytes
+        == 1
+    )
+
+
 def test_final_stage_has_no_output_queue() -> None:
     assert env_of(build_deployment(OWNER, make_spec()))["OUTPUT_QUEUE"] is None
 
@@ -447,8 +459,10 @@ def test_default_and_custom_resources() -> None:
         "requests": {"cpu": "100m", "memory": "128Mi"},
         "limits": {"cpu": "1", "memory": "512Mi"},
     }
+    # A number is written as a string: the client the operator creates the Deployment with refuses a number there
+    # (found by tests/test_fuzz_stage_specs.py; tests/test_built_objects.py creates it).
     custom = make_spec(resources={"limits": {"memory": "2Gi", "cpu": 2}})
-    assert container(build_deployment(OWNER, custom))["resources"] == {"limits": {"memory": "2Gi", "cpu": 2}}
+    assert container(build_deployment(OWNER, custom))["resources"] == {"limits": {"memory": "2Gi", "cpu": "2"}}
 
 
 def test_labels_selector_and_owner_reference() -> None:

@@ -668,3 +668,170 @@ def test_a_projected_source_the_schema_does_not_declare_is_refused_by_the_api_se
         spec,
         f'unknown field "spec.pod.volumes[0].projected.sources[0].{source}"',
     )
+
+
+_VOLUME = {"name": "models", "emptyDir": {}}
+# Specs a generated run (tests/test_fuzz_stage_specs.py) found the models and the API server to disagree on, or the
+# models to admit while the API server refused the Deployment built from them: each is now refused by both, in
+# (the models' words, the API server's words).
+FOUND_BY_FUZZING: dict[str, tuple[dict[str, Any], str, str]] = {
+    # pydantic's lax mode took "true" for true and 1 for true; the schema refuses another JSON type.
+    "a boolean as a string": (
+        {"pod": {"envFrom": [{"secretRef": {"name": "s", "optional": "true"}}]}},
+        "Input should be a valid boolean",
+        "must be of type boolean",
+    ),
+    "a boolean as a number": ({"paused": 1}, "Input should be a valid boolean", "must be of type boolean"),
+    # `\S` is Unicode's whitespace to pydantic's regex engine and ASCII's only to RE2.
+    "a vertical tab in a stream name": ({"dlq": "\x0b0"}, "String should match pattern", "should match"),
+    "a next-line character in a group name": (
+        {"consumerGroup": "g\x85"},
+        "String should match pattern",
+        "should match",
+    ),
+    # Beyond an int64, and at 2**63 - 1, which the API server's float64 bound makes 2**63.
+    "a toleration past its bound": (
+        {
+            "pod": {
+                "tolerations": [
+                    {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2**63 - 1}
+                ]
+            }
+        },
+        "less than or equal to 9007199254740992",
+        "less than or equal to",
+    ),
+    # What the API server refused in the Deployment, now refused at admission in the models' words.
+    "a toleration without key or Exists": (
+        {"pod": {"tolerations": [{}]}},
+        "without a key tolerates every taint",
+        "without a key tolerates every taint",
+    ),
+    "a toleration of any value with one": (
+        {"pod": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}},
+        "with operator Exists matches any value",
+        "with operator Exists matches any value",
+    ),
+    "toleration seconds without NoExecute": (
+        {"pod": {"tolerations": [{"key": "k", "tolerationSeconds": 60}]}},
+        "applies to effect NoExecute only",
+        "applies to effect NoExecute only",
+    ),
+    "a toleration key with a space": (
+        {"pod": {"tolerations": [{"key": "bad key", "operator": "Exists"}]}},
+        "tolerations[].key must be a qualified name",
+        "tolerations[].key must be a qualified name",
+    ),
+    "a label key with a space": ({"pod": {"labels": {"bad key": "x"}}}, "key must be a qualified name", "key must be"),
+    "an annotation key of two slashes": (
+        {"pod": {"annotations": {"a/b/c": "x"}}},
+        "key must be a qualified name",
+        "key must be a qualified name",
+    ),
+    "a node selector key too long": (
+        {"pod": {"nodeSelector": {"x" * 64: "linux"}}},
+        "key must be a qualified name",
+        "key must be a qualified name",
+    ),
+    "an extended resource without its limit": (
+        {"resources": {"requests": {"cpu": "100m", "nvidia.com/gpu": "100m"}}},
+        "counted in whole units and not overcommitted",
+        "counted in whole units and not overcommitted",
+    ),
+    "an extended resource in part": (
+        {"resources": {"limits": {"nvidia.com/gpu": "0.5"}}},
+        "counted in whole units and not overcommitted",
+        "counted in whole units and not overcommitted",
+    ),
+    "a request over its limit": (
+        {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": 1}}},
+        "each request must be at most its limit",
+        "each request must be at most its limit",
+    ),
+    "a resource Kubernetes does not know": (
+        {"resources": {"limits": {"gpu": "1"}}},
+        "spec.resources names cpu, memory",
+        "spec.resources names cpu, memory",
+    ),
+    "a negative quantity": (
+        {"resources": {"limits": {"memory": "-1"}}},
+        "is not a Kubernetes quantity",
+        "should match",
+    ),
+    "two mounts at one path": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/m"}] * 2},
+        "mount paths must be unique",
+        "mount paths must be unique",
+    ),
+    "a sub path out of its volume": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/m", "subPath": "a/../../b"}]},
+        "subPath must stay inside its volume",
+        "subPath must stay inside its volume",
+    ),
+    # Probes beside them: the container runtime resolves the path, so these mounted over the operator's own.
+    "a mount over /tmp by a detour": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/x/../tmp"}]},
+        "must be a clean path",
+        "must be a clean path",
+    ),
+    "a mount over the TLS directory by a double slash": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/etc//phoenix/redis-tls"}]},
+        "must be a clean path",
+        "must be a clean path",
+    ),
+}
+
+
+def _found_spec(case: str) -> dict[str, Any]:
+    change = FOUND_BY_FUZZING[case][0]
+    pod = {key: change[key] for key in ("volumes", "volumeMounts") if key in change}
+    return {**MINIMAL_SPEC, **({"pod": pod} if pod else change)}
+
+
+@pytest.mark.parametrize("case", list(FOUND_BY_FUZZING))
+def test_what_a_generated_run_found_is_refused_by_the_models(case: str) -> None:
+    admitted_by_the_models(_found_spec(case), FOUND_BY_FUZZING[case][1])
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(FOUND_BY_FUZZING))
+def test_what_a_generated_run_found_is_refused_by_the_api_server(
+    case: str, kube_cluster: ControlPlane, kube_namespace: str
+) -> None:
+    admitted_by_the_api_server(kube_cluster, kube_namespace, "fuzzfound", _found_spec(case), FOUND_BY_FUZZING[case][2])
+
+
+# What Kubernetes admits next to those refusals, which the models and the API server admit too.
+NEAR_THE_REFUSALS: dict[str, dict[str, Any]] = {
+    "tolerations": {
+        "pod": {
+            "tolerations": [
+                {"operator": "Exists"},
+                {"key": "example.com/gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2**53},
+            ]
+        }
+    },
+    "keys": {"pod": {"labels": {"example.com/team": "search"}, "nodeSelector": {"kubernetes.io/os": "linux"}}},
+    "mounts": {
+        "pod": {
+            "volumes": [_VOLUME],
+            "volumeMounts": [{"name": "models", "mountPath": "/etc/models/", "subPath": "a..b/c"}],
+        }
+    },
+    "resources": {
+        "resources": {"requests": {"cpu": 1, "nvidia.com/gpu": 1}, "limits": {"cpu": "1000m", "nvidia.com/gpu": "1"}}
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(NEAR_THE_REFUSALS))
+def test_what_kubernetes_admits_near_those_refusals_is_admitted_by_the_models(case: str) -> None:
+    admitted_by_the_models({**MINIMAL_SPEC, **NEAR_THE_REFUSALS[case]}, None)
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(NEAR_THE_REFUSALS))
+def test_what_kubernetes_admits_near_those_refusals_is_admitted_by_the_api_server(
+    case: str, kube_cluster: ControlPlane, kube_namespace: str
+) -> None:
+    admitted_by_the_api_server(kube_cluster, kube_namespace, "near", {**MINIMAL_SPEC, **NEAR_THE_REFUSALS[case]}, None)

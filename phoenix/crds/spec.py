@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+from kubernetes.utils import parse_quantity
 from pydantic import Field, field_validator, model_validator
 
-from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef, SecretRef, cel, cel_list
+from phoenix.crds.common import (
+    NO_SPACE_PATTERN,
+    CamelModel,
+    Quantity,
+    RedisName,
+    SecretKeyRef,
+    SecretRef,
+    cel,
+    cel_list,
+)
 from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
 from phoenix.retention import RETENTION_PATTERN
@@ -135,7 +145,7 @@ class RedisSentinel(CamelModel):
         default=None,
         min_length=1,
         max_length=256,
-        pattern=r"^\S+$",
+        pattern=NO_SPACE_PATTERN,
         description="ACL user of the Sentinels when they have their own (REDIS_SENTINEL_USERNAME). Omit when the "
         "Sentinels take no password or the same user as the URL.",
     )
@@ -184,6 +194,7 @@ class StageRedisSpec(CamelModel):
     )
     mode: RedisMode = Field(
         default=RedisMode.STANDALONE,
+        strict=False,
         description="standalone: the URL names the Redis itself; sentinel: the URL names the Sentinels "
         "(set `sentinel.masterName`); cluster: the URL's hosts are seed nodes of a Redis Cluster (database 0). "
         "REDIS_MODE.",
@@ -379,13 +390,92 @@ _RESERVED_MESSAGE = (
 )
 
 
+# What a worker container may ask for, as Kubernetes checks a container's resources: the standard resources, and
+# extended ones (`nvidia.com/gpu`: a domain that is not Kubernetes' own), which it counts in whole units and never
+# overcommits (their request is their limit).
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_EXTENDED_RESOURCE_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_RESOURCE_NAMES_MESSAGE = (
+    "spec.resources names cpu, memory, ephemeral-storage, or an extended resource <domain>/<name> (`nvidia.com/gpu`) "
+    "of a domain other than kubernetes.io's"
+)
+_REQUEST_OVER_LIMIT = "spec.resources: each request must be at most its limit"
+_EXTENDED_WHOLE_AND_LIMITED = (
+    "spec.resources: an extended resource is counted in whole units and not overcommitted: give it a limit, an "
+    "integer, and no request or one equal to the limit"
+)
+_STANDARD_CEL = cel_list(STANDARD_RESOURCES)
+
+
+def _resource_names_cel() -> dict[str, Any]:
+    extended = (
+        f"(k.matches('{_EXTENDED_RESOURCE_PATTERN}') && size(k.split('/')[0]) <= 244 "
+        "&& !k.contains('kubernetes.io/') && !k.startsWith('requests.'))"
+    )
+    return {"rule": f"self.all(k, k in {_STANDARD_CEL} || {extended})", "message": _RESOURCE_NAMES_MESSAGE}
+
+
+def _is_resource_name(name: str) -> bool:
+    return name in STANDARD_RESOURCES or (
+        re.fullmatch(_EXTENDED_RESOURCE_PATTERN, name) is not None
+        and len(name.split("/")[0]) <= 244  # Kubernetes checks `requests.<name>` as a qualified name
+        and "kubernetes.io/" not in name
+        and not name.startswith("requests.")
+    )
+
+
 class ResourceRequirements(CamelModel):
-    """Compute resources of the worker container, as in a Pod spec."""
+    """Compute resources of the worker container, as in a Pod spec (and checked as a Pod spec's, at admission)."""
+
+    model_config = cel(
+        (
+            "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) || "
+            "quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",
+            _REQUEST_OVER_LIMIT,
+        ),
+        (
+            f"(!has(self.limits) || self.limits.all(k, k in {_STANDARD_CEL} || quantity(string(self.limits[k]))"
+            ".isInteger())) && (!has(self.requests) || self.requests.all(k, k in "
+            f"{_STANDARD_CEL} || (has(self.limits) && k in self.limits && quantity(string(self.requests[k]))"
+            ".compareTo(quantity(string(self.limits[k]))) == 0)))",
+            _EXTENDED_WHOLE_AND_LIMITED,
+        ),
+    )
 
     requests: dict[str, Quantity] | None = Field(
-        default=None, description="Minimum resources, e.g. `{cpu: 100m, memory: 128Mi}`."
+        default=None,
+        max_length=8,
+        description="Minimum resources, e.g. `{cpu: 100m, memory: 128Mi}`.",
+        json_schema_extra={"x-kubernetes-validations": [_resource_names_cel()]},
     )
-    limits: dict[str, Quantity] | None = Field(default=None, description="Maximum resources, e.g. `{memory: 512Mi}`.")
+    limits: dict[str, Quantity] | None = Field(
+        default=None,
+        max_length=8,
+        description="Maximum resources, e.g. `{memory: 512Mi}`.",
+        json_schema_extra={"x-kubernetes-validations": [_resource_names_cel()]},
+    )
+
+    @model_validator(mode="after")
+    def _as_kubernetes_checks_them(self) -> ResourceRequirements:
+        requests, limits = self.requests or {}, self.limits or {}
+        if bad := sorted(name for name in {*requests, *limits} if not _is_resource_name(name)):
+            raise ValueError(f"{_RESOURCE_NAMES_MESSAGE} (got {', '.join(bad)})")
+        if over := sorted(
+            n for n in requests if n in limits and parse_quantity(requests[n]) > parse_quantity(limits[n])
+        ):
+            raise ValueError(f"{_REQUEST_OVER_LIMIT} (got {', '.join(over)})")
+        extended = {name for name in {*requests, *limits} if name not in STANDARD_RESOURCES}
+        if odd := sorted(
+            name
+            for name in extended
+            if name not in limits
+            or parse_quantity(limits[name]) != int(parse_quantity(limits[name]))
+            or (name in requests and parse_quantity(requests[name]) != parse_quantity(limits[name]))
+        ):
+            raise ValueError(f"{_EXTENDED_WHOLE_AND_LIMITED} (got {', '.join(odd)})")
+        return self
 
 
 # The strings pydantic (the worker's BillingSettings) reads as a false BILLING_SWAP_ENV, lowercased.
@@ -494,6 +584,7 @@ class PhoenixStageSpec(CamelModel):
     )
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN,
+        strict=False,
         description="What happens to the stage's Redis data (input stream, consumer group, DLQ) when the "
         "PhoenixStage is deleted: Retain keeps it, Delete removes it. Kubernetes objects are always removed.",
     )

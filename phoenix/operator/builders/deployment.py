@@ -62,7 +62,8 @@ def worker_env(
     spec.pod.envFrom, so no ConfigMap or Secret key of that name reaches the worker."""
     memory_limit = worker_resources(spec).get("limits", {}).get("memory")
     read_memory = (
-        int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE
+        # At least 1 (one entry per read), which the worker accepts: a limit of a few bytes ("1", "1m") gave 0.
+        max(1, int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE)
         if memory_limit is not None
         else WorkerSettings.model_fields["read_memory_bytes"].default
     )
@@ -168,7 +169,11 @@ def redis_tls_volume(redis: StageRedisSpec) -> dict[str, Any] | None:
 def worker_resources(spec: PhoenixStageSpec) -> dict[str, Any]:
     if spec.resources is None:
         return {section: dict(values) for section, values in DEFAULT_RESOURCES.items()}
-    return spec.resources.to_k8s()
+    # A quantity as a string, whichever the spec wrote (`cpu: 1`): the client the operator creates the Deployment
+    # with refuses a number there before the API server sees it.
+    return {
+        section: {name: str(q) for name, q in values.items()} for section, values in spec.resources.to_k8s().items()
+    }
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
