@@ -79,7 +79,7 @@ def refused_by_the_api_server(create: Any, *args: Any, body: dict[str, Any]) -> 
     except client.ApiException as exc:
         if exc.status not in (400, 422):
             raise
-        return str(json.loads(exc.body).get("message", exc.body))
+        return str(json.loads(exc.body or "{}").get("message", exc.body))
     return None
 
 
@@ -162,4 +162,4 @@ def test_what_the_models_admit_builds_objects_the_api_server_and_the_worker_admi
     operators = {
         name: value for name, value in _resolved_env(deployment, redis_url(spec)).items() if name in RESERVED_ENV_NAMES
     }
-    WorkerSettings(**{name.lower(): value for name, value in operators.items()})
+    WorkerSettings.model_validate({name.lower(): value for name, value in operators.items()})
