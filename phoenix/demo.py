@@ -29,14 +29,15 @@ from phoenix import producer
 from phoenix.cli.stage import add_connection_arguments, redis_env, redis_spec
 from phoenix.console import TableDisplay, format_columns
 from phoenix.embedded import embedded_valkey
+from phoenix.errors import PhoenixError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_stream
 from phoenix.producer import Producer
+from phoenix.redis_replies import text_range
 from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.stages.data_keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
 from phoenix.tools.queue_stats import QueueStats, collect
-from phoenix.worker_runtime.redis_client import text_range
 from phoenix.worker_runtime.settings import WorkerSettings
 
 SHOWCASE_SAMPLE = "02-diabetes-follow-up.pdf"  # the report whose biomarkers come in several names and units
@@ -45,7 +46,7 @@ RATE_WINDOW_SECONDS = 2.0
 STOP_WAIT_SECONDS = 30.0
 
 
-class DemoError(Exception):
+class DemoError(PhoenixError):
     """The pipeline did not finish as expected; the message says what to look at."""
 
 
@@ -53,6 +54,7 @@ class DemoError(Exception):
 class DemoStage:
     name: str  # also the processor entry point
     output: str  # next stage's input stream; "" for the last stage
+    reads_documents: bool = False  # fetches each record's document_url: files only under DOCUMENT_ROOT
 
     @property
     def queues(self) -> StageKeys:
@@ -60,7 +62,7 @@ class DemoStage:
 
 
 PIPELINE = (
-    DemoStage("router", input_stream("parser")),
+    DemoStage("router", input_stream("parser"), reads_documents=True),
     DemoStage("parser", input_stream("grouper")),
     DemoStage("grouper", ""),
 )
@@ -76,8 +78,9 @@ class Record:
 # -- worker processes ---------------------------------------------------------------------------------------------
 
 
-def worker_env(stage: DemoStage, redis: dict[str, str], base: dict[str, str]) -> dict[str, str]:
-    """`redis`: REDIS_URL and the other connection variables the demo itself was given."""
+def worker_env(stage: DemoStage, redis: dict[str, str], base: dict[str, str], documents: Path) -> dict[str, str]:
+    """`redis`: REDIS_URL and the other connection variables the demo itself was given; `documents`: the
+    directory of the sample PDFs."""
     # A worker variable left in the caller's shell (INPUT_QUEUE, CONCURRENCY, ...) must not rewire the demo.
     worker_vars = {name.upper() for name in WorkerSettings.model_fields}
     env = {k: v for k, v in base.items() if k.upper() not in worker_vars}
@@ -90,6 +93,8 @@ def worker_env(stage: DemoStage, redis: dict[str, str], base: dict[str, str]) ->
     )
     if stage.output:
         env["OUTPUT_QUEUE"] = stage.output
+    if stage.reads_documents:
+        env["DOCUMENT_ROOT"] = str(documents.resolve())
     return env
 
 
@@ -100,7 +105,7 @@ class WorkerProcess:
     log_path: Path
 
     @classmethod
-    def start(cls, stage: DemoStage, redis: dict[str, str], log_dir: Path) -> WorkerProcess:
+    def start(cls, stage: DemoStage, redis: dict[str, str], log_dir: Path, documents: Path) -> WorkerProcess:
         log_path = log_dir / f"{stage.name}.log"
         with log_path.open("wb") as log:
             # Own session: Ctrl-C reaches only the demo, which then stops the workers in order.
@@ -109,7 +114,7 @@ class WorkerProcess:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env=worker_env(stage, redis, dict(os.environ)),
+                env=worker_env(stage, redis, dict(os.environ), documents),
                 start_new_session=True,
             )
         return cls(stage, popen, log_path)
@@ -135,12 +140,12 @@ def stop_workers(workers: Sequence[WorkerProcess]) -> None:
 
 
 @contextlib.contextmanager
-def running_workers(redis: dict[str, str], log_dir: Path) -> Iterator[list[WorkerProcess]]:
+def running_workers(redis: dict[str, str], log_dir: Path, documents: Path) -> Iterator[list[WorkerProcess]]:
     log_dir.mkdir(parents=True, exist_ok=True)
     workers: list[WorkerProcess] = []
     try:
         for stage in PIPELINE:
-            workers.append(WorkerProcess.start(stage, redis, log_dir))
+            workers.append(WorkerProcess.start(stage, redis, log_dir, documents))
         yield workers
     finally:
         stop_workers(workers)
@@ -366,7 +371,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     out = sys.stdout
     began = time.monotonic()
-    samples = ensure_samples(args.work_dir / "samples")
+    documents = args.work_dir / "samples"
+    samples = ensure_samples(documents)
     records = plan_records(samples, args.copies, secrets.token_hex(3))
     log_dir = args.work_dir / "logs"
     try:
@@ -378,7 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 args.redis_url = stack.enter_context(embedded_valkey())
                 redis = RedisSpec.from_url(args.redis_url)
                 out.write(f"Started embedded Valkey at {args.redis_url}\n")
-            workers = stack.enter_context(running_workers(redis_env(args), log_dir))
+            workers = stack.enter_context(running_workers(redis_env(args), log_dir, documents))
             out.write(
                 f"Workers: {' -> '.join(s.name for s in PIPELINE)} (logs in {log_dir}/)\n"
                 f"Enqueueing {len(records)} records ({len(samples)} sample reports x {args.copies})\n\n"

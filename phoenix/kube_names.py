@@ -24,7 +24,7 @@ WORKER_APP_NAME = "phoenix-worker"
 OPERATOR_APP_NAME = "phoenix-operator"
 MANAGED_BY = "phoenix-operator"
 
-# On a PhoenixStage: one-off actions asked for by people (stage_requests.py).
+# On a PhoenixStage: one-off actions asked for by people (stage/requests.py).
 RESTART_ANNOTATION = f"{PREFIX}/restart"
 REPLAY_ANNOTATION = f"{PREFIX}/replay-dlq"
 # On the Deployment: the restart value whose rollout it carries, written in the same patch as the rollout.

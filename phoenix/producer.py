@@ -37,6 +37,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 
 from phoenix import keys
+from phoenix.errors import PhoenixError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
 from phoenix.replica_wait import run_then_wait
 
@@ -66,7 +67,7 @@ class Record:
         return entry
 
 
-class NotReplicated(Exception):
+class NotReplicated(PhoenixError):
     """Fewer replicas than asked acknowledged the entries in time; they are written all the same."""
 
     def __init__(self, entry_ids: Sequence[str], acked: int, wanted: int, timeout_ms: int) -> None:

@@ -41,6 +41,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, SlotNotCoveredError
 from redis.utils import HIREDIS_AVAILABLE
 
+from phoenix.errors import ConfigError, PhoenixError
+
 if HIREDIS_AVAILABLE:
     import hiredis
 
@@ -61,17 +63,19 @@ _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _OPTION_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,39}")
 
 
-class RedisSpecError(ValueError):
+class RedisSpecError(ConfigError, ValueError):
     """The connection spec is unusable. The message is one line and holds no secret."""
 
 
-class ClusterUnavailable(RedisConnectionError):
+class ClusterUnavailable(PhoenixError, RedisConnectionError):
     """No seed or known node answered, or the nodes' slot maps do not cover every slot (a failover under way):
     redis-py raises these as RedisClusterException, which is no RedisError; as a ConnectionError every caller
     waits them out like a Redis that is down."""
 
 
 class RedisSpec(BaseModel):
+    """How to reach one Redis: the URL parsed once and strictly, mode, Sentinel, TLS, timeouts."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     mode: Mode = "standalone"
@@ -143,6 +147,12 @@ class RedisSpec(BaseModel):
         """The values error texts must not show: each password as the server gets it and as a URL spells it."""
         plain = [secret.get_secret_value() for secret in (self.password, self.sentinel_password) if secret]
         return tuple({form for value in plain for form in (value, quote(value, safe=""))})
+
+    def masked(self, text: str) -> str:
+        """`text` with this connection's passwords as ***: a driver's error may echo parts of a URL."""
+        for secret in sorted(self.secrets(), key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     def explain(self, exc: BaseException) -> str:
         """A client error as one line, with what to check when a TLS connection was refused. Under TLS 1.3 a

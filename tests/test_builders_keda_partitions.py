@@ -15,8 +15,8 @@ from phoenix.operator.builders import (
     scaled_object_patch,
 )
 from phoenix.operator.builders.keda import MAX_AUTOSCALED_PARTITIONS
-from phoenix.operator.children import _present
-from phoenix.operator.drift import differences
+from phoenix.operator.stage.children import _present
+from phoenix.operator.stage.drift import differences
 from phoenix.redis_spec import RedisSpec
 from tests.test_builders import OWNER, REDIS_WITH_PASSWORD, connection_of, make_spec
 

@@ -12,8 +12,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import LegacyStageKeys, StageKeys
+from phoenix.record_format import DONE, LOCKED
 from phoenix.tools import migrate
-from phoenix.worker_runtime.locks import DONE, LOCKED
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import drained, running_worker

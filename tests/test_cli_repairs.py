@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
+from phoenix.record_format import LOCKED
 from phoenix.tools import audit as audit_log
-from phoenix.worker_runtime.locks import LOCKED
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.records import locked, record_key
 from tests.fixtures.replies import add_entry, stream_entries

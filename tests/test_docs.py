@@ -23,6 +23,9 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from phoenix.crds.definition import custom_resource_definition
+from phoenix.stages.grouper import GrouperSettings
+from phoenix.stages.parser import ParserSettings
+from phoenix.stages.router import RouterSettings
 from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.billing import BillingSettings
 from phoenix.worker_runtime.settings import WorkerSettings
@@ -164,6 +167,12 @@ def test_every_worker_variable_is_documented_once() -> None:
     assert sorted(documented) == sorted(name.upper() for name in variables)
 
 
+def test_every_example_stage_variable_is_documented_once() -> None:
+    documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "### The example stages")]
+    variables = [*RouterSettings.model_fields, *ParserSettings.model_fields, *GrouperSettings.model_fields]
+    assert sorted(documented) == sorted(name.upper() for name in variables)
+
+
 def test_every_tracing_variable_the_worker_reads_is_documented_once() -> None:
     documented = [_code(row[0]) for row in table(DOCS / "configuration.md", "### Traces (OTEL_*)")]
     assert len(documented) == len(set(documented)) and all(name.startswith("OTEL_") for name in documented)
@@ -247,3 +256,53 @@ def test_the_architecture_page_names_only_files_and_tests_that_exist() -> None:
     }
     named = set(re.findall(r"`(test_\w+)`", text))
     assert named and named - defined == set()
+
+
+def _layout_mentions() -> tuple[set[Path], set[Path]]:
+    """DEVELOPMENT.md's Layout block read as a tree: (the modules it names, the packages whose modules it lists one by
+    one). An entry is the first word of a line, indented two spaces a level; a file named in the description of a
+    package's line is that package's, in the description of a module's line its sibling."""
+    text = (README.parent / "DEVELOPMENT.md").read_text()
+    block = text.split("## Layout", 1)[1].split("```", 2)[1]
+    named: set[Path] = set()
+    listed: set[Path] = set()
+    stack: list[tuple[int, Path]] = []
+    home: Path | None = None
+    for line in block.splitlines():
+        entry = line.strip().split(" ")[0].rstrip(",")
+        depth = len(line) - len(line.lstrip())
+        if entry and depth >= 10 and not entry.endswith((".py", "/")):
+            entry = ""  # a description's continuation: its files are the line above's
+        if not entry:
+            if home is not None:
+                for word in re.findall(r"(?<![\w/.])(\w+\.py)\b", line):
+                    named.add(home / word)
+            continue
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        if not stack and entry != "phoenix/":
+            home = None
+            continue  # manifests/, docs/, ...: not the package
+        parent = stack[-1][1] if stack else README.parent
+        path = parent / entry.rstrip("/")
+        home = path if entry.endswith("/") else parent
+        if entry.endswith("/"):
+            stack.append((depth, path))
+        for word in re.findall(r"(?<![\w/.])(\w+\.py)\b", line):
+            named.add(home / word)
+            listed.add(home)
+    return named, listed
+
+
+def test_the_development_layout_names_every_module_it_lists_and_only_modules_that_exist() -> None:
+    """A package whose modules the Layout names one by one names all of them; every module it names exists."""
+    named, listed = _layout_mentions()
+    assert README.parent / "phoenix" in listed  # the block was read
+    missing = sorted(
+        str(module.relative_to(README.parent))
+        for package in listed
+        for module in package.glob("*.py")
+        if module.name not in ("__init__.py", "__main__.py") and module not in named
+    )
+    assert missing == [], "DEVELOPMENT.md's Layout does not name these modules"
+    assert sorted(str(p.relative_to(README.parent)) for p in named if not p.exists()) == []

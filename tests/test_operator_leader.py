@@ -28,7 +28,7 @@ from tests.fixtures.operator_process import (
 )
 
 ARGS = ["--all-namespaces", "--leader-election", f"--lease-namespace={OPERATOR_NAMESPACE}"]
-# The rules the operator uses (leader.py): a standby waits for 15 s without renewal, polling every 2 s.
+# The rules the operator uses (kube/leader.py): a standby waits for 15 s without renewal, polling every 2 s.
 TAKEOVER_LIMIT_SECONDS = 30
 
 

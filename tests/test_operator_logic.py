@@ -11,15 +11,16 @@ import pytest
 
 from phoenix.crds import ConditionType, PhoenixStageSpec
 from phoenix.keys import StageKeys
-from phoenix.operator import handlers  # noqa: F401  (registers the kopf handlers)
-from phoenix.operator.children import deployment_replicas
-from phoenix.operator.converge import current_view, due_work
-from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import MAX_BACKOFF_SECONDS, StageError, retry_delay, scrub
-from phoenix.operator.kopf_settings import QuietHandlers
-from phoenix.operator.stage_reconcile import kopf_retry
-from phoenix.operator.stage_record import StageRecord
-from phoenix.operator.stage_requests import (
+from phoenix.operator import handlers  # noqa: F401  (registers the kopf handlers
+from phoenix.operator.errors import MAX_BACKOFF_SECONDS, StageError, retry_delay
+from phoenix.operator.kube.kopf_settings import QuietHandlers
+from phoenix.operator.record import StageRecord
+from phoenix.operator.stage.children import deployment_replicas
+from phoenix.operator.stage.converge import current_view, due_work
+from phoenix.operator.stage.drift import describe, differences
+from phoenix.operator.stage.reconcile import kopf_retry
+from phoenix.operator.stage.refresh import group_by_redis
+from phoenix.operator.stage.requests import (
     ReplayRequestError,
     has_replay_work,
     has_restart_request,
@@ -27,7 +28,6 @@ from phoenix.operator.stage_requests import (
 )
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import deployment_condition, ready_condition, replica_status, waits_for_keda
-from phoenix.operator.status.refresh import group_by_redis
 from phoenix.operator.status.writer import merged_status, status_patch
 from phoenix.redis_spec import RedisSpec
 
@@ -151,8 +151,12 @@ def test_refresh_groups_stages_by_redis_url() -> None:
     }
 
 
-def test_scrub_and_records_hide_the_password() -> None:
-    assert scrub("Error connecting to redis://:pw@h:1", "redis://:pw@h:1") == "Error connecting to ***"
+def test_masked_errors_and_records_hide_the_password() -> None:
+    spec = RedisSpec.from_url("redis://:p%2Fw@h:1/0")
+    assert (
+        spec.masked("Error connecting to redis://:p%2Fw@h:1 (AUTH p/w)")
+        == "Error connecting to redis://:***@h:1 (AUTH ***)"
+    )
     assert "pw" not in repr(StageRecord("ns", "a", redis=RedisSpec.from_url("redis://:pw@h:1/0")))
     assert "pw" not in repr(RedisSpec.from_url("redis://:pw@h:1/0"))
 

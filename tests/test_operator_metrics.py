@@ -17,7 +17,7 @@ from phoenix.operator.metrics import (
     record_drift_repair,
     stage_figures,
 )
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.record import StageRecord
 from phoenix.tools.queue_stats import QueueStats
 
 LABELS = {"namespace": "team-a", "stage": "parser"}

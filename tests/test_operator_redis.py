@@ -5,8 +5,8 @@ from __future__ import annotations
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
-from phoenix.operator.redis_ops import replay_once
-from phoenix.worker_runtime.messages import PACKED_FIELDS
+from phoenix.record_format import PACKED_FIELDS
+from phoenix.tools import dlq
 from tests.fixtures.replies import stream_entries
 
 STREAMS = StageKeys.for_stage("s")
@@ -16,13 +16,13 @@ async def test_replay_runs_once_per_request(redis: aioredis.Redis) -> None:
     for i in range(5):
         await redis.xadd(STREAMS.dlq, {"record_id": f"r{i}", "error": "boom", "retry_count": "3"})
     ledger = STREAMS.replay_ledger("req-1")
-    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3) == 3
+    assert await dlq.replay(redis, STREAMS.dlq, STREAMS.input, 3, ledger=ledger) == 3
     # The same request again (an operator restarted before recording it): nothing more moves.
-    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, 3) == 3
+    assert await dlq.replay(redis, STREAMS.dlq, STREAMS.input, 3, ledger=ledger) == 3
     assert (await redis.xlen(STREAMS.dlq), await redis.xlen(STREAMS.input)) == (2, 3)
     moved = await stream_entries(redis, STREAMS.input)
     assert moved[0][1] == {"record_id": "r0", "retry_count": "0"}
-    assert await replay_once(redis, STREAMS.replay_ledger("req-2"), STREAMS.dlq, STREAMS.input, None) == 2
+    assert await dlq.replay(redis, STREAMS.dlq, STREAMS.input, None, ledger=STREAMS.replay_ledger("req-2")) == 2
     assert await redis.xlen(STREAMS.dlq) == 0
 
 
@@ -32,7 +32,7 @@ async def test_replay_interrupted_after_a_move_never_moves_again(redis: aioredis
     ledger = STREAMS.replay_ledger("req-3")
     # What a crash between the batch's EXEC and recording its count leaves behind.
     await redis.hset(ledger, mapping={"claimed": 1, "recorded": 0, "moved": 0})
-    assert await replay_once(redis, ledger, STREAMS.dlq, STREAMS.input, None) == 0
+    assert await dlq.replay(redis, STREAMS.dlq, STREAMS.input, None, ledger=ledger) == 0
     assert await redis.xlen(STREAMS.dlq) == 4
 
 
@@ -43,7 +43,7 @@ async def test_replay_keeps_entries_too_wide_to_replay_and_moves_the_rest(redis:
     await redis.xadd(STREAMS.dlq, {"record_id": "packed", PACKED_FIELDS: "[]"})
     for i in range(3):
         await redis.xadd(STREAMS.dlq, {"record_id": f"r{i}"})
-    assert await replay_once(redis, STREAMS.replay_ledger("req-w"), STREAMS.dlq, STREAMS.input, 2) == 2
+    assert await dlq.replay(redis, STREAMS.dlq, STREAMS.input, 2, ledger=STREAMS.replay_ledger("req-w")) == 2
     assert [f["record_id"] for _, f in await stream_entries(redis, STREAMS.input)] == ["r0", "r1"]
-    assert await replay_once(redis, STREAMS.replay_ledger("req-w2"), STREAMS.dlq, STREAMS.input, None) == 1
+    assert await dlq.replay(redis, STREAMS.dlq, STREAMS.input, None, ledger=STREAMS.replay_ledger("req-w2")) == 1
     assert [f["record_id"] for _, f in await stream_entries(redis, STREAMS.dlq)] == ["wide", "packed"]

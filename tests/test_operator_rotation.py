@@ -18,7 +18,7 @@ from kubernetes import client
 
 from phoenix.keys import StageKeys
 from phoenix.kube_names import REDIS_SECRETS_ANNOTATION
-from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.redis_spec import RedisSpec
 from tests.fixtures.chain import enqueue
 from tests.fixtures.control_plane import REPO_ROOT, ControlPlane

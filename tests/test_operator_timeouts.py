@@ -15,8 +15,8 @@ import pytest
 from kubernetes import config
 from urllib3.exceptions import HTTPError
 
-from phoenix.operator import kopf_settings
-from phoenix.operator.kube_api import REQUEST_TIMEOUT_SECONDS, KubeApi, load_client
+from phoenix.operator.kube import kopf_settings
+from phoenix.operator.kube.api import REQUEST_TIMEOUT_SECONDS, KubeApi, load_client
 from tests.fixtures.eventually import eventually
 from tests.fixtures.operator_process import VENV_BIN
 from tests.fixtures.processes import LoggedProcess, free_loopback_port

@@ -7,7 +7,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys, input_stream
-from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
+from phoenix.operator.redis.ops import Destroyed, NotHeld, destroy
 from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
@@ -112,7 +112,7 @@ async def test_delete_removes_what_its_own_stage_created_and_nothing_else(
     redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Batches smaller than the record keys: SCAN and delete in several calls.
-    monkeypatch.setattr("phoenix.operator.redis_ops.DELETE_BATCH", 1)
+    monkeypatch.setattr("phoenix.operator.redis.ops.DELETE_BATCH", 1)
     for keys, uid in ((A, UID_A), (B, UID_B)):
         await claim(redis, keys, uid, adopt=True)
         await _fill(redis, keys)

@@ -16,10 +16,11 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from phoenix.keys import StageKeys, input_stream
-from phoenix.operator.redis_ops import Destroyed, destroy, replay_once
-from phoenix.operator.redis_pool import RedisPool
+from phoenix.operator.redis.ops import Destroyed, destroy
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.producer import Producer, Record
 from phoenix.redis_spec import RedisSpec, connect, is_cluster
+from phoenix.tools import dlq
 from phoenix.worker_runtime import ownership
 from tests.fixtures.chain import A_IN, B_IN, END, arrived, enqueue
 from tests.fixtures.cli import phoenix
@@ -137,7 +138,7 @@ async def test_the_operators_pool_replays_and_destroys_on_the_cluster(
         for i in range(3):
             await client.xadd(keys.dlq, {"record_id": f"d{i}", "user_id": "u", "data": "{}"})
             await client.set(keys.record_prefix + f"d{i}", "done")
-        assert await replay_once(operator, keys.replay_ledger("req-1"), keys.dlq, keys.input, None) == 3
+        assert await dlq.replay(operator, keys.dlq, keys.input, None, ledger=keys.replay_ledger("req-1")) == 3
         assert await client.xlen(keys.input) == 3
         destroyed = await destroy(operator, keys, "uid-1")
         assert isinstance(destroyed, Destroyed) and destroyed.keys >= 3

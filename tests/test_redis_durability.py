@@ -129,7 +129,12 @@ async def test_parser_down_for_long_loses_no_record(redis: aioredis.Redis, worke
             "phoenix:{default}:router:input",
             {"record_id": record_id, "data": json.dumps({"document_url": document.resolve().as_uri()})},
         )
-    workers.start("router", processor="router", OUTPUT_QUEUE="phoenix:{default}:parser:input")
+    workers.start(
+        "router",
+        processor="router",
+        OUTPUT_QUEUE="phoenix:{default}:parser:input",
+        DOCUMENT_ROOT=str(tmp_path / "docs"),
+    )
     workers.start("grouper", processor="grouper")
     await wait_until(lambda: _length_at_least(redis, "phoenix:{default}:parser:input", len(ids)), "every record routed")
     assert [await redis.ttl(pages_key(DEFAULT_NAMESPACE, record_id)) for record_id in ids] == [-1] * len(ids)

@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
 from phoenix.operator.errors import StageError
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.stage_reconcile import prepare_streams
+from phoenix.operator.redis.pool import RedisPool
+from phoenix.operator.stage.reconcile import prepare_streams
 from phoenix.redis_spec import RedisSpec, connect
 from tests.fixtures.cli import run_phoenix
 from tests.fixtures.eventually import wait_until

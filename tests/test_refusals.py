@@ -11,7 +11,7 @@ import kopf
 import pytest
 
 from phoenix.operator.errors import StageError, retry_delay
-from phoenix.operator.stage_reconcile import kopf_retry
+from phoenix.operator.stage.reconcile import kopf_retry
 from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, LayoutDiffers
 from phoenix.worker_runtime.tracing import operation_span
 

@@ -26,11 +26,11 @@ from redis.exceptions import ResponseError
 
 import phoenix
 from phoenix.keys import StageKeys
-from phoenix.operator.redis_ops import Destroyed, destroy, replay_once
-from phoenix.tools import repair
-from phoenix.worker_runtime import dlq, ownership
+from phoenix.operator.redis.ops import Destroyed, destroy
+from phoenix.record_format import DONE, LOCKED
+from phoenix.tools import dlq, repair
+from phoenix.worker_runtime import ownership
 from phoenix.worker_runtime.billing import ApiKeyProvider
-from phoenix.worker_runtime.locks import DONE, LOCKED
 from phoenix.worker_runtime.ownership import Claimed
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.worker import Worker
@@ -367,8 +367,8 @@ RELAY_SCRIPTS = {"worker_runtime/relay_done.lua", "worker_runtime/relay_write.lu
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
     "worker_runtime/layout_check.lua",
-    "operator/delete_owned.lua",
-    "worker_runtime/dlq_replay.lua",
+    "operator/redis/delete_owned.lua",
+    "tools/dlq_replay.lua",
     "tools/repair_unlock.lua",
     "tools/repair_reclaim.lua",
     "tools/repair_reprocess.lua",
@@ -529,7 +529,7 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
         for record in ("d", "e"):
             await cluster.xadd(STAGE.dlq, {"record_id": record, "user_id": "u1", "data": "{}", "error": "gone"})
         assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, 1) == 1
-        assert await replay_once(cluster, STAGE.replay_ledger("r1"), STAGE.dlq, STAGE.input, None) == 1
+        assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, None, ledger=STAGE.replay_ledger("r1")) == 1
         # Billing: a fetch under the single-fetch guard, which is released with the compare-and-delete script.
         provider = ApiKeyProvider(
             cluster,
@@ -569,7 +569,7 @@ async def test_a_partitioned_stages_claim_and_delete_call_their_scripts_one_slot
     await monitor_client.aclose()
     scripts = {
         _sha(s): s
-        for s in ("worker_runtime/claim_keys.lua", "worker_runtime/layout_check.lua", "operator/delete_owned.lua")
+        for s in ("worker_runtime/claim_keys.lua", "worker_runtime/layout_check.lua", "operator/redis/delete_owned.lua")
     }
     calls = [c for c in monitor.calls if c.sha in scripts and c.inner]
     slots = {key_slot(stage.input.encode()), *(key_slot(lane.input.encode()) for lane in stage.lanes)}
@@ -583,5 +583,5 @@ async def test_a_partitioned_stages_claim_and_delete_call_their_scripts_one_slot
     assert called == {
         "worker_runtime/layout_check.lua": {key_slot(stage.layout.encode())},
         "worker_runtime/claim_keys.lua": slots - {key_slot(stage.layout.encode())},
-        "operator/delete_owned.lua": slots,
+        "operator/redis/delete_owned.lua": slots,
     }

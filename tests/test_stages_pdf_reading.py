@@ -16,8 +16,9 @@ from phoenix.stages.evaluation import MIN_PRECISION, MIN_RECALL, evaluate, pypdf
 from phoenix.stages.extraction import extract_findings
 from phoenix.stages.layout import Piece, layout_lines
 from phoenix.stages.ocr import ocr_unavailable_reason
-from phoenix.stages.pdf_text import UnreadablePdfError, extract_page_texts
+from phoenix.stages.pdf_text import PdfLimits, UnreadablePdfError, extract_page_texts
 from phoenix.stages.samples import ensure_corpus
+from tests.fixtures.pdf_bombs import big_image_page, image_pages, tiny_runs_page
 
 needs_tesseract = pytest.mark.skipif(ocr_unavailable_reason() is not None, reason=str(ocr_unavailable_reason()))
 SCAN = next(report for report in CORPUS if report.render is faxed_scan)
@@ -159,3 +160,27 @@ def test_tesseract_without_english_data_is_unavailable(tmp_path: Path, monkeypat
     assert ocr_unavailable_reason() == (
         "Tesseract has no English language data (Debian: apt-get install tesseract-ocr-eng)"
     )
+
+
+def test_a_pdf_over_the_page_cap_is_refused_before_any_page_is_read() -> None:
+    assert extract_page_texts(image_pages(3), limits=PdfLimits(max_pages=3)) == ["", "", ""]
+    with pytest.raises(UnreadablePdfError, match=r"the PDF has 4 pages, more than MAX_DOCUMENT_PAGES \(3\)"):
+        extract_page_texts(image_pages(4), limits=PdfLimits(max_pages=3))
+
+
+def test_a_text_layer_of_too_many_runs_is_refused() -> None:
+    assert extract_page_texts(tiny_runs_page(1000))[0].startswith("x\tx\tx")
+    with pytest.raises(UnreadablePdfError, match="page 1 has 2100 text runs, more than 2000"):
+        extract_page_texts(tiny_runs_page(2100))
+
+
+@pytest.mark.ocr
+@needs_tesseract
+def test_a_page_over_the_pixel_cap_is_rendered_smaller_down_to_the_least_ocr_reads() -> None:
+    # A bilevel 2000 x 2000 scan over A4: 242 dpi, 5.7 Mpx to render (its 4 Mpx count as 0.5).
+    scan = big_image_page(2000, "1")
+    assert extract_page_texts(scan, ocr=True, limits=PdfLimits(max_page_pixels=4_000_000)) == [""]  # at 203 dpi
+    with pytest.raises(UnreadablePdfError, match=r"needs 3868706 pixels at 200 dpi, the least OCR reads, more than"):
+        extract_page_texts(scan, ocr=True, limits=PdfLimits(max_page_pixels=3_000_000))
+    with pytest.raises(UnreadablePdfError, match=r"the images of page 1 hold 4000000 pixels, more than MAX_PAGE"):
+        extract_page_texts(big_image_page(2000), ocr=True, limits=PdfLimits(max_page_pixels=3_000_000))

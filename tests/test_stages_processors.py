@@ -43,6 +43,13 @@ CT_CHEST = "05-ct-chest.pdf"
 NS = "lab-a"  # the KEY_NAMESPACE the stages below run in: their hand-offs are scoped by it
 
 
+@pytest.fixture(autouse=True)
+def document_root(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router reads files only under DOCUMENT_ROOT: here the session's temporary directory, where every test
+    writes its documents."""
+    monkeypatch.setenv("DOCUMENT_ROOT", str(tmp_path_factory.getbasetemp()))
+
+
 @pytest.fixture(scope="module")
 def samples(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {path.name: path for path in ensure_samples(tmp_path_factory.mktemp("samples"))}

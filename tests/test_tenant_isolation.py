@@ -51,6 +51,7 @@ async def test_two_pipelines_on_one_redis_keep_their_own_documents_and_billing_k
 
     async with running_key_service() as billing:
         env = {"BILLING_URL": billing.url, "BILLING_MASTER_KEY": billing.master_key, "BILLING_CACHE_KEY": cache_key}
+        env["DOCUMENT_ROOT"] = str(tmp_path / "docs")  # the router's; the other stages read no documents
         for namespace in TENANTS:
             start_pipeline(workers, namespace, env)
         await wait_until(lambda: _all_exist(redis, grouped), "every record of both tenants grouped", timeout=180)

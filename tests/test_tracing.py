@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from phoenix.worker_runtime import dlq
+from phoenix.tools import dlq
 from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing, otlp_header_values
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker

@@ -54,6 +54,7 @@ async def test_one_record_through_three_stages_is_one_trace(
                 stage.name,
                 processor=stage.name,
                 **({"OUTPUT_QUEUE": stage.output} if stage.output else {}),
+                **({"DOCUMENT_ROOT": str(document.parent)} if stage.reads_documents else {}),
                 **otel_env(receiver),
             )
             for stage in PIPELINE

@@ -11,11 +11,10 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.worker_runtime.dlq import FAILURE_FIELDS, dead_letter_fields
-from phoenix.worker_runtime.locks import DONE
-from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS, MalformedEntry, Message, packed_pairs, parse_entry
+from phoenix.record_format import DONE, FAILURE_FIELDS, SCRIPT_SAFE_FIELDS, packed_pairs
+from phoenix.worker_runtime.dlq import dead_letter_fields
+from phoenix.worker_runtime.messages import MalformedEntry, Message, parse_entry
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
-from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.settle import Settler
 from tests.fixtures.inprocess import run_burst
@@ -126,7 +125,7 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
     assert await redis.get(KEYS.record_prefix + "c") == DONE + ids[0]
     assert [fields for _, fields in await stream_entries(redis, DLQ)] == [{"record_id": "d", "error": "why"}]
     [(member, due_ms)] = await scored_members(redis, RETRY)
-    assert retry_member_fields(member) == {"record_id": "r"} and due_ms > time.time() * 1000 + 50_000
+    assert packed_pairs(member) == {"record_id": "r"} and due_ms > time.time() * 1000 + 50_000
     pending = await redis.xpending_range(IN, KEYS.consumer_group, "-", "+", 10)
     assert [p["message_id"] for p in pending] == [ids[4]]  # only the left entry is still pending
 
@@ -148,7 +147,7 @@ async def test_a_failure_is_scheduled_for_retry_with_its_error(redis: aioredis.R
     entry = await add(redis, "r1", action="fail")
     await run_burst(redis_url, output_queue=OUT, retry_base_seconds=60, retry_max_seconds=60)
     [(member, _)] = await scored_members(redis, RETRY)
-    fields = retry_member_fields(member)
+    fields = packed_pairs(member)
     assert fields["record_id"] == "r1" and fields["retry_count"] == "1" and fields["original_id"] == entry
     assert fields["last_error"] == "RuntimeError: transient failure"
     assert await outputs(redis) == [] and await redis.xlen(DLQ) == 0

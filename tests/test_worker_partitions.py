@@ -20,13 +20,14 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 from redis.exceptions import ClusterCrossSlotError
 
+from phoenix.errors import ConfigError
 from phoenix.keys import StageKeys, input_stream, partition_of
 from phoenix.redis_spec import connect
 from phoenix.worker_runtime import lanes, metrics
 from phoenix.worker_runtime import relay as relay_module
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
-from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
+from phoenix.worker_runtime.settings import WorkerSettings, load_settings
 from phoenix.worker_runtime.settle import Settler
 from phoenix.worker_runtime.worker import Worker
 from tests.fixtures.eventually import wait_until
@@ -73,16 +74,16 @@ def test_partitions_and_output_partitions_are_checked_at_start(monkeypatch: pyte
     base = {"SERVICE_NAME": "p", "PROCESSOR": OUTCOMES, "PARTITIONS": "4"}
     for name, value in {**base, "INPUT_QUEUE": "mine"}.items():
         monkeypatch.setenv(name, value)
-    with pytest.raises(ConfigurationError, match=r"PARTITIONS=4: .*unset INPUT_QUEUE and DLQ_NAME"):
+    with pytest.raises(ConfigError, match=r"PARTITIONS=4: .*unset INPUT_QUEUE and DLQ_NAME"):
         load_settings()
     monkeypatch.delenv("INPUT_QUEUE")
     monkeypatch.setenv("DLQ_NAME", "mine")
-    with pytest.raises(ConfigurationError, match="unset INPUT_QUEUE and DLQ_NAME"):
+    with pytest.raises(ConfigError, match="unset INPUT_QUEUE and DLQ_NAME"):
         load_settings()
     monkeypatch.delenv("DLQ_NAME")
     monkeypatch.setenv("OUTPUT_PARTITIONS", "3")
     monkeypatch.setenv("OUTPUT_QUEUE", PLAIN)
-    with pytest.raises(ConfigurationError, match="OUTPUT_PARTITIONS applies to an output that is a stage's"):
+    with pytest.raises(ConfigError, match="OUTPUT_PARTITIONS applies to an output that is a stage's"):
         load_settings()
     monkeypatch.setenv("OUTPUT_QUEUE", input_stream("next"))
     settings = load_settings()

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.tools import repair
-from phoenix.worker_runtime import dlq
-from phoenix.worker_runtime.messages import PACKED_FIELDS, SCRIPT_SAFE_FIELDS, packed_pairs
+from phoenix.record_format import PACKED_FIELDS, SCRIPT_SAFE_FIELDS, packed_pairs
+from phoenix.tools import dlq, repair
 from phoenix.worker_runtime.outcomes import Disposition, Outcome
 from phoenix.worker_runtime.retry import RetryScheduler
 from phoenix.worker_runtime.settings import WorkerSettings

@@ -8,8 +8,9 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from itertools import islice
-from typing import Any, TextIO
+from typing import Any, Literal, TextIO
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -17,19 +18,20 @@ from redis.exceptions import RedisError
 from phoenix.cli import migrate, records, status
 from phoenix.cli.stage import StageUsageError, add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
-from phoenix.keys import DEFAULT_NAMESPACE
+from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
 from phoenix.producer import BATCH as PRODUCER_BATCH
 from phoenix.producer import NotReplicated, Producer, Record
+from phoenix.redis_replies import text_range
 from phoenix.redis_spec import RedisSpecError
-from phoenix.tools import audit
-from phoenix.worker_runtime import dlq
+from phoenix.stages.data_keys import held_pages
+from phoenix.tools import audit, dlq
 from phoenix.worker_runtime.ownership import laid_out
-from phoenix.worker_runtime.redis_client import text_range
 
 # What a dry run lists of the entries it would move, at most.
 DRY_RUN_SHOWN = 20
+_DELETE_BATCH = 1000  # pages keys deleted by one DEL of a purge
 
 
 def _records_from(lines: Iterable[str]) -> Iterator[Record]:
@@ -107,18 +109,18 @@ async def _send(producer: Producer, batch: list[Record], *, print_ids: bool) -> 
     return 0
 
 
-async def _dlq_lanes(client: Redis, args: argparse.Namespace) -> list[tuple[str, str]]:
-    """(DLQ, input) of each lane of the stage, as its layout in Redis has it: a dead letter goes back to the input
-    of its own lane (the record's partition). One pair, with --dlq/--input applied, for a stage of one partition."""
+async def _dlq_lanes(client: Redis, args: argparse.Namespace) -> list[StageKeys]:
+    """The keys of each lane of the stage, as its layout in Redis has it: a dead letter goes back to the input of
+    its own lane (the record's partition). One lane, with --dlq/--input applied, for a stage of one partition."""
     (keys,) = await laid_out(client, [stage_keys(args)])
     if keys.partitions == 1:
-        return [(args.dlq or keys.dlq, getattr(args, "input", None) or keys.input)]
+        return [replace(keys, dlq=args.dlq or keys.dlq, input=getattr(args, "input", None) or keys.input)]
     if args.dlq or getattr(args, "input", None):
         raise StageUsageError(
             f"stage {keys.namespace}/{keys.name} has {keys.partitions} partitions, each with its own DLQ and input: "
             "leave out --dlq and --input"
         )
-    return [(lane.dlq, lane.input) for lane in keys.lanes]
+    return list(keys.lanes)
 
 
 def _oldest_first(entry_id: str) -> tuple[int, int]:
@@ -126,7 +128,7 @@ def _oldest_first(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _lane_fields(lanes: list[tuple[str, str]], p: int) -> dict[str, int]:
+def _lane_fields(lanes: list[StageKeys], p: int) -> dict[str, int]:
     """The partition an entry came from, for a stage of several."""
     return {"partition": p} if len(lanes) > 1 else {}
 
@@ -136,8 +138,8 @@ async def _dlq_list(args: argparse.Namespace) -> int:
         lanes = await _dlq_lanes(client, args)
         found = [
             (entry_id, {**fields, **_lane_fields(lanes, p)})
-            for p, (dlq_stream, _) in enumerate(lanes)
-            for entry_id, fields in await text_range(client, dlq_stream, count=args.count)
+            for p, lane in enumerate(lanes)
+            for entry_id, fields in await text_range(client, lane.dlq, count=args.count)
         ]
     # The oldest `count` over every lane.
     for entry_id, fields in sorted(found, key=lambda entry: _oldest_first(entry[0]))[: args.count]:
@@ -150,24 +152,25 @@ async def _audit(client: Redis, args: argparse.Namespace, action: str, count: in
     await audit.record(client, stream, audit.Repair(audit.person(), action, count, detail))
 
 
-def _streams(lanes: list[tuple[str, str]], which: int) -> str:
-    """The DLQ (0) or input (1) stream, or how many partitions' when there are several."""
-    return lanes[0][which] if len(lanes) == 1 else f"the {('DLQs', 'inputs')[which]} of its {len(lanes)} partitions"
+def _streams(lanes: list[StageKeys], which: Literal["dlq", "input"]) -> str:
+    """The DLQ or input stream, or how many partitions' when there are several."""
+    plural = {"dlq": "DLQs", "input": "inputs"}[which]
+    return getattr(lanes[0], which) if len(lanes) == 1 else f"the {plural} of its {len(lanes)} partitions"
 
 
 async def _dlq_replay(args: argparse.Namespace) -> int:
     limit = None if args.count == "all" else int(args.count)
     async with _client(args) as client:
         lanes = await _dlq_lanes(client, args)
-        dlq_streams, input_streams = _streams(lanes, 0), _streams(lanes, 1)
-        lengths = [await client.xlen(dlq_stream) for dlq_stream, _ in lanes]
+        dlq_streams, input_streams = _streams(lanes, "dlq"), _streams(lanes, "input")
+        lengths = [await client.xlen(lane.dlq) for lane in lanes]
         length = sum(lengths)
         wanted = length if limit is None else min(limit, length)
         what = f"{wanted} of the {length} entries of {dlq_streams} (oldest first) back to {input_streams}"
         if args.dry_run:
             shown = 0
-            for dlq_stream, _ in lanes:
-                for entry_id, fields in await text_range(client, dlq_stream, count=min(wanted, DRY_RUN_SHOWN) - shown):
+            for lane in lanes:
+                for entry_id, fields in await text_range(client, lane.dlq, count=min(wanted, DRY_RUN_SHOWN) - shown):
                     record, error = fields.get("record_id", "?"), fields.get("error_type", "?")
                     print(f"would move {entry_id} (record {record}, {error})")
                     shown += 1
@@ -183,10 +186,10 @@ async def _dlq_replay(args: argparse.Namespace) -> int:
         if not confirm(f"Move {what}?", args.yes):
             return 1
         moved = 0
-        for dlq_stream, input_stream in lanes:  # each lane's dead letters back to its own input
+        for lane in lanes:  # each lane's dead letters back to its own input
             if limit is not None and moved >= limit:
                 break
-            moved += await dlq.replay(client, dlq_stream, input_stream, None if limit is None else limit - moved)
+            moved += await dlq.replay(client, lane.dlq, lane.input, None if limit is None else limit - moved)
         await _audit(
             client, args, "dlq-replay", moved, f"moved {moved} entries of {dlq_streams} back to {input_streams}"
         )
@@ -198,15 +201,15 @@ async def _dlq_export(args: argparse.Namespace) -> int:
     count, last = 0, None
     async with _client(args) as client:
         lanes = await _dlq_lanes(client, args)
-        for p, (dlq_stream, _) in enumerate(lanes):
-            async for entry_id, fields in dlq.entries(client, dlq_stream):
+        for p, lane in enumerate(lanes):
+            async for entry_id, fields in dlq.entries(client, lane.dlq):
                 print(json.dumps({"id": entry_id, **fields, **_lane_fields(lanes, p)}))
                 count += 1
                 if last is None or _oldest_first(entry_id) > _oldest_first(last):
                     last = entry_id
     # On stderr, so stdout stays pure JSON lines when redirected to a file.
     print(
-        f"exported {count} entries of {_streams(lanes, 0)}"
+        f"exported {count} entries of {_streams(lanes, 'dlq')}"
         + (
             f" through {last}; delete exactly these with: phoenix dlq purge --service {args.service}"
             f"{f' --namespace {args.namespace}' if args.namespace != DEFAULT_NAMESPACE else ''}"
@@ -222,24 +225,35 @@ async def _dlq_export(args: argparse.Namespace) -> int:
 async def _dlq_purge(args: argparse.Namespace) -> int:
     async with _client(args) as client:
         lanes = await _dlq_lanes(client, args)
-        streams = _streams(lanes, 0)
+        streams = _streams(lanes, "dlq")
         what = f"entries of {streams} up to {args.through}" if args.through else f"every entry of {streams}"
         if not confirm(f"Delete {what}?", args.yes):
             return 1
-        deleted = 0
-        for dlq_stream, _ in lanes:
-            if args.through:
-                # An entry id is its time: through it in every lane is what an export up to it printed.
-                deleted += await dlq.purge_through(client, dlq_stream, args.through)
-            else:
-                # One transaction: the count is exactly what was deleted.
-                pipe = client.pipeline(transaction=True)
-                pipe.xlen(dlq_stream)
-                pipe.delete(dlq_stream)
-                deleted += (await pipe.execute())[0]
-        await _audit(client, args, "dlq-purge", deleted, f"deleted {what}: {deleted} entries")
-    print(f"deleted {deleted} entries from {streams}")
+        deleted = released = 0
+        for lane in lanes:
+            # The pages the purged records held for the parser go with them (data_keys.held_pages); without
+            # --through, what is purged is what was read here: an entry dead-lettered meanwhile stays, pages too.
+            held, last = {}, args.through
+            async for entry_id, fields in dlq.entries(client, lane.dlq, last=args.through or "+"):
+                if key := held_pages(lane.namespace, fields):
+                    held[key] = fields.get("record_id", "")
+                last = entry_id
+            if last is None:
+                continue
+            # An entry id is its time: through it in every lane is what an export up to it printed.
+            deleted += await dlq.purge_through(client, lane.dlq, last)
+            released += await _release_pages(client, lane, held)
+        pages = f", and the pages of {released} records they held" if released else ""
+        await _audit(client, args, "dlq-purge", deleted, f"deleted {what}: {deleted} entries{pages}")
+    print(f"deleted {deleted} entries from {streams}{pages}")
     return 0
+
+
+async def _release_pages(client: Redis, lane: StageKeys, held: dict[str, str]) -> int:
+    """Delete the pages keys of `held` (key -> record id) but those of a record the lane has still to parse."""
+    waiting = await dlq.waiting_records(client, lane, set(held.values()))
+    keys = [key for key, record_id in held.items() if record_id not in waiting]
+    return sum([await client.delete(*keys[at : at + _DELETE_BATCH]) for at in range(0, len(keys), _DELETE_BATCH)])
 
 
 def _count(value: str) -> int:

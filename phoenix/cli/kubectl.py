@@ -27,12 +27,13 @@ from phoenix.cli.records import inspect_with_repairs, render_inspection
 from phoenix.cli.stage import StageSettings, confirm, fail, redis_client, settings_from
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
+from phoenix.errors import PhoenixError
 from phoenix.keys import StageKeys
 from phoenix.kube_names import REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.builders import resolve_streams, worker_env
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube_api import MERGE_PATCH, KubeApi
-from phoenix.operator.stage_requests import ReplayRequestError, parse_replay_count
+from phoenix.operator.kube.api import MERGE_PATCH, KubeApi
+from phoenix.operator.stage.requests import ReplayRequestError, parse_replay_count
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.tools import audit
 from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport
@@ -46,7 +47,7 @@ def _json(reply: object) -> Json:
     return cast(Json, reply)
 
 
-class PluginError(Exception):
+class PluginError(PhoenixError):
     """One readable line for the caller; never holds a secret."""
 
 

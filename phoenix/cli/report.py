@@ -42,11 +42,12 @@ from redis.exceptions import RedisError
 import phoenix
 from phoenix.cli.stage import StageSettings, redis_client
 from phoenix.crds.spec import SECRET_NAME_PATTERN
+from phoenix.errors import PhoenixError
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
+from phoenix.redis_replies import text
 from phoenix.redis_spec import RedisSpec
+from phoenix.tools import dlq
 from phoenix.tools.queue_stats import collect
-from phoenix.worker_runtime import dlq
-from phoenix.worker_runtime.redis_client import text
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.scrub import register as scrub_register
 from phoenix.worker_runtime.scrub import scrub
@@ -59,7 +60,7 @@ DEFAULT_DLQ_SCAN = 100_000
 _LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
 
 
-class UnreadableStage(Exception):
+class UnreadableStage(PhoenixError):
     """The stage's Redis cannot be reached from here (its Secret unreadable, its URL invalid): one line, no secret."""
 
 

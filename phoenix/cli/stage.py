@@ -11,6 +11,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from phoenix.errors import PhoenixError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, stage_of_input
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, SOCKET_TIMEOUT_SECONDS, RedisSpec, RedisSpecError, connect
 from phoenix.worker_runtime.ownership import laid_out
@@ -34,7 +35,7 @@ _PATHS = {"tls_ca", "tls_cert", "tls_key"}
 _SECONDS = {"connect_timeout", "socket_timeout"}
 
 
-class StageUsageError(Exception):
+class StageUsageError(PhoenixError):
     """Options that do not fit the stage as Redis has it (one line, exit 1; nothing done)."""
 
 

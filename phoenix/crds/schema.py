@@ -11,6 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from phoenix.errors import PhoenixError
+
 # Emitted in this order so the generated YAML reads top-down: what it is, then constraints, then children.
 _KEY_ORDER = (
     "description",
@@ -37,7 +39,7 @@ _KEY_ORDER = (
 _DROPPED = frozenset({"title", "examples", "$defs"})
 
 
-class SchemaConversionError(ValueError):
+class SchemaConversionError(PhoenixError, ValueError):
     """pydantic produced something a structural schema cannot express."""
 
 

@@ -6,10 +6,10 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from phoenix.operator.events import EventRecorder
-from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.stage_record import StageRegistry
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.kube.events import EventRecorder
+from phoenix.operator.record import StageRegistry
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.operator.status.writer import StatusWriter
 from phoenix.redis_spec import RedisSpec
 from phoenix.worker_runtime.redis_risk import RedisRisk

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.backoff import delay
+from phoenix.errors import PhoenixError
 
 # A failed reconcile, deletion or converger work waits 5 s, 10 s, 20 s, ... up to two minutes before its next try.
 RETRY_BASE_SECONDS = 5.0
@@ -17,7 +18,7 @@ MAX_BACKOFF_SECONDS = 120.0
 # Not frozen: Python writes an exception's __traceback__ as it passes through a `contextlib.contextmanager` (the
 # reconcile's span), which a frozen dataclass refuses. eq=False keeps exceptions hashable by identity.
 @dataclass(eq=False)
-class StageError(Exception):
+class StageError(PhoenixError):
     """`reason` is a CamelCase condition reason; `permanent` errors wait for a spec change instead of a retry."""
 
     reason: str
@@ -26,13 +27,6 @@ class StageError(Exception):
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.message}"
-
-
-def scrub(text: str, *secrets: str | None) -> str:
-    """`text` with every occurrence of each secret masked: driver errors may echo parts of a URL."""
-    for secret in sorted(filter(None, secrets), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
 
 
 def api_error(exc: ApiException) -> StageError:

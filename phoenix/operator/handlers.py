@@ -1,6 +1,6 @@
 """kopf wiring: which event calls which function, each handler named after the event it handles. A stage's
-reconcile and the drift its watch events show live in stage_reconcile.py, its deletion in stage_delete.py, its
-restart and replay in stage_requests.py (run by converge.py), its status refresh in status/refresh.py."""
+reconcile and the drift its watch events show live in stage/reconcile.py, its deletion in stage/delete.py, its
+restart and replay in stage/requests.py (run by stage/converge.py), its status refresh in stage/refresh.py."""
 
 from __future__ import annotations
 
@@ -13,15 +13,15 @@ import kopf
 from phoenix.crds import GROUP, PLURAL, VERSION, DeletionPolicy
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.converge import converge_forever
 from phoenix.operator.errors import StageError
-from phoenix.operator.kopf_settings import configure, quiet_handlers
-from phoenix.operator.kube_api import KEDA_GROUP, KEDA_VERSION
+from phoenix.operator.kube.api import KEDA_GROUP, KEDA_VERSION
+from phoenix.operator.kube.kopf_settings import configure, quiet_handlers
 from phoenix.operator.metrics import observed_reconcile
-from phoenix.operator.redis_target import check_secrets_forever
-from phoenix.operator.stage_delete import delete_stage
-from phoenix.operator.stage_reconcile import child_changed, kopf_retry, next_stage_seen, reconcile_stage
-from phoenix.operator.status.refresh import refresh_forever
+from phoenix.operator.stage.converge import converge_forever
+from phoenix.operator.stage.delete import delete_stage
+from phoenix.operator.stage.reconcile import child_changed, kopf_retry, next_stage_seen, reconcile_stage
+from phoenix.operator.stage.refresh import refresh_forever
+from phoenix.operator.stage.secret_check import check_secrets_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
 # The children the operator creates carry this label; only their events can be drift.

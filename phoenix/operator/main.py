@@ -18,12 +18,10 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError, MaxRetryError
 
 from phoenix.kube_names import MANAGED_BY
-from phoenix.operator import (
-    handlers,  # noqa: F401  (registers the kopf handlers)
-    leader,
-)
+from phoenix.operator import handlers  # noqa: F401  (registers the kopf handlers)
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.kube_api import KubeApi, load_client
+from phoenix.operator.kube import leader
+from phoenix.operator.kube.api import KubeApi, load_client
 from phoenix.operator.metrics import LEADER, REGISTRY
 from phoenix.operator.options import OperatorOptions, parse_options
 from phoenix.worker_runtime.health import start_health_server
@@ -119,7 +117,7 @@ async def operate(
             LEADER.set(1)
             await run_kopf()
         else:
-            await leader.lead(leader.LeaseElector(api_client, lease), run_kopf, stop)
+            await leader.lead(leader.LeaseElector(api_client, lease), run_kopf, stop, LEADER.set)
 
 
 def run(options: OperatorOptions) -> int:

@@ -18,7 +18,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from phoenix.crds import ConditionType
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.record import StageRecord
 from phoenix.operator.status.conditions import find_condition
 from phoenix.operator.status.readiness import replica_status
 from phoenix.tools.queue_stats import QueueStats

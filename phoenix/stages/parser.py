@@ -12,7 +12,7 @@ from prometheus_client import Counter
 from pydantic import Field
 from pydantic_settings import BaseSettings
 
-from phoenix.stages.data_keys import pages_key, parsed_key
+from phoenix.stages.data_keys import is_pages_key, pages_key, parsed_key
 from phoenix.stages.extraction import extract_findings
 from phoenix.stages.llm_extraction import LLMExtractor
 from phoenix.stages.models import Findings, Page, PageList
@@ -63,7 +63,7 @@ class ParserProcessor(BaseProcessor):
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
         namespace = self.settings.key_namespace
         source, target = data.get("pages_key") or pages_key(namespace, record_id), parsed_key(namespace, record_id)
-        if not source.startswith(pages_key(namespace, "")):
+        if not is_pages_key(namespace, source):
             # The key comes with the message: read (and delete) no other tenant's pages, nor any other key.
             raise PermanentError(f"pages_key {source!r} of record {record_id} is not a pages key of {namespace}")
         raw_pages = await self.redis.get(source)

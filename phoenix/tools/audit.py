@@ -17,7 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.typing import EncodableT, FieldT
 
-from phoenix.worker_runtime.redis_client import text, text_range
+from phoenix.redis_replies import text, text_range
 
 # About a year of a busy on-call's repairs; trimmed approximately (whole radix-tree nodes), so a few more stay.
 AUDIT_MAXLEN = 10_000

@@ -17,12 +17,9 @@ from typing import Any, Literal
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.record_format import RETRY_STATE_FIELDS, committed_by, id_order, lock_holder, locked_by, packed_pairs
+from phoenix.redis_replies import text, text_range
 from phoenix.worker_runtime.lanes import Output
-from phoenix.worker_runtime.locks import committed_by, lock_holder, locked_by
-from phoenix.worker_runtime.messages import RETRY_STATE_FIELDS
-from phoenix.worker_runtime.reclaim import id_order
-from phoenix.worker_runtime.redis_client import text, text_range
-from phoenix.worker_runtime.retry import retry_member_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 from phoenix.worker_runtime.tracing import trace_id_of
 
@@ -158,7 +155,7 @@ async def inspect_record(
         report.marker = Marker(key, committer, ttl)
 
     async for member, due_ms in client.zscan_iter(lane.retry):
-        fields = retry_member_fields(member)
+        fields = packed_pairs(member)
         if fields.get("record_id") == record_id:
             report.retries.append(_waiting_retry(fields, due_ms, now_ms))
             report.saw_trace(fields)

@@ -20,9 +20,10 @@ from dataclasses import dataclass, replace
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix.errors import PhoenixError
 from phoenix.keys import LegacyStageKeys, StageKeys
-from phoenix.worker_runtime.locks import lock_holder, locked_by
-from phoenix.worker_runtime.redis_client import text
+from phoenix.record_format import lock_holder, locked_by
+from phoenix.redis_replies import text
 
 # A live worker touches its group at least every BLOCK_MS (default 5 s) while it reads, and whenever it renews a
 # lock; one of its consumers idle for less than this is taken for alive.
@@ -31,7 +32,7 @@ _BATCH = 500
 _NEVER_MERGED = "migrate never merges"
 
 
-class MigrationRefused(Exception):
+class MigrationRefused(PhoenixError):
     """The stage cannot be moved now; the message says why and what to do, in one line."""
 
 

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 from phoenix.keys import StageKeys
-from phoenix.worker_runtime.redis_client import text
+from phoenix.redis_replies import text
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,14 +10,23 @@ from dataclasses import dataclass, replace
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
+from phoenix import lua
+from phoenix.errors import PhoenixError
 from phoenix.keys import StageKeys
+from phoenix.record_format import (
+    DONE,
+    FAILURE_FIELDS,
+    LUA_UNPACK_LIMIT,
+    PACKED_FIELDS,
+    RETRY_STATE_FIELDS,
+    SCRIPT_SAFE_FIELDS,
+    committed_by,
+    id_order,
+    lock_holder,
+    locked_by,
+)
+from phoenix.redis_replies import text, text_range
 from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, consumer_alive, entries_of
-from phoenix.worker_runtime import lua
-from phoenix.worker_runtime.dlq import FAILURE_FIELDS
-from phoenix.worker_runtime.locks import DONE, committed_by, lock_holder, locked_by
-from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, RETRY_STATE_FIELDS, SCRIPT_SAFE_FIELDS
-from phoenix.worker_runtime.reclaim import id_order
-from phoenix.worker_runtime.redis_client import text, text_range
 from phoenix.worker_runtime.settings import WorkerSettings
 
 _RECLAIM_BATCH = 100
@@ -186,7 +195,7 @@ async def _candidate(client: Redis, s: WorkerSettings, lane: StageKeys, row: dic
     return found, value if owned and value else ""
 
 
-class ReprocessError(Exception):
+class ReprocessError(PhoenixError):
     """The record cannot be reprocessed now; the message says why and what to do."""
 
 

@@ -11,18 +11,16 @@ from collections.abc import Callable
 
 import structlog
 
-from phoenix.redis_spec import RedisSpecError, connect
+from phoenix.errors import ConfigError, StartRefused
+from phoenix.redis_spec import connect
 from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.billing import API_KEY_ENV, ApiKeyProvider, BillingSettings, load_billing_settings
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.health import start_health_server
-from phoenix.worker_runtime.lanes import OutputLayoutDiffers
 from phoenix.worker_runtime.log import configure_logging
-from phoenix.worker_runtime.ownership import KeysHeld, LayoutDiffers
-from phoenix.worker_runtime.processor import BaseProcessor, ProcessorLoadError, load_processor_class
-from phoenix.worker_runtime.relay import UnmarkableTarget
-from phoenix.worker_runtime.settings import ConfigurationError, WorkerSettings, load_settings
-from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing, otlp_header_values
+from phoenix.worker_runtime.processor import BaseProcessor, load_processor_class
+from phoenix.worker_runtime.settings import WorkerSettings, load_settings
+from phoenix.worker_runtime.tracing import configure_tracing, otlp_header_values
 from phoenix.worker_runtime.worker import Worker
 
 # A shutdown still running this long after the grace period is stuck; unfinished entries stay pending, so
@@ -65,7 +63,7 @@ def main() -> int:
         processor_class = load_processor_class(settings.processor)
         # Before the processor's initialize(), which may then configure an SDK of its own instead (tracing.py).
         shutdown_tracing = configure_tracing(settings.service_name)
-    except (ConfigurationError, ProcessorLoadError, RedisSpecError, TracingConfigError) as exc:
+    except ConfigError as exc:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
     # Before anything is logged; the billing keys register themselves (ApiKeyProvider), users' keys per task.
@@ -124,21 +122,8 @@ async def _serve(settings: WorkerSettings, billing: BillingSettings, processor_c
         if settings.health_port:
             runner = await start_health_server(settings.health_port, alive=worker.alive, ready=worker.ready)
         await worker.run()
-    except KeysHeld as exc:
-        print(
-            f"phoenix worker: refusing to start: {exc}; only that stage's own workers (STAGE_UID) run on them: give "
-            "this worker keys of its own (KEY_NAMESPACE, SERVICE_NAME, INPUT_QUEUE)",
-            file=sys.stderr,
-        )
-        return 2
-    except LayoutDiffers as exc:
-        print(f"phoenix worker: refusing to start with PARTITIONS={exc.wanted}: {exc}", file=sys.stderr)
-        return 2
-    except OutputLayoutDiffers as exc:
-        print(f"phoenix worker: refusing to start with OUTPUT_PARTITIONS={exc.wanted}: {exc}", file=sys.stderr)
-        return 2
-    except UnmarkableTarget as exc:
-        print(f"phoenix worker: refusing to start: {exc}", file=sys.stderr)
+    except StartRefused as exc:
+        print(f"phoenix worker: {exc.worker_line()}", file=sys.stderr)
         return 2
     finally:
         await processor.cleanup()

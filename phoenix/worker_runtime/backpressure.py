@@ -100,6 +100,8 @@ def _gauges(settings: WorkerSettings, routes: Sequence[Route]) -> tuple[_Gauge, 
 
 
 class Backpressure:
+    """Holds a lane's intake back while what it feeds is over OUTPUT_HIGH_WATER, until below the low mark."""
+
     def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
         """Measures every stream the stage's results wait in: the output (each partition of a partitioned next
         stage) and the outbox of each relayed lane of `routes`."""

@@ -37,11 +37,13 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from yarl import URL
 
+from phoenix import lua
+from phoenix.errors import ConfigError, PhoenixError
 from phoenix.keys import billing_cache_key, billing_guard_key
-from phoenix.worker_runtime import lua, scrub
+from phoenix.redis_replies import text
+from phoenix.worker_runtime import scrub
 from phoenix.worker_runtime.metrics import BILLING_KEY_LOOKUPS
-from phoenix.worker_runtime.redis_client import text
-from phoenix.worker_runtime.settings import ConfigurationError, describe_validation_error
+from phoenix.worker_runtime.settings import describe_validation_error
 
 API_KEY_ENV = "OPENAI_API_KEY"
 KEY_MAX_AGE_SECONDS = 86400
@@ -57,14 +59,14 @@ _current_key: ContextVar[SecretStr | None] = ContextVar("phoenix_billing_api_key
 _env_swap = threading.Lock()
 
 
-class BillingUnavailableError(Exception):
+class BillingUnavailableError(PhoenixError):
     """The billing service could not provide a key (outage, timeout, 5xx, rejected master key, bad reply).
 
     Transient: the message is retried with backoff, never dead-lettered; it is not the message's fault.
     """
 
 
-class ApiKeyRejectedError(Exception):
+class ApiKeyRejectedError(PhoenixError):
     """Raised by a processor when its LLM service refuses the API key in scope (HTTP 401/403).
 
     Transient: the runtime drops the user's cached key (for every worker), so the retried message runs on a key
@@ -72,7 +74,7 @@ class ApiKeyRejectedError(Exception):
     """
 
 
-class BillingConfigError(ConfigurationError):
+class BillingConfigError(ConfigError):
     """Billing settings that cannot work; raised at worker start."""
 
 
@@ -148,7 +150,7 @@ class BillingSettings(BaseSettings):
 
 
 def load_billing_settings() -> BillingSettings:
-    """BillingSettings from the environment; a bad value raises ConfigurationError naming the variable."""
+    """BillingSettings from the environment; a bad value raises ConfigError naming the variable."""
     try:
         return BillingSettings()
     except ValidationError as exc:
@@ -196,7 +198,7 @@ class ApiKeyProvider:
         self._timeout = aiohttp.ClientTimeout(total=request_timeout)
         # Long enough to outlast one crashed guard owner and one full fetch by the next owner.
         self._max_wait = max_wait if max_wait is not None else guard_ttl + request_timeout
-        self._delete_if = lua.register(redis, "billing_delete_if.lua")
+        self._delete_if = lua.register(redis, "billing_delete_if.lua", __package__)
         self._session: aiohttp.ClientSession | None = None
         # Drops of refused keys under way: a later lookup in this process waits for them.
         self._drops: set[asyncio.Task[None]] = set()

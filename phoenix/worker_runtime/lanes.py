@@ -14,11 +14,13 @@ The choice is made once per lane, at start, never per message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from phoenix.keys import StageKeys, forward_stream, input_stream, stage_of_input
+from phoenix.worker_runtime.ownership import LayoutDiffers
 from phoenix.worker_runtime.settings import WorkerSettings
 
 
@@ -81,13 +83,13 @@ class Output:
         return input_stream(stage, namespace, lane.partition)
 
 
-@dataclass(eq=False)
-class OutputLayoutDiffers(Exception):
+class OutputLayoutDiffers(LayoutDiffers):
     """The next stage's layout in Redis has `layout` partitions; this worker was started to forward to `wanted`."""
 
-    stage: str
-    layout: int
-    wanted: int
+    reason: ClassVar[str] = "OutputPartitionsDiffer"
+
+    def worker_line(self) -> str:
+        return f"refusing to start with OUTPUT_PARTITIONS={self.wanted}: {self}"
 
     def __str__(self) -> str:
         return (

@@ -18,13 +18,11 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
+from phoenix import lua
 from phoenix.keys import StageKeys
-from phoenix.worker_runtime import lua
+from phoenix.record_format import DONE, LOCKED
 from phoenix.worker_runtime.messages import Message
 from phoenix.worker_runtime.settings import WorkerSettings
-
-LOCKED = "lock "
-DONE = "done "
 
 
 class Claim(enum.IntEnum):
@@ -39,21 +37,6 @@ def lock_token(consumer_name: str) -> str:
     return f"{consumer_name}:{uuid.uuid4().hex[:12]}"
 
 
-def lock_holder(token: str) -> str:
-    """The consumer name inside an owner token made by lock_token."""
-    return token.rpartition(":")[0]
-
-
-def locked_by(value: str | None) -> str | None:
-    """The owner token in a record key's value, or None when the record is not locked."""
-    return value.removeprefix(LOCKED) if value is not None and value.startswith(LOCKED) else None
-
-
-def committed_by(value: str | None) -> str | None:
-    """The entry id whose commit set the marker, or None when the record is not committed."""
-    return value.removeprefix(DONE) if value is not None and value.startswith(DONE) else None
-
-
 class RecordLocks:
     """The claim and the lock renewal of records, one script call per batch (the record key's states: above).
 
@@ -66,8 +49,8 @@ class RecordLocks:
         self._settings = settings
         # Our lock, as the record key holds it: compared by value in every script that releases or renews it.
         self.lock_value = LOCKED + lock_token(settings.consumer_name)
-        self._acquire = lua.register(client, "locks_acquire.lua")
-        self._renew = lua.register(client, "locks_renew.lua")
+        self._acquire = lua.register(client, "locks_acquire.lua", __package__)
+        self._renew = lua.register(client, "locks_renew.lua", __package__)
 
     async def acquire(self, messages: Sequence[Message], lane: StageKeys) -> dict[int, int]:
         """Lock the messages' records (all of `lane`); returns those not locked, by position in `messages`: a Claim

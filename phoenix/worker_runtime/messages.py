@@ -6,36 +6,13 @@ An entry carries `record_id`, `user_id` and `data` (a JSON object). Other plain 
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from phoenix.record_format import ENVELOPE_FIELDS, PACKED_FIELDS, RETRY_STATE_FIELDS
 from phoenix.worker_runtime import jsoncodec
 from phoenix.worker_runtime.scrub import scrub
 
-# The most values one Lua unpack may give (Lua 5.1 fails near 8,000), and every script that writes an entry
-# unpacks its fields, two values each: SCRIPT_SAFE_FIELDS is the widest entry the scripts are given, with room for
-# the runtime's own fields. Wider entries are written packed (PACKED_FIELDS); MAX_ENTRY_FIELDS cannot exceed it.
-LUA_UNPACK_LIMIT = 7900
-SCRIPT_SAFE_FIELDS = 3000
-# A packed entry: its fields as one JSON array [name, value, name, value, ...] beside its record_id.
-PACKED_FIELDS = "packed_fields"
-# Fields the runtime owns; everything else in an entry is the processor's data.
-ENVELOPE_FIELDS = frozenset(
-    {
-        "record_id",
-        "user_id",
-        "data",
-        "retry_count",
-        "first_failed_at",
-        "last_error",
-        "original_id",
-        "traceparent",
-        PACKED_FIELDS,
-    }
-)
-# The failure history a retried entry carries; a replay or a manual reprocess starts it afresh.
-RETRY_STATE_FIELDS = ("retry_count", "first_failed_at", "last_error")
 # A retry adds its history, original_id and, when traces are recorded, a traceparent (tracing.py) to an entry:
 # MAX_ENTRY_FIELDS does not count them.
 _RETRY_ADDED_FIELDS = len(RETRY_STATE_FIELDS) + 2
@@ -129,12 +106,8 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) 
     )
 
 
-# The next stage's entry: its field names, sent once per settle call (settle.lua), and output_values its values.
-OUTPUT_FIELDS = ("record_id", "user_id", "data", "traceparent")
-
-
 def output_values(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
-    """The values of the next stage's entry, in OUTPUT_FIELDS order, but for record_id, which the commit
+    """The values of the next stage's entry, in record_format.OUTPUT_FIELDS order, but for record_id, which the commit
     (settle.lua) writes from the outcome; traceparent only when there is one."""
     values = [message.user_id, jsoncodec.dumps(result, str)]
     if traceparent:
@@ -158,14 +131,3 @@ def failure_history(message: Message, first_failed_at: float, error: str) -> Raw
 def retry_fields(message: Message, first_failed_at: float, error: str) -> list[str]:
     """The entry as it goes back into the input stream for its next attempt (parse_entry checked it is UTF-8)."""
     return [item.decode() for pair in failure_history(message, first_failed_at, error).items() for item in pair]
-
-
-def pack_pairs(pairs: list[bytes | str]) -> str:
-    """PACKED_FIELDS's value: field names and values alternating; bytes that are not UTF-8 kept as \\udcXX escapes."""
-    return json.dumps([v.decode(errors="surrogateescape") if isinstance(v, bytes) else v for v in pairs])
-
-
-def packed_pairs(value: str | bytes) -> dict[str, str]:
-    """The fields a PACKED_FIELDS value holds."""
-    pairs = json.loads(value)
-    return dict(zip(pairs[::2], pairs[1::2], strict=True))

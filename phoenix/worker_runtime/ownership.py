@@ -6,7 +6,7 @@ The marker is a hash with these fields:
   it at its next reconcile).
 - `input`, `dlq`, `group`: the input stream, DLQ stream and consumer group as last claimed.
 - `created`: which of them the stage created, a comma-separated subset of `input,dlq,group`. deletionPolicy Delete
-  removes only those (operator/redis_ops.py). Absent: all three (what `phoenix migrate` moves is the stage's own).
+  removes only those (operator/redis/ops.py). Absent: all three (what `phoenix migrate` moves is the stage's own).
 
 The claim (claim_keys.lua: checks and creation in one script, so two claimants cannot both pass the check):
 - refused when the marker, or the marker of the stage whose default input or DLQ name the stage's explicit
@@ -33,12 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 from redis.asyncio import Redis
 
+from phoenix import lua
+from phoenix.errors import StartRefused
 from phoenix.keys import StageKeys, input_stream
-from phoenix.worker_runtime import lua
-from phoenix.worker_runtime.redis_client import text
+from phoenix.redis_replies import text
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,18 @@ class Claimed:
 # The refusals below are not frozen: a frozen exception cannot pass through a `contextlib.contextmanager`, which
 # writes its __traceback__ (operator/errors.py says the same of StageError).
 @dataclass(eq=False)
-class KeysHeld(Exception):
+class KeysHeld(StartRefused):
     """The stage's keys are held by `holder` ("<namespace>/<name>"; "" when a group exists with no marker)."""
 
     holder: str
     input: str
+    reason: ClassVar[str] = "KeysHeldByAnotherStage"
+
+    def worker_line(self) -> str:
+        return (
+            f"refusing to start: {self}; only that stage's own workers (STAGE_UID) run on them: give this worker keys "
+            "of its own (KEY_NAMESPACE, SERVICE_NAME, INPUT_QUEUE)"
+        )
 
     def __str__(self) -> str:
         if not self.holder:
@@ -69,11 +78,12 @@ class KeysHeld(Exception):
 
 
 @dataclass(eq=False)
-class KeyOfAnotherType(Exception):
+class KeyOfAnotherType(StartRefused):
     """A key of the name of one of the stage's streams exists and is not a stream."""
 
     key: str
     type: str
+    reason: ClassVar[str] = "StreamConflict"
 
     def __str__(self) -> str:
         return f"WRONGTYPE: {self.key} is a {self.type}, not a stream"
@@ -89,12 +99,16 @@ REPARTITION_HOWTO = (
 
 
 @dataclass(eq=False)
-class LayoutDiffers(Exception):
+class LayoutDiffers(StartRefused):
     """The stage's layout in Redis has `layout` partitions; it was asked to run with `wanted`."""
 
     stage: str
     layout: int
     wanted: int
+    reason: ClassVar[str] = "PartitionsChanged"
+
+    def worker_line(self) -> str:
+        return f"refusing to start with PARTITIONS={self.wanted}: {self}"
 
     def __str__(self) -> str:
         howto = REPARTITION_HOWTO.format(layout=self.layout, wanted=self.wanted)
@@ -111,7 +125,7 @@ def stage_ref(keys: StageKeys) -> str:
 async def check_layout(client: Redis, keys: StageKeys) -> None:
     """Raise LayoutDiffers unless the stage's layout has `keys.partitions`; write it when the stage has none (and
     more than one partition)."""
-    script = lua.register(client, "layout_check.lua")
+    script = lua.register(client, "layout_check.lua", __package__)
     reply = await script(keys=[keys.layout, input_stream(keys.name, keys.namespace)], args=[keys.partitions])
     if text(reply[0]) == "differs":
         raise LayoutDiffers(stage_ref(keys), int(text(reply[1])), keys.partitions)
@@ -156,7 +170,7 @@ async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Cla
 
 
 async def _claim_lane(client: Redis, keys: StageKeys, uid: str, adopt: bool) -> Claimed:
-    script = lua.register(client, "claim_keys.lua")
+    script = lua.register(client, "claim_keys.lua", __package__)
     args = [stage_ref(keys), uid, keys.consumer_group, "1" if adopt else "0"]
     reply = await script(keys=[keys.owner, keys.input, keys.dlq, *keys.holder_markers[1:]], args=args)
     outcome = text(reply[0])

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from phoenix.errors import ConfigError, PhoenixError
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 
 if TYPE_CHECKING:
@@ -20,7 +21,7 @@ T = TypeVar("T")
 ENTRY_POINT_GROUP = "phoenix.processors"
 
 
-class PermanentError(Exception):
+class PermanentError(PhoenixError):
     """Retrying cannot help (the input is bad, the record does not exist): the message goes to the DLQ at once, its
     entry naming this exception's type and message. Any other exception is transient and retried with backoff.
 
@@ -102,7 +103,7 @@ class BaseProcessor:
         return await BLOCKING_THREADS.run(func, *args, **kwargs)
 
 
-class ProcessorLoadError(Exception):
+class ProcessorLoadError(ConfigError):
     """PROCESSOR names nothing importable, or something that is not a BaseProcessor."""
 
 

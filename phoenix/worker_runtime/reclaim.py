@@ -6,7 +6,9 @@ from collections.abc import Sequence
 
 from redis.asyncio import Redis
 
-from phoenix.worker_runtime.redis_client import Entry, text
+from phoenix.record_format import id_order
+from phoenix.redis_replies import text
+from phoenix.worker_runtime.redis_client import Entry
 from phoenix.worker_runtime.settings import WorkerSettings
 
 # Consumers of dead pods pile up in XINFO CONSUMERS; a live worker polls every BLOCK_MS, so an hour of
@@ -15,6 +17,8 @@ _FORGET_CONSUMER_AFTER_MS = 3_600_000
 
 
 class Reclaimer:
+    """Takes over a lane's entries left pending by dead workers (XAUTOCLAIM past CLAIM_IDLE_MS)."""
+
     def __init__(self, client: Redis, settings: WorkerSettings, stream: str) -> None:
         """`stream`: the lane's input (or outbox) whose pending entries this reclaims."""
         self._client = client
@@ -64,9 +68,3 @@ class Reclaimer:
                 await self._client.xgroup_delconsumer(self._stream, s.consumer_group, name)
                 gone.append(name)
         return gone
-
-
-def id_order(entry_id: str) -> tuple[int, int]:
-    """Stream ids compare as (milliseconds, sequence), not as strings."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from phoenix.redis_replies import text
 from phoenix.redis_spec import is_cluster
-from phoenix.worker_runtime.redis_client import text
 
 _SETTINGS = ("maxmemory-policy", "appendonly", "appendfsync", "save")
 

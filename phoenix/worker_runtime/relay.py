@@ -32,13 +32,15 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 from redis.exceptions import RedisError, ResponseError
 
+from phoenix import lua
 from phoenix.backoff import Backoff
+from phoenix.errors import StartRefused
 from phoenix.keys import StageKeys, stage_of_input
+from phoenix.record_format import OUTPUT_FIELDS
 from phoenix.redis_spec import is_cluster
 from phoenix.replica_wait import run_then_wait
-from phoenix.worker_runtime import lua, metrics
+from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.lanes import Output, Route
-from phoenix.worker_runtime.messages import OUTPUT_FIELDS
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
@@ -53,7 +55,7 @@ _RECORD_ID = OUTPUT_FIELDS[0].encode()
 
 
 @dataclass(eq=False)
-class UnmarkableTarget(Exception):
+class UnmarkableTarget(StartRefused):
     """The relayed output `target` is a stream no stage reads whose relay markers cannot be put in its slot."""
 
     target: str
@@ -67,6 +69,8 @@ class UnmarkableTarget(Exception):
 
 
 class Relay:
+    """Moves each relayed lane's results from its outbox to the output in another slot, each entry once."""
+
     def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
         """Raises UnmarkableTarget (see there)."""
         s = settings
@@ -83,8 +87,8 @@ class Relay:
             if key_slot(lane.relay_marker(s.output_queue, "0-0").encode()) != key_slot(s.output_queue.encode()):
                 raise UnmarkableTarget(s.output_queue)
         self._marker_ttl_ms = int(s.idempotency_ttl * 1000)
-        self._done = lua.register(client, "relay_done.lua")
-        self._write_once = lua.register(client, "relay_write.lua")
+        self._done = lua.register(client, "relay_done.lua", __package__)
+        self._write_once = lua.register(client, "relay_write.lua", __package__)
         self._reclaimers = {outbox: Reclaimer(client, s, outbox) for outbox in self._outboxes}
         # Outboxes whose own pending entries (a batch whose relay failed half-way) are read first.
         self._own_history = set(self._outboxes)

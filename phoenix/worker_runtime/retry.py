@@ -6,9 +6,10 @@ import json
 
 from redis.asyncio import Redis
 
+from phoenix import lua
 from phoenix.backoff import delay
-from phoenix.worker_runtime import lua
-from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, PACKED_FIELDS, Message, packed_pairs, retry_fields
+from phoenix.record_format import LUA_UNPACK_LIMIT, PACKED_FIELDS
+from phoenix.worker_runtime.messages import Message, retry_fields
 from phoenix.worker_runtime.settings import WorkerSettings
 
 
@@ -19,11 +20,6 @@ def retry_member(message: Message, first_failed_at: float, error: str, settings:
     return int(wait * 1000), json.dumps(retry_fields(message, first_failed_at, error))
 
 
-def retry_member_fields(member: str | bytes) -> dict[str, str]:
-    """The fields of a message waiting in the retry set, as retry_member stored them (the packed form)."""
-    return packed_pairs(member)
-
-
 class RetryScheduler:
     """Moves due retries back into the input stream; every worker of a stage runs it, the script is atomic."""
 
@@ -31,7 +27,7 @@ class RetryScheduler:
 
     def __init__(self, client: Redis, settings: WorkerSettings) -> None:
         self._settings = settings
-        self._promote = lua.register(client, "retry_promote.lua")
+        self._promote = lua.register(client, "retry_promote.lua", __package__)
 
     async def promote_due(self) -> int:
         """Every lane's due retries, each into its own lane's input (one script call per lane and batch)."""

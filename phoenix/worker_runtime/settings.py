@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from phoenix.errors import ConfigError
 from phoenix.keys import (
     DEFAULT_NAMESPACE,
     MAX_PARTITIONS,
@@ -19,9 +20,9 @@ from phoenix.keys import (
     input_stream,
     stage_of_input,
 )
+from phoenix.record_format import SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
-from phoenix.worker_runtime.messages import SCRIPT_SAFE_FIELDS
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 # The Redis client's socket timeout must outlast its longest blocking command (XREADGROUP BLOCK, WAIT) by this much:
@@ -260,10 +261,6 @@ class WorkerSettings(BaseSettings):
         return self.keys.record_prefix
 
 
-class ConfigurationError(Exception):
-    """Raised with one readable line that names the offending variable."""
-
-
 _SECRET_FIELDS = {"redis_url", "redis_sentinel_password", "billing_master_key", "billing_cache_key"}
 
 
@@ -302,4 +299,4 @@ def load_settings() -> WorkerSettings:
     try:
         return WorkerSettings()
     except ValidationError as exc:
-        raise ConfigurationError(describe_validation_error(exc)) from None
+        raise ConfigError(describe_validation_error(exc)) from None

@@ -15,14 +15,13 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from phoenix import lua
 from phoenix.backoff import delay
+from phoenix.record_format import DONE, LUA_UNPACK_LIMIT, OUTPUT_FIELDS
 from phoenix.replica_wait import run_then_wait
-from phoenix.worker_runtime import lua
 from phoenix.worker_runtime.dlq import minimal_dead_letter
 from phoenix.worker_runtime.lanes import Route
 from phoenix.worker_runtime.lanes import routes as routes_of
-from phoenix.worker_runtime.locks import DONE
-from phoenix.worker_runtime.messages import LUA_UNPACK_LIMIT, OUTPUT_FIELDS
 from phoenix.worker_runtime.outcomes import Disposition, FieldValue, Outcome
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
 
@@ -77,7 +76,7 @@ class Settler:
         routes: Sequence[Route] | None = None,
         tracing: MessageTracing | None = None,
     ) -> None:
-        self._script = lua.register(client, "settle.lua")
+        self._script = lua.register(client, "settle.lua", __package__)
         s = settings
         routes = routes or routes_of(s.keys, s.output_partitions, slots_matter=False)
         # Per lane: settle.lua's four stage keys (all in the lane's slot), and its record key prefix.

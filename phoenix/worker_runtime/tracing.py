@@ -22,7 +22,10 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any, Protocol
+
+from phoenix.errors import ConfigError
 
 try:
     from opentelemetry import trace
@@ -33,7 +36,6 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, TracerProvider
 
     from phoenix.worker_runtime.messages import Message
-    from phoenix.worker_runtime.outcomes import Outcome
     from phoenix.worker_runtime.settings import WorkerSettings
 
 _SCOPE = "phoenix"
@@ -47,7 +49,7 @@ READ_VARIABLES = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAM
 _OUTCOMES = {"C": "commit", "D": "dlq", "R": "retry", "L": "leave", "S": "duplicate"}
 
 
-class TracingConfigError(Exception):
+class TracingConfigError(ConfigError):
     """The OTEL_* environment asks for something this installation cannot do; the text names the variable."""
 
 
@@ -168,6 +170,18 @@ class RecordTrace:
     commit_ids: dict[str, str] | None = None  # trace_id, span_id of the commit span once made (the log line's)
 
 
+class TracedOutcome(Protocol):
+    """What the spans read of a record's outcome (outcomes.Outcome, which sits above this module and carries the
+    RecordTrace to the settle)."""
+
+    entry_id: str
+    duplicate: bool
+    trace: RecordTrace | None
+
+    @property
+    def disposition(self) -> StrEnum: ...
+
+
 class MessageTracing:
     """The worker's spans. `recording` is decided once, when the worker is built: False without a configured SDK,
     and then no method but `traceparent` passing is ever called."""
@@ -225,7 +239,7 @@ class MessageTracing:
         """The process span as the current span (the processor's own spans and log lines are inside it)."""
         return trace.use_span(record.span, end_on_exit=False)
 
-    def end(self, record: RecordTrace, outcome: Outcome) -> None:
+    def end(self, record: RecordTrace, outcome: TracedOutcome) -> None:
         """End the process span with the outcome decided; the outcome carries it to the commit."""
         span = record.span
         span.set_attribute("phoenix.outcome", _OUTCOMES[outcome.disposition.value])
@@ -235,12 +249,12 @@ class MessageTracing:
         span.end(end_time=record.ended_ns)
         outcome.trace = record
 
-    def duplicate(self, m: Message, outcome: Outcome) -> None:
+    def duplicate(self, m: Message, outcome: TracedOutcome) -> None:
         """A record the claim found committed already: a process span of no length, outcome duplicate."""
         self.end(self.begin(m, time.time()), outcome)
 
     @contextlib.contextmanager
-    def settling(self, batch: Sequence[Outcome]) -> Iterator[None]:
+    def settling(self, batch: Sequence[TracedOutcome]) -> Iterator[None]:
         """Around one batch write: its settle span (current while it lasts), linked to every record's process span;
         once written, each record's commit span, a child of its process span linked to the settle span, with the
         final outcome."""

@@ -15,7 +15,8 @@ import structlog
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from phoenix.worker_runtime import lua, metrics
+from phoenix import lua
+from phoenix.worker_runtime import metrics
 from phoenix.worker_runtime.lanes import Output, Route
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -23,11 +24,13 @@ log = structlog.get_logger("phoenix.trim")
 
 
 class Trimmer:
+    """Applies OUTPUT_RETENTION to the stage's output: trims what every group has read, never more."""
+
     def __init__(self, client: Redis, settings: WorkerSettings, routes: Sequence[Route]) -> None:
         """One trim.lua call per lane of `routes`, each with the lane's keys only (one slot): the output is given
         to a lane's call when its commits forward to it in the lane's own script (to the outbox: the relay
         deletes what it moved)."""
-        self._script = lua.register(client, "trim.lua")
+        self._script = lua.register(client, "trim.lua", __package__)
         self._client = client
         s = settings
         self._calls = [

@@ -14,8 +14,7 @@ import contextlib
 import sys
 import time
 from collections import ChainMap
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import structlog
@@ -23,25 +22,23 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.backoff import Backoff
-from phoenix.keys import StageKeys
 from phoenix.worker_runtime import lanes, metrics, ownership
 from phoenix.worker_runtime.backpressure import Backpressure
 from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
-from phoenix.worker_runtime.history_read import HistoryReadGuard
-from phoenix.worker_runtime.locks import Claim, RecordLocks
+from phoenix.worker_runtime.intake import InFlight, Intake, Lane, Slots
+from phoenix.worker_runtime.locks import RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
 from phoenix.worker_runtime.messages import Message
-from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, Unprocessable
+from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy
 from phoenix.worker_runtime.processor import BaseProcessor, BatchResult
 from phoenix.worker_runtime.reclaim import Reclaimer
-from phoenix.worker_runtime.redis_client import Entry, read_group, read_groups
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.relay import Relay
 from phoenix.worker_runtime.retry import RetryScheduler
-from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
-from phoenix.worker_runtime.settle import Settler, refused_by_item
+from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.settle import Settler
 from phoenix.worker_runtime.tracing import MessageTracing, RecordTrace
 from phoenix.worker_runtime.trim import Trimmer
 
@@ -73,41 +70,6 @@ async def _cancel(tasks: list[asyncio.Task[Any]]) -> None:
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
-@dataclass(slots=True)
-class InFlight:
-    """A message whose lock this worker holds, from claim to settle."""
-
-    message: Message
-    deadline: float  # monotonic; the watchdog cancels the processor call past it (PROCESSING_TIMEOUT)
-    lane: int = 0
-    task: asyncio.Task[None] | None = None
-    timed_out: bool = False
-    # Its outcome went to the settler: once only, so a call given up past its timeout cannot commit when it ends.
-    submitted: bool = False
-
-
-@dataclass(slots=True, eq=False)
-class Lane:
-    """The intake state of one partition of the stage: its input's cursor and history reads, its idle claims."""
-
-    index: int
-    keys: StageKeys
-    reclaimer: Reclaimer
-    cursor: str = "0"
-    reread_own_pending: bool = True  # at start: own pending entries first (id 0), then new ones (>)
-    next_claim: float = 0.0  # monotonic; at start a claim is due, so a replacement pod picks up its predecessor's work
-    in_flight: dict[str, InFlight] = field(default_factory=dict)
-    history: HistoryReadGuard = field(default_factory=HistoryReadGuard)  # what a history read must pass by
-
-
-_RECLAIM_BATCH = 100
-# Reads stay small enough that the next batch is read and claimed while earlier ones are processed and
-# settled: Redis and Python then work at the same time instead of taking turns. Hence also at most half of
-# CONCURRENCY per read: with one read filling every slot, the next read would wait for its whole settle.
-_READ_BATCH = 200
-# A partitioned stage on Redis Cluster waits for new entries on one lane at a time (a read is single-slot): this long,
-# so an entry arriving on another lane waits for it at most.
-_LANE_BLOCK_MS = 100
 # The longest a stopping worker relays what its last commits left in its stage's outboxes (relay.py, finish).
 _RELAY_FINISH_SECONDS = 5.0
 
@@ -122,10 +84,10 @@ class Worker:
     What it owns: `locks` (RecordLocks: claim and renewal), `policy` (RecordPolicy: each record's Outcome),
     `breaker` (CircuitBreaker around the processor), `settler` (Settler: group commit of the outcomes),
     `retries` (RetryScheduler: due retries back into the input), `lanes` (one Lane per partition: cursor, flights,
-    Reclaimer, HistoryReadGuard), and what depends on where commits forward (`_route`): `backpressure`,
-    `trimmer`, `relay`.
+    Reclaimer, HistoryReadGuard), `intake` (Intake: reads, screens and claims into the CONCURRENCY `slots`), and
+    what depends on where commits forward (`_route`): `backpressure`, `trimmer`, `relay`.
 
-    What `run` runs until `request_stop`: the intake loop (`_intake_loop`: read, claim, start) and the retry
+    What `run` runs until `request_stop`: the intake (`intake.py`: read, screen, claim, start) and the retry
     promotion (every RETRY_POLL_INTERVAL), stopped first at shutdown; then, kept running while in-flight work
     drains: the settler, the lock renewer, the PROCESSING_TIMEOUT watchdog, the trimmer (TRIM_INTERVAL), the
     outbox relay (when a lane's commits go through an outbox) and the backpressure measure (OUTPUT_HIGH_WATER).
@@ -156,10 +118,6 @@ class Worker:
         self.lanes = [
             Lane(i, keys, Reclaimer(client, settings, keys.input)) for i, keys in enumerate(settings.keys.lanes)
         ]
-        self._lane_of_stream = {lane.keys.input.encode(): lane for lane in self.lanes}
-        self._turn = 0  # the lane whose turn it is to read
-        self._turn_started = 0  # entries the current intake turn started (each holds a slot until settled)
-        self._route(slots_matter=False)  # again once Redis tells whether it is a cluster (_wait_for_redis)
         stage = settings.service_name
         self.breaker = CircuitBreaker(
             settings.circuit_failure_threshold,
@@ -169,27 +127,33 @@ class Worker:
         )
         # A processor that overrides process_batch gets each read's records in one call.
         self._batches = type(processor).process_batch is not BaseProcessor.process_batch
-        # READ_MEMORY_BYTES: a read asks for no more entries of MAX_MESSAGE_BYTES than fit in it (docs/durability.md).
-        by_memory = settings.read_memory_bytes // settings.max_message_bytes
-        self._read_batch = max(1, min(_READ_BATCH, (settings.concurrency + 1) // 2, by_memory))
-        self._slots_used = 0
-        self._slot_freed = asyncio.Event()
+        self.slots = Slots(settings.concurrency)
         self._stopping = asyncio.Event()
         # Per-message success lines are info; skipping their arguments matters at tens of thousands a second.
         self._log_each_message = settings.log_level in ("debug", "info")
-        # The intake's last sign of health: an iteration whose Redis calls returned, or that waited on purpose.
-        self.last_beat = time.monotonic()
         self._liveness_timeout = settings.liveness_timeout or 0.0  # always derived when unset (settings.py)
         self._liveness_failed = False  # the failure is logged once, when /healthz first reports it
         self.policy = RecordPolicy(settings, self.breaker)
+        self.intake = Intake(
+            settings,
+            client,
+            self.lanes,
+            policy=self.policy,
+            locks=self.locks,
+            breaker=self.breaker,
+            tracing=self._tracing,
+            slots=self.slots,
+            stopping=self._stopping,
+            start=self._start,
+            ensure_group=self.ensure_group,
+        )
+        self._route(slots_matter=False)  # again once Redis tells whether it is a cluster (_wait_for_redis)
         # The outcomes counted once settled; the policy counts the others when it decides them.
         self._m_processed = metrics.MESSAGES.labels(stage, "processed")
         self._m_duplicate = metrics.MESSAGES.labels(stage, "skipped_duplicate")
         self._m_wait = metrics.QUEUE_WAIT_SECONDS.labels(stage)
-        self._m_in_flight = metrics.IN_FLIGHT.labels(stage)
+        metrics.IN_FLIGHT.labels(stage).set_function(self._in_flight_count)
         self._m_circuit = metrics.CIRCUIT_STATE.labels(stage)
-        self._m_reclaimed = metrics.RECLAIMED.labels(stage)
-        self._m_contention = metrics.LOCK_CONTENTION.labels(stage)
         metrics.LEAKED_THREADS.labels(stage).set_function(lambda: BLOCKING_THREADS.leaked)
         self._m_circuit.set(CircuitState.CLOSED)
 
@@ -197,12 +161,12 @@ class Worker:
         """Build what depends on where each lane's commits forward (lanes.py): the settler, backpressure, the
         trimmer and the outbox relay."""
         s, client = self.settings, self.redis
-        self._slots_matter = slots_matter
         routes = lanes.routes(s.keys, s.output_partitions, slots_matter=slots_matter)
         self.settler = Settler(client, s, self.locks.lock_value, self._on_settled, routes, self._tracing)
         self.backpressure = Backpressure(client, s, routes)
         self.trimmer = Trimmer(client, s, routes)
         self.relay = Relay(client, s, routes)
+        self.intake.route(self.settler, self.backpressure, slots_matter=slots_matter)
 
     @property
     def in_flight(self) -> Mapping[str, InFlight]:
@@ -219,11 +183,6 @@ class Worker:
     def _in_flight_count(self) -> int:
         return sum(len(lane.in_flight) for lane in self.lanes)
 
-    def _reread_own_pending(self) -> None:
-        """Every lane reads its own pending entries again before new ones."""
-        for lane in self.lanes:
-            lane.reread_own_pending = True
-
     # -- lifecycle -------------------------------------------------------------------------------------------
 
     def request_stop(self) -> None:
@@ -237,7 +196,7 @@ class Worker:
         """/healthz: False, with the reasons, when only a restart helps; the first failure is logged."""
         now, limit = time.monotonic(), self._liveness_timeout
         reasons = []
-        if (quiet := now - self.last_beat) >= limit:
+        if (quiet := now - self.intake.last_beat) >= limit:
             reasons.append(f"intake stalled: no Redis read has returned for {quiet:.0f}s (LIVENESS_TIMEOUT={limit:g}s)")
         if (stalled := self.settler.stalled_for(now)) >= limit:
             reasons.append(
@@ -353,7 +312,7 @@ class Worker:
                 )
             )
         intake = [
-            asyncio.create_task(self._intake_loop(), name="intake"),
+            asyncio.create_task(self.intake.run(), name="intake"),
             asyncio.create_task(self._every(s.retry_poll_interval, self._promote_retries), name="retries"),
         ]
         stop = asyncio.create_task(self._stopping.wait())
@@ -411,157 +370,6 @@ class Worker:
             except RedisError as exc:
                 log.warning("background_job_failed", job=getattr(job, "__name__", "?"), error=str(exc))
 
-    # -- capacity: at most CONCURRENCY messages between read and settle ---------------------------------------
-
-    def _free_slots(self) -> int:
-        return self.settings.concurrency - self._slots_used
-
-    async def _reserve(self, limit: int) -> int:
-        """Reserve up to `limit` slots, waiting briefly for one; 0 if none freed up (the caller loops)."""
-        if self._free_slots() <= 0:
-            self._slot_freed.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._slot_freed.wait(), 1.0)
-        n = max(0, min(limit, self._free_slots()))
-        self._slots_used += n
-        return n
-
-    def _release(self, n: int) -> None:
-        if n:
-            self._slots_used -= n
-            self._slot_freed.set()
-        self._m_in_flight.set(self._in_flight_count())
-
-    # -- reading ---------------------------------------------------------------------------------------------
-
-    async def _intake_loop(self) -> None:
-        """The one way work comes in: per lane, own pending entries first, idle entries of dead workers whenever a
-        claim is due (every CLAIM_INTERVAL, and at start so a replacement pod picks up its predecessor's work), else
-        new entries. Whatever the source, it is read into slots reserved beforehand, so CONCURRENCY holds."""
-        backoff = Backoff(0.1, REDIS_RETRY_MAX_DELAY)
-        failed = False
-        while not self._stopping.is_set():
-            if not failed:  # a read Redis keeps not answering (a socket timeout, retried) is no beat
-                self.last_beat = time.monotonic()
-            failed = False
-            trial_slots = self.breaker.trial_slots()
-            if trial_slots == 0:
-                # Open, or all half-open trials running: pull no new work until the breaker lets calls through.
-                await asyncio.sleep(min(1.0, self.breaker.seconds_until_half_open() or 0.2))
-                continue
-            if self.backpressure.holds_all:
-                # What every lane feeds is over OUTPUT_HIGH_WATER: read nothing until the next stage catches up.
-                await self.backpressure.wait_resumed(1.0)
-                continue
-            n = await self._reserve(self._read_batch if trial_slots is None else min(self._read_batch, trial_slots))
-            if n == 0:
-                continue
-            self._turn_started = 0
-            try:
-                await self._intake_turn(n)
-                backoff.succeeded()
-            except RedisError as exc:
-                if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
-                    # Someone deleted the stream or group (a stage reset): recreate it and go on.
-                    with contextlib.suppress(RedisError):
-                        await self.ensure_group()
-                    continue
-                # Redis down, or the key is not a stream: say so and keep trying, never crash-loop.
-                # Redis not answering, or refusing every call for now (a read-only replica after a failover): no
-                # beat. An error about the call itself (the key is no stream) is an answer; a restart cannot cure it.
-                failed = not refused_by_item(exc)
-                wait = backoff.failed()
-                log.warning("redis_read_failed", error=str(exc), retry_in=wait)
-                if not isinstance(exc, ResponseError):
-                    # A broken connection (a failover): a read may have delivered entries whose reply never came,
-                    # or the claim after a read failed. They are pending on this consumer: read them again first,
-                    # as at start, instead of leaving them to a reclaim after CLAIM_IDLE_MS.
-                    self._reread_own_pending()
-                await asyncio.sleep(wait)
-            finally:
-                self._release(n - self._turn_started)
-
-    async def _intake_turn(self, n: int) -> None:
-        """Read into `n` reserved slots: the lanes take turns (a busy lane reads once per round, so it cannot
-        starve another), and the first lane with something to do uses the turn. With one lane the read of new
-        entries blocks (BLOCK_MS); with several they are read without blocking, and only when no lane had any
-        does the worker wait for the first new entry (_wait_for_new)."""
-        s, all_lanes = self.settings, self.lanes
-        single = len(all_lanes) == 1
-        for _ in all_lanes:
-            lane = all_lanes[self._turn]
-            self._turn = (self._turn + 1) % len(all_lanes)
-            if self.backpressure.holds(lane.index):
-                continue  # the partition of the output it feeds is over its mark
-            if lane.reread_own_pending:
-                lane.reread_own_pending, lane.cursor = False, "0"
-            if lane.cursor != ">":
-                lane.cursor = await self._read_history(lane, n)
-                return
-            if time.monotonic() >= lane.next_claim:
-                if await self._claim_idle(lane, n):
-                    lane.next_claim = time.monotonic() + s.claim_interval
-                return
-            block = s.block_ms if single else None
-            new = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, ">", n, block)
-            if new or single:
-                await self._dispatch(lane, new, None)
-                return
-        await self._wait_for_new(n)
-
-    async def _wait_for_new(self, n: int) -> None:
-        """Every lane not held by backpressure was empty: block until new entries come. On a single Redis one
-        XREADGROUP waits on every such lane at once (n // lanes entries of each at most, so CONCURRENCY holds); on a
-        cluster, or with fewer slots than lanes, one lane waits _LANE_BLOCK_MS, the next lane next time."""
-        s, all_lanes, backpressure = self.settings, self.lanes, self.backpressure
-        open_lanes = [lane for lane in all_lanes if not backpressure.holds(lane.index)]
-        if not open_lanes:
-            return  # held since the turn began: the intake loop waits for a resume
-        if not self._slots_matter and n >= len(open_lanes):
-            streams = [lane.keys.input for lane in open_lanes]
-            count = n // len(open_lanes)
-            for stream, entries in await read_groups(
-                self.redis, s.consumer_group, s.consumer_name, streams, count, s.block_ms
-            ):
-                await self._dispatch(self._lane_of_stream[stream], entries, None)
-            return
-        while backpressure.holds((lane := all_lanes[self._turn]).index):
-            self._turn = (self._turn + 1) % len(all_lanes)
-        self._turn = (self._turn + 1) % len(all_lanes)
-        block = min(s.block_ms, _LANE_BLOCK_MS)
-        new = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, ">", n, block)
-        await self._dispatch(lane, new, None)
-
-    async def _read_history(self, lane: Lane, n: int) -> str:
-        """XREADGROUP of the lane's own pending entries from its cursor; returns the next cursor (">" once all were
-        read again: from then on only new entries)."""
-        s = self.settings
-        with lane.history.reading() as settled:
-            entries = await read_group(self.redis, s.consumer_group, s.consumer_name, lane.keys.input, lane.cursor, n)
-            if not entries:
-                return ">"
-            counts = await lane.reclaimer.delivery_counts([e[0].decode() for e in entries])
-        unsettled = [e for e in entries if e[0].decode() not in settled]
-        await self._dispatch(lane, unsettled, counts)
-        return entries[-1][0].decode()
-
-    async def _claim_idle(self, lane: Lane, n: int) -> bool:
-        """XAUTOCLAIM a slice of the lane's idle entries. Returns whether its whole pending list was walked."""
-        entries, trimmed = await lane.reclaimer.claim(n)
-        if trimmed:  # XAUTOCLAIM acknowledged them
-            self.policy.trimmed(trimmed)
-        if entries:
-            self._m_reclaimed.inc(len(entries))
-            log.warning("stale_messages_claimed", count=len(entries), idle_ms=self.settings.claim_idle_ms)
-            counts = await lane.reclaimer.delivery_counts([e[0].decode() for e in entries])
-            await self._dispatch(lane, entries, counts)
-        if not lane.reclaimer.exhausted:
-            return False
-        gone = await lane.reclaimer.forget_dead_consumers()
-        if gone:
-            log.info("dead_consumers_removed", consumers=gone)
-        return True
-
     async def _promote_retries(self) -> None:
         moved = await self.retries.promote_due()
         if moved:
@@ -598,66 +406,17 @@ class Worker:
                 self._give_up(flight, self.policy.of_failure(flight.message, error, time.time() - running))
                 CURRENT_MESSAGE.set(None)
 
-    # -- dispatch: parse, poison check, claim, start ------------------------------------------------------------
+    # -- the records the intake claimed -------------------------------------------------------------------------
 
-    async def _dispatch(self, lane: Lane, entries: Sequence[Entry], counts: dict[str, int] | None) -> None:
-        """Parse, poison-check, claim and start entries of `lane`; adds how many now hold a slot until settled to
-        the turn's count.
-
-        Every Redis call comes before anything is started, so an error here leaves no slot taken.
-        """
-        s, policy = self.settings, self.policy
-        in_flight, settling = lane.in_flight, lane.history.settling_without_flight
-        candidates: list[Message] = []
-        unfit: list[Unprocessable] = []
-        trimmed: list[str] = []
-        for raw_id, raw in entries:
-            entry_id = raw_id.decode()
-            if entry_id in in_flight or entry_id in settling:
-                continue  # our own unsettled entry seen again in a history read
-            if raw is None:
-                trimmed.append(entry_id)  # trimmed from the stream while pending: nothing left to process
-                continue
-            screened = policy.screen(entry_id, raw, counts.get(entry_id, 1) if counts else 1)
-            if isinstance(screened, Unprocessable):
-                unfit.append(screened)
-            else:
-                candidates.append(screened)
-        if trimmed:
-            await self.redis.xack(lane.keys.input, s.consumer_group, *trimmed)
-            policy.trimmed(len(trimmed))
-        refused = await self.locks.acquire(candidates, lane.keys) if candidates else {}
-        for entry in unfit:
-            self._settle_without_flight(lane, policy.unprocessable(entry))
-        skipped = 0
-        for index, claim in refused.items():
-            message = candidates[index]
-            if claim == Claim.DUPLICATE:
-                skipped += 1
-                skip = policy.duplicate(message)
-                if self._tracing.recording:
-                    self._tracing.duplicate(message, skip)
-                self._settle_without_flight(lane, skip)
-            else:
-                self._m_contention.inc()
-                log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
-        acquired = [m for index, m in enumerate(candidates) if index not in refused] if refused else candidates
-        deadline = time.monotonic() + s.processing_timeout
-        index = lane.index
-        flights = [InFlight(message, deadline, index) for message in acquired]
-        for flight in flights:
-            in_flight[flight.message.entry_id] = flight
-        self._turn_started += len(unfit) + skipped + len(flights)
-        if self._batches and flights:
-            self._start(self._handle_batch(flights), flights)
-        else:
+    def _start(self, flights: list[InFlight]) -> None:
+        """Run the processor over a read's claimed flights: one process_batch call, or one task per record."""
+        if self._batches:
+            task = _start_task(self._handle_batch(flights))
             for flight in flights:
-                self._start(self._handle(flight), (flight,))
-
-    def _start(self, coro: Coroutine[Any, Any, None], flights: Sequence[InFlight]) -> None:
-        task = _start_task(coro)
+                flight.task = task  # what the timeout watchdog and the shutdown cancel
+            return
         for flight in flights:
-            flight.task = task  # what the timeout watchdog and the shutdown cancel
+            flight.task = _start_task(self._handle(flight))
 
     def _on_settled(self, batch: list[Outcome]) -> None:
         """Called by the settler once a batch is durable: count, log, free the slots."""
@@ -693,7 +452,7 @@ class Worker:
         self._m_processed.inc(processed)
         self.backpressure.note_forwarded(lane.index, processed)
         self._m_duplicate.inc(duplicates)
-        self._release(len(batch))
+        self.slots.release(len(batch))
 
     # -- one message ---------------------------------------------------------------------------------------------
 
@@ -824,17 +583,11 @@ class Worker:
             flight.message, exc, started, cancelled_by_worker=by_worker, timed_out=flight.timed_out
         )
 
-    def _settle_without_flight(self, lane: Lane, outcome: Outcome) -> None:
-        """Hand the settler an entry that never was in flight; until settled, a history read passes it by."""
-        lane.history.handed_over(outcome.entry_id)
-        outcome.lane = lane.index
-        self.settler.submit(outcome)
-
     def _on_circuit_change(self, state: CircuitState) -> None:
         self._m_circuit.set(state)
         if state is CircuitState.HALF_OPEN:
             # Messages left pending while open are ours: offer them to the trial calls first.
-            self._reread_own_pending()
+            self.intake.reread_own_pending()
 
 
 def _check_batch_results(results: object, expected: int) -> None:

@@ -61,6 +61,13 @@ STAGE_TIMINGS = {
 # The suite proves exactly once by reading every forward back from the next stage's input stream, so the stages
 # keep what they acknowledged instead of trimming it within a second (the worker tests cover trimming).
 KEEP_ACKNOWLEDGED = {"name": "TRIM_INTERVAL", "value": "86400"}
+# The documents server is a Service of the cluster, at a private address the router refuses by default
+# (docs/durability.md, "Hostile documents"): the router stages allow the ranges clusters give Services (kind's
+# 10.96.0.0/12, the local node's 198.18.32.0/24).
+FETCH_IN_CLUSTER = {
+    "name": "DOCUMENT_ALLOWED_NETWORKS",
+    "value": "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,198.18.0.0/15,fc00::/7",
+}
 # The parser held to a quarter of a core, so that its pods always have entries in flight while a backlog lasts
 # (a pod is force-deleted mid-run) instead of finishing each in a few milliseconds.
 PARSER_LIMITS = {"resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "250m"}}}
@@ -74,7 +81,8 @@ class Pipeline:
 def stage_patch(name: str) -> dict[str, Any]:
     """A kustomize patch of one sample PhoenixStage with STAGE_TIMINGS."""
     sample = yaml.safe_load((MANIFESTS / "samples" / f"{name}.yaml").read_text())
-    env = [*sample["spec"].get("env", []), KEEP_ACKNOWLEDGED]  # a list in a merge patch replaces the sample's
+    # A list in a merge patch replaces the sample's.
+    env = [*sample["spec"].get("env", []), KEEP_ACKNOWLEDGED, *([FETCH_IN_CLUSTER] if name == "router" else [])]
     spec = {**STAGE_TIMINGS, "env": env, **(PARSER_LIMITS if name == "parser" else {})}
     patch = {"apiVersion": "phoenix.io/v1alpha1", "kind": "PhoenixStage", "metadata": {"name": name}, "spec": spec}
     return {"patch": json.dumps(patch)}

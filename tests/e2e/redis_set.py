@@ -13,7 +13,7 @@ from typing import Any
 import redis as redis_client
 
 from tests.e2e.kubectl import is_ready, kubectl, kubectl_json, pods
-from tests.e2e.pipeline import DOCUMENTS_URL, RESTRICTED
+from tests.e2e.pipeline import DOCUMENTS_URL, FETCH_IN_CLUSTER, RESTRICTED
 from tests.e2e.pipeline import NAMESPACE as PIPELINE_NAMESPACE
 
 # The pipeline's documents server, from another namespace.
@@ -159,6 +159,7 @@ def router_stage(
             "worker": {"claimIdleMs": 5000, "lockTimeout": 20},
             "resources": {"requests": {"cpu": "50m", "memory": "96Mi"}, "limits": {"cpu": "150m", "memory": "256Mi"}},
             **spec,
+            "env": [*spec.get("env", []), FETCH_IN_CLUSTER],
         },
     }
 

@@ -19,7 +19,7 @@ import yaml
 
 from phoenix.keys import StageKeys
 from phoenix.kube_names import STAGE_LABEL
-from phoenix.worker_runtime.locks import committed_by
+from phoenix.record_format import committed_by
 from tests.e2e.kubectl import apply_documents, delete_stage, is_ready, kubectl, kubectl_json, pods, stage_pods
 from tests.e2e.pipeline import NAMESPACE, Pipeline, stage_document
 from tests.fixtures.replies import add_entry_now, get_text_now

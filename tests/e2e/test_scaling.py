@@ -16,7 +16,7 @@ import pytest
 import redis as redis_client
 
 from phoenix.keys import StageKeys
-from phoenix.worker_runtime.locks import committed_by
+from phoenix.record_format import committed_by
 from tests.e2e.kubectl import (
     apply_documents,
     delete_stage,

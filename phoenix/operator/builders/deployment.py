@@ -263,7 +263,7 @@ def build_deployment(
 
     `restarted_at` (an RFC 3339 time) goes into the pod template as `phoenix.io/restartedAt`: changing it rolls
     the pods, like `kubectl rollout restart`. Pass the current value on every reconcile so it is kept.
-    `redis_secrets` (the digest of the values read from the Redis Secrets, redis_target.RedisTarget) goes in
+    `redis_secrets` (the digest of the values read from the Redis Secrets, redis/target.py RedisTarget) goes in
     as `phoenix.io/redis-secrets`: a rotated URL, password, CA or client certificate rolls the workers, which
     read them only at start. `output_partitions`: the partitions of the stage `output.stage` names.
     spec.pod's labels and annotations go on the pod template beside the operator's own (which the schema keeps

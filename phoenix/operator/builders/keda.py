@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from phoenix.crds import PhoenixStageSpec, RedisMode, SecretKeyRef
+from phoenix.errors import ConfigError
 from phoenix.keys import StageKeys
 from phoenix.kube_names import PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE, desired_replicas
@@ -21,7 +22,7 @@ from phoenix.worker_runtime.lanes import routes
 KEDA_API_VERSION = "keda.sh/v1alpha1"
 
 
-class AutoscalingConfigError(ValueError):
+class AutoscalingConfigError(ConfigError):
     """The spec cannot be autoscaled as written; the message says what to change."""
 
 

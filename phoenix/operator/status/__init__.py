@@ -1,3 +1,4 @@
-"""Everything about a PhoenixStage's status: the conditions (conditions, readiness, durability), how status is
-written (writer, patcher) and the periodic refresh (refresh). What the operator remembers of each stage between
-events is not status: it is operator/stage_record.py."""
+"""Everything about a PhoenixStage's status: the conditions (conditions, readiness, durability) and how status is
+written (writer; its HTTP patch is kube/status_patcher.py). The periodic refresh of the queue figures is a loop
+over every stage, stage/refresh.py; what the operator remembers of each stage between events is not status:
+it is operator/record.py."""

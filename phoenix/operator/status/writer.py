@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phoenix.crds import Condition
-from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import StageRecord
 from phoenix.operator.status.conditions import set_condition
 from phoenix.operator.status.readiness import ready_condition
 
@@ -36,6 +36,8 @@ def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str
 
 
 class StatusWriter:
+    """Writes a stage's status subresource, only the fields that changed."""
+
     def __init__(self, kube: KubeApi) -> None:
         self._kube = kube
 

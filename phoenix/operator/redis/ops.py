@@ -9,17 +9,13 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from phoenix import lua
 from phoenix.keys import StageKeys
-from phoenix.redis_spec import is_cluster
-from phoenix.worker_runtime import lua
-from phoenix.worker_runtime.dlq import replay_args
+from phoenix.redis_replies import text
+from phoenix.tools import dlq
 from phoenix.worker_runtime.ownership import stage_ref
-from phoenix.worker_runtime.redis_client import text
 
 _DELETE_OWNED = lua.source("delete_owned.lua", __package__)
-REPLAY_BATCH = 1000
-# Long enough to outlive any operator outage; short enough not to accumulate.
-REPLAY_LEDGER_TTL_SECONDS = 7 * 86400
 # Record keys and replay ledgers are found by SCAN and deleted this many per script call.
 DELETE_BATCH = 500
 
@@ -134,53 +130,13 @@ async def _delete_owned(
 
 
 async def replay_lanes(client: Redis, keys: StageKeys, request_id: str, limit: int | None) -> int:
-    """replay_once for each lane of the stage (its DLQ back to its own input, its own ledger in its slot), up to
-    `limit` (None: all) in all; a repeated attempt finds each lane's ledger and continues where it stopped."""
+    """A ledgered replay (tools/dlq.py) of each lane of the stage (its DLQ back to its own input, its own ledger in
+    its slot), up to `limit` (None: all) in all; a repeated attempt finds each lane's ledger and continues where it
+    stopped."""
     moved = 0
     for lane in keys.lanes:
         if limit is not None and moved >= limit:
             break
         rest = None if limit is None else limit - moved
-        moved += await replay_once(client, lane.replay_ledger(request_id), lane.dlq, lane.input, rest)
-    return moved
-
-
-async def replay_once(client: Redis, ledger: str, dlq: str, input_stream: str, limit: int | None) -> int:
-    """Move up to `limit` (None: all) DLQ entries back to the input, at most once for the request `ledger` names.
-
-    Each batch is one MULTI/EXEC holding the claim of the batch (HINCRBY claimed) and the atomic move of the
-    worker runtime's replay script: both happen or neither does. The number moved is recorded right after. A
-    crash between EXEC and that record leaves claimed > recorded: the request then ends there instead of moving
-    again, so a crash can make a replay move fewer entries (they stay in the DLQ, nothing is lost), never more.
-    """
-    move = lua.register(client, "dlq_replay.lua")
-    start = "-"  # entries the script keeps in the DLQ (too wide to replay) are looked at once per call
-    while True:
-        state = await client.hgetall(ledger)
-        moved, claimed, recorded = (int(state.get(k, 0)) for k in ("moved", "claimed", "recorded"))
-        if state.get("done") or claimed > recorded:
-            break
-        want = REPLAY_BATCH if limit is None else min(REPLAY_BATCH, limit - moved)
-        if want <= 0:
-            break
-        pipe = client.pipeline(transaction=True)
-        pipe.hincrby(ledger, "claimed", 1)
-        pipe.expire(ledger, REPLAY_LEDGER_TTL_SECONDS)
-        if is_cluster(client):
-            # redis-py's cluster pipeline refuses scripts (its evalsha): the script is loaded on every primary
-            # first, again each batch, as a promoted replica never got it, and queued as a plain EVALSHA.
-            await client.script_load(move.script)
-            pipe.execute_command("EVALSHA", move.sha, 2, dlq, input_stream, *replay_args(want, start))
-        else:
-            await move(keys=[dlq, input_stream], args=replay_args(want, start), client=pipe)
-        _, _, (count, seen, last) = await pipe.execute()
-        record = client.pipeline(transaction=True)
-        record.hincrby(ledger, "moved", count)
-        record.hincrby(ledger, "recorded", 1)
-        await record.execute()
-        moved += count
-        if seen < want:
-            break
-        start = "(" + text(last)
-    await client.hset(ledger, "done", 1)
+        moved += await dlq.replay(client, lane.dlq, lane.input, rest, ledger=lane.replay_ledger(request_id))
     return moved

@@ -3,7 +3,7 @@
 `phoenix.io/restart: <any new value>` rolls the workers; `phoenix.io/replay-dlq: <N|all>` moves DLQ entries
 back to the input. Bookkeeping lives in status fields beside the schema's own (status keeps unknown fields):
 `handledRestart` is the restart value already acted on; `replayRequest` is a replay being carried out.
-The converger (converge.py) runs them: restart_workers and replay_dlq at the end of this module. A replay is a
+The converger (stage/converge.py) runs them: restart_workers and replay_dlq at the end of this module. A replay is a
 repair: it goes into the stage's audit stream (tools/audit.py) and its Event says so.
 """
 
@@ -17,6 +17,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from phoenix.errors import PhoenixError
 from phoenix.kube_names import (
     HANDLED_RESTART_ANNOTATION,
     REPLAY_ANNOTATION,
@@ -24,11 +25,11 @@ from phoenix.kube_names import (
     RESTARTED_AT_ANNOTATION,
 )
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError, scrub
-from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.redis_ops import replay_lanes
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.errors import StageError
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import StageRecord
+from phoenix.operator.redis.ops import replay_lanes
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.operator.status.writer import StatusWriter
 from phoenix.tools import audit
 
@@ -41,7 +42,7 @@ REPLAY_REQUEST_FIELD = "replayRequest"
 MAX_REPLAY_COUNT = 10_000_000
 
 
-class ReplayRequestError(ValueError):
+class ReplayRequestError(PhoenixError, ValueError):
     """The replay annotation's value is neither `all` nor a positive whole number."""
 
 
@@ -178,8 +179,8 @@ async def replay_dlq(ctx: OperatorContext, record: StageRecord, body: Mapping[st
         try:
             last = await replay(ctx.kube, ctx.pool, ctx.writer, record, body)
         except (RedisError, OSError) as exc:
-            secrets = record.redis.secrets() if record.redis else ()
-            raise StageError("RedisUnavailable", f"DLQ replay: {scrub(str(exc), *secrets)}") from None
+            error = record.redis.masked(str(exc)) if record.redis else str(exc)
+            raise StageError("RedisUnavailable", f"DLQ replay: {error}") from None
     if last is None:
         return
     detail = f"moved {last['moved']} DLQ entries back to the input (requested {last['requested']})"

@@ -31,7 +31,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from phoenix.operator.metrics import LEADER
+from phoenix.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/
 Json = dict[str, Any]
 
 
-class LeaseConfigError(ValueError):
+class LeaseConfigError(ConfigError):
     """Leader election cannot start: the Lease's namespace is unknown."""
 
 
@@ -88,6 +88,8 @@ def lease_config(name: str, namespace: str | None) -> LeaseConfig:
 
 
 class LeaseElector:
+    """Acquires, renews and releases the operator's leader Lease, as client-go's leader election does."""
+
     def __init__(self, api_client: client.ApiClient, config: LeaseConfig) -> None:
         self._api = client.CoordinationV1Api(api_client)
         self.config = config
@@ -222,9 +224,15 @@ class LeaseElector:
                 logger.info("released the leader Lease %s/%s", self.config.namespace, self.config.name)
 
 
-async def lead(elector: LeaseElector, operate: Callable[[], Coroutine[Any, Any, None]], stop: asyncio.Event) -> None:
+async def lead(
+    elector: LeaseElector,
+    operate: Callable[[], Coroutine[Any, Any, None]],
+    stop: asyncio.Event,
+    leading: Callable[[bool], None],
+) -> None:
     """Stand by until the Lease is held, then run `operate` while holding it; return once `stop` is set and
-    `operate` has ended, the Lease released.
+    `operate` has ended, the Lease released. `leading` is told when this replica starts and stops leading (the
+    operator's leader gauge).
 
     A lost Lease ends the process at once with exit code 1, as client-go's controllers do: handlers still running, or
     API calls still in flight in threads, must not act once another replica may lead. The pod restarts it as a
@@ -240,11 +248,11 @@ async def lead(elector: LeaseElector, operate: Callable[[], Coroutine[Any, Any, 
             await acquiring
         return
     acquiring.result()
-    LEADER.set(1)
+    leading(True)
     working = asyncio.create_task(operate())
     holding = asyncio.create_task(elector.hold())
     await asyncio.wait({working, holding}, return_when=asyncio.FIRST_COMPLETED)
-    LEADER.set(0)
+    leading(False)
     if holding.done():
         logger.error("lost the leader Lease: exiting so that only the new leader acts")
         logging.shutdown()

@@ -37,7 +37,7 @@ class StageRecord:
     # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
     redis: RedisSpec | None = field(default=None, repr=False)
     # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
-    # Secret check (redis_target.check_secrets_once) compares them with the current ones.
+    # Secret check (stage/secret_check.py) compares them with the current ones.
     redis_versions: tuple[tuple[str, str], ...] = ()
     # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
     # with it (drift.differences).
@@ -61,7 +61,7 @@ class StageRecord:
     # Serializes whole reconciles: a spec change (kopf handler) against a drift repair (converger).
     reconcile_lock: asyncio.Lock = field(default_factory=asyncio.Lock, repr=False)
 
-    # The converger's work (converge.py).
+    # The converger's work (stage/converge.py).
     # Why the stage's world departs from its spec (cause -> kind of what is repaired), noticed since its last
     # repair; the converger repairs it and counts each kind in phoenix_operator_drift_repairs_total.
     drift: dict[str, str] = field(default_factory=dict)

@@ -17,8 +17,8 @@ import aiohttp
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.operator.errors import StageError, api_error
-from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import StageRecord
 
 logger = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ from phoenix.operator.builders import (
     scaled_object_patch,
     trigger_authentication_name,
 )
-from phoenix.operator.drift import describe, differences
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube_api import KubeApi
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import CHILD_NOT_OWNED, KEDA_NOT_INSTALLED
 from phoenix.redis_spec import RedisSpec

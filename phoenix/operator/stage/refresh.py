@@ -22,10 +22,10 @@ from redis.exceptions import RedisError
 from phoenix.crds import Condition, ConditionType
 from phoenix.kube_names import STAGE_LABEL
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError, scrub
+from phoenix.operator.errors import StageError
 from phoenix.operator.metrics import STAGES, stage_figures
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.stage_record import StageKey, StageRecord
+from phoenix.operator.record import StageKey, StageRecord
+from phoenix.operator.redis.pool import RedisPool
 from phoenix.operator.status.conditions import find_condition
 from phoenix.operator.status.durability import (
     OUTPUT_NEVER_TRIMMED,
@@ -83,7 +83,7 @@ async def _sample(pool: RedisPool, redis: RedisSpec, records: list[StageRecord])
         stats = await collect(pool.client(redis), queues)
     except (RedisError, OSError) as exc:
         pool.failed(redis, exc)
-        logger.warning("queue refresh: Redis at %s failed: %s", redis.redacted, scrub(str(exc), *redis.secrets()))
+        logger.warning("queue refresh: Redis at %s failed: %s", redis.redacted, redis.masked(str(exc)))
         return None
     return {record.key: stat for record, stat in zip(records, stats, strict=True)}
 

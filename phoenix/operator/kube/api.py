@@ -27,7 +27,7 @@ from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.builders.keda import KEDA_API_VERSION
 from phoenix.operator.errors import StageError
-from phoenix.operator.status.patcher import StatusPatcher
+from phoenix.operator.kube.status_patcher import StatusPatcher
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
@@ -93,6 +93,8 @@ def secret_key(secret: Mapping[str, Any], key: str) -> bytes:
 
 
 class KubeApi:
+    """The operator's Kubernetes calls, each with a timeout, off the event loop (the official client blocks)."""
+
     def __init__(self, api_client: client.ApiClient, request_timeout: Timeout = REQUEST_TIMEOUT_SECONDS) -> None:
         self._timeout = request_timeout
         self._status = StatusPatcher(api_client.configuration)

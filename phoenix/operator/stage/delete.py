@@ -14,10 +14,10 @@ from phoenix.crds import ConditionType
 from phoenix.keys import StageKeys
 from phoenix.operator.builders import resolve_streams
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.errors import StageError, retry_delay, scrub
-from phoenix.operator.redis_ops import Destroyed, NotHeld, destroy
-from phoenix.operator.stage_reconcile import redis_of, retain_clients, stage_model
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.errors import StageError, retry_delay
+from phoenix.operator.record import StageRecord
+from phoenix.operator.redis.ops import Destroyed, NotHeld, destroy
+from phoenix.operator.stage.reconcile import redis_of, retain_clients, stage_model
 from phoenix.operator.status.conditions import new_condition
 
 # The source of deletion Warnings, de-duplicated on its own (events.EventRecorder.warning).
@@ -72,4 +72,4 @@ async def _delete_redis_data(
         return streams, await destroy(ctx.pool.client(redis), streams, body["metadata"]["uid"])
     except (RedisError, OSError) as exc:
         ctx.pool.failed(redis, exc)
-        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None

@@ -28,9 +28,9 @@ def configure(settings: kopf.OperatorSettings, children: Iterable[tuple[str, str
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=PREFIX, key="last-handled-configuration"
     )
-    # One replica acts at a time through the Lease (leader.py); kopf's peering would freeze, not elect.
+    # One replica acts at a time through the Lease (kube/leader.py); kopf's peering would freeze, not elect.
     settings.peering.standalone = True
-    # The operator posts its own Events (events.py): one Normal per action, one Warning per cause. kopf's would
+    # The operator posts its own Events (kube/events.py): one Normal per action, one Warning per cause. kopf's would
     # add one per retry and per handler run.
     settings.posting.enabled = False
     settings.networking.request_timeout = REQUEST_TIMEOUT_SECONDS

@@ -5,7 +5,7 @@ children's watch events or in Redis by the status refresh, and from a stage wait
 (or for a KEDA object of its name that it does not own to go).
 kopf timers would do the same but add a finalizer to every stage they apply to, so a stage could not be deleted
 while the operator is down; this loop needs none. A repair or KEDA re-check is a whole reconcile
-(stage_reconcile.reconcile_stage, as the kopf handler runs it); a restart or replay is stage_requests.py's. At most
+(stage_reconcile.reconcile_stage, as the kopf handler runs it); a restart or replay is stage/requests.py's. At most
 one piece of work runs per stage at a time; a failure waits with backoff (errors.retry_delay) before that stage's
 next attempt, and its Warning is posted once per cause.
 """
@@ -19,12 +19,12 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from phoenix.operator import stage_requests
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, retry_delay
 from phoenix.operator.metrics import record_drift_repair
-from phoenix.operator.stage_reconcile import reconcile_stage
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.record import StageRecord
+from phoenix.operator.stage import requests as stage_requests
+from phoenix.operator.stage.reconcile import reconcile_stage
 from phoenix.operator.status.readiness import autoscaling_rechecked
 
 logger = logging.getLogger(__name__)

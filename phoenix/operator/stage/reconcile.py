@@ -1,10 +1,10 @@
 """Reconcile one PhoenixStage: bring its world in line with its spec (Redis streams and group, then the
-Deployment, KEDA objects and PodDisruptionBudget of children.py), then write its status and Events.
+Deployment, KEDA objects and PodDisruptionBudget of stage/children.py), then write its status and Events.
 
 reconcile_stage is the one entry, run by the kopf handler on a create, a spec change or the operator's start
-(handlers.stage_changed) and by the converger for a drift repair or a KEDA re-check (converge.py); apply_spec is
+(handlers.stage_changed) and by the converger for a drift repair or a KEDA re-check (stage/converge.py); apply_spec is
 its Redis-and-children step. Also here: what marks a stage for repair from watch events (child_changed,
-next_stage_seen). Its deletion is stage_delete.py."""
+next_stage_seen). Its deletion is stage/delete.py."""
 
 from __future__ import annotations
 
@@ -18,17 +18,18 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
+from phoenix.errors import StartRefused
 from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
 from phoenix.kube_names import STAGE_LABEL
 from phoenix.operator.builders import Owner, resolve_streams
-from phoenix.operator.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.drift import describe, differences
-from phoenix.operator.errors import StageError, retry_delay, scrub
-from phoenix.operator.kube_api import KubeApi
-from phoenix.operator.redis_pool import RedisPool
-from phoenix.operator.redis_target import RedisTarget, read_redis_target
-from phoenix.operator.stage_record import StageRecord
+from phoenix.operator.errors import StageError, retry_delay
+from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import StageRecord
+from phoenix.operator.redis.pool import RedisPool
+from phoenix.operator.redis.target import RedisTarget, read_redis_target
+from phoenix.operator.stage.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
+from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import (
     CHILD_NOT_OWNED,
@@ -37,22 +38,19 @@ from phoenix.operator.status.readiness import (
     waits_for_keda,
 )
 from phoenix.redis_spec import RedisSpec, RedisSpecError
-from phoenix.worker_runtime.ownership import KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
+from phoenix.worker_runtime.ownership import KeysHeld, claim
 from phoenix.worker_runtime.tracing import operation_span
 
-# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning); stage_delete.py has its own.
+# Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning); stage/delete.py has its own.
 RECONCILE, OWNERSHIP = "reconcile", "ownership"
-# Ready reasons of a stage refused its Redis keys (worker_runtime/ownership.py); retried, so it converges by itself.
-KEYS_HELD = "KeysHeldByAnotherStage"
+# Ready reasons of a stage refused its Redis keys besides the StartRefused ones (worker_runtime/ownership.py: keys
+# held by another stage, a layout of another partition count); all retried, so the stage converges by itself.
 LEGACY_KEYS = "LegacyKeysFound"
-# spec.partitions differs from the stage's layout in Redis (worker_runtime/ownership.py); retried, so the stage
-# starts once the count is set back or the keys are gone.
-PARTITIONS_CHANGED = "PartitionsChanged"
 
 
 async def reconcile_stage(ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any]) -> None:
     """Reconcile the stage with `body`, then write its status and post its Events: what both the kopf handler
-    (handlers.stage_changed) and the converger (converge.py: drift repair, KEDA re-check) run. Raises StageError
+    (handlers.stage_changed) and the converger (stage/converge.py: drift repair, KEDA re-check) run. Raises StageError
     when the stage cannot run; the kopf handler turns it into a kopf retry (kopf_retry), the converger into its
     own wait (errors.retry_delay either way)."""
     attributes = {"k8s.namespace.name": record.namespace, "phoenix.stage": record.name}
@@ -132,7 +130,7 @@ async def apply_spec(
         forward_partitions, next_partitions = await output_partitions(kube, pool.client(redis), stage)
     except (RedisError, OSError) as exc:
         pool.failed(redis, exc)
-        raise StageError("RedisUnavailable", f"cannot reach Redis: {scrub(str(exc), *redis.secrets())}") from None
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
     record.next_partitions = next_partitions
     record.streams, record.redis = streams, redis
     async with record.deployment_lock:
@@ -222,21 +220,17 @@ async def prepare_streams(
         client = pool.client(redis)  # builds the TLS context: a CA or certificate that does not load fails here
         await refuse_unmigrated(client, streams)
         created = await claim(client, streams, uid, adopt=True)
-    except KeysHeld as exc:
-        raise StageError(KEYS_HELD, _held_message(exc, streams)) from None
-    except KeyOfAnotherType as exc:
-        raise StageError("StreamConflict", str(exc)) from None
-    except LayoutDiffers as exc:
-        raise StageError(PARTITIONS_CHANGED, str(exc)) from None
+    except StartRefused as exc:
+        raise StageError(exc.reason, _held_message(exc, streams) if isinstance(exc, KeysHeld) else str(exc)) from None
     except RedisSpecError as exc:
         # The CA or client certificate of spec.redis.tls cannot be loaded: the Secret must change.
         raise StageError("InvalidSecret", f"spec.redis.tls: {exc}") from None
     except ResponseError as exc:
         # WRONGTYPE: a key of that name exists and is not a stream; retrying will not change that by itself.
-        raise StageError("StreamConflict", scrub(str(exc), *redis.secrets())) from None
+        raise StageError("StreamConflict", redis.masked(str(exc))) from None
     except (RedisError, OSError) as exc:
         pool.failed(redis, exc)
-        detail = f"{type(exc).__name__}: {scrub(redis.explain(exc), *redis.secrets())}"
+        detail = f"{type(exc).__name__}: {redis.masked(redis.explain(exc))}"
         raise StageError("RedisUnavailable", f"cannot reach Redis at {redis.redacted}: {detail}") from None
     again = " again: it was missing (Redis flushed, or restarted without persistence)" if existed_before else ""
     actions = []

@@ -1,36 +1,29 @@
 """Where a stage's Redis is and how to reach it, as the operator reads it from spec.redis and the Secrets it names.
 
-Read once per reconcile (`read_redis_target`): the operator's own client is built from it (redis_pool.py), the
+Read once per reconcile (`read_redis_target`): the operator's own client is built from it (redis/pool.py), the
 worker pods' template carries its digest (a rotated URL, password, CA or client certificate rolls the workers,
 which read them only at start), and the resourceVersions of the Secrets read are remembered so that the Secret
-check (`check_secrets_forever`) notices a rotation with `get` alone: the operator may not list or watch Secrets.
+check (stage/secret_check.py) notices a rotation with `get` alone: the operator may not list or watch Secrets.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import SecretBytes
 
 from phoenix.crds import SecretKeyRef, StageRedisSpec
 from phoenix.operator.builders import in_namespace
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE
 from phoenix.operator.errors import StageError
-from phoenix.operator.kube_api import KubeApi, secret_key
+from phoenix.operator.kube.api import KubeApi, secret_key
 from phoenix.redis_spec import RedisSpec, RedisSpecError
-
-if TYPE_CHECKING:
-    from phoenix.operator.context import OperatorContext
 
 logger = logging.getLogger(__name__)
 TLS_SECRET_TYPE = "kubernetes.io/tls"
-# How often the referenced Secrets are read again for a rotation (one `get` per distinct Secret).
-SECRET_CHECK_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -122,32 +115,3 @@ async def rotated_secrets(kube: KubeApi, namespace: str, versions: tuple[tuple[s
         if current != version:
             changed.append(name)
     return changed
-
-
-async def check_secrets_once(ctx: OperatorContext) -> int:
-    """Mark every stage whose Redis Secrets changed for a reconcile (converge.py's repair); returns how many."""
-    marked = 0
-    for record in ctx.registry.records():
-        if not record.redis_versions:
-            continue
-        try:
-            changed = await rotated_secrets(ctx.kube, record.namespace, record.redis_versions)
-        except ApiException as exc:
-            logger.warning("Secret check of %s/%s failed: %s %s", record.namespace, record.name, exc.status, exc.reason)
-            continue
-        for name in changed:
-            record.drift[f"Secret {name} changed"] = "Secret"
-        if changed:
-            marked += 1
-            ctx.wake.set()
-    return marked
-
-
-async def check_secrets_forever(ctx: OperatorContext) -> None:
-    """Until cancelled: a check every SECRET_CHECK_SECONDS."""
-    while True:
-        try:
-            await check_secrets_once(ctx)
-        except Exception:
-            logger.exception("Secret check failed")  # the next one retries
-        await asyncio.sleep(SECRET_CHECK_SECONDS)

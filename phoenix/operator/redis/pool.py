@@ -17,6 +17,8 @@ logger = logging.getLogger(__name__)
 
 
 class RedisPool:
+    """One shared client per Redis the stages name, built on first use, rebuilt when Redis refuses its credentials."""
+
     def __init__(self) -> None:
         self._clients: dict[RedisSpec, aioredis.Redis] = {}
         self._dropped: list[aioredis.Redis] = []  # refused for their credentials; closed by retain
