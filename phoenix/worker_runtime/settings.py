@@ -292,7 +292,7 @@ def letter_case_clashes(environ: Mapping[str, str]) -> list[list[str]]:
 def load_settings() -> WorkerSettings:
     if clashes := letter_case_clashes(os.environ):
         # Names only: one of the values may be a secret.
-        raise ConfigurationError(
+        raise ConfigError(
             "; ".join(f"{names[0].upper()} is set in several letter cases ({', '.join(names)})" for names in clashes)
             + ": the worker reads its variables case-insensitively and could take either value; keep one spelling"
         )
