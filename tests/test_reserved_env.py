@@ -8,6 +8,7 @@ the worker's in another letter case (`redis_url`) stops the worker with one line
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from tests.fixtures.control_plane import REPO_ROOT, ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.kube_cluster import PlayKubelet
 from tests.fixtures.kube_models import name_of, status_of, uid_of
+from tests.fixtures.kubelet_player import KubeletPlayer
 from tests.fixtures.operator_process import final_stage, kubectl_apply
 
 pytestmark = pytest.mark.kube
@@ -30,27 +32,44 @@ STAGE = "clash"
 RESERVED_IN_CONFIG_MAP = {"CONSUMER_NAME": "same-for-all", "OUTPUT_QUEUE": "phoenix:{elsewhere}:stolen:input"}
 
 
-def _deploy(plane: ControlPlane, api: client.ApiClient, redis_url: str, namespace: str, env: dict[str, str]) -> None:
-    """The ConfigMap `env`, the stage (no operator runs: nothing acts on it) and the Deployment built for it."""
-    core = client.CoreV1Api(api)
-    core.create_namespaced_config_map(
-        namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="settings"), data=env)
-    )
-    documents = final_stage(
-        redis_url,
-        namespace,
-        STAGE,
-        processor="tests.processors:ScriptedProcessor",
-        replicas={"min": 2, "max": 2},
-        autoscaling={"enabled": False},
-        pod={"envFrom": [{"configMapRef": {"name": "settings"}}]},
-    )
-    kubectl_apply(plane, documents)
-    stored = json.loads(plane.kubectl("get", "phoenixstage", STAGE, "-n", namespace, "-o", "json").stdout)
-    stage = PhoenixStage.from_body(stored)
-    owner = Owner(stage.api_version, stage.kind, STAGE, namespace, stored["metadata"]["uid"])
-    deployment: Any = build_deployment(owner, stage.spec)  # a plain dict, as the operator sends it
-    client.AppsV1Api(api).create_namespaced_deployment(namespace, deployment)
+Deploy = Callable[[dict[str, str]], KubeletPlayer]
+
+
+@pytest.fixture
+def deploy(
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    kubelet_player: PlayKubelet,
+    redis_url: str,
+) -> Deploy:
+    """`deploy(settings)`: a ConfigMap of `settings`, the stage reading it through spec.pod.envFrom (no operator
+    runs: nothing acts on it), the Deployment built for it, and the player of its pods."""
+
+    def deploy(settings: dict[str, str]) -> KubeletPlayer:
+        client.CoreV1Api(kube_api).create_namespaced_config_map(
+            kube_namespace, client.V1ConfigMap(metadata=client.V1ObjectMeta(name="settings"), data=settings)
+        )
+        documents = final_stage(
+            redis_url,
+            kube_namespace,
+            STAGE,
+            processor="tests.processors:ScriptedProcessor",
+            replicas={"min": 2, "max": 2},
+            autoscaling={"enabled": False},
+            pod={"envFrom": [{"configMapRef": {"name": "settings"}}]},
+        )
+        kubectl_apply(kube_cluster, documents)
+        stored = json.loads(
+            kube_cluster.kubectl("get", "phoenixstage", STAGE, "-n", kube_namespace, "-o", "json").stdout
+        )
+        stage = PhoenixStage.from_body(stored)
+        owner = Owner(stage.api_version, stage.kind, STAGE, kube_namespace, stored["metadata"]["uid"])
+        deployment: Any = build_deployment(owner, stage.spec)  # a plain dict, as the operator sends it
+        client.AppsV1Api(kube_api).create_namespaced_deployment(kube_namespace, deployment)
+        return kubelet_player(kube_namespace, STAGE, {"PYTHONPATH": str(REPO_ROOT)})
+
+    return deploy
 
 
 def _pods(api: client.ApiClient, namespace: str) -> list[client.V1Pod]:
@@ -59,14 +78,9 @@ def _pods(api: client.ApiClient, namespace: str) -> list[client.V1Pod]:
 
 @pytest.mark.timeout(120)
 def test_an_env_from_config_map_cannot_set_the_operators_variables(
-    kube_cluster: ControlPlane,
-    kube_api: client.ApiClient,
-    kube_namespace: str,
-    kubelet_player: PlayKubelet,
-    redis_url: str,
+    deploy: Deploy, kube_api: client.ApiClient, kube_namespace: str, redis_url: str
 ) -> None:
-    _deploy(kube_cluster, kube_api, redis_url, kube_namespace, {**RESERVED_IN_CONFIG_MAP, "LOG_LEVEL": "debug"})
-    player = kubelet_player(kube_namespace, STAGE, {"PYTHONPATH": str(REPO_ROOT)})
+    player = deploy({**RESERVED_IN_CONFIG_MAP, "LOG_LEVEL": "debug"})
     keys = StageKeys.for_stage(STAGE, kube_namespace)
     with sync_redis.Redis.from_url(redis_url, decode_responses=True) as redis:
 
@@ -93,15 +107,9 @@ def test_an_env_from_config_map_cannot_set_the_operators_variables(
 
 @pytest.mark.timeout(120)
 def test_a_variable_of_the_worker_in_another_letter_case_stops_it_with_one_line(
-    kube_cluster: ControlPlane,
-    kube_api: client.ApiClient,
-    kube_namespace: str,
-    kubelet_player: PlayKubelet,
-    redis_url: str,
+    deploy: Deploy, kube_api: client.ApiClient, kube_namespace: str
 ) -> None:
-    elsewhere = "redis://:hunter2@elsewhere.invalid:6379/0"
-    _deploy(kube_cluster, kube_api, redis_url, kube_namespace, {"redis_url": elsewhere, "input_queue": "other"})
-    player = kubelet_player(kube_namespace, STAGE, {"PYTHONPATH": str(REPO_ROOT)})
+    player = deploy({"redis_url": "redis://:hunter2@elsewhere.invalid:6379/0", "input_queue": "other"})
 
     def restarted() -> list[Any] | None:
         player.sync()
