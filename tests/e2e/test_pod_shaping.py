@@ -244,7 +244,14 @@ def test_a_setting_in_another_letter_case_in_env_from_stops_the_worker_with_one_
             return None
 
         pod = _until(refused, "the envclash worker to exit with code 2", 120)
-        log = kubectl("logs", "-n", NAMESPACE, "--previous", pod["metadata"]["name"])
+
+        def exit_line() -> str | None:
+            # The kubelet may be starting the container again meanwhile, which drops the previous one's log: ask
+            # again, for that container or the next one, which exits the same way.
+            text = kubectl("logs", "-n", NAMESPACE, "--previous", pod["metadata"]["name"], check=False)
+            return text if text.startswith("phoenix worker:") else None
+
+        log = _until(exit_line, "the envclash worker's exit line", 120)
         assert log == (
             "phoenix worker: invalid configuration: REDIS_URL is set in several letter cases (REDIS_URL, redis_url): "
             "the worker reads its variables case-insensitively and could take either value; keep one spelling\n"
