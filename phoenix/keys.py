@@ -16,6 +16,11 @@ Layout (v2): `phoenix:{<namespace>}:<stage>:<kind>`, for example `phoenix:{team-
   audit, replay ledgers) are always under `{<namespace>}`.
 - **Data the stages share** (the example pipeline's pages, the billing cache) sits in the same scope under a
   segment no stage name can take (stage names start with a letter or digit): `phoenix:{ns}:_pages:<record id>`.
+- **Claimed names.** A stream a stage names itself (spec.input, spec.dlq, output.stream) outside every namespace's
+  scope (`orders`) belongs to the namespace whose stage first claimed it: its name marker `phoenix:_name:{<the
+  stream's hashed part>}:<stream>` (StageKeys.name_marker, in the stream's slot) says which, and a stage of another
+  namespace is refused it. A name inside another namespace's scope is refused outright (foreign_scope); `phoenix:`
+  names outside any scope are Phoenix's own (name markers, the operator's indexes) and refused too.
 - **Relay markers** are the one kind of key in a slot not of their own namespace but of the stream they guard (a
   relayed hop's plain target, which may be any name): `phoenix:{<what the target's slot is hashed from>}:_relayed:
   <namespace>/<stage>[/<partition>]:<outbox entry id>` (StageKeys.relay_marker).
@@ -42,6 +47,57 @@ NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 _TAG = r"\{(?P<namespace>[^{}:~]+)(?:~(?P<partition>\d+))?\}"
 _SCOPED = re.compile(rf"^phoenix:{_TAG}:(?P<stage>[^:]+):input$")
 _SCOPED_STREAM = re.compile(rf"^phoenix:{_TAG}:(?P<stage>[A-Za-z0-9][^:]*):(?:input|dlq)$")
+
+
+def in_scope(key: str, namespace: str) -> bool:
+    """Whether `key` is one of `namespace`'s keys: under `phoenix:{<namespace>}` or a partition's tag
+    `phoenix:{<namespace>~...}` (a namespace holds no `~`, so no other namespace's tag starts so)."""
+    return key.startswith((f"{PREFIX}:{{{namespace}}}", f"{PREFIX}:{{{namespace}~"))
+
+
+def foreign_scope(stream: str, namespace: str) -> str | None:
+    """Why a stream a stage of `namespace` names itself is not its to use, or None when it is: a name under
+    another namespace's tag (`phoenix:{team-b}:...`, its keys), or another name under `phoenix:` (Phoenix's own:
+    name markers, indexes, the v1 layout)."""
+    if not stream.startswith(f"{PREFIX}:") or in_scope(stream, namespace):
+        return None
+    if stream.startswith(f"{PREFIX}:{{"):
+        tag = hashed_part(stream).split("~", 1)[0]
+        return f"it is a key of namespace {tag} (phoenix:{{{tag}}}...)"
+    return "names under phoenix: outside a namespace's tag are Phoenix's own"
+
+
+def claimed_by_name(stream: str, namespace: str) -> bool:
+    """Whether the stage's stream `stream` is held by a name marker: a name outside every namespace's scope."""
+    return not stream.startswith(f"{PREFIX}:") and not in_scope(stream, namespace)
+
+
+def markable(stream: str) -> bool:
+    """Whether a key under the stream's hashed part lands in the stream's slot: false for a name with a `}` and no
+    hash tag (its hashed part, the whole name, would end the marker's tag early)."""
+    return "}" not in hashed_part(stream)
+
+
+def name_marker(stream: str) -> str:
+    """The hash naming the namespace (and Kubernetes cluster) holding the claimed stream `stream`, and each of its
+    stages using it (ownership.claim_names): in the stream's slot."""
+    return f"{PREFIX}:_name:{{{hashed_part(stream)}}}:{stream}"
+
+
+def claimed_names(namespace: str) -> str:
+    """Set of the claimed streams of `namespace`, kept by the operator for its Redis ACL users (never granted to a
+    namespace's user, so no tenant can add a name to it)."""
+    return f"{PREFIX}:_names:{{{namespace}}}"
+
+
+def namespace_patterns(namespace: str) -> tuple[str, ...]:
+    """Glob patterns of every key of `namespace` (Redis ACL key patterns): its tag and each partition's."""
+    return (f"{PREFIX}:{{{namespace}}}*", f"{PREFIX}:{{{namespace}~*")
+
+
+def glob_escaped(name: str) -> str:
+    """`name` as a Redis glob pattern matching it alone."""
+    return re.sub(r"([*?\[\]\\])", r"\\\1", name)
 
 
 def scope(namespace: str, partition: int | None = None) -> str:
@@ -251,6 +307,12 @@ class StageKeys:
     def replay_ledgers_pattern(self) -> str:
         """SCAN MATCH pattern of the stage's replay ledgers (no glob character can occur in the prefix)."""
         return self.replay_ledger("*")
+
+    @property
+    def claimed_streams(self) -> tuple[str, ...]:
+        """The stage's streams held by name markers (claimed_by_name): input, DLQ and output, each once."""
+        found = (self.input, self.dlq, *((self.output,) if self.output else ()))
+        return tuple(dict.fromkeys(stream for stream in found if claimed_by_name(stream, self.namespace)))
 
     @property
     def holder_markers(self) -> tuple[str, ...]:

@@ -11,6 +11,9 @@ from __future__ import annotations
 PREFIX = "phoenix.io"
 # kopf's finalizer, put only on stages with deletionPolicy Delete (handlers.stage_deleted).
 FINALIZER = f"{PREFIX}/finalizer"
+# kopf's copy of the spec it last handled, on each PhoenixStage (kube/kopf_settings.py).
+LAST_HANDLED_KEY = "last-handled-configuration"
+LAST_HANDLED_ANNOTATION = f"{PREFIX}/{LAST_HANDLED_KEY}"
 
 # Labels of every child object (Deployment, ScaledObject, TriggerAuthentication) of a stage.
 NAME_LABEL = "app.kubernetes.io/name"
@@ -31,8 +34,12 @@ REPLAY_ANNOTATION = f"{PREFIX}/replay-dlq"
 HANDLED_RESTART_ANNOTATION = f"{PREFIX}/restart-handled"
 # On the pod template: changing it rolls the workers.
 RESTARTED_AT_ANNOTATION = f"{PREFIX}/restartedAt"
-# On the pod template: a digest of the values the stage's Redis Secrets hold; a rotated Secret rolls the workers.
-REDIS_SECRETS_ANNOTATION = f"{PREFIX}/redis-secrets"
+# On the pod template: `name=resourceVersion,...` of every Secret the pods read at start (spec.redis's, spec.env's,
+# spec.pod.envFrom's); a rotated Secret rolls the workers. Versions only: anyone who may read a pod may read it.
+SECRET_VERSIONS_ANNOTATION = f"{PREFIX}/secret-versions"
+# Removed from the pod templates earlier versions wrote: a salted SHA-256 of the Redis Secrets' values, open to an
+# offline guess of a weak password by anyone who may read a Deployment.
+RETIRED_POD_ANNOTATIONS = (f"{PREFIX}/redis-secrets",)
 # On the Deployment: the label and annotation keys spec.pod put on its pod template (JSON), so dropped ones go.
 POD_KEYS_ANNOTATION = f"{PREFIX}/pod-keys"
 # On the pod template: where Prometheus scrapes the worker. spec.pod.annotations may not set these nor PREFIX/ ones.
@@ -47,3 +54,9 @@ PAUSED_REPLICAS_ANNOTATION = "autoscaling.keda.sh/paused-replicas"
 # The worker pod's own volumes and where the container mounts them: spec.pod.volumes and volumeMounts keep off them.
 TMP_VOLUME, TMP_DIR = "tmp", "/tmp"
 REDIS_TLS_VOLUME, REDIS_TLS_DIR = "redis-tls", "/etc/phoenix/redis-tls"
+
+# The Secret of each namespace holding the password of its Redis ACL user (operator/redis/acl.py), and when it was
+# last replaced and the SHA-256 of the one it replaced (valid until the grace period is over) as its annotations.
+REDIS_USER_SECRET = "phoenix-redis-user"
+PASSWORD_ROTATED_ANNOTATION = f"{PREFIX}/password-rotated-at"
+PREVIOUS_PASSWORD_ANNOTATION = f"{PREFIX}/previous-password-sha256"

@@ -117,14 +117,15 @@ class RedisSpec(BaseModel):
 
     @classmethod
     def from_url(cls, url: str, **settings: Any) -> RedisSpec:
-        """`redis[s]://[user[:password]@]host[:port][,host:port...][/db]` and the other fields by name; empty
-        values ("" from an unset variable) count as unset. Raises RedisSpecError."""
+        """`redis[s]://[user[:password]@]host[:port][,host:port...][/db]` and the other fields by name (a username
+        or password given wins over the URL's); empty values ("" from an unset variable) count as unset. Raises
+        RedisSpecError."""
         given = {name: value for name, value in settings.items() if value not in ("", None)}
         mode = given.setdefault("mode", "standalone")
         if mode not in MODES:
             raise RedisSpecError(f"REDIS_MODE must be one of {', '.join(MODES)} (got {str(mode)[:40]!r})")
         try:
-            return cls(**_parse_url(url, DEFAULT_PORT[mode]), **given)
+            return cls(**{**_parse_url(url, DEFAULT_PORT[mode]), **given})
         except ValidationError as exc:
             # Messages and locations only: an input may be a password.
             problems = (

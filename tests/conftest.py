@@ -62,7 +62,7 @@ def no_exposed_secrets() -> Iterator[None]:
     """Each test starts with no user keys exposed and leaves none behind. scrub.expose keeps a key for the life of
     the task that exposed it; a synchronous test exposes it in the main thread's context, which every later test's
     task would inherit (and mask, say, "sk-a" inside another test's "sk-a4f...")."""
-    token = scrub._exposed.set(())
+    token = scrub._exposed.set(((), ()))
     yield
     scrub._exposed.reset(token)
 

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
 import threading
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import redis.asyncio
 
+from phoenix.keys import shared_data_key
 from phoenix.worker_runtime import BaseProcessor, BatchResult, PermanentError, Record, RecordNotFoundError
 
 
@@ -258,12 +260,27 @@ class SecretQuotingProcessor(BaseProcessor):
             f"key={current_api_key()} url={url} password={unquote(urlsplit(url).password or '')} "
             f"master={os.environ.get('BILLING_MASTER_KEY')}"
         )
-        error = InvalidInputError(quoted) if data.get("permanent") else ConnectionError(quoted)
-        try:
-            raise error
-        except Exception:
-            self.logger.exception("llm_call_failed", detail=quoted)
-            raise
+        _fail_quoting(self, "llm_call_failed", quoted, bool(data.get("permanent")))
+
+
+def _fail_quoting(processor: BaseProcessor, event: str, quoted: str, permanent: bool) -> NoReturn:
+    """Log `event` with the traceback of an error quoting `quoted`, then raise it: a PermanentError (DLQ) when
+    `permanent`, else a transient one (retried)."""
+    error = InvalidInputError(quoted) if permanent else ConnectionError(quoted)
+    try:
+        raise error
+    except Exception:
+        processor.logger.exception(event, detail=quoted)
+        raise
+
+
+class EnvQuotingProcessor(BaseProcessor):
+    """Fails quoting `name=value` of every environment variable data["quote"] names, after logging the failure with
+    its traceback. data["permanent"]: a PermanentError (DLQ), else a transient error (retried)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        quoted = " ".join(f"{name}={os.environ.get(name)}" for name in data["quote"])
+        _fail_quoting(self, "vendor_call_failed", quoted, bool(data.get("permanent")))
 
 
 class KeyRefusingProcessor(BaseProcessor):
@@ -287,3 +304,50 @@ class StdlibLoggingProcessor(BaseProcessor):
         logger.info("connected to the vendor")
         logger.warning("vendor answered slowly for %s", record_id)
         return data
+
+
+class TenantProbeProcessor(BaseProcessor):
+    """Forwards each record; one with data["probe"] (keys of another tenant: `stream` and `entry` for XDEL and
+    XRANGE, `key` for DEL) first tries them with the worker's own client and with a client of its own built from
+    the pod's environment (what any processor can do), and forwards what Redis answered each, by exception class.
+    The URL alone (no REDIS_USERNAME: the default user) is tried too."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        probe = data.get("probe")
+        if not probe:
+            return data
+        own = redis.asyncio.Redis.from_url(
+            os.environ["REDIS_URL"],
+            username=os.environ.get("REDIS_USERNAME") or None,
+            password=os.environ.get("REDIS_PASSWORD") or None,
+        )
+        bare = redis.asyncio.Redis.from_url(os.environ["REDIS_URL"])
+        answers: dict[str, str] = {}
+        try:
+            for who, client in (("worker", self.redis), ("own", own), ("url", bare)):
+                for command, call in (
+                    ("XDEL", lambda c=client: c.xdel(probe["stream"], probe["entry"])),
+                    ("XRANGE", lambda c=client: c.xrange(probe["stream"])),
+                    ("DEL", lambda c=client: c.delete(probe["key"])),
+                ):
+                    try:
+                        await call()
+                        answers[f"{who} {command}"] = "done"
+                    except redis.exceptions.RedisError as exc:
+                        answers[f"{who} {command}"] = type(exc).__name__
+        finally:
+            await own.aclose()
+            await bare.aclose()
+        return {**data, "probes": answers}
+
+
+class TenantStoreProcessor(BaseProcessor):
+    """A final stage: counts each record it is given in its namespace's hash `phoenix:{<namespace>}:_delivered:
+    counts`, and keeps the probes a record carries (TenantProbeProcessor) in `..._delivered:probes`."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        namespace = self.settings.key_namespace
+        await self.redis.hincrby(shared_data_key(namespace, "delivered", "counts"), record_id, 1)
+        if probes := data.get("probes"):
+            await self.redis.hset(shared_data_key(namespace, "delivered", "probes"), record_id, json.dumps(probes))
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import logging
 import os
@@ -14,7 +15,10 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 import structlog
+import structlog.testing
 from cryptography.fernet import Fernet
+from cryptography.hazmat.primitives.hashes import SHA256
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
@@ -165,12 +169,15 @@ async def _every_value(client: aioredis.Redis) -> str:
 async def test_keys_are_encrypted_at_rest_with_the_cache_key(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
 ) -> None:
-    cache_key = Fernet.generate_key().decode()
+    cache_key = SecretStr(Fernet.generate_key().decode())
 
-    key = secret(await providers(cache_key=SecretStr(cache_key)).key_for("bea"))
+    key = secret(await providers(cache_key=cache_key).key_for("bea"))
 
     assert key not in await _every_value(redis)
-    assert Fernet(cache_key).decrypt(await get_existing(redis, cache_entry("bea"))).decode() == key
+    assert (await get_existing(redis, cache_entry("bea"))).startswith("v2:")
+    assert secret(await providers(cache_key=cache_key).key_for("bea")) == key and key_service.calls == 1
+    # Sealed under the cache key, not the master key every worker also has.
+    assert secret(await providers().key_for("bea")) != key and key_service.calls == 2
 
 
 async def test_without_a_cache_key_the_fleet_shares_a_key_derived_from_the_master_key(
@@ -183,19 +190,67 @@ async def test_without_a_cache_key_the_fleet_shares_a_key_derived_from_the_maste
     assert key_service.calls == 1
 
 
-@pytest.mark.parametrize("entry", ["plaintext", "other cache key"])
+def _v1_entry(master_key: str, api_key: str) -> str:
+    """An entry as the version before CacheSeal wrote it: Fernet under a key derived from the master key alone,
+    bound to no user nor namespace."""
+    hkdf = HKDF(algorithm=SHA256(), length=32, salt=None, info=b"phoenix billing cache v1")
+    derived = hkdf.derive(master_key.encode())
+    return Fernet(base64.urlsafe_b64encode(derived)).encrypt(api_key.encode()).decode()
+
+
+@pytest.mark.parametrize("entry", ["plaintext", "earlier format", "other cache key"])
 async def test_an_unreadable_entry_is_dropped_and_the_key_fetched_anew(
     redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, entry: str
 ) -> None:
-    # A plaintext entry cached before encryption, or one written with a cache key this worker does not have.
-    value = "sk-plain-old" if entry == "plaintext" else Fernet(Fernet.generate_key()).encrypt(b"sk-x").decode()
-    await redis.set(cache_entry("dina"), value, ex=100)
+    # A plaintext entry cached before encryption, one a running stage cached before this version (a miss, not an
+    # error), or one sealed with a cache key this worker does not have.
+    if entry == "other cache key":
+        await providers(cache_key=SecretStr(Fernet.generate_key().decode())).key_for("dina")
+        value, fetched = await get_existing(redis, cache_entry("dina")), 1
+    else:
+        value, fetched = "sk-plain-old" if entry == "plaintext" else _v1_entry(key_service.master_key, "sk-x"), 0
+        await redis.set(cache_entry("dina"), value, ex=100)
 
     key = secret(await providers().key_for("dina"))
 
-    assert key == key_service.issued[0] and key_service.calls == 1
+    assert key == key_service.issued[fetched] and key_service.calls == fetched + 1
     assert await redis.get(cache_entry("dina")) not in (value, None)
     assert secret(await providers().key_for("dina")) == key
+
+
+async def test_an_entry_copied_to_another_users_key_is_a_miss_logged_once(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider
+) -> None:
+    """Anyone who may write the namespace's Redis (its processors) copies user A's entry to user B's key: B's
+    records must not run on A's key. Two workers read the copy at once; the one whose delete took it logs it."""
+    alice = secret(await providers().key_for("alice"))
+    await providers().key_for("bob")
+    await redis.set(cache_entry("bob"), await get_existing(redis, cache_entry("alice")), ex=100)
+
+    with structlog.testing.capture_logs() as logged:
+        seen = await asyncio.gather(providers().key_for("bob"), providers().key_for("bob"))
+
+    assert {secret(key) for key in seen} == {key_service.issued[2]} and key_service.calls == 3
+    assert key_service.issued_for[key_service.issued[2]]["user_id"] == "bob" and alice not in map(secret, seen)
+    (dropped,) = [line for line in logged if line["event"] == "billing_cache_entry_dropped"]
+    assert dropped["reason"] == "sealed for another user or namespace, or under another cache key"
+    assert dropped["cache_key"] == cache_entry("bob") and dropped["log_level"] == "warning"
+
+
+@pytest.mark.parametrize("cache_key", [None, Fernet.generate_key().decode()], ids=["master key", "cache key"])
+async def test_namespaces_sharing_a_key_cannot_use_each_others_entries(
+    redis: aioredis.Redis, key_service: KeyService, providers: MakeProvider, cache_key: str | None
+) -> None:
+    """Two tenants whose workers share BILLING_MASTER_KEY (or BILLING_CACHE_KEY): an entry of one copied into the
+    other's cache opens for no one there (the namespace is the derivation's info and the entry's associated data)."""
+    shared = {"cache_key": SecretStr(cache_key)} if cache_key else {}
+    ours, theirs = providers(**shared), providers(namespace="tenant-b", **shared)
+    mine = secret(await ours.key_for("ann"))
+    await redis.set(billing_cache_key("tenant-b", "ann"), await get_existing(redis, cache_entry("ann")), ex=100)
+
+    other = secret(await theirs.key_for("ann"))
+
+    assert other != mine and other == key_service.issued[1] and key_service.calls == 2
 
 
 async def test_the_cache_has_a_hard_maximum_age(

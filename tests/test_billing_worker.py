@@ -63,6 +63,28 @@ async def test_processor_sees_the_users_key_and_logs_never_do(
 
 
 @pytest.mark.timeout(60)
+async def test_a_users_cache_entry_copied_to_another_user_never_bills_the_other_users_records_to_it(
+    redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService
+) -> None:
+    """A processor of the namespace may write its Redis: it copies alice's cached key entry over bob's. bob's next
+    record runs on bob's own key, fetched anew, not on alice's; the copy is dropped and logged."""
+    await redis.xadd(IN, {"record_id": "a1", "user_id": "alice", "data": "{}"})
+    w = workers.start("s", **billing_env(key_service))
+    await wait_until(lambda: committed(redis, "s", "a1"), "alice's record processed")
+    alice = (await hash_of(redis, "seen-key:a1"))["context"]
+    alices_entry = await get_existing(redis, billing_cache_key(KEYS.namespace, "alice"))
+    await redis.set(billing_cache_key(KEYS.namespace, "bob"), alices_entry)
+
+    await redis.xadd(IN, {"record_id": "b1", "user_id": "bob", "data": "{}"})
+    await wait_until(lambda: committed(redis, "s", "b1"), "bob's record processed")
+
+    bob = (await hash_of(redis, "seen-key:b1"))["context"]
+    assert bob != alice and key_service.issued_for[bob]["user_id"] == "bob" and key_service.calls == 2
+    (dropped,) = [e for e in w.events() if e["event"] == "billing_cache_entry_dropped"]
+    assert dropped["level"] == "warning" and "another user" in dropped["reason"]
+
+
+@pytest.mark.timeout(60)
 async def test_billing_outage_is_retried_not_dead_lettered(
     redis: aioredis.Redis, workers: WorkerPool, key_service: KeyService
 ) -> None:
@@ -94,6 +116,19 @@ async def test_a_bad_cache_key_stops_the_worker_with_one_line(workers: WorkerPoo
     [line] = w.process.log_path.read_text().splitlines()
     assert line.startswith("phoenix worker: invalid configuration: BILLING_CACHE_KEY: must be one or more Fernet")
     assert "sk-not-a-fernet-key" not in line
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("url", ["ftp://{user}:{password}@billing:4000", "https://{user}:{password}@"])
+async def test_a_bad_billing_url_is_refused_without_its_credentials(
+    workers: WorkerPool, key_service: KeyService, url: str
+) -> None:
+    user, password = f"u{secrets.token_hex(4)}", f"pw{secrets.token_hex(8)}"
+    w = workers.start("s", **billing_env(key_service, BILLING_URL=url.format(user=user, password=password)))
+    assert w.process.popen.wait(timeout=30) == 2
+    [line] = w.process.log_path.read_text().splitlines()
+    assert line.startswith("phoenix worker: invalid configuration: BILLING_URL: "), line
+    assert "://***@" in line and user not in line and password not in line
 
 
 async def _retried(w: object) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -13,6 +14,7 @@ from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
     RedisConnection,
+    RedisUser,
     build_deployment,
     build_pod_disruption_budget,
     build_scaled_object,
@@ -22,12 +24,14 @@ from phoenix.operator.builders import (
     resolve_streams,
     scaled_object_patch,
 )
+from phoenix.operator.record import SecretsRead
 from phoenix.operator.status.conditions import new_condition, set_condition
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.leaks import assert_shows_no_part_of
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
+USER = RedisUser("phoenix.docs", "phoenix-redis-user")
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
 REDIS_WITH_PASSWORD = {**REDIS, "passwordSecretRef": {"name": "phoenix-redis", "key": "password"}}
 REDIS_SENTINEL_MTLS = {
@@ -110,6 +114,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "SERVICE_NAME": "parser",
         "KEY_NAMESPACE": "docs",
         "STAGE_UID": "uid-1",  # by which its workers prove to the keys' ownership marker that they are its own
+        "STAGE_CLUSTER": None,
         "PARTITIONS": "1",
         "INPUT_QUEUE": "phoenix:{docs}:parser:input",
         "OUTPUT_QUEUE": "phoenix:{docs}:grouper:input",
@@ -138,7 +143,10 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "REDIS_TLS_CA_FILE": None,
         "REDIS_TLS_CERT_FILE": None,
         "REDIS_TLS_KEY_FILE": None,
+        "MASKED_ENV": None,
         "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
+        "REDIS_USERNAME": None,
+        "REDIS_PASSWORD": None,
         "REDIS_SENTINEL_PASSWORD": None,
         "CONSUMER_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},  # the pod's own name: one consumer per pod
     }
@@ -154,11 +162,13 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
     ],
     ids=["final-stage", "sentinel-mtls-retention", "partitioned-no-limit", "env-from"],
 )
-def test_every_reserved_name_is_set_in_env_whatever_the_spec(changes: dict[str, Any]) -> None:
+@pytest.mark.parametrize("with_user", [False, True], ids=["url-user", "acl-user"])
+def test_every_reserved_name_is_set_in_env_whatever_the_spec(changes: dict[str, Any], with_user: bool) -> None:
     """spec.env may set anything except what the builder sets itself, and the builder sets every one of those in
     `env`, empty where the stage has no value: Kubernetes gives `env` precedence over `envFrom`, so a ConfigMap's
     CONSUMER_NAME or OUTPUT_QUEUE never reaches the worker."""
-    env = container(build_deployment(OWNER, make_spec(**changes)))["env"]
+    owner = replace(OWNER, cluster="cluster-east")
+    env = container(build_deployment(owner, make_spec(**changes), redis_user=USER if with_user else None))["env"]
     names = [var["name"] for var in env]
     assert sorted(names) == sorted(RESERVED_ENV_NAMES)  # each once
     assert all(var.get("value") != "" for var in env)  # empty is the name alone, as the API server stores it
@@ -203,6 +213,8 @@ def test_sentinel_and_tls_reach_the_worker_as_files_and_secret_refs_only() -> No
         "REDIS_TLS_CERT_FILE": "/etc/phoenix/redis-tls/tls.crt",
         "REDIS_TLS_KEY_FILE": "/etc/phoenix/redis-tls/tls.key",
         "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
+        "REDIS_USERNAME": None,  # no ACL user of the namespace: the URL's
+        "REDIS_PASSWORD": None,
     }
     pod = deployment["spec"]["template"]["spec"]
     (tls,) = [volume for volume in pod["volumes"] if volume["name"] == "redis-tls"]
@@ -243,12 +255,44 @@ def test_without_tls_there_is_no_tls_volume() -> None:
     assert container(deployment)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
 
 
-def test_the_redis_secrets_digest_goes_into_the_pod_template() -> None:
-    """A changed digest changes the pod template, which is what rolls the workers."""
+def test_the_secrets_resource_versions_go_into_the_pod_template() -> None:
+    """A changed resourceVersion changes the pod template, which is what rolls the workers; no value goes in."""
     plain = build_deployment(OWNER, make_spec())
-    assert "phoenix.io/redis-secrets" not in plain["spec"]["template"]["metadata"]["annotations"]
-    rolled = build_deployment(OWNER, make_spec(), redis_secrets="d1")
-    assert rolled["spec"]["template"]["metadata"]["annotations"]["phoenix.io/redis-secrets"] == "d1"
+    assert "phoenix.io/secret-versions" not in plain["spec"]["template"]["metadata"]["annotations"]
+    read = SecretsRead(versions=(("vendor", ""), ("phoenix-redis", "812")))
+    rolled = build_deployment(OWNER, make_spec(), secrets=read)
+    annotations = rolled["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["phoenix.io/secret-versions"] == "phoenix-redis=812,vendor="
+
+
+def test_masked_env_lists_the_variables_the_pods_take_from_secrets() -> None:
+    """spec.env's secretKeyRef names and the keys of spec.pod.envFrom's Secrets (prefixed), as Kubernetes resolves
+    them: `env` wins over `envFrom`, so a literal of the same name is no Secret's; a ConfigMap's keys are not
+    read; the operator's own REDIS_URL is masked by the worker itself."""
+    spec = make_spec(
+        env=[
+            {"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor", "key": "token"}},
+            {"name": "API_REGION", "value": "eu"},
+        ],
+        pod={
+            "envFrom": [
+                {"secretRef": {"name": "api"}},
+                {"prefix": "DB_", "secretRef": {"name": "db", "optional": True}},
+                {"configMapRef": {"name": "settings"}},
+                {"secretRef": {"name": "missing", "optional": True}},
+            ]
+        },
+    )
+    keys = {"api": ("API_KEY", "API_REGION", "REDIS_URL"), "db": ("password", "pin")}
+    env = env_of(build_deployment(OWNER, spec, secrets=SecretsRead(keys=keys)))
+    assert env["MASKED_ENV"] == "API_KEY,DB_password,DB_pin,VENDOR_TOKEN"
+    assert env_of(build_deployment(OWNER, make_spec()))["MASKED_ENV"] is None  # set, empty: nothing to mask
+    assert WorkerSettings(service_name="s", processor="p", masked_env=env["MASKED_ENV"]).masked_variables == (
+        "API_KEY",
+        "DB_password",
+        "DB_pin",
+        "VENDOR_TOKEN",
+    )
 
 
 def test_read_memory_follows_the_pods_memory_limit() -> None:
@@ -568,6 +612,29 @@ def test_password_in_url_without_secret_ref_is_a_clear_error_without_the_passwor
         build_scaled_object(OWNER, make_spec(), connection_of("redis://:hunter2@redis:6379/0"))
     assert "spec.redis.passwordSecretRef" in str(caught.value)
     assert "hunter2" not in str(caught.value)
+
+
+def test_a_namespaces_redis_acl_user_logs_the_workers_and_keda_in() -> None:
+    """The user's name and the Secret of its password replace the URL's credentials, for the workers and KEDA (whose
+    password comes from the user's Secret even when the URL has one of its own and no passwordSecretRef)."""
+    spec = make_spec()
+    env = env_of(build_deployment(OWNER, spec, redis_user=USER))
+    assert env["REDIS_USERNAME"] == "phoenix.docs"
+    assert env["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "phoenix-redis-user", "key": "password"}}
+    assert env["REDIS_URL"] == {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}}
+    auth = build_trigger_authentication(OWNER, spec, USER)
+    assert auth is not None
+    assert auth["spec"] == {
+        "secretTargetRef": [{"parameter": "password", "name": "phoenix-redis-user", "key": "password"}]
+    }
+    connection = connection_of("redis://phoenix.docs:their-own@redis:6379/0")
+    triggers = build_scaled_object(OWNER, spec, connection, user=USER)["spec"]["triggers"]
+    assert {(t["metadata"]["username"], t["authenticationRef"]["name"]) for t in triggers} == {
+        ("phoenix.docs", "parser-redis")
+    }
+    # Without a user, both set empty (the URL's credentials hold), so no envFrom key of the names reaches it.
+    plain = env_of(build_deployment(OWNER, spec))
+    assert (plain["REDIS_USERNAME"], plain["REDIS_PASSWORD"]) == (None, None)
 
 
 def test_paused_stage_pauses_keda_at_zero_replicas() -> None:

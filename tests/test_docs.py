@@ -306,3 +306,11 @@ def test_the_development_layout_names_every_module_it_lists_and_only_modules_tha
     )
     assert missing == [], "DEVELOPMENT.md's Layout does not name these modules"
     assert sorted(str(p.relative_to(README.parent)) for p in named if not p.exists()) == []
+
+
+def test_the_redis_acl_users_commands_are_the_documented_ones() -> None:
+    """docs/operator.md lists the commands a namespace's Redis ACL user is given: exactly acl.USER_COMMANDS."""
+    from phoenix.operator.redis.acl import USER_COMMANDS
+
+    _, documented = marked_block("redis-acl-commands", DOCS / "operator.md")
+    assert documented.split() == [f"+{command}" for command in USER_COMMANDS]

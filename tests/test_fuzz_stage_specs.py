@@ -135,9 +135,7 @@ def test_what_the_models_admit_builds_objects_the_api_server_and_the_worker_admi
     assert _stage_refusal(kube_api, namespace, stage) is None
     owner = Owner(API_VERSION, KIND, parsed.metadata.name, namespace, UID)
     spec = parsed.spec
-    deployment = build_deployment(
-        owner, spec, restarted_at="2026-01-01T00:00:00Z", redis_secrets="d1", output_partitions=output_partitions
-    )
+    deployment = build_deployment(owner, spec, restarted_at="2026-01-01T00:00:00Z", output_partitions=output_partitions)
     apps, policy, custom = client.AppsV1Api(kube_api), client.PolicyV1Api(kube_api), client.CustomObjectsApi(kube_api)
     refusals = {"Deployment": refused_by_the_api_server(apps.create_namespaced_deployment, namespace, body=deployment)}
     if (budget := build_pod_disruption_budget(owner, spec)) is not None:

@@ -276,6 +276,35 @@ def test_pod_labels_and_annotations_cannot_replace_the_charts_own(
     assert template["labels"]["team"] == "platform" and template["annotations"]["a/b"] == "c"
 
 
+def test_redis_acl_users_add_only_the_user_secrets_rights_and_their_options(helm: Helm) -> None:
+    """Off: none of it. On: the option naming the admin Secret, and writing the Secret phoenix-redis-user, where
+    the operator serves (cluster-wide, or each served namespace with the admin Secret's read in the release's)."""
+    assert not [doc for doc in helm.render() if "redis" in doc["metadata"]["name"]]
+    assert not [arg for arg in operator_container(helm.render())["args"] if "redis-acl" in arg]
+    wide = helm.render(values={"redisAcl": {"enabled": True, "rotationSeconds": 3600}, "clusterId": "east"})
+    assert operator_container(wide)["args"][-3:] == [
+        "--cluster-id=east",
+        "--redis-acl-admin-secret=phoenix-redis-admin",
+        "--redis-acl-rotation-seconds=3600",
+    ]
+    user_rules = [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["phoenix-redis-user"],
+            "verbs": ["update", "delete"],
+        },
+    ]
+    assert one(wide, "ClusterRole", "phoenix-operator-redis-acl")["rules"] == user_rules
+    served = helm.render(values={"redisAcl": {"enabled": True}, "watchNamespaces": [PIPELINES]})
+    assert not [doc for doc in served if doc["kind"].startswith("Cluster")]
+    assert one(served, "Role", "phoenix-operator-redis-acl", PIPELINES)["rules"] == user_rules
+    assert one(served, "Role", "phoenix-operator-redis-admin")["rules"] == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["phoenix-redis-admin"], "verbs": ["get"]}
+    ]
+
+
 def test_crds_install_false_leaves_the_crd_out(helm: Helm) -> None:
     assert not [doc for doc in helm.render("--set=crds.install=false") if doc["kind"] == "CustomResourceDefinition"]
 
@@ -456,12 +485,14 @@ def drift_case(case: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     if case == "monitoring":
         values = {"monitoring": {"podMonitors": True, "prometheusRule": True, "grafanaDashboard": {"enabled": True}}}
         return values, base + kustomize("monitoring") + in_namespace(kustomize("grafana"), NAMESPACE)
+    if case == "redis-acl":
+        return {"redisAcl": {"enabled": True}}, [doc for doc in kustomize("redis-acl") if doc["kind"] != "Namespace"]
     assert case == "network-policy"
     return {"networkPolicy": {"enabled": True, "workerNamespaces": [PIPELINES]}}, base + kustomize("network-policy")
 
 
 @pytest.mark.kube
-@pytest.mark.parametrize("case", ["default", "namespaced", "monitoring", "network-policy"])
+@pytest.mark.parametrize("case", ["default", "namespaced", "monitoring", "network-policy", "redis-acl"])
 def test_the_chart_renders_exactly_the_objects_of_manifests(helm: Helm, case: str) -> None:
     """The Namespace aside (Helm installs into an existing one, `--create-namespace`), the chart and manifests/
     install the same objects, field for field, once Helm's own labels and the CRD's keep policy are set aside."""

@@ -86,7 +86,7 @@ def test_plugin_against_the_operator(
 ) -> None:
     url, connection = redis_db
     ns = kube_namespace
-    kubectl_apply(kube_cluster, sample_documents(url, ns))
+    kubectl_apply(kube_cluster, sample_documents(url, ns, tmp_path))
     eventually(
         lambda: all(_status(kube_cluster, ns, s).get("queue") for s in ("router", "parser", "grouper")),
         "queues sampled into status",

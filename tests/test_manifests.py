@@ -163,7 +163,12 @@ def test_cluster_role_is_least_privilege() -> None:
     assert "create" not in rules[("phoenix.io", "phoenixstages")]
     assert "delete" not in rules[("phoenix.io", "phoenixstages")]
     assert ("", "pods") not in rules
-    assert rules[("", "namespaces")] == {"list", "watch"}
+    assert rules[("", "namespaces")] == {"list", "watch", "get"}
+    # get: of kube-system alone (the cluster's identity, its uid).
+    [get] = [
+        r for r in load("rbac/cluster-role.yaml")["rules"] if r["resources"] == ["namespaces"] and "get" in r["verbs"]
+    ]
+    assert get["resourceNames"] == ["kube-system"] and get["verbs"] == ["get"]
 
 
 def test_cluster_role_lets_the_operator_manage_what_the_builders_build() -> None:
@@ -191,6 +196,36 @@ def test_binding_grants_the_role_to_the_operator_service_account() -> None:
 
 # Cluster-scoped resources the cluster-wide operator reads, which the namespaced one goes without.
 CLUSTER_ONLY = {("apiextensions.k8s.io", "customresourcedefinitions"), ("", "namespaces")}
+
+
+def test_redis_acl_install_adds_only_the_user_secrets_rights_and_the_admin_secret_option() -> None:
+    kustomization = load("redis-acl/kustomization.yaml")
+    assert kustomization["resources"] == [
+        "../crds",
+        "../operator",
+        "../rbac",
+        "cluster-role.yaml",
+        "cluster-role-binding.yaml",
+    ]
+    (arg_patch,) = kustomization["patches"]
+    assert yaml.safe_load(arg_patch["patch"])[0]["value"] == "--redis-acl-admin-secret=phoenix-redis-admin"
+    rules = load("redis-acl/cluster-role.yaml")["rules"]
+    assert rules == [
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]},
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": ["phoenix-redis-user"],
+            "verbs": ["update", "delete"],
+        },
+    ]
+    binding, account = load("redis-acl/cluster-role-binding.yaml"), load("rbac/service-account.yaml")["metadata"]
+    assert binding["roleRef"]["name"] == "phoenix-operator-redis-acl"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
+    ]
+    # Without it, the operator writes no Secret.
+    assert rbac_rules()[("", "secrets")] == {"get"}
 
 
 def test_namespaced_role_is_the_cluster_role_without_cluster_scoped_rights() -> None:

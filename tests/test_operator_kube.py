@@ -125,7 +125,7 @@ def pipeline(
     workdir = tmp_path_factory.mktemp("pipeline")
     with sync_redis.Redis.from_url(url, decode_responses=True) as connection:
         connection.flushdb()
-        kubectl_apply(kube_cluster, sample_documents(url, ns))
+        kubectl_apply(kube_cluster, sample_documents(url, ns, workdir / "docs"))
         eventually(lambda: all(stage_status(kube_cluster, ns, s).get("streams") for s in STAGES), "streams in status")
         documents = ensure_samples(workdir / "docs")
         for i, document in enumerate(documents):
@@ -227,7 +227,7 @@ def test_a_replay_brings_a_dead_letter_back(
 ) -> None:
     """A record whose document is missing is dead-lettered; once the document exists, a replay processes it."""
     ns, connection = processed.namespace, processed.connection
-    missing = processed.workdir / "late.pdf"
+    missing = processed.workdir / "docs" / "late.pdf"  # under the router's DOCUMENT_ROOT
     _enqueue(connection, ns, "late", missing)
     eventually(lambda: _columns(kube_cluster, ns)["router"]["DLQ"] == "1", "the DLQ column at 1", timeout=60)
     missing.write_bytes(processed.documents[0].read_bytes())
@@ -437,8 +437,8 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
     and `kubectl get` says which stage is held back. Once the parser runs, the router reads again."""
     url, connection = redis_db
     ns = kube_namespace
-    secret, router, parser = sample_documents(url, ns)[:3]
-    router["spec"]["env"] = [{"name": "OUTPUT_HIGH_WATER", "value": "2"}]
+    secret, router, parser = sample_documents(url, ns, tmp_path / "docs")[:3]
+    router["spec"]["env"].append({"name": "OUTPUT_HIGH_WATER", "value": "2"})
     kubectl_apply(kube_cluster, [secret, router, parser])
     eventually(lambda: stage_status(kube_cluster, ns, "parser").get("streams"), "parser reconciled")
     documents = ensure_samples(tmp_path / "docs")

@@ -63,7 +63,8 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     grouper = StageKeys.for_stage("grouper", ns, partitions=4)
 
     env = eventually(lambda: _deployment_env(kube_api, ns, "grouper"), "the grouper's Deployment")
-    assert env["PARTITIONS"] == "4" and "INPUT_QUEUE" not in env and "DLQ_NAME" not in env
+    # Set empty (a partitioned stage names neither): no envFrom key of the names reaches the workers.
+    assert env["PARTITIONS"] == "4" and env["INPUT_QUEUE"] == env["DLQ_NAME"] == ""
     router_env = eventually(
         lambda: (
             found
@@ -157,3 +158,32 @@ def test_a_stage_forwarding_to_one_created_later_follows_its_partitions(
         lambda: (_deployment_env(kube_api, ns, "early") or {}).get("OUTPUT_PARTITIONS") == "3",
         "the early stage forwarding to the latecomer's 3 partitions",
     )
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("redis_db", [11], indirect=True)
+def test_deleting_a_stage_after_a_refused_partition_change_removes_the_lanes_redis_holds(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """Its spec asks for 1 partition (refused: the layout has 4); deletionPolicy Delete goes by the layout, so no
+    lane is left behind for a new stage of the name to start beside."""
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, final_stage(url, ns, name="lanes", partitions=4, deletionPolicy="Delete"))
+    lanes = StageKeys.for_stage("lanes", ns, partitions=4)
+    eventually(lambda: connection.hgetall(lanes.layout) == {"partitions": "4"}, "the layout of 4")
+    for p, lane in enumerate(lanes.lanes):
+        connection.xadd(lane.input, {"record_id": f"r{p}", "user_id": "u", "data": "{}"})
+    patch = '{"spec": {"partitions": 1}}'
+    assert kube_cluster.kubectl("patch", "phx", "lanes", "-n", ns, "--type=merge", "-p", patch).returncode == 0
+    eventually(
+        lambda: stage_condition(kube_cluster, ns, "lanes").get("reason") == "PartitionsChanged", "the change refused"
+    )
+    assert kube_cluster.kubectl("delete", "phx", "lanes", "-n", ns, "--timeout=60s").returncode == 0
+    assert sorted(connection.scan_iter(match=f"phoenix:{{{ns}*")) == []
+    [deleted] = [e.message or "" for e in stage_events(kube_api, ns, "lanes") if e.reason == "RedisDataDeleted"]
+    assert all(lane.input in deleted for lane in lanes.lanes), deleted

@@ -15,6 +15,7 @@ from kubernetes import client
 from phoenix.crds import PhoenixStageSpec
 from phoenix.operator.builders import Owner, build_deployment, build_scaled_object, build_trigger_authentication
 from phoenix.operator.builders.redis_address import redis_connection
+from phoenix.operator.record import SecretsRead
 from phoenix.redis_spec import RedisSpec
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
@@ -55,7 +56,7 @@ def test_the_objects_of_a_sentinel_mtls_stage_are_admitted(
     )
     spec = PhoenixStageSpec.model_validate({"processor": "parser", "image": "img:1", "redis": SENTINEL_MTLS})
     owner = Owner("phoenix.io/v1alpha1", "PhoenixStage", "parser", ns, "0b5c1f4e-0000-4000-8000-000000000001")
-    deployment = build_deployment(owner, spec, redis_secrets="d1")
+    deployment = build_deployment(owner, spec, secrets=SecretsRead(versions=(("phoenix-redis", "1"),)))
     redis = RedisSpec.from_url(
         "rediss://:pw@sentinel-0.sentinel:26379,sentinel-1.sentinel:26379/0", mode="sentinel", sentinel_master="m"
     )

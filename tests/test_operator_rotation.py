@@ -5,6 +5,8 @@ Deployment it writes, and a real Valkey whose ACL user changes its password mid-
 from __future__ import annotations
 
 import asyncio
+import json
+import re
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -17,7 +19,7 @@ import redis.asyncio as aioredis
 from kubernetes import client
 
 from phoenix.keys import StageKeys
-from phoenix.kube_names import REDIS_SECRETS_ANNOTATION
+from phoenix.kube_names import SECRET_VERSIONS_ANNOTATION
 from phoenix.operator.redis.pool import RedisPool
 from phoenix.redis_spec import RedisSpec
 from tests.fixtures.chain import enqueue
@@ -59,38 +61,44 @@ def _url(redis_url: str, user: str, password: str) -> str:
     return f"redis://{user}:{password}@{host_port}/11"
 
 
-def _secret(namespace: str, url: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Secret",
-        "metadata": {"name": "rotating-redis", "namespace": namespace},
-        "type": "Opaque",
-        "stringData": {"url": url},
-    }
+def _opaque(namespace: str, name: str, data: dict[str, str]) -> dict[str, Any]:
+    metadata = {"name": name, "namespace": namespace}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": metadata, "stringData": data}
 
 
-def _stage(namespace: str) -> dict[str, Any]:
+def _one_worker_stage(namespace: str, name: str, processor: str, **spec: Any) -> dict[str, Any]:
+    """A stage of one worker, no autoscaling, its Redis URL in the Secret `<name>-redis` (key `url`)."""
     return {
         "apiVersion": "phoenix.io/v1alpha1",
         "kind": "PhoenixStage",
-        "metadata": {"name": STAGE, "namespace": namespace},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
-            "processor": "tests.processors:ScriptedProcessor",
+            "processor": processor,
             "image": "unused:1",
-            "output": {"stream": OUTPUT},
-            "redis": {"urlSecretRef": {"name": "rotating-redis", "key": "url"}},
+            "redis": {"urlSecretRef": {"name": f"{name}-redis", "key": "url"}},
             "replicas": {"min": 1, "max": 1},
             "autoscaling": {"enabled": False},
-            "worker": {"concurrency": 4, "claimIdleMs": 2000, "lockTimeout": 5},
+            **spec,
         },
     }
+
+
+def _secret(namespace: str, url: str) -> dict[str, Any]:
+    return _opaque(namespace, f"{STAGE}-redis", {"url": url})
+
+
+def _stage(namespace: str) -> dict[str, Any]:
+    worker = {"concurrency": 4, "claimIdleMs": 2000, "lockTimeout": 5}
+    return _one_worker_stage(
+        namespace, STAGE, "tests.processors:ScriptedProcessor", output={"stream": OUTPUT}, worker=worker
+    )
 
 
 def _template_digest(api: client.ApiClient, namespace: str) -> str | None:
     deployment = read_or_none(client.AppsV1Api(api).read_namespaced_deployment, STAGE, namespace)
     if deployment is None:
         return None
-    return (metadata_of(spec_of(deployment).template).annotations or {}).get(REDIS_SECRETS_ANNOTATION)
+    return (metadata_of(spec_of(deployment).template).annotations or {}).get(SECRET_VERSIONS_ANNOTATION)
 
 
 def _live_pods(api: client.ApiClient, namespace: str) -> list[client.V1Pod]:
@@ -166,6 +174,137 @@ def test_a_rotated_password_rolls_the_workers_and_the_operator_follows_with_noth
 
         eventually(refreshed, "a refresh cycle with the new password", timeout=60)
         assert process.alive, process.failure("died during the rotation")
+
+
+VENDOR = "vendor"
+
+
+def _vendor_stage(namespace: str) -> dict[str, Any]:
+    """A stage whose processor quotes the variables it is told to in its errors (dead-lettered): one from a Secret
+    by spec.env's secretKeyRef, the keys of another by spec.pod.envFrom's secretRef."""
+    return _one_worker_stage(
+        namespace,
+        VENDOR,
+        "tests.processors:EnvQuotingProcessor",
+        env=[{"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor-token", "key": "token"}}],
+        pod={"envFrom": [{"secretRef": {"name": "vendor-api"}}]},
+    )
+
+
+def _template(api: client.ApiClient, namespace: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The worker pod template's annotations and its literal env."""
+    deployment = read_or_none(client.AppsV1Api(api).read_namespaced_deployment, VENDOR, namespace)
+    if deployment is None:
+        return {}, {}
+    template = spec_of(deployment).template
+    (worker,) = spec_of(template).containers
+    return metadata_of(template).annotations or {}, {var.name: var.value for var in worker.env or () if var.value}
+
+
+def _versions(api: client.ApiClient, namespace: str, *names: str) -> str:
+    """What the pod template must carry: `name=resourceVersion` of each Secret, by name."""
+    read = client.CoreV1Api(api).read_namespaced_secret
+    return ",".join(f"{name}={metadata_of(read(name, namespace)).resource_version}" for name in sorted(names))
+
+
+@pytest.mark.timeout(270)
+@pytest.mark.kube
+@pytest.mark.parametrize("redis_db", [12], indirect=True)
+def test_the_pods_own_secrets_are_masked_and_rotating_one_rolls_the_workers(
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: Path,
+    kube_namespace: str,
+    kubelet_player: PlayKubelet,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """The operator tells the workers which variables come from Secrets (MASKED_ENV, the envFrom Secret's keys read
+    with a `get`), so their values are masked in the DLQ and the logs; the pod template carries the Secrets'
+    resourceVersions, no secret material; a key added to the envFrom Secret, and a rotated spec.env Secret (as
+    BILLING_MASTER_KEY would be), roll the workers, and the new values are masked too."""
+    url, admin = redis_db
+    ns = kube_namespace
+    keys = StageKeys.for_stage(VENDOR, ns)
+    token, new_token, extra = (f"{what}-{uuid.uuid4().hex}" for what in ("token", "new-token", "extra"))
+    pin = str(100 + uuid.uuid4().int % 900)  # short: masked as a whole token
+    names = ("vendor-api", "vendor-redis", "vendor-token")
+    secrets = [
+        _opaque(ns, "vendor-redis", {"url": url}),
+        _opaque(ns, "vendor-token", {"token": token}),
+        _opaque(ns, "vendor-api", {"API_PIN": pin}),
+    ]
+    dead: list[str] = []
+
+    def dead_letter(*quote: str) -> str:
+        data = json.dumps({"quote": quote, "permanent": True})
+        admin.xadd(keys.input, {"record_id": f"r{len(dead)}", "user_id": "u", "data": data})
+        eventually(lambda: admin.xlen(keys.dlq) > len(dead), f"the dead letter quoting {quote}", timeout=60)
+        dead.append(stream_entries_now(admin, keys.dlq)[-1][1]["error"])
+        return dead[-1]
+
+    def new_workers(old: set[str]) -> set[str]:
+        def rolled() -> set[str] | None:
+            running = set(player.processes())
+            return running if running and not running & old else None
+
+        return eventually(rolled, "the workers rolled", timeout=120)
+
+    def masked_env() -> str | None:
+        return _template(kube_api, ns)[1].get("MASKED_ENV")
+
+    with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-pod-secrets") as (process, _):
+        kubectl_apply(kube_cluster, [*secrets, _vendor_stage(ns)])
+        eventually(lambda: _template(kube_api, ns)[0].get(SECRET_VERSIONS_ANNOTATION), "the template's versions")
+        annotations = _template(kube_api, ns)[0]
+        assert annotations[SECRET_VERSIONS_ANNOTATION] == _versions(kube_api, ns, *names)
+        assert "phoenix.io/redis-secrets" not in annotations
+        assert masked_env() == "API_PIN,VENDOR_TOKEN"
+        player = kubelet_player(ns, VENDOR, {**FAST, "PYTHONPATH": str(REPO_ROOT)})
+        player.start()
+        first = eventually(lambda: set(player.processes()) or None, "a worker running", timeout=60)
+        assert dead_letter("VENDOR_TOKEN", "API_PIN") == "VENDOR_TOKEN=*** API_PIN=***"
+
+        # A key added to the envFrom Secret: a rotation that brings a variable the workers did not have.
+        kubectl_apply(kube_cluster, [_opaque(ns, "vendor-api", {"API_PIN": pin, "API_EXTRA": extra})])
+        eventually(lambda: masked_env() == "API_EXTRA,API_PIN,VENDOR_TOKEN", "MASKED_ENV with the new key")
+        second = new_workers(first)
+        assert dead_letter("VENDOR_TOKEN", "API_PIN", "API_EXTRA") == "VENDOR_TOKEN=*** API_PIN=*** API_EXTRA=***"
+
+        # The spec.env Secret rotated (BILLING_MASTER_KEY would be one): the workers roll onto the new value.
+        kubectl_apply(kube_cluster, [_opaque(ns, "vendor-token", {"token": new_token})])
+        third = new_workers(second)
+        assert dead_letter("VENDOR_TOKEN") == "VENDOR_TOKEN=***"
+        assert _template(kube_api, ns)[0][SECRET_VERSIONS_ANNOTATION] == _versions(kube_api, ns, *names)
+        assert process.alive, process.failure("died during the rotations")
+    logs = "\n".join(player.log_path(pod).read_text() for pod in first | second | third)
+    assert "vendor_call_failed" in logs
+    for text in (logs, json.dumps(dead)):
+        for value in (token, extra, new_token):
+            assert value not in text
+        assert not re.search(rf"(?<!\w){pin}(?!\w)", text)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.kube
+@pytest.mark.parametrize("redis_db", [12], indirect=True)
+def test_the_digest_an_earlier_operator_left_in_the_pod_template_is_removed(
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    operator_kubeconfig: Path,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """phoenix.io/redis-secrets, a salted SHA-256 of the Redis password that anyone who may read a Deployment could
+    try passwords against, goes at the first reconcile of an operator of this version."""
+    ns = kube_namespace
+    retired = {"spec": {"template": {"metadata": {"annotations": {"phoenix.io/redis-secrets": "5d41402abc4b2a76"}}}}}
+    with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-retired-1"):
+        kubectl_apply(kube_cluster, [_opaque(ns, "vendor-redis", {"url": redis_db[0]}), _vendor_stage(ns)])
+        eventually(lambda: SECRET_VERSIONS_ANNOTATION in _template(kube_api, ns)[0], "the Deployment")
+    client.AppsV1Api(kube_api).patch_namespaced_deployment(VENDOR, ns, retired)  # as an earlier operator wrote it
+    assert "phoenix.io/redis-secrets" in _template(kube_api, ns)[0]
+    with running_operator(kube_cluster, operator_kubeconfig, log_name="operator-retired-2"):
+        eventually(lambda: "phoenix.io/redis-secrets" not in _template(kube_api, ns)[0], "the digest removed")
 
 
 async def test_a_client_refused_for_its_credentials_is_built_again(redis_url: str) -> None:

@@ -237,3 +237,88 @@ def test_a_retained_stages_keys_are_adopted_and_v1_data_asks_for_phoenix_migrate
     assert f"phoenix migrate --namespace {ns} --service grouper" in legacy["message"]
     assert event_reasons(kube_api, ns, "grouper", "Warning") == ["LegacyKeysFound"]
     assert not connection.exists(f"phoenix:{{{ns}}}:grouper:input", f"phoenix:{{{ns}}}:grouper:owner")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("redis_db", [15], indirect=True)
+def test_a_stream_one_namespace_named_is_refused_to_another(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    neighbour: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    url, connection = redis_db
+    ns, other = kube_namespace, neighbour
+    orders = f"orders-{ns}"  # a stream named outside every namespace's keys (unique to this test's run)
+    kubectl_apply(kube_cluster, _stage(url, ns, "ingest", input=orders))
+    wait_ready(kube_cluster, ns, "ingest")
+    connection.xadd(orders, {"record_id": "o1", "user_id": "u1", "data": "{}"})
+
+    # Another namespace's stages may neither read it nor write into it.
+    kubectl_apply(kube_cluster, _stage(url, other, "reader", input=orders))
+    kubectl_apply(kube_cluster, _stage(url, other, "writer", output={"stream": orders}))
+    for name in ("reader", "writer"):
+        refused = _refused(kube_cluster, other, name)
+        assert f"the stream {orders} is claimed by the stages of namespace {ns}" in refused["message"]
+        warnings = eventually(lambda n=name: stage_events(kube_api, other, n, type_="Warning"), "a Warning Event")
+        assert [e.reason for e in warnings] == ["KeysHeldByAnotherStage"]
+        assert not _deployment_exists(kube_api, other, name)
+    assert list(_groups(connection, orders)) == ["ingest-group"] and connection.xlen(orders) == 1
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("redis_db", [15], indirect=True)
+def test_delete_keeps_a_named_stream_another_stage_reads(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """The stage that created the stream goes with deletionPolicy Delete: its group goes, the stream and the
+    records waiting for the group of another stage (of its namespace, sharing the name) stay."""
+    url, connection = redis_db
+    ns = kube_namespace
+    orders = f"orders-{ns}"
+    kubectl_apply(kube_cluster, _stage(url, ns, "ingest", input=orders, deletionPolicy="Delete"))
+    wait_ready(kube_cluster, ns, "ingest")
+    kubectl_apply(kube_cluster, _stage(url, ns, "audit", input=orders))
+    wait_ready(kube_cluster, ns, "audit")
+    for i in range(3):
+        connection.xadd(orders, {"record_id": f"o{i}", "user_id": "u1", "data": "{}"})
+    assert kube_cluster.kubectl("delete", "phoenixstage", "ingest", "-n", ns, "--timeout=60s").returncode == 0
+    [deleted] = event_messages(kube_api, ns, "ingest", "RedisDataDeleted")
+    assert "consumer group ingest-group" in deleted and f"kept {orders}" in deleted
+    assert list(_groups(connection, orders)) == ["audit-group"]
+    assert _groups(connection, orders)["audit-group"]["lag"] == 3 and connection.xlen(orders) == 3
+
+
+@pytest.mark.parametrize("redis_db", [15], indirect=True)
+def test_an_output_into_another_namespaces_keys_is_refused(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    neighbour: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """output.stream naming another namespace's input would inject records (billed to its users) into its
+    pipeline: refused from the spec and the namespace, before anything runs."""
+    url, connection = redis_db
+    ns, other = kube_namespace, neighbour
+    kubectl_apply(kube_cluster, _stage(url, other, "shared"))
+    wait_ready(kube_cluster, other, "shared")
+    theirs = f"phoenix:{{{other}}}:shared:input"
+    for name, spec in (
+        ("injector", {"output": {"stream": theirs}}),
+        ("lane-injector", {"output": {"stream": f"phoenix:{{{other}~0}}:shared:input"}}),
+        ("reader", {"input": theirs, "consumerGroup": "reader-group"}),
+    ):
+        kubectl_apply(kube_cluster, _stage(url, ns, name, **spec))
+        invalid = eventually(lambda n=name: condition_of_reason(kube_cluster, ns, n, "InvalidSpec"), "InvalidSpec")
+        assert f"is a key of namespace {other}" in invalid["message"]
+        eventually(lambda n=name: "InvalidSpec" in event_reasons(kube_api, ns, n, "Warning"), "a Warning Event")
+        assert not _deployment_exists(kube_api, ns, name)
+    assert list(_groups(connection, theirs)) == ["shared-group"] and connection.xlen(theirs) == 0

@@ -6,9 +6,17 @@ from __future__ import annotations
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.keys import StageKeys, input_stream
+from phoenix.keys import StageKeys, input_stream, name_marker
 from phoenix.operator.redis.ops import Destroyed, NotHeld, destroy
-from phoenix.worker_runtime.ownership import Claimed, KeyOfAnotherType, KeysHeld, LayoutDiffers, claim
+from phoenix.worker_runtime.ownership import (
+    Claimed,
+    KeyOfAnotherType,
+    KeysHeld,
+    LayoutDiffers,
+    NameHeld,
+    claim,
+    release_names,
+)
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.replies import hash_of
@@ -117,8 +125,8 @@ async def test_delete_removes_what_its_own_stage_created_and_nothing_else(
         await claim(redis, keys, uid, adopt=True)
         await _fill(redis, keys)
     assert await destroy(redis, B, UID_A) == NotHeld("team-b/shared (uid uid-b)")  # not its uid: nothing
-    # The nine (a stage of one partition has no layout).
-    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 9)
+    # The nine and its group (a stage of one partition has no layout).
+    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 10)
     assert [key async for key in redis.scan_iter(match="phoenix:{team-b}:*")] == []
     # team-a's keys, all nine and its marker, untouched.
     assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 10
@@ -136,8 +144,8 @@ async def test_delete_keeps_a_key_of_another_type_and_a_stream_it_did_not_create
     await redis.hset(A.retry, "a", "hash")
     await redis.set(A.record_prefix + "x", "done")
     await redis.rpush(A.record_prefix + "list", "someone's list")
-    # The group and one record key.
-    assert await destroy(redis, A, UID_A) == Destroyed("shared-group", [A.dlq], 2)
+    # The group and one record key; the string that took the DLQ's name is not the stage's stream.
+    assert await destroy(redis, A, UID_A) == Destroyed("shared-group", [], 2)
     assert [g["name"] for g in await redis.xinfo_groups(A.input)] == ["fan-out-reader"]
     assert await redis.xlen(A.input) == 1
     assert (await redis.type(A.dlq), await redis.type(A.retry)) == ("string", "hash")
@@ -244,8 +252,8 @@ async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis
     destroyed = await destroy(redis, P4, UID_A)
     assert isinstance(destroyed, Destroyed)
     assert destroyed.streams == [s for lane in P4.lanes for s in (lane.input, lane.dlq)]
-    # Per lane: input, DLQ, retry, 2 records, replay ledger, backpressure, trim counter, outbox; audit, layout.
-    assert destroyed.keys == 4 * 9 + 2
+    # Per lane: group, input, DLQ, retry, 2 records, replay ledger, backpressure, trim counter, outbox; audit, layout.
+    assert destroyed.keys == 4 * 10 + 2
     assert [key async for key in redis.scan_iter(match="phoenix:{team-a*")] == []
     assert sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")]) == before_b
 
@@ -291,3 +299,119 @@ async def test_a_worker_forwarding_to_another_count_than_the_next_stages_layout_
     assert "set OUTPUT_PARTITIONS=4" in lines[0]
     assert await redis.exists(input_stream("nxt")) == 0  # nothing forwarded beside its lanes
     assert await redis.xlen(KEYS.input) == 1
+
+
+# --- names a stage gives its streams itself, Kubernetes clusters, the layout Redis holds --------------------------
+
+ORDERS = "orders"
+
+
+async def test_a_stream_named_by_a_stage_is_its_namespaces_and_refused_to_another(redis: aioredis.Redis) -> None:
+    ingest = StageKeys.for_stage("ingest", "team-a", input=ORDERS)
+    assert await claim(redis, ingest, UID_A, adopt=True) == Claimed(group=True, dlq=True)
+    assert await hash_of(redis, name_marker(ORDERS)) == {"namespace": "team-a", "stage:ingest": "1"}
+    await redis.xadd(ORDERS, {"record_id": "r1"})
+    # Another namespace may neither read it, nor dead-letter into it, nor write its results there.
+    for intruder in (
+        StageKeys.for_stage("ingest", "team-b", input=ORDERS),
+        StageKeys.for_stage("thief", "team-b", input=ORDERS, group="ingest-group"),
+        StageKeys.for_stage("thief", "team-b", dlq=ORDERS),
+        StageKeys.for_stage("thief", "team-b", output=ORDERS),
+    ):
+        with pytest.raises(NameHeld) as refused:
+            await claim(redis, intruder, UID_B, adopt=True)
+        assert refused.value.holder == "team-a" and str(refused.value) == (
+            "the stream orders is claimed by the stages of namespace team-a"
+        )
+        assert await redis.exists(intruder.owner) == 0
+    assert [g["name"] for g in await redis.xinfo_groups(ORDERS)] == ["ingest-group"]
+    assert await redis.exists("phoenix:{team-b}:ingest:dlq", "phoenix:{team-b}:thief:dlq") == 0
+    # The namespace's own stages share it: one writes its results there, another reads it with its own group.
+    assert await claim(redis, StageKeys.for_stage("intake", "team-a", output=ORDERS), UID_A, adopt=True)
+    assert await claim(redis, StageKeys.for_stage("audit", "team-a", input=ORDERS), UID_A, adopt=True)
+    assert set(await hash_of(redis, name_marker(ORDERS))) == {
+        "namespace",
+        "stage:ingest",
+        "stage:intake",
+        "stage:audit",
+    }
+
+
+async def test_delete_keeps_a_named_stream_others_read_and_the_last_stage_frees_the_name(
+    redis: aioredis.Redis,
+) -> None:
+    ingest, audit = (
+        StageKeys.for_stage("ingest", "team-a", input=ORDERS),
+        StageKeys.for_stage("audit", "team-a", input=ORDERS),
+    )
+    await claim(redis, ingest, UID_A, adopt=True)  # created the stream
+    await claim(redis, audit, "uid-audit", adopt=True)
+    await redis.xadd(ORDERS, {"record_id": "waiting"})
+    destroyed = await destroy(redis, ingest, UID_A)
+    assert destroyed == Destroyed("ingest-group", [ingest.dlq], 2, kept=[ORDERS])
+    assert await release_names(redis, ingest, ingest.claimed_streams, "") == []  # audit still uses it
+    assert [(g["name"], g["lag"]) for g in await redis.xinfo_groups(ORDERS)] == [("audit-group", 1)]
+    # A stage alone on the stream it created deletes it, and gives the name up.
+    alone = StageKeys.for_stage("alone", "team-b", input="payments")
+    await claim(redis, alone, UID_B, adopt=True)
+    assert await destroy(redis, alone, UID_B) == Destroyed("alone-group", ["payments", alone.dlq], 3)
+    assert await release_names(redis, alone, alone.claimed_streams, "") == ["payments"]
+    assert await redis.exists("payments", name_marker("payments")) == 0
+    # Its name is free: another namespace may claim it now.
+    assert await claim(redis, StageKeys.for_stage("alone", "team-c", input="payments"), "uid-c", adopt=True)
+
+
+async def test_delete_keeps_a_stream_it_created_that_another_group_joined(redis: aioredis.Redis) -> None:
+    """A group created by hand (or by a stage before names were claimed) on a stream the stage created."""
+    await claim(redis, A, UID_A, adopt=True)
+    await redis.xgroup_create(A.input, "joined-by-hand", id="0")
+    await redis.xadd(A.input, {"record_id": "theirs"})
+    destroyed = await destroy(redis, A, UID_A)
+    assert isinstance(destroyed, Destroyed) and destroyed.kept == [A.input] and destroyed.streams == [A.dlq]
+    assert [(g["name"], g["lag"]) for g in await redis.xinfo_groups(A.input)] == [("joined-by-hand", 1)]
+
+
+async def test_another_clusters_stage_of_the_same_name_is_refused_and_deletes_nothing(redis: aioredis.Redis) -> None:
+    ingest = StageKeys.for_stage("ingest", "team-a", input=ORDERS)
+    await claim(redis, ingest, UID_A, adopt=True, cluster="cluster-1")
+    assert (await _marker(redis, ingest))["cluster"] == "cluster-1"
+    await redis.xadd(ORDERS, {"record_id": "r1"})
+    # Cluster 2 has a PhoenixStage team-a/ingest too (another uid): an adoption there would take cluster 1's keys.
+    with pytest.raises(NameHeld, match="team-a of Kubernetes cluster cluster-1"):
+        await claim(redis, ingest, "uid-2", adopt=True, cluster="cluster-2")
+    await claim(redis, A, UID_A, adopt=True, cluster="cluster-1")
+    with pytest.raises(KeysHeld, match=r"team-a/shared of Kubernetes cluster cluster-1"):
+        await claim(redis, A, "uid-2", adopt=True, cluster="cluster-2")
+    assert await destroy(redis, A, "uid-2", "cluster-2") == NotHeld(
+        "team-a/shared (uid uid-a, Kubernetes cluster cluster-1)"
+    )
+    assert await destroy(redis, ingest, "uid-2", "cluster-2") == NotHeld(
+        "team-a/ingest (uid uid-a, Kubernetes cluster cluster-1)"
+    )
+    assert await release_names(redis, ingest, ingest.claimed_streams, "cluster-2") == []
+    assert await redis.xlen(ORDERS) == 1 and await redis.exists(name_marker(ORDERS)) == 1
+
+
+async def test_a_marker_written_before_clusters_is_taken_by_the_first_cluster(redis: aioredis.Redis) -> None:
+    await claim(redis, A, "old-uid", adopt=True)  # an operator that knows no cluster: no field
+    assert "cluster" not in await _marker(redis, A)
+    assert await claim(redis, A, UID_A, adopt=True, cluster="cluster-1") == Claimed(False, False, "old-uid")
+    assert (await _marker(redis, A))["cluster"] == "cluster-1"
+    with pytest.raises(KeysHeld, match="of Kubernetes cluster cluster-1"):
+        await claim(redis, A, "uid-2", adopt=True, cluster="cluster-2")
+    # A worker knowing no cluster (STAGE_CLUSTER unset) neither checks nor changes it.
+    assert await claim(redis, A, UID_A, adopt=False) == Claimed(False, False)
+    assert (await _marker(redis, A))["cluster"] == "cluster-1"
+
+
+async def test_delete_after_a_refused_partition_change_removes_the_lanes_redis_holds(redis: aioredis.Redis) -> None:
+    """The spec asks for one partition now (refused: the layout has 4); Delete goes by the layout."""
+    await claim(redis, P4, UID_A, adopt=True)
+    for lane in P4.lanes:
+        await redis.xadd(lane.input, {"record_id": f"r{lane.partition}"})
+    with pytest.raises(LayoutDiffers):
+        await claim(redis, A, UID_A, adopt=True)
+    destroyed = await destroy(redis, A, UID_A)
+    assert isinstance(destroyed, Destroyed)
+    assert destroyed.streams == [s for lane in P4.lanes for s in (lane.input, lane.dlq)]
+    assert [key async for key in redis.scan_iter(match="phoenix:{team-a*")] == []

@@ -88,6 +88,25 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
     assert "s3cr" not in repr(spec) and "s3cr" not in str(spec)
 
 
+def test_redis_username_and_password_replace_the_urls_and_are_masked() -> None:
+    """What a worker of a namespace with a Redis ACL user is given: the tenant's URL, and the user beside it."""
+    settings = WorkerSettings(
+        service_name="s",
+        processor="x:Y",
+        redis_url="redis://tenant:their-own@127.0.0.1:6379/2",
+        redis_username="phoenix.team-a",
+        redis_password="the-users-password",
+    )
+    spec = settings.redis
+    assert (spec.username, spec.db) == ("phoenix.team-a", 2)
+    assert spec.password is not None and spec.password.get_secret_value() == "the-users-password"
+    assert spec.redacted == "redis://phoenix.team-a:***@127.0.0.1:6379/2"
+    assert spec.masked("auth the-users-password refused") == "auth *** refused"
+    assert {"the-users-password", "their-own"} <= set(settings.redis_secrets)  # the URL's stays in the environment
+    # Unset, the URL's own.
+    assert WorkerSettings(service_name="s", processor="x:Y", redis_url="redis://u:p@h:1/0").redis.username == "u"
+
+
 @pytest.mark.parametrize(
     ("variables", "message"),
     [
@@ -111,7 +130,7 @@ def test_a_percent_encoded_password_is_kept_decoded_and_never_shown() -> None:
 def test_connection_settings_are_checked_at_start(variables: dict[str, Any], message: str) -> None:
     with pytest.raises(ValidationError) as caught:
         WorkerSettings(service_name="s", processor="p", **variables)
-    line = describe_validation_error(caught.value)
+    line = describe_validation_error(caught.value, WorkerSettings)
     assert message in line and "\n" not in line
 
 

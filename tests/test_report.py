@@ -1,10 +1,12 @@
 """`kubectl phoenix report` (and `phoenix report`) against the real API server, the operator and a real Valkey.
 
 The stage's Redis is a Valkey of this module's own (an ACL user whose password is a unique marker), its namespace
-holds a second Secret the report must never read (referenced from spec.env by secretKeyRef), and its streams hold
+holds a second Secret the report must never read (referenced from spec.env by secretKeyRef), spec.env has a literal
+value of the processor's own (a marker too: the report cannot tell whether it is a secret), and its streams hold
 records and dead letters whose every field value is a unique marker: the archive must have what a person is asked
-for and none of those values. There is no kubelet here, so no pod has logs: the archive records, per container,
-the API server's answer instead (the e2e suite checks real logs: tests/e2e/test_report.py).
+for and none of those values, and be readable by its owner alone. There is no kubelet here, so no pod has logs: the
+archive records, per container, the API server's answer instead (the e2e suite checks real logs:
+tests/e2e/test_report.py).
 """
 
 from __future__ import annotations
@@ -69,12 +71,13 @@ def test_report_has_the_stage_picture_and_no_secret_or_record_data(
 ) -> None:
     url, password = private_redis
     ns = kube_namespace
-    other_secret = marker("api-token")
+    other_secret, literal = marker("api-token"), marker("vendor-region")
     secret, router = sample_documents(url, ns)[:2]
     secret["stringData"]["password"] = password
     router["spec"].pop("output")
     router["spec"]["env"] = [
-        {"name": "PARSER_MODE", "value": "strict"},
+        {"name": "VENDOR_REGION", "value": literal},
+        {"name": "LOG_LEVEL", "value": "debug"},
         {"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor", "key": "token"}},
     ]
     vendor = {
@@ -117,8 +120,16 @@ def test_report_has_the_stage_picture_and_no_secret_or_record_data(
     assert f"wrote {archive}" in printed
     files = members(archive)
 
+    assert os.stat(archive).st_mode & 0o777 == 0o600
+    with tarfile.open(archive) as tar:
+        assert {member.mode for member in tar.getmembers()} == {0o600}
     stage = json.loads(files[f"stages/{ns}/router.json"])
     assert stage["spec"]["processor"] == "router"
+    assert {var["name"]: var.get("value") for var in stage["spec"]["env"]} == {
+        "VENDOR_REGION": "<redacted>",  # the processor's own: it may be anything
+        "LOG_LEVEL": "debug",  # Phoenix's own setting, no secret
+        "VENDOR_TOKEN": None,
+    }
     assert stage["status"]["queue"]["dlqLength"] == 3
     assert "managedFields" not in stage["metadata"]
     assert json.loads(files["versions.json"])["kubernetes"].startswith("v1.")
@@ -134,7 +145,12 @@ def test_report_has_the_stage_picture_and_no_secret_or_record_data(
 
     (deployment,) = json.loads(files[f"workloads/{ns}/deployments.json"])
     env = {var["name"]: var for var in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["PARSER_MODE"]["value"] == "strict"
+    assert env["VENDOR_REGION"]["value"] == "<redacted>"
+    assert (env["LOG_LEVEL"]["value"], env["SERVICE_NAME"]["value"], env["MASKED_ENV"]["value"]) == (
+        "debug",
+        "router",
+        "VENDOR_TOKEN",
+    )
     assert env["VENDOR_TOKEN"] == {
         "name": "VENDOR_TOKEN",
         "valueFrom": {"secretKeyRef": {"name": "vendor", "key": "token"}},
@@ -156,11 +172,12 @@ def test_report_has_the_stage_picture_and_no_secret_or_record_data(
     with tarfile.open(archive) as tar:
         names = " ".join(tar.getnames())
     everything = "\n".join([*files.values(), names, printed, done.stderr])
-    for value in (password, other_secret, *record_values):
-        assert value not in everything, f"{value} is in the report"
+    for value in (password, other_secret, literal, *record_values):
+        assert value not in everything, f"{value} is in the report: {[n for n, text in files.items() if value in text]}"
 
-    # `phoenix report` is the same command.
+    # `phoenix report` is the same command; an archive it writes over is made 0600 too.
     again = tmp_path / "again.tar.gz"
+    again.touch(mode=0o644)
     run = subprocess.run(
         [str(VENV_BIN / "phoenix"), "report", "-n", ns, "--operator-namespace", ns, "-o", str(again)],
         env={**os.environ, "KUBECONFIG": str(kube_cluster.kubeconfig)},
@@ -170,7 +187,7 @@ def test_report_has_the_stage_picture_and_no_secret_or_record_data(
         check=False,
     )
     assert run.returncode == 0, run.stderr
-    assert set(members(again)) == set(files)
+    assert set(members(again)) == set(files) and os.stat(again).st_mode & 0o777 == 0o600
 
 
 @pytest.mark.timeout(120)

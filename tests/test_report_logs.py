@@ -1,6 +1,8 @@
-"""The workers' log lines in `phoenix report`: a real worker's log, written about records whose every field value is a
-unique marker, keeps none of them once redacted as the report does (redact_worker_log), and keeps what joins a line
-to its record and its trace (message_id, trace_id) and what a person reads first (event, level, error_type).
+"""The workers' and the operator's log lines in `phoenix report`: a real worker's log, written about records whose
+every field value is a unique marker, keeps none of them once redacted as the report does (redact_worker_log), and
+keeps what joins a line to its record and its trace (message_id, trace_id) and what a person reads first (event,
+level, error_type); a real operator's debug log, which quotes a stage's whole body, keeps no literal value of its
+spec once redacted (redact_operator_log), and keeps the operator's own sentences.
 
 tests/test_report.py runs the whole report against the API server, which has no kubelet and so no log to give; this
 is where its log redaction is proven on the lines a worker really writes."""
@@ -16,9 +18,12 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from phoenix.cli.report import LOG_FIELDS_KEPT, REDACTED, redact_worker_log
-from tests.fixtures.eventually import wait_until
+from phoenix.cli.report import LOG_FIELDS_KEPT, REDACTED, redact_operator_log, redact_worker_log
+from tests.fixtures.control_plane import ControlPlane
+from tests.fixtures.eventually import eventually, wait_until
+from tests.fixtures.operator_process import final_stage, kubectl_apply, stage_condition, start_operator, wait_healthy
 from tests.fixtures.otlp_receiver import otlp_receiver
+from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed
 from tests.fixtures.replies import stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, OUT
@@ -72,6 +77,34 @@ async def test_a_workers_log_keeps_no_record_value_once_redacted(redis: aioredis
     # A line about no record keeps its error: what the runtime says about Redis, a background job, the processor.
     started = [line for line in lines if line["event"] == "worker_started"]
     assert started and all(REDACTED not in line.values() for line in started), started
+
+
+@pytest.mark.timeout(120)
+def test_an_operators_log_keeps_no_literal_value_of_a_spec_once_redacted(
+    kube_cluster: ControlPlane, operator_kubeconfig: Path, kube_namespace: str, redis_url: str
+) -> None:
+    """With --verbose, kopf writes each stage's whole body and diff into its debug lines: spec.env's literal values
+    (which the report redacts everywhere else) among them, and whatever a traceback quotes."""
+    value = marker("literal-value")
+    documents = final_stage(redis_url, kube_namespace, env=[{"name": "VENDOR_REGION", "value": value}])
+    liveness = f"http://127.0.0.1:{free_loopback_port()}/healthz"
+    args = [f"--liveness={liveness}", "--all-namespaces", "--log-format=json", "--verbose"]
+    process = start_operator(kube_cluster, operator_kubeconfig, args, log_name="operator-report-logs")
+    try:
+        wait_healthy(process, liveness)
+        kubectl_apply(kube_cluster, documents)
+        eventually(lambda: stage_condition(kube_cluster, kube_namespace, "router").get("status") == "True", "Ready")
+    finally:
+        process.stop(15)
+    log = process.log_path.read_text()
+    assert value in log  # the debug lines quote the body
+
+    redacted = redact_operator_log(as_the_api_gives(log))
+    assert value not in redacted
+    lines = [json.loads(line.partition(" ")[2]) for line in redacted.splitlines() if "not a JSON line" not in line]
+    done = [line for line in lines if line.get("message") == "Handler 'reconcile' succeeded."]
+    assert done and done[0]["object"]["name"] == "router" and done[0]["severity"] == "info"
+    assert all(line["message"] == REDACTED for line in lines if line.get("severity") == "debug")
 
 
 def test_a_processors_fields_and_lines_that_are_not_json_are_redacted() -> None:
@@ -162,8 +195,9 @@ def test_the_report_redacts_the_workers_logs_by_default(monkeypatch: pytest.Monk
     assert bundle.errors == []
     worker_log = bundle.files["logs/ns/worker-0/worker.log"]
     assert ("r-secret" in worker_log) is not redact
-    # The operator's lines are about stages, not records: as written.
-    assert bundle.files["logs/phoenix-system/operator-0/operator.log"] == f"{STAMP} {_FakeCore.LINE}\n"
+    # The operator's lines too, by its own fields (which a worker's line has none of).
+    operator_log = bundle.files["logs/phoenix-system/operator-0/operator.log"]
+    assert ("r-secret" in operator_log) is not redact
 
 
 # The worker runtime's log fields the report redacts: a record's ids and error text, and the billing cache's key

@@ -52,7 +52,9 @@ KEY_POSITIONS: dict[str, tuple[int, ...] | str] = {
         for command in (
             "EXPIRE",
             "GET",
+            "HDEL",
             "HGET",
+            "HKEYS",
             "HMGET",
             "HSET",
             "INCRBY",
@@ -366,6 +368,8 @@ WORKER_SCRIPTS = {
 RELAY_SCRIPTS = {"worker_runtime/relay_done.lua", "worker_runtime/relay_write.lua"}
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
+    "worker_runtime/claim_name.lua",
+    "worker_runtime/release_name.lua",
     "worker_runtime/layout_check.lua",
     "operator/redis/delete_owned.lua",
     "tools/dlq_replay.lua",
@@ -545,6 +549,10 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
         # deletionPolicy Delete: the record keys, the ledger, then the streams, the retry set and the marker.
         destroyed = await destroy(cluster, STAGE, "uid-1")
         assert isinstance(destroyed, Destroyed) and destroyed.streams == [STAGE.input, STAGE.dlq]
+        # A stream named by a stage of the namespace (in the namespace's slot here): claimed, then given up.
+        named = StageKeys.for_stage("named", NAMESPACE, output=f"{{{NAMESPACE}}}:results")
+        await ownership.claim_names(cluster, named, "cluster-1")
+        assert await ownership.release_names(cluster, named, named.claimed_streams, "cluster-1") == [named.output]
     await monitor_client.aclose()
 
     check_calls(monitor, DIRECT_SCRIPTS, key_slot(STAGE.input.encode()))

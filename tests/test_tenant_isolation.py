@@ -6,16 +6,19 @@ grouped results, and neither reads the other's cached API keys."""
 from __future__ import annotations
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 from cryptography.fernet import Fernet
+from pydantic import SecretStr
 
 from phoenix.keys import StageKeys, billing_cache_key, input_stream, scope
 from phoenix.stages.data_keys import grouped_key, pages_key
 from phoenix.stages.samples import ensure_samples
+from phoenix.worker_runtime.billing import CacheSeal
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.key_service import running_key_service
 from tests.fixtures.replies import get_existing, keys_matching
@@ -80,7 +83,11 @@ async def test_two_pipelines_on_one_redis_keep_their_own_documents_and_billing_k
     for namespace in TENANTS:
         for _, user_id in RECORDS:
             entry = await get_existing(redis, billing_cache_key(namespace, user_id))
-            issued_for = billing.issued_for[Fernet(cache_key).decrypt(entry.encode()).decode()]
+            seal = CacheSeal.of(namespace, SecretStr(cache_key), None)
+            assert seal is not None
+            key, _ = seal.open(user_id, entry, max_age=86400, now=time.time())
+            assert key is not None
+            issued_for = billing.issued_for[key]
             assert (issued_for["metadata"]["phoenix_namespace"], issued_for["user_id"]) == (namespace, user_id)
 
 

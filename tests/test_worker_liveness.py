@@ -245,7 +245,7 @@ def test_liveness_timeout_is_derived_from_the_longest_call_and_refused_below_it(
     assert WorkerSettings(**base, liveness_timeout=20).liveness_timeout == 20
     with pytest.raises(ValidationError) as refused:
         WorkerSettings(**base, block_ms=10_000, liveness_timeout=10)
-    assert describe_validation_error(refused.value) == (
+    assert describe_validation_error(refused.value, WorkerSettings) == (
         "LIVENESS_TIMEOUT must exceed BLOCK_MS and, with MIN_REPLICAS_ACK, MIN_REPLICAS_TIMEOUT_MS: "
         "a healthy read or commit may take that long"
     )

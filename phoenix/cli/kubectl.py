@@ -325,8 +325,8 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument(
         "--unredacted-logs",
         action="store_true",
-        help="the workers' log lines as written (by default a record's ids, error texts and a processor's fields are"
-        " redacted)",
+        help="the workers' and the operator's log lines as written (by default a record's ids, error texts, a"
+        " processor's fields, tracebacks and the operator's debug messages are redacted)",
     )
     r.add_argument("--dlq-scan", type=int, default=report.DEFAULT_DLQ_SCAN, help="DLQ entries counted at most")
     r.set_defaults(handler=cmd_report)

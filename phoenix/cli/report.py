@@ -7,13 +7,19 @@ type, the settings RedisRisk reads and the server's version. What is never in it
 
 - Secret values: the only Secret read is the one a stage's urlSecretRef names (its Redis URL, to connect; skipped
   with --no-redis), and only in memory; its passwords are masked out of every file before the archive is written.
-  Environment variables from secretKeyRef are references (the API holds no value); a literal value of a variable
-  whose name looks secret (SECRET_NAME_PATTERN) is redacted anyway.
+  Environment variables from secretKeyRef are references (the API holds no value). Of the literal values, in the
+  Deployments' containers and the stages' spec.env, only those of Phoenix's own settings that hold no secret
+  (ENV_KEPT) are kept, a URL's user info masked; every other one is `<redacted>`: the report cannot tell what a
+  processor's own variable holds.
 - Record data: entries are not copied; the DLQ is read only to count error_type. The workers' log lines are
   written about records: each keeps its fields' names, but only the runtime's own fields that hold no record data
   keep their values (LOG_FIELDS_KEPT: event, level, timestamp, message_id, trace_id, span_id, error_type, counts and
   timings...); record_id, user_id, a record's error text and whatever a processor logs become `<redacted>`, and a
-  line that is not JSON (a traceback) is redacted whole. --unredacted-logs keeps them as written.
+  line that is not JSON (a traceback) is redacted whole. The operator's lines the same way (OPERATOR_LOG): its own
+  sentences about stages are kept, a debug line's message (kopf quotes whole objects there) and a traceback are not.
+  --unredacted-logs keeps them as written.
+
+The archive is readable by its owner alone (0600), its files too once extracted.
 
 A part that cannot be read (a pod without a node has no logs, a Secret the caller may not read) is recorded in
 summary.json's errors and the rest is still written.
@@ -24,8 +30,8 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import os
 import platform
-import re
 import tarfile
 import time
 from collections import Counter
@@ -41,23 +47,35 @@ from redis.exceptions import RedisError
 
 import phoenix
 from phoenix.cli.stage import StageSettings, redis_client
-from phoenix.crds.spec import SECRET_NAME_PATTERN
 from phoenix.errors import PhoenixError
-from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, NAME_LABEL, OPERATOR_APP_NAME, WORKER_APP_NAME
+from phoenix.kube_names import (
+    LAST_HANDLED_ANNOTATION,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAME_LABEL,
+    OPERATOR_APP_NAME,
+    WORKER_APP_NAME,
+)
 from phoenix.redis_replies import text
 from phoenix.redis_spec import RedisSpec
 from phoenix.tools import dlq
 from phoenix.tools.queue_stats import collect
+from phoenix.worker_runtime.billing import BillingSettings
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.scrub import register as scrub_register
-from phoenix.worker_runtime.scrub import scrub
+from phoenix.worker_runtime.scrub import scrub, without_user_info
+from phoenix.worker_runtime.settings import WorkerSettings, public_variables
 
 Json = dict[str, Any]
 REDACTED = "<redacted>"
 DEFAULT_TAIL_LINES = 500
 DEFAULT_DLQ_SCAN = 100_000
-# An annotation that copies the whole applied object: the spec is in the file already.
-_LAST_APPLIED = "kubectl.kubernetes.io/last-applied-configuration"
+# Owner only: the archive holds a cluster's layout, its logs and its Redis settings.
+ARCHIVE_MODE = 0o600
+# The variables whose literal values the report keeps: Phoenix's own settings that hold no secret (not SecretStr).
+ENV_KEPT = public_variables(WorkerSettings, BillingSettings)
+# Annotations that copy the whole spec (kubectl's, kopf's): the spec is in the file already, its env redacted.
+_SPEC_COPIES = ("kubectl.kubernetes.io/last-applied-configuration", LAST_HANDLED_ANNOTATION)
 
 
 class UnreadableStage(PhoenixError):
@@ -78,7 +96,7 @@ class ReportOptions:
     tail_lines: int = DEFAULT_TAIL_LINES
     dlq_scan: int = DEFAULT_DLQ_SCAN
     redis: bool = True
-    redact_logs: bool = True  # the workers' log lines: redact_worker_log
+    redact_logs: bool = True  # the workers' and the operator's log lines: redact_log
 
 
 # The fields of a worker's JSON line that keep their value in the report: the runtime's own (worker_runtime's log
@@ -94,14 +112,30 @@ LOG_FIELDS_KEPT = frozenset(
         "task", "unfinished",
     }
 )  # fmt: skip
-# Kept only on a line about no record: a record's error text may quote its data.
-_ERROR_FIELD = "error"
+# The fields of the operator's JSON lines (LOG_FORMAT=json: kopf's formatter, with trace ids) that keep their value:
+# about stages and the operator itself, never a record's data.
+OPERATOR_LOG_FIELDS_KEPT = frozenset({"timestamp", "severity", "object", "trace_id", "span_id"})
 
 
-def redact_worker_log(text: str) -> str:
-    """A worker's log as the API gives it (`<RFC 3339 time> <line>`), with every value that may be a record's
-    redacted: of each JSON line, the fields not in LOG_FIELDS_KEPT (and `error` on a line about a record); a line
-    that is not a JSON object, whole."""
+@dataclass(frozen=True)
+class LogFields:
+    """Which fields of a role's JSON log lines keep their value in the report: `kept`, and `free_text` on a line
+    where `quotes_data` says it cannot quote data (a worker's `error` on a line about no record; the operator's
+    `message` but on a debug line, where kopf writes a stage's whole body and diff)."""
+
+    kept: frozenset[str]
+    free_text: str
+    quotes_data: Callable[[Json], bool]
+
+
+WORKER_LOG = LogFields(LOG_FIELDS_KEPT, "error", lambda fields: "record_id" in fields or "user_id" in fields)
+OPERATOR_LOG = LogFields(OPERATOR_LOG_FIELDS_KEPT, "message", lambda fields: fields.get("severity") == "debug")
+
+
+def redact_log(text: str, role: LogFields) -> str:
+    """A pod's log as the API gives it (`<RFC 3339 time> <line>`), with every value that may be a record's or a
+    secret redacted: of each JSON line, the fields `role` does not keep; a line that is not a JSON object, whole;
+    the user info of a URL in what is kept."""
     redacted = []
     for line in text.splitlines():
         stamp, _, rest = line.partition(" ")
@@ -112,13 +146,21 @@ def redact_worker_log(text: str) -> str:
         if not isinstance(fields, dict):
             redacted.append(f"{stamp} {REDACTED} (not a JSON line)")
             continue
-        about_a_record = "record_id" in fields or "user_id" in fields
+        free_text_kept = not role.quotes_data(fields)
         kept = {
-            key: value if key in LOG_FIELDS_KEPT or (key == _ERROR_FIELD and not about_a_record) else REDACTED
+            key: value if key in role.kept or (key == role.free_text and free_text_kept) else REDACTED
             for key, value in fields.items()
         }
-        redacted.append(f"{stamp} {json.dumps(kept)}")
+        redacted.append(f"{stamp} {without_user_info(json.dumps(kept))}")
     return "".join(f"{line}\n" for line in redacted)
+
+
+def redact_worker_log(text: str) -> str:
+    return redact_log(text, WORKER_LOG)
+
+
+def redact_operator_log(text: str) -> str:
+    return redact_log(text, OPERATOR_LOG)
 
 
 @dataclass
@@ -141,12 +183,15 @@ class Bundle:
     def write(self, path: Path, summary: Json) -> None:
         self.add_json("summary.json", {**summary, "errors": self.errors})
         root = path.name.removesuffix(".tar.gz")
-        with tarfile.open(path, "w:gz") as archive:
+        # Created 0600, and made so if it existed (O_CREAT keeps an existing file's mode).
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, ARCHIVE_MODE)
+        os.fchmod(descriptor, ARCHIVE_MODE)
+        with os.fdopen(descriptor, "wb") as file, tarfile.open(fileobj=file, mode="w:gz") as archive:
             for name, content in sorted(self.files.items()):
                 # The Redis passwords read (scrub.register): masked wherever a log line or an error quoted them.
                 data = scrub(content).encode()
                 info = tarfile.TarInfo(f"{root}/{name}")
-                info.size, info.mtime, info.mode = len(data), int(time.time()), 0o644
+                info.size, info.mtime, info.mode = len(data), int(time.time()), ARCHIVE_MODE
                 archive.addfile(info, io.BytesIO(data))
 
 
@@ -177,10 +222,11 @@ def collect_report(api: client.ApiClient, stages: list[Json], options: ReportOpt
             found = apps.list_namespaced_deployment(ns, label_selector=f"{MANAGED_BY_LABEL}={MANAGED_BY}").items
             deployments = [_redacted(api.sanitize_for_serialization(d)) for d in found]
             bundle.add_json(f"workloads/{ns}/deployments.json", deployments)
-        redact = redact_worker_log if options.redact_logs else None
+        redact = WORKER_LOG if options.redact_logs else None
         _pods(bundle, api, ns, f"{NAME_LABEL}={WORKER_APP_NAME}", "workers", options.tail_lines, redact)
     operator_pods = f"{NAME_LABEL}={OPERATOR_APP_NAME}"
-    _pods(bundle, api, options.operator_namespace, operator_pods, "operator", options.tail_lines)
+    redact = OPERATOR_LOG if options.redact_logs else None
+    _pods(bundle, api, options.operator_namespace, operator_pods, "operator", options.tail_lines, redact)
     for ns in sorted({*namespaces, options.operator_namespace}):
         with bundle.attempt(f"Events of namespace {ns}"):
             events = [_event(api.sanitize_for_serialization(e)) for e in core.list_namespaced_event(ns).items]
@@ -207,8 +253,9 @@ def collect_report(api: client.ApiClient, stages: list[Json], options: ReportOpt
 def _stage_document(stage: Json) -> Json:
     meta = {k: v for k, v in stage["metadata"].items() if k != "managedFields"}
     if annotations := meta.get("annotations"):
-        meta["annotations"] = {k: v for k, v in annotations.items() if k != _LAST_APPLIED}
-    return {**stage, "metadata": meta}
+        meta["annotations"] = {k: v for k, v in annotations.items() if k not in _SPEC_COPIES}
+    spec = stage.get("spec") or {}
+    return {**stage, "metadata": meta, "spec": {**spec, "env": _redacted_env(spec.get("env") or [])}}
 
 
 def _pods(
@@ -218,10 +265,10 @@ def _pods(
     selector: str,
     role: str,
     tail_lines: int,
-    redact: Callable[[str], str] | None = None,
+    redact: LogFields | None = None,
 ) -> None:
     """The pods `selector` finds in `ns` (their state) and the last `tail_lines` of each container's log (and of
-    its previous run, after a restart), through `redact` when given."""
+    its previous run, after a restart), through redact_log as `redact` says when given."""
     core = client.CoreV1Api(api)
     with bundle.attempt(f"pods ({role}) of namespace {ns}"):
         pods = [api.sanitize_for_serialization(p) for p in core.list_namespaced_pod(ns, label_selector=selector).items]
@@ -242,19 +289,28 @@ def _pods(
                         )
                         log = f"logs/{ns}/{name}/{container}{'.previous' if previous else ''}.log"
                         lines = lines or ""  # an empty log comes back as None
-                        bundle.files[log] = redact(lines) if redact is not None else lines
+                        bundle.files[log] = redact_log(lines, redact) if redact is not None else lines
 
 
 def _redacted(deployment: Json) -> Json:
-    """A Deployment as the API gives it, minus managedFields; a literal env value whose name looks secret is
-    redacted (the CRD refuses those in spec.env, but a Deployment can be edited by hand)."""
+    """A Deployment as the API gives it, minus managedFields, its containers' literal env values redacted but
+    Phoenix's own settings' (_redacted_env)."""
     deployment["metadata"].pop("managedFields", None)
     pod_spec = deployment.get("spec", {}).get("template", {}).get("spec", {})
     for container in (*pod_spec.get("containers", ()), *pod_spec.get("initContainers", ())):
-        for var in container.get("env") or ():
-            if "value" in var and re.search(SECRET_NAME_PATTERN, var["name"].upper()):
-                var["value"] = REDACTED
+        container["env"] = _redacted_env(container.get("env") or [])
     return deployment
+
+
+def _redacted_env(env: list[Json]) -> list[Json]:
+    """`env` (a container's, or spec.env) with every literal value `<redacted>` but those of ENV_KEPT, a URL's user
+    info masked in those; a reference (secretKeyRef, fieldRef...) is kept, it holds no value."""
+    return [
+        {**var, "value": without_user_info(var["value"]) if var["name"].upper() in ENV_KEPT else REDACTED}
+        if "value" in var
+        else var
+        for var in env
+    ]
 
 
 def _pod_summary(pod: Json) -> Json:

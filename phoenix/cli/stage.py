@@ -22,6 +22,8 @@ DEFAULT_REDIS_URL = "redis://localhost:6379/0"
 # The commands send no blocking reads, so the socket timeout only has to outlast a slow scan.
 _REDIS_OPTIONS = {
     "mode": ("REDIS_MODE", "standalone (default); sentinel: the URL's hosts are the Sentinels; cluster: seed nodes"),
+    "username": ("REDIS_USERNAME", "the ACL user instead of the URL's (a namespace's: its Secret phoenix-redis-user)"),
+    "password": ("REDIS_PASSWORD", "its password instead of the URL's (prefer the variable)"),
     "sentinel_master": ("REDIS_SENTINEL_MASTER", "the master's name the Sentinels monitor"),
     "sentinel_username": ("REDIS_SENTINEL_USERNAME", "the Sentinels' own user, when they have one"),
     "sentinel_password": ("REDIS_SENTINEL_PASSWORD", "the Sentinels' own password (prefer the variable)"),

@@ -9,6 +9,7 @@ from typing import Any
 from phoenix.operator.kube.api import KubeApi
 from phoenix.operator.kube.events import EventRecorder
 from phoenix.operator.record import StageRegistry
+from phoenix.operator.redis.acl import RedisUsers
 from phoenix.operator.redis.pool import RedisPool
 from phoenix.operator.status.writer import StatusWriter
 from phoenix.redis_spec import RedisSpec
@@ -19,13 +20,18 @@ from phoenix.worker_runtime.redis_risk import RedisRisk
 class OperatorContext:
     """What every kopf handler and background task of the operator process shares, made once at its start
     (main.py) and handed to the handlers in kopf's memo: the clients (`kube` for the API server, `pool` of Redis
-    clients by connection spec), what it watches (`namespaces`, `refresh_interval`), its memory of the stages
+    clients by connection spec), what it watches (`namespaces`, `refresh_interval`), who it is (`cluster`), the
+    namespaces' Redis ACL users when it runs them (`users`), its memory of the stages
     (`registry`), the status writer and Event recorder built on `kube`, the converger's `wake`, and what the status
     refresh last found (`refresh_reports`, `redis_risks`)."""
 
     kube: KubeApi
     namespaces: tuple[str, ...]  # empty: the whole cluster
     refresh_interval: float
+    # This Kubernetes cluster's identity in the ownership markers ("": unknown; main.cluster_identity).
+    cluster: str = ""
+    # The namespaces' Redis ACL users (redis/acl.py), None unless --redis-acl-admin-secret.
+    users: RedisUsers | None = None
     pool: RedisPool = field(default_factory=RedisPool)
     registry: StageRegistry = field(default_factory=StageRegistry)
     writer: StatusWriter = field(init=False)

@@ -30,7 +30,7 @@ DEPLOYMENTS = ("apps", "v1", "deployments")
 SCALED_OBJECTS = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
 TRIGGER_AUTHENTICATIONS = (KEDA_GROUP, KEDA_VERSION, "triggerauthentications")
 DISRUPTION_BUDGETS = ("policy", "v1", "poddisruptionbudgets")
-_BACKGROUND = ("refresh_task", "converge_task", "secret_check_task")
+_BACKGROUND = ("refresh_task", "converge_task", "secret_check_task", "acl_sync_task")
 
 
 def _context(memo: kopf.Memo) -> OperatorContext:
@@ -47,17 +47,24 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     memo["refresh_task"] = asyncio.create_task(refresh_forever(context), name="phoenix-status-refresh")
     memo["converge_task"] = asyncio.create_task(converge_forever(context), name="phoenix-converger")
     memo["secret_check_task"] = asyncio.create_task(check_secrets_forever(context), name="phoenix-secret-check")
+    if context.users is not None:
+        sync = context.users.sync_forever(context.registry)
+        memo["acl_sync_task"] = asyncio.create_task(sync, name="phoenix-redis-acl-users")
 
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     for name in _BACKGROUND:
-        task: asyncio.Task[None] = memo[name]
+        task: asyncio.Task[None] | None = memo.get(name)  # acl_sync_task: with Redis ACL users only
+        if task is None:
+            continue
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
     context = _context(memo)
     await context.pool.close()
+    if context.users is not None:
+        await context.users.aclose()
     await context.kube.aclose()
 
 

@@ -24,11 +24,13 @@ from phoenix.operator.kube import leader
 from phoenix.operator.kube.api import KubeApi, load_client
 from phoenix.operator.metrics import LEADER, REGISTRY
 from phoenix.operator.options import OperatorOptions, parse_options
+from phoenix.operator.redis.acl import RedisUsers
 from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.tracing import TraceIdsFilter, TracingConfigError, configure_tracing
 
 # Kubernetes calls run in threads (the official client blocks); 200 stages reconciling at once need more
 # than asyncio's default of cpu+4 threads to stay quick.
+logger = logging.getLogger(__name__)
 API_THREADS = 32
 # What makes a --namespace value one of kopf's patterns (globs, negations, lists) rather than a name.
 NAMESPACE_PATTERN_CHARACTERS = set("*?[]!,")
@@ -87,10 +89,38 @@ async def serving_metrics(port: int, api: ApiReachability) -> AsyncIterator[None
         await runner.cleanup()
 
 
+async def cluster_identity(kube: KubeApi, configured: str | None, namespaces: tuple[str, ...]) -> str:
+    """--cluster-id, else the uid of the kube-system namespace: unique to the cluster and kept for its life. ""
+    (markers then carry none, as before) when the operator may not read it and was given none: an operator serving
+    named namespaces (whose install grants nothing cluster-wide) does not try."""
+    if configured:
+        return configured
+    if namespaces:
+        logger.warning(
+            "no cluster identity: an operator serving named namespaces reads nothing outside them; give it "
+            "--cluster-id so that the ownership markers of the stages' Redis keys name this cluster"
+        )
+        return ""
+    try:
+        return await kube.namespace_uid("kube-system")
+    except (ApiException, HTTPError, OSError) as exc:
+        reason = f"{exc.status} {exc.reason}" if isinstance(exc, ApiException) else type(exc).__name__
+        logger.warning(
+            "no cluster identity: the kube-system namespace could not be read (%s) and no --cluster-id was given; "
+            "the ownership markers of the stages' Redis keys name no cluster",
+            reason,
+        )
+        return ""
+
+
 async def operate(
     options: OperatorOptions, api_client: client.ApiClient, context: OperatorContext, lease: leader.LeaseConfig | None
 ) -> None:
     """Run kopf until stopped; with a Lease, only while holding it."""
+    context.cluster = await cluster_identity(context.kube, options.cluster_id, options.namespaces)
+    if options.acl is not None:
+        namespace = leader.lease_namespace(options.acl.admin_namespace)
+        context.users = RedisUsers(context.kube, options.acl, namespace, context.cluster)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     # kopf installs its own handlers while it runs; these cover a standby, which does not run kopf.
@@ -137,6 +167,16 @@ def run(options: OperatorOptions) -> int:
             lease = leader.lease_config(options.lease_name, options.lease_namespace)
         except leader.LeaseConfigError as exc:
             print(f"phoenix operator: {exc}", file=sys.stderr)
+            return 2
+    if options.acl is not None:
+        try:
+            leader.lease_namespace(options.acl.admin_namespace)
+        except leader.LeaseConfigError:
+            print(
+                "phoenix operator: --redis-acl-admin-secret needs the operator's namespace: --lease-namespace (or "
+                "$POD_NAMESPACE) when not running in a pod",
+                file=sys.stderr,
+            )
             return 2
     api_client = load_client(API_THREADS)
     context = OperatorContext(KubeApi(api_client), options.namespaces, options.refresh_interval)

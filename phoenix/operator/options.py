@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass
 
 DEFAULT_REFRESH_SECONDS = 10.0
 DEFAULT_LEASE_NAME = "phoenix-operator"
+# A namespace user's password is replaced this often, and the one replaced stays valid this long (the workers roll
+# onto the new one meanwhile).
+DEFAULT_ACL_ROTATION_SECONDS = 30 * 86400.0
+DEFAULT_ACL_GRACE_SECONDS = 900.0
+CLUSTER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+@dataclass(frozen=True)
+class AclOptions:
+    """--redis-acl-admin-secret and its companions: the operator runs one Redis ACL user per namespace."""
+
+    admin_secret: str  # in the operator's own namespace: key `url`, the Redis URL with the admin's credentials
+    admin_namespace: str | None  # None: the pod's own namespace
+    rotation_seconds: float  # 0: never rotated
+    grace_seconds: float
 
 
 @dataclass(frozen=True)
@@ -21,6 +37,8 @@ class OperatorOptions:
     leader_election: bool
     lease_name: str
     lease_namespace: str | None  # None: the pod's own namespace
+    cluster_id: str | None  # None: the uid of the cluster's kube-system namespace
+    acl: AclOptions | None  # None: no Redis ACL users (the default)
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> OperatorOptions:
@@ -34,6 +52,15 @@ class OperatorOptions:
             leader_election=args.leader_election,
             lease_name=args.lease_name,
             lease_namespace=args.lease_namespace,
+            cluster_id=args.cluster_id or None,
+            acl=None
+            if not args.redis_acl_admin_secret
+            else AclOptions(
+                admin_secret=args.redis_acl_admin_secret,
+                admin_namespace=args.lease_namespace,
+                rotation_seconds=args.redis_acl_rotation_seconds,
+                grace_seconds=args.redis_acl_grace_seconds,
+            ),
         )
 
 
@@ -42,6 +69,19 @@ def _positive(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError("must be greater than 0")
     return value
+
+
+def _not_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _cluster_id(text: str) -> str:
+    if not re.match(CLUSTER_ID_PATTERN, text):
+        raise argparse.ArgumentTypeError("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return text
 
 
 def _port(text: str) -> int:
@@ -95,6 +135,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
         metavar="NS",
         default=os.environ.get("POD_NAMESPACE"),
         help="namespace of the Lease (default $POD_NAMESPACE, else the pod's own namespace)",
+    )
+    parser.add_argument(
+        "--cluster-id",
+        type=_cluster_id,
+        metavar="ID",
+        default=os.environ.get("PHOENIX_CLUSTER_ID") or None,
+        help="this Kubernetes cluster's name in the ownership markers of the stages' Redis keys, so that clusters "
+        "sharing a Redis never take each other's keys (default $PHOENIX_CLUSTER_ID, else the uid of the "
+        "kube-system namespace; set it where the operator may not read that namespace)",
+    )
+    parser.add_argument(
+        "--redis-acl-admin-secret",
+        metavar="NAME",
+        default=os.environ.get("PHOENIX_REDIS_ACL_ADMIN_SECRET", ""),
+        help="run one Redis ACL user per namespace on the Redis this Secret of the operator's namespace names (key "
+        "`url`: the Redis URL with credentials allowed ACL SETUSER and DELUSER); off by default "
+        "(docs/operator.md, Redis ACL users)",
+    )
+    parser.add_argument(
+        "--redis-acl-rotation-seconds",
+        type=_not_negative,
+        metavar="SECONDS",
+        default=DEFAULT_ACL_ROTATION_SECONDS,
+        help=f"replace a namespace user's password this often, 0: never (default {DEFAULT_ACL_ROTATION_SECONDS:g})",
+    )
+    parser.add_argument(
+        "--redis-acl-grace-seconds",
+        type=_not_negative,
+        metavar="SECONDS",
+        default=DEFAULT_ACL_GRACE_SECONDS,
+        help=f"how long a replaced password stays valid while the workers roll (default {DEFAULT_ACL_GRACE_SECONDS:g})",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument(

@@ -12,6 +12,17 @@ from phoenix.keys import StageKeys
 from phoenix.redis_spec import RedisSpec
 
 StageKey = tuple[str, str]  # (namespace, name)
+# What the absence of a Secret is remembered as, in place of its resourceVersion.
+ABSENT = ""
+
+
+@dataclass(frozen=True)
+class SecretsRead:
+    """What a reconcile read of the Secrets a stage's pods use (kube/secrets.py): the resourceVersion of each, by
+    name (ABSENT for one that does not exist), and the keys of those spec.pod.envFrom names. Never a value."""
+
+    versions: tuple[tuple[str, str], ...] = ()
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass
@@ -34,11 +45,15 @@ class StageRecord:
 
     # What the last reconcile found and wants.
     streams: StageKeys | None = None
-    # Resolved from the stage's Secret at its last reconcile; never printed (repr=False).
+    # Resolved from the stage's Secret at its last reconcile; never printed (repr=False). With Redis ACL users, the
+    # administered Redis with the admin's credentials.
     redis: RedisSpec | None = field(default=None, repr=False)
-    # (Secret name, resourceVersion) of each Secret spec.redis named at the last reconcile that read them: the
-    # Secret check (stage/secret_check.py) compares them with the current ones.
-    redis_versions: tuple[tuple[str, str], ...] = ()
+    # The name of the Redis ACL user of its namespace its workers log in as (redis/acl.py); None: its Redis is not
+    # administered.
+    redis_user: str | None = None
+    # (Secret name, resourceVersion) of each Secret the pods read (spec.redis, spec.env, spec.pod.envFrom) at the
+    # last reconcile that read them: the Secret check (stage/secret_check.py) compares them with the current ones.
+    secret_versions: tuple[tuple[str, str], ...] = ()
     # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
     # with it (drift.differences).
     children: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)

@@ -67,8 +67,9 @@ def main() -> int:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2
     # Before anything is logged; the billing keys register themselves (ApiKeyProvider), users' keys per task.
-    scrub.register(*settings.redis.secrets())
+    scrub.register(*settings.redis_secrets)
     scrub.register(os.environ.get(API_KEY_ENV))
+    scrub.register(*(os.environ.get(name) for name in settings.masked_variables))  # the processor's own Secrets
     scrub.register(*otlp_header_values())  # an exporter's error may quote its Authorization header
     configure_logging(settings.service_name, settings.log_level, settings.log_format)
     with asyncio.Runner(loop_factory=_loop_factory()) as runner:

@@ -1,11 +1,14 @@
 """Per-user LLM billing: a message's LLM calls run on its user's own API key, fetched once, cached in Redis.
 
 Keys, scoped by the stage's KEY_NAMESPACE (phoenix/keys.py) so that no tenant reads or fills another's cache:
-`billing_cache_key` (`phoenix:{<namespace>}:_billing-key:<user id>`) caches the key, encrypted (Fernet: AES-CBC +
-HMAC, with its creation time), for at most BILLING_CACHE_MAX_AGE seconds after it was fetched: reading it never
-extends its life. An entry that cannot be read (another cache key, a plaintext entry from before encryption, too
-old) is dropped and the key fetched anew. `billing_guard_key` is a short guard so that only one worker of the
-namespace asks the billing service (LiteLLM-compatible `POST /key/generate`) while the others wait for the cache.
+`billing_cache_key` (`phoenix:{<namespace>}:_billing-key:<user id>`) caches the key sealed (CacheSeal: AES-256-GCM
+under a key derived for the namespace, the namespace and the user id authenticated with it, its fetch time inside),
+for at most BILLING_CACHE_MAX_AGE seconds after it was fetched: reading it never extends its life. An entry that
+does not open (sealed for another user or namespace, under another cache key, in an earlier format, too old) is a
+miss: dropped, logged by the worker that dropped it, and the key fetched anew; it is never used. Whoever may write
+the namespace's Redis (its processors do) can therefore delete entries, never make one user's records run on another
+user's key. `billing_guard_key` is a short guard so that only one worker of the namespace asks the billing service
+(LiteLLM-compatible `POST /key/generate`) while the others wait for the cache.
 A processor whose LLM service refuses the user's key (HTTP 401/403) raises ApiKeyRejectedError: the cached key is
 dropped at once, for the whole namespace, and the retried message runs on a newly fetched one.
 
@@ -18,9 +21,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
+import json
 import os
 import secrets
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -28,7 +34,8 @@ from typing import Any
 
 import aiohttp
 import structlog
-from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.hashes import SHA256
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from pydantic import Field, SecretStr, ValidationError, field_validator
@@ -78,24 +85,83 @@ class BillingConfigError(ConfigError):
     """Billing settings that cannot work; raised at worker start."""
 
 
-def _cache_cipher(keys: str) -> MultiFernet:
-    """The cipher of BILLING_CACHE_KEY: Fernet keys separated by commas; the first encrypts, any decrypts."""
+# The version of the entries CacheSeal writes, before their url-safe base64: an entry without it is of an earlier
+# format (Fernet, bound to no user nor namespace) and is a miss.
+ENTRY_PREFIX = "v2:"
+_NONCE_BYTES = 12
+_STAMP_BYTES = 8
+# How far in the future an entry's fetch time may be (another worker's clock), as Fernet allowed.
+_MAX_CLOCK_SKEW_SECONDS = 60
+
+
+def _cache_keys(keys: str) -> list[bytes]:
+    """BILLING_CACHE_KEY's keys (separated by commas; the first seals, any opens), each 32 url-safe base64-encoded
+    bytes (a Fernet key's format, so keys made for earlier versions still serve)."""
     try:
-        return MultiFernet([Fernet(key.strip()) for key in keys.split(",") if key.strip()])
-    except ValueError:  # also for no key at all; the message never quotes the value
+        decoded = [base64.urlsafe_b64decode(key.strip().encode()) for key in keys.split(",") if key.strip()]
+    except (ValueError, binascii.Error):
+        decoded = []
+    if not decoded or any(len(key) != 32 for key in decoded):  # the message never quotes the value
         raise ValueError(
             "must be one or more Fernet keys separated by commas (32 url-safe base64-encoded bytes each, e.g. "
             "from `python -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'`)"
-        ) from None
+        )
+    return decoded
 
 
-def _derived_cache_cipher(master_key: SecretStr) -> MultiFernet:
-    """Without BILLING_CACHE_KEY: a key derived from BILLING_MASTER_KEY, which every worker of the fleet has, so the
-    cache stays shared; whoever can read it could have asked the billing service for the keys anyway."""
-    derived = HKDF(algorithm=SHA256(), length=32, salt=None, info=b"phoenix billing cache v1").derive(
-        master_key.get_secret_value().encode()
-    )
-    return MultiFernet([Fernet(base64.urlsafe_b64encode(derived))])
+class CacheSeal:
+    """Seals and opens one namespace's cache entries: AES-256-GCM (`cryptography`) under keys derived for the
+    namespace (HKDF-SHA256 with the namespace as info) from BILLING_CACHE_KEY's keys, or from BILLING_MASTER_KEY
+    without it, with the namespace and the user id as associated data.
+
+    So an entry opens only for the user and namespace it was sealed for: a copy under another user's key, or in
+    another namespace whose workers share the master or cache key, does not. The fetch time, sealed with the key,
+    bounds its age whatever its Redis expiry says. Without BILLING_CACHE_KEY every worker of the namespace has the
+    master key anyway, and whoever has it could ask the billing service for any user's key.
+    """
+
+    def __init__(self, keys: list[bytes], namespace: str) -> None:
+        info = b"phoenix billing cache v2\0" + namespace.encode()
+        self._ciphers = [AESGCM(HKDF(SHA256(), length=32, salt=None, info=info).derive(key)) for key in keys]
+        self._namespace = namespace
+
+    @classmethod
+    def of(cls, namespace: str, cache_key: SecretStr | None, master_key: SecretStr | None) -> CacheSeal | None:
+        """The namespace's seal under BILLING_CACHE_KEY, else BILLING_MASTER_KEY; None without either."""
+        if cache_key is not None:
+            return cls(_cache_keys(cache_key.get_secret_value()), namespace)
+        if master_key is not None and master_key.get_secret_value():
+            return cls([master_key.get_secret_value().encode()], namespace)
+        return None
+
+    def _bound(self, user_id: str) -> bytes:
+        return json.dumps([self._namespace, user_id]).encode()
+
+    def seal(self, user_id: str, api_key: str, fetched_at: float) -> str:
+        nonce = os.urandom(_NONCE_BYTES)
+        plain = int(fetched_at).to_bytes(_STAMP_BYTES, "big") + api_key.encode()
+        sealed = nonce + self._ciphers[0].encrypt(nonce, plain, self._bound(user_id))
+        return ENTRY_PREFIX + base64.urlsafe_b64encode(sealed).decode()
+
+    def open(self, user_id: str, entry: str, max_age: float, now: float) -> tuple[str | None, str]:
+        """The key in `entry` and "", or None and why it cannot be used."""
+        if not entry.startswith(ENTRY_PREFIX):
+            return None, "an earlier format"
+        try:
+            raw = base64.urlsafe_b64decode(entry.removeprefix(ENTRY_PREFIX).encode())
+        except (ValueError, binascii.Error):
+            return None, "not an entry"
+        nonce, sealed = raw[:_NONCE_BYTES], raw[_NONCE_BYTES:]
+        for cipher in self._ciphers:
+            try:
+                plain = cipher.decrypt(nonce, sealed, self._bound(user_id))
+            except (InvalidTag, ValueError):
+                continue
+            age = now - int.from_bytes(plain[:_STAMP_BYTES], "big")
+            if not -_MAX_CLOCK_SKEW_SECONDS <= age <= max_age:
+                return None, "too old"
+            return plain[_STAMP_BYTES:].decode(), ""
+        return None, "sealed for another user or namespace, or under another cache key"
 
 
 class BillingSettings(BaseSettings):
@@ -122,7 +188,7 @@ class BillingSettings(BaseSettings):
     @classmethod
     def _fernet_keys(cls, value: SecretStr | None) -> SecretStr | None:
         if value is not None:
-            _cache_cipher(value.get_secret_value())
+            _cache_keys(value.get_secret_value())
         return value
 
     @property
@@ -154,7 +220,7 @@ def load_billing_settings() -> BillingSettings:
     try:
         return BillingSettings()
     except ValidationError as exc:
-        raise BillingConfigError(describe_validation_error(exc)) from None
+        raise BillingConfigError(describe_validation_error(exc, BillingSettings)) from None
 
 
 class ApiKeyProvider:
@@ -183,11 +249,10 @@ class ApiKeyProvider:
             raise BillingConfigError("BILLING_URL is set but BILLING_MASTER_KEY is not")
         for secret in (master_key, cache_key):
             scrub.register(secret.get_secret_value() if secret is not None else None)
-        self._cipher: MultiFernet | None = None
-        if cache_key is not None:
-            self._cipher = _cache_cipher(cache_key.get_secret_value())
-        elif master_key is not None and master_key.get_secret_value():
-            self._cipher = _derived_cache_cipher(master_key)
+        if billing_url is not None:  # a URL's user info is a credential too (a proxy's basic auth)
+            url = URL(billing_url)
+            scrub.register(url.user, url.raw_user, url.password, url.raw_password)
+        self._seal = CacheSeal.of(namespace, cache_key, master_key)
         self._max_age = cache_max_age
         self._redis = redis
         self._stage = stage
@@ -227,13 +292,13 @@ class ApiKeyProvider:
         cache_key, guard_key = billing_cache_key(self._namespace, user_id), billing_guard_key(self._namespace, user_id)
         deadline = asyncio.get_running_loop().time() + self._max_wait
         while True:
-            if (cached := await self._cached(cache_key)) is not None:
+            if (cached := await self._cached(user_id, cache_key)) is not None:
                 return cached
             token = secrets.token_hex(16)
             if await self._redis.set(guard_key, token, nx=True, ex=self._guard_ttl):
                 try:
                     # The previous owner may have cached the key between our miss and our SET NX.
-                    if (cached := await self._cached(cache_key)) is not None:
+                    if (cached := await self._cached(user_id, cache_key)) is not None:
                         return cached
                     BILLING_KEY_LOOKUPS.labels(stage=self._stage, result="miss").inc()
                     return await self._fetch_and_cache(user_id, cache_key)
@@ -253,40 +318,37 @@ class ApiKeyProvider:
             await self._session.close()
             self._session = None
 
-    def _open(self, entry: str) -> str | None:
-        """The key in a cache entry; None when it cannot be trusted (another cache key, plaintext, too old)."""
-        assert self._cipher is not None
-        try:
-            # Beside the entry's expiry: an entry kept longer (PERSIST, a restored dump) is refused all the same.
-            return self._cipher.decrypt(entry, ttl=self._max_age).decode()
-        except InvalidToken:
-            return None
+    def _open(self, user_id: str, entry: str) -> tuple[str | None, str]:
+        assert self._seal is not None
+        return self._seal.open(user_id, entry, self._max_age, time.time())
 
     def _user_key(self, key: str, cache_key: str, entry: str) -> UserApiKey:
         return UserApiKey(key, lambda: self._drop_later(cache_key, entry))
 
-    async def _cached(self, cache_key: str) -> UserApiKey | None:
+    async def _cached(self, user_id: str, cache_key: str) -> UserApiKey | None:
         entry = await self._redis.get(cache_key)
         if entry is None:
             return None
-        if (key := self._open(text(entry))) is None:
-            await self._delete_if(keys=[cache_key], args=[entry])
-            log.info("billing_cache_entry_dropped", cache_key=cache_key, reason="unreadable or too old")
+        key, refused = self._open(user_id, text(entry))
+        if key is None:
+            # Only the worker whose delete took it logs it: once per entry, however many workers read it.
+            if await self._delete_if(keys=[cache_key], args=[entry]):
+                log.warning("billing_cache_entry_dropped", cache_key=cache_key, reason=refused)
             return None
         BILLING_KEY_LOOKUPS.labels(stage=self._stage, result="hit").inc()
         return self._user_key(key, cache_key, text(entry))
 
     async def _fetch_and_cache(self, user_id: str, cache_key: str) -> UserApiKey:
         fetched = (await self._fetch(user_id)).get_secret_value()
-        assert self._cipher is not None
-        entry = self._cipher.encrypt(fetched.encode()).decode()
+        assert self._seal is not None
+        entry = self._seal.seal(user_id, fetched, time.time())
         # NX GET: if a worker whose guard expired mid-fetch cached its key first, everyone adopts that one.
         earlier = await self._redis.set(cache_key, entry, nx=True, get=True, ex=self._max_age)
-        adopted = self._open(text(earlier)) if earlier is not None else None
+        adopted = self._open(user_id, text(earlier))[0] if earlier is not None else None
         log.info("billing key fetched", user_id=user_id, stage=self._stage, adopted_earlier=adopted is not None)
         if adopted is not None:
             return self._user_key(adopted, cache_key, text(earlier))
-        # Not cached when another worker's entry is there but unreadable here (a cache key rotation under way).
+        # Not cached when another worker's entry is there but does not open here (a cache key rotation under way).
         return self._user_key(fetched, cache_key, entry)
 
     def _drop_later(self, cache_key: str, entry: str) -> None:

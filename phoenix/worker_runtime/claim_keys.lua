@@ -3,21 +3,26 @@
 -- KEYS[1] the stage's owner hash, KEYS[2] its input stream, KEYS[3] its DLQ stream, KEYS[4..] the owner hashes of
 --   the other stages whose default input or DLQ name KEYS[2] or KEYS[3] is (StageKeys.holder_markers).
 -- ARGV[1] the stage, "<namespace>/<name>"; ARGV[2] its uid; ARGV[3] its consumer group; ARGV[4] '1': a marker of
---   this stage with another uid is adopted (the operator), '0': refused (a worker: only the holder's own run).
--- Returns {'refused', holder} (holder: "<namespace>/<name>", with its uid when only the uid differs; '' for a
---   consumer group on the input with no marker), {'wrongtype', key, type}, or
+--   this stage with another uid is adopted (the operator), '0': refused (a worker: only the holder's own run);
+--   ARGV[5] its Kubernetes cluster ('': unknown; a marker's cluster is then neither checked nor changed).
+-- Returns {'refused', holder} (holder: "<namespace>/<name>", with its uid when only the uid differs, with its
+--   cluster when that differs; '' for a consumer group on the input with no marker), {'wrongtype', key, type}, or
 --   {'claimed', adopted (0/1), the earlier uid, group created (0/1), dlq created (0/1)}.
 local owner, input, dlq = KEYS[1], KEYS[2], KEYS[3]
-local stage, uid, group, adopt = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1'
+local stage, uid, group, adopt, cluster = ARGV[1], ARGV[2], ARGV[3], ARGV[4] == '1', ARGV[5]
 
 for i = 4, #KEYS do
   local holder = redis.call('HGET', KEYS[i], 'stage')
   if holder and holder ~= stage then return {'refused', holder} end
 end
 -- HMGET gives false for a missing field.
-local held, held_uid, held_input, held_group, held_dlq, held_created =
-  unpack(redis.call('HMGET', owner, 'stage', 'uid', 'input', 'group', 'dlq', 'created'))
+local held, held_uid, held_input, held_group, held_dlq, held_created, held_cluster =
+  unpack(redis.call('HMGET', owner, 'stage', 'uid', 'input', 'group', 'dlq', 'created', 'cluster'))
 if held and held ~= stage then return {'refused', held} end
+-- The same namespace and name in another Kubernetes cluster sharing this Redis: never adopted.
+if held and cluster ~= '' and held_cluster and held_cluster ~= '' and held_cluster ~= cluster then
+  return {'refused', held .. ' of Kubernetes cluster ' .. held_cluster}
+end
 local mine = held ~= false
 held_uid = held_uid or ''
 if mine and held_uid ~= uid and not adopt then
@@ -74,6 +79,8 @@ for _, word in ipairs({'input', 'dlq', 'group'}) do
 end
 redis.call('HSET', owner, 'stage', stage, 'uid', uid, 'input', input, 'dlq', dlq, 'group', group,
   'created', table.concat(words, ','))
+-- A marker without a cluster (written before clusters were kept) is taken by the first cluster that claims it.
+if cluster ~= '' then redis.call('HSET', owner, 'cluster', cluster) end
 local adopted = 0
 if mine and held_uid ~= uid then adopted = 1 end
 return {'claimed', adopted, held_uid, group_created, dlq_created}

@@ -7,15 +7,26 @@ The marker is a hash with these fields:
 - `input`, `dlq`, `group`: the input stream, DLQ stream and consumer group as last claimed.
 - `created`: which of them the stage created, a comma-separated subset of `input,dlq,group`. deletionPolicy Delete
   removes only those (operator/redis/ops.py). Absent: all three (what `phoenix migrate` moves is the stage's own).
+- `cluster`: the Kubernetes cluster of that PhoenixStage (the operator's --cluster-id, by default its kube-system
+  namespace's uid), so that two clusters sharing one Redis never adopt each other's keys. Absent (a marker written
+  before it was kept, or by an operator that knows none): taken by the first cluster that claims the keys.
 
 The claim (claim_keys.lua: checks and creation in one script, so two claimants cannot both pass the check):
 - refused when the marker, or the marker of the stage whose default input or DLQ name the stage's explicit
   spec.input/spec.dlq is (StageKeys.holder_markers), names another stage; or when there is no marker of this stage
   but its consumer group exists on the input already (a worker run by hand, or data moved there by hand);
+- refused when the marker names another Kubernetes cluster (the same namespace and name there);
 - a marker of this stage with another uid (the earlier PhoenixStage of that name was deleted with Retain, or
   `phoenix migrate` moved the data) is adopted by the operator, and refused to a worker;
 - otherwise the group (from id 0, MKSTREAM) and an empty DLQ are created where missing, and the marker written. An
   input stream no group reads yet counts as created by the stage: the entries in it were enqueued for it.
+
+A stream the stage names itself outside every namespace's scope (keys.claimed_by_name: `spec.input: orders`, a
+custom DLQ, `output.stream`) is held by a name marker (StageKeys.name_marker, claim_name.lua), in the stream's
+own slot: fields `namespace`, `cluster` and `stage:<name>` for each stage of that namespace using it. A stage of
+another namespace or cluster is refused the name (NameHeld); the stages of one namespace share it (a pipeline
+writes it and reads it). Claimed before the lanes; released by the operator when its stage stops using it or is
+deleted with Delete (release_name.lua: the last stage deletes the marker, and the name is free again).
 
 A stage of several partitions has a marker per partition (each lane's keys are in their own slot, so each lane is
 claimed by its own script) and, once its lanes are claimed, a stage-wide one (`stage`, `uid` only) beside its audit,
@@ -39,7 +50,7 @@ from redis.asyncio import Redis
 
 from phoenix import lua
 from phoenix.errors import StartRefused
-from phoenix.keys import StageKeys, input_stream
+from phoenix.keys import StageKeys, input_stream, name_marker
 from phoenix.redis_replies import text
 
 
@@ -75,6 +86,18 @@ class KeysHeld(StartRefused):
                 "by hand, or keys moved by hand)"
             )
         return f"the keys of {self.input} are held by PhoenixStage {self.holder}"
+
+
+@dataclass(eq=False)
+class NameHeld(KeysHeld):
+    """The stream `input` that the stage names itself is claimed by the stages of namespace `holder` (with its
+    Kubernetes cluster when that is what differs)."""
+
+    def worker_line(self) -> str:
+        return f"refusing to start: {self}; give this stage streams of its own (INPUT_QUEUE, DLQ_NAME, OUTPUT_QUEUE)"
+
+    def __str__(self) -> str:
+        return f"the stream {self.input} is claimed by the stages of namespace {self.holder}"
 
 
 @dataclass(eq=False)
@@ -153,15 +176,19 @@ async def laid_out(client: Redis, stages: Sequence[StageKeys]) -> list[StageKeys
     return out
 
 
-async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Claimed:
-    """Check the stage's layout (LayoutDiffers), then claim each lane's keys for the PhoenixStage `uid` and create
-    the missing ones; raises KeysHeld or KeyOfAnotherType (nothing written to that lane then). The result: what
+async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool, cluster: str = "") -> Claimed:
+    """Check the stage's layout (LayoutDiffers), claim the streams it names itself (claim_names), then claim each
+    lane's keys for the PhoenixStage `uid` of the Kubernetes cluster `cluster` ("": unknown) and create the missing
+    ones; raises KeysHeld (NameHeld) or KeyOfAnotherType (nothing written to that lane then). The result: what
     any lane created, and the uid any lane was adopted from."""
     await check_layout(client, keys)
-    claims = [await _claim_lane(client, lane, uid, adopt) for lane in keys.lanes]
+    await claim_names(client, keys, cluster)
+    claims = [await _claim_lane(client, lane, uid, adopt, cluster) for lane in keys.lanes]
     if keys.partitions > 1 and uid:
         # The stage-wide marker, beside its audit, ledgers and layout (one slot): deleting them checks it.
         await client.hset(keys.owner, mapping={"stage": stage_ref(keys), "uid": uid})
+        if cluster:
+            await client.hset(keys.owner, "cluster", cluster)
     return Claimed(
         group=any(c.group for c in claims),
         dlq=any(c.dlq for c in claims),
@@ -169,9 +196,67 @@ async def claim(client: Redis, keys: StageKeys, uid: str, *, adopt: bool) -> Cla
     )
 
 
-async def _claim_lane(client: Redis, keys: StageKeys, uid: str, adopt: bool) -> Claimed:
+async def claim_names(client: Redis, keys: StageKeys, cluster: str) -> None:
+    """Claim each stream of the stage held by name (StageKeys.claimed_streams) for its namespace, in the stream's
+    slot (claim_name.lua); raises NameHeld, having claimed none, when another namespace or cluster holds one."""
+    streams = keys.claimed_streams
+    if not streams:
+        return
+    pipe = client.pipeline(transaction=False)
+    for stream in streams:
+        pipe.hmget(name_marker(stream), "namespace", "cluster")
+    for stream, (namespace, held_cluster) in zip(streams, await pipe.execute(), strict=True):
+        if (refused := _name_holder(keys, cluster, namespace, held_cluster)) is not None:
+            raise NameHeld(refused, stream)
+    script = lua.register(client, "claim_name.lua", __package__)
+    for stream in streams:
+        reply = await script(keys=[name_marker(stream)], args=[keys.namespace, cluster, keys.name])
+        if text(reply[0]) == "refused":  # claimed meanwhile by another namespace
+            raise NameHeld(text(reply[1]), stream)
+
+
+def _name_holder(keys: StageKeys, cluster: str, namespace: object, held_cluster: object) -> str | None:
+    """Who holds a name marker of those fields, when not the stage's namespace of its cluster; else None."""
+    if namespace is None:
+        return None
+    if text(namespace) != keys.namespace:
+        return text(namespace)
+    if cluster and held_cluster is not None and text(held_cluster) not in ("", cluster):
+        return f"{keys.namespace} of Kubernetes cluster {text(held_cluster)}"
+    return None
+
+
+async def release_names(client: Redis, keys: StageKeys, streams: Sequence[str], cluster: str) -> list[str]:
+    """The stage stops using the claimed `streams` (its deletion, or a spec naming others): each loses its field in
+    the name marker, and the marker goes with its namespace's last stage (release_name.lua), which frees the name:
+    those freed are returned. A marker of another namespace or Kubernetes cluster is left alone."""
+    script = lua.register(client, "release_name.lua", __package__)
+    freed = []
+    for stream in streams:
+        if int(await script(keys=[name_marker(stream)], args=[keys.namespace, keys.name, cluster])) == 0:
+            freed.append(stream)
+    return freed
+
+
+async def name_users(client: Redis, keys: StageKeys, cluster: str) -> dict[str, set[str]]:
+    """The stages of the namespace using each claimed stream of the stage, by stream (its own name included while
+    it holds it; "?" for a stream another namespace or cluster holds): what its Delete needs to know before removing
+    a stream that others use."""
+    streams = keys.claimed_streams
+    pipe = client.pipeline(transaction=False)
+    for stream in streams:
+        pipe.hgetall(name_marker(stream))
+    users = {}
+    for stream, marker in zip(streams, await pipe.execute(), strict=True):
+        fields = {text(k): text(v) for k, v in marker.items()}
+        foreign = _name_holder(keys, cluster, fields.get("namespace"), fields.get("cluster")) is not None
+        users[stream] = {"?"} if foreign else {f.removeprefix("stage:") for f in fields if f.startswith("stage:")}
+    return users
+
+
+async def _claim_lane(client: Redis, keys: StageKeys, uid: str, adopt: bool, cluster: str) -> Claimed:
     script = lua.register(client, "claim_keys.lua", __package__)
-    args = [stage_ref(keys), uid, keys.consumer_group, "1" if adopt else "0"]
+    args = [stage_ref(keys), uid, keys.consumer_group, "1" if adopt else "0", cluster]
     reply = await script(keys=[keys.owner, keys.input, keys.dlq, *keys.holder_markers[1:]], args=args)
     outcome = text(reply[0])
     if outcome == "refused":
@@ -184,13 +269,20 @@ async def _claim_lane(client: Redis, keys: StageKeys, uid: str, adopt: bool) -> 
 
 async def holder_at_start(client: Redis, keys: StageKeys) -> str | None:
     """For a worker run by hand: the stage ("<namespace>/<name>", with its uid) holding its keys (of any lane), or
-    None when no marker does (or the only one names this stage with no uid: moved by `phoenix migrate`, held by no
-    PhoenixStage). One round trip."""
+    the namespace whose stages claimed a stream it names, or None when no marker does (or the only one names this
+    stage with no uid: moved by `phoenix migrate`, held by no PhoenixStage). One round trip."""
+    markers = list({marker: None for lane in keys.lanes for marker in lane.holder_markers})
     pipe = client.pipeline(transaction=False)
-    for marker in {marker: None for lane in keys.lanes for marker in lane.holder_markers}:
+    for marker in markers:
         pipe.hmget(marker, "stage", "uid")
-    for stage, uid in await pipe.execute():
+    for stream in keys.claimed_streams:
+        pipe.hget(name_marker(stream), "namespace")
+    replies = await pipe.execute()
+    for stage, uid in replies[: len(markers)]:
         stage, uid = (None if stage is None else text(stage)), ("" if uid is None else text(uid))
         if stage is not None and (stage != stage_ref(keys) or uid):
             return f"{stage} (uid {uid})" if uid else stage
+    for stream, namespace in zip(keys.claimed_streams, replies[len(markers) :], strict=True):
+        if namespace is not None:
+            return f"the stages of namespace {text(namespace)} (they claimed {stream})"
     return None

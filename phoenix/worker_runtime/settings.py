@@ -6,9 +6,9 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from phoenix.errors import ConfigError
@@ -23,6 +23,7 @@ from phoenix.keys import (
 from phoenix.record_format import SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
+from phoenix.worker_runtime.scrub import without_user_info
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
 # The Redis client's socket timeout must outlast its longest blocking command (XREADGROUP BLOCK, WAIT) by this much:
@@ -47,6 +48,9 @@ class WorkerSettings(BaseSettings):
     service_name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     processor: str = Field(min_length=1, description="package.module:Class or an entry point in phoenix.processors")
     redis_url: SecretStr = SecretStr("redis://localhost:6379/0")
+    # Credentials instead of the URL's (the operator's Redis ACL user of the namespace); empty: the URL's.
+    redis_username: str = ""
+    redis_password: SecretStr = SecretStr("")
     # The tenant every key of the stage is scoped by (phoenix/keys.py); the operator sets the stage's namespace.
     key_namespace: str = Field(DEFAULT_NAMESPACE, pattern=NAMESPACE_PATTERN)
     # How to reach Redis beyond the URL (phoenix.redis_spec): checked together, once, into `redis`.
@@ -61,6 +65,8 @@ class WorkerSettings(BaseSettings):
     redis_socket_timeout: PositiveSeconds | None = None  # None: the longest blocking command + 10 s
     # The PhoenixStage's uid (the operator sets it): proves to the keys' ownership marker that this is its worker.
     stage_uid: str = ""
+    # The Kubernetes cluster of that PhoenixStage (the operator sets it): written to the markers the worker creates.
+    stage_cluster: str = ""
 
     input_queue: str = ""
     output_queue: str = ""
@@ -122,12 +128,17 @@ class WorkerSettings(BaseSettings):
     circuit_reset_timeout: PositiveSeconds = 60
     circuit_half_open_calls: int = Field(3, ge=1)
 
+    # Variables whose values are secrets, masked like the Redis password (scrub.py): names separated by commas. The
+    # operator lists those spec.env and spec.pod.envFrom take from Secrets.
+    masked_env: str = ""
+
     shutdown_grace: float = Field(25, ge=0)
     health_port: int = Field(8080, ge=0, le=65535)
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "console"] = "json"
 
     _redis: RedisSpec = PrivateAttr()
+    _url_secrets: tuple[str, ...] = PrivateAttr(default=())
 
     @field_validator("log_level", "log_format", mode="before")
     @classmethod
@@ -214,17 +225,20 @@ class WorkerSettings(BaseSettings):
             "tls_cert": self.redis_tls_cert_file,
             "tls_key": self.redis_tls_key_file,
         }
+        url, password = self.redis_url.get_secret_value(), self.redis_password.get_secret_value()
+        given: dict[str, Any] = {
+            "mode": self.redis_mode.strip().lower(),
+            "sentinel_master": self.redis_sentinel_master,
+            "sentinel_username": self.redis_sentinel_username,
+            "sentinel_password": self.redis_sentinel_password.get_secret_value(),
+            "connect_timeout": self.redis_connect_timeout,
+            "socket_timeout": socket_timeout,
+            **{name: Path(path) for name, path in files.items() if path},
+        }
         try:
-            return RedisSpec.from_url(
-                self.redis_url.get_secret_value(),
-                mode=self.redis_mode.strip().lower(),
-                sentinel_master=self.redis_sentinel_master,
-                sentinel_username=self.redis_sentinel_username,
-                sentinel_password=self.redis_sentinel_password.get_secret_value(),
-                connect_timeout=self.redis_connect_timeout,
-                socket_timeout=socket_timeout,
-                **{name: Path(path) for name, path in files.items() if path},
-            )
+            # REDIS_PASSWORD replaces the URL's own password, which stays in the environment: masked as well.
+            self._url_secrets = RedisSpec.from_url(url, **given).secrets() if password else ()
+            return RedisSpec.from_url(url, username=self.redis_username, password=password, **given)
         except RedisSpecError as exc:
             raise ValueError(str(exc)) from None
 
@@ -232,6 +246,12 @@ class WorkerSettings(BaseSettings):
     def redis(self) -> RedisSpec:
         """How to reach Redis, parsed and checked once (phoenix.redis_spec.connect builds the clients)."""
         return self._redis
+
+    @property
+    def redis_secrets(self) -> tuple[str, ...]:
+        """The Redis passwords the worker knows, to mask: its connection's, and the URL's own when REDIS_PASSWORD
+        replaces it."""
+        return (*self._redis.secrets(), *self._url_secrets)
 
     @property
     def keys(self) -> StageKeys:
@@ -248,6 +268,11 @@ class WorkerSettings(BaseSettings):
         )
 
     @property
+    def masked_variables(self) -> tuple[str, ...]:
+        """The names MASKED_ENV lists."""
+        return tuple(name for name in (part.strip() for part in self.masked_env.split(",")) if name)
+
+    @property
     def retention(self) -> Retention | None:
         """OUTPUT_RETENTION parsed; None when unset."""
         return Retention.parse(self.output_retention) if self.output_retention else None
@@ -261,11 +286,22 @@ class WorkerSettings(BaseSettings):
         return self.keys.record_prefix
 
 
-_SECRET_FIELDS = {"redis_url", "redis_sentinel_password", "billing_master_key", "billing_cache_key"}
+def secret_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of a settings model that hold a secret: those typed SecretStr (optional or not)."""
+    fields = model.model_fields.items()
+    return frozenset(name for name, field in fields if SecretStr in (field.annotation, *get_args(field.annotation)))
 
 
-def describe_validation_error(exc: ValidationError) -> str:
-    """One line naming each bad variable; values of secret variables are never echoed."""
+def public_variables(*models: type[BaseModel]) -> frozenset[str]:
+    """The variables of these settings models whose values are no secret, in upper case: what a support bundle may
+    show (phoenix/cli/report.py)."""
+    return frozenset(name.upper() for model in models for name in set(model.model_fields) - secret_fields(model))
+
+
+def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One line naming each bad variable of `model`; the value of a secret one is never echoed, nor the user info
+    of a URL in any other (BILLING_URL=https://user:password@host)."""
+    secret = secret_fields(model)
     problems = []
     for err in exc.errors():
         message = err["msg"].removeprefix("Value error, ")
@@ -273,8 +309,8 @@ def describe_validation_error(exc: ValidationError) -> str:
             problems.append(message)
             continue
         field = str(err["loc"][0])
-        value = "" if field in _SECRET_FIELDS or err["type"] == "missing" else f" (got {err.get('input')!r})"
-        problems.append(f"{field.upper()}: {message}{value}")
+        value = "" if field in secret or err["type"] == "missing" else f" (got {err.get('input')!r})"
+        problems.append(f"{field.upper()}: {message}{without_user_info(value)}")
     return "; ".join(problems)
 
 
@@ -299,4 +335,4 @@ def load_settings() -> WorkerSettings:
     try:
         return WorkerSettings()
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc)) from None
+        raise ConfigError(describe_validation_error(exc, WorkerSettings)) from None

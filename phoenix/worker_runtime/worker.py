@@ -235,7 +235,7 @@ class Worker:
         if s.stage_uid:
             try:
                 # The layout checked, then each lane claimed in its own slot (ownership.claim).
-                claimed = await ownership.claim(self.redis, s.keys, s.stage_uid, adopt=False)
+                claimed = await ownership.claim(self.redis, s.keys, s.stage_uid, adopt=False, cluster=s.stage_cluster)
             except ownership.KeyOfAnotherType as exc:
                 raise ResponseError(str(exc)) from None  # as XGROUP CREATE says it: retried like Redis errors
             if claimed.group:

@@ -37,7 +37,8 @@ ones): manifests/rbac/cluster-role.yaml and manifests/namespaced/role.yaml. */}}
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
   verbs: ["get", "list", "watch", "create", "patch", "delete"]
-# get only: the Secrets a stage names in spec.redis, read again every 10 s for a rotation; never list or watch.
+# get only: the Secrets a stage's pods read (spec.redis, spec.env, spec.pod.envFrom), read again every 10 s for a
+# rotation; never list or watch.
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
@@ -80,4 +81,16 @@ ones): manifests/rbac/cluster-role.yaml and manifests/namespaced/role.yaml. */}}
 - ports:
     - {port: 53, protocol: UDP}
     - {port: 53, protocol: TCP}
+{{- end -}}
+
+{{/* What Redis ACL users add to the operator's rights (manifests/redis-acl/): the Secret phoenix-redis-user of each
+stage's namespace; create cannot be limited to a name, update and delete are. */}}
+{{- define "phoenix.redisAclRules" -}}
+- apiGroups: [""]
+  resources: ["secrets"]
+  verbs: ["create"]
+- apiGroups: [""]
+  resources: ["secrets"]
+  resourceNames: ["phoenix-redis-user"]
+  verbs: ["update", "delete"]
 {{- end -}}

@@ -16,7 +16,7 @@ from phoenix.operator.builders.keda import (
     trigger_authentication_name,
 )
 from phoenix.operator.builders.meta import Owner, owner_reference, stage_labels
-from phoenix.operator.builders.redis_address import RedisConnection, in_namespace, redis_connection
+from phoenix.operator.builders.redis_address import RedisConnection, RedisUser, in_namespace, redis_connection
 from phoenix.operator.builders.streams import resolve_streams
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "AutoscalingConfigError",
     "Owner",
     "RedisConnection",
+    "RedisUser",
     "build_deployment",
     "build_pod_disruption_budget",
     "build_scaled_object",

@@ -3,28 +3,31 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from phoenix.crds import PhoenixStageSpec, SecretKeyRef, StageRedisSpec
+from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStageSpec, SecretKeyRef, StageRedisSpec
 from phoenix.crds.pod import SHUTDOWN_MARGIN_SECONDS
 from phoenix.keys import StageKeys
 from phoenix.kube_names import (
     POD_KEYS_ANNOTATION,
-    REDIS_SECRETS_ANNOTATION,
     REDIS_TLS_DIR,
     REDIS_TLS_VOLUME,
     RESTARTED_AT_ANNOTATION,
     SCRAPE_ANNOTATION,
     SCRAPE_PATH_ANNOTATION,
     SCRAPE_PORT_ANNOTATION,
+    SECRET_VERSIONS_ANNOTATION,
     TMP_DIR,
     TMP_VOLUME,
 )
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
+from phoenix.operator.builders.redis_address import RedisUser
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
+from phoenix.operator.record import SecretsRead
 from phoenix.worker_runtime.settings import WorkerSettings
 
 HEALTH_PORT = 8080
@@ -52,11 +55,22 @@ def _number(value: float) -> str:
 
 
 def worker_env(
-    name: str, spec: PhoenixStageSpec, streams: StageKeys, uid: str = "", output_partitions: int = 1
+    name: str,
+    spec: PhoenixStageSpec,
+    streams: StageKeys,
+    uid: str = "",
+    output_partitions: int = 1,
+    *,
+    cluster: str = "",
+    user: RedisUser | None = None,
+    secret_keys: Mapping[str, tuple[str, ...]] | None = None,
 ) -> list[dict[str, Any]]:
-    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid`: the
-    PhoenixStage's, by which its workers prove they are its own to the keys' ownership marker. `output_partitions`:
-    the partitions of the stage `output.stage` names (its workers forward each record to its partition there).
+    """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid` and
+    `cluster`: the PhoenixStage's and its Kubernetes cluster's, by which its workers prove they are its own to the
+    keys' ownership marker. `output_partitions`: the partitions of the stage `output.stage` names (its workers
+    forward each record to its partition there). `user`: the Redis ACL user of the namespace, whose name and
+    password replace the URL's (REDIS_USERNAME, REDIS_PASSWORD). `secret_keys`: the keys of the Secrets
+    spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV.
 
     Every reserved name (RESERVED_ENV_NAMES) is set, empty where this stage has no value for it: `env` wins over
     spec.pod.envFrom, so no ConfigMap or Secret key of that name reaches the worker."""
@@ -72,6 +86,7 @@ def worker_env(
         "SERVICE_NAME": name,
         "KEY_NAMESPACE": streams.namespace,
         "STAGE_UID": uid,
+        "STAGE_CLUSTER": cluster,
         "PARTITIONS": str(spec.partitions),
         "INPUT_QUEUE": streams.input if named else "",
         "DLQ_NAME": streams.dlq if named else "",
@@ -96,10 +111,16 @@ def worker_env(
         "OUTPUT_RETENTION": (spec.output.retention if spec.output is not None else None) or "",
         "READ_MEMORY_BYTES": str(read_memory),
         **redis_plain_env(spec.redis),
+        "MASKED_ENV": ",".join(_taken_from_secrets(spec, secret_keys or {})),
     }
     # An empty value is written as the name alone, as the API server stores it (drift compares the two).
     env: list[dict[str, Any]] = [{"name": key, **({"value": value} if value else {})} for key, value in plain.items()]
     env.append(_from_secret("REDIS_URL", spec.redis.url_secret_ref))
+    if user is not None:
+        env.append({"name": "REDIS_USERNAME", "value": user.username})
+        env.append(_from_secret("REDIS_PASSWORD", SecretKeyRef(name=user.secret, key=user.PASSWORD_KEY)))
+    else:
+        env += [{"name": "REDIS_USERNAME"}, {"name": "REDIS_PASSWORD"}]
     sentinel_password = spec.redis.sentinel.password_secret_ref if spec.redis.sentinel is not None else None
     env.append(
         _from_secret("REDIS_SENTINEL_PASSWORD", sentinel_password)
@@ -115,6 +136,25 @@ def worker_env(
         else:
             env.append({"name": var.name, "value": var.value})
     return env
+
+
+def _taken_from_secrets(spec: PhoenixStageSpec, secret_keys: Mapping[str, tuple[str, ...]]) -> list[str]:
+    """The variables of the worker container whose value comes from a Secret of spec.env or spec.pod.envFrom, as
+    Kubernetes resolves them (`env` wins over `envFrom`), sorted: the worker masks their values (MASKED_ENV). The
+    operator's own are not listed (the worker masks the passwords of REDIS_URL and REDIS_SENTINEL_PASSWORD
+    itself; a URL masked whole would hide the host it names)."""
+    named = {
+        f"{source.prefix or ''}{key}"
+        for source in spec.pod.env_from or ()
+        if source.secret_ref is not None
+        for key in secret_keys.get(source.secret_ref.name, ())
+    }
+    for var in spec.env:
+        if var.secret_key_ref is not None:
+            named.add(var.name)
+        else:
+            named.discard(var.name)
+    return sorted(named.difference(RESERVED_ENV_NAMES))
 
 
 def termination_grace(spec: PhoenixStageSpec) -> int:
@@ -185,7 +225,9 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
-def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> dict[str, Any]:
+def _container(
+    owner: Owner, spec: PhoenixStageSpec, output_partitions: int, user: RedisUser | None, secrets: SecretsRead
+) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if redis_tls_volume(spec.redis) is not None:
         mounts.append({"name": REDIS_TLS_VOLUME, "mountPath": REDIS_TLS_DIR, "readOnly": True})
@@ -196,7 +238,14 @@ def _container(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> 
         "imagePullPolicy": spec.image_pull_policy,
         "command": ["phoenix", "worker"],
         "env": worker_env(
-            owner.name, spec, resolve_streams(owner.name, owner.namespace, spec), owner.uid, output_partitions
+            owner.name,
+            spec,
+            resolve_streams(owner.name, owner.namespace, spec),
+            owner.uid,
+            output_partitions,
+            cluster=owner.cluster,
+            user=user,
+            secret_keys=secrets.keys,
         ),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s
@@ -251,21 +300,29 @@ def pod_keys(spec: PhoenixStageSpec) -> str:
     )
 
 
+def _secret_versions(versions: tuple[tuple[str, str], ...]) -> str:
+    """The pod template's phoenix.io/secret-versions: `name=resourceVersion` of each Secret read, by name."""
+    return ",".join(f"{name}={version}" for name, version in sorted(versions))
+
+
 def build_deployment(
     owner: Owner,
     spec: PhoenixStageSpec,
     *,
     restarted_at: str | None = None,
-    redis_secrets: str | None = None,
+    secrets: SecretsRead | None = None,
     output_partitions: int = 1,
+    redis_user: RedisUser | None = None,
 ) -> dict[str, Any]:
     """The Deployment running the stage's workers.
 
     `restarted_at` (an RFC 3339 time) goes into the pod template as `phoenix.io/restartedAt`: changing it rolls
     the pods, like `kubectl rollout restart`. Pass the current value on every reconcile so it is kept.
-    `redis_secrets` (the digest of the values read from the Redis Secrets, redis/target.py RedisTarget) goes in
-    as `phoenix.io/redis-secrets`: a rotated URL, password, CA or client certificate rolls the workers, which
-    read them only at start. `output_partitions`: the partitions of the stage `output.stage` names.
+    `secrets` (what the reconcile read of the Secrets the pods use, kube/secrets.py): their resourceVersions go in
+    as `phoenix.io/secret-versions`, so a rotated Redis URL, password, CA, client certificate, the namespace's
+    Redis ACL user's password or a Secret of spec.env or spec.pod.envFrom rolls the workers, which read them only
+    at start; the keys of the envFrom Secrets make MASKED_ENV. `output_partitions`: the partitions of the stage
+    `output.stage` names. `redis_user`: the Redis ACL user the workers log in as (worker_env).
     spec.pod's labels and annotations go on the pod template beside the operator's own (which the schema keeps
     them from replacing).
     """
@@ -277,8 +334,8 @@ def build_deployment(
     }
     if restarted_at is not None:
         pod_annotations[RESTARTED_AT_ANNOTATION] = restarted_at
-    if redis_secrets is not None:
-        pod_annotations[REDIS_SECRETS_ANNOTATION] = redis_secrets
+    if secrets is not None and secrets.versions:
+        pod_annotations[SECRET_VERSIONS_ANNOTATION] = _secret_versions(secrets.versions)
     volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "256Mi"}}]
     if (tls_volume := redis_tls_volume(spec.redis)) is not None:
         volumes.append(tls_volume)
@@ -301,7 +358,7 @@ def build_deployment(
                     "terminationGracePeriodSeconds": termination_grace(spec),
                     "securityContext": pod_security_context(),
                     **_pod_placement(spec),
-                    "containers": [_container(owner, spec, output_partitions)],
+                    "containers": [_container(owner, spec, output_partitions, redis_user, secrets or SecretsRead())],
                     # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there),
                     # besides the volumes spec.pod adds.
                     "volumes": volumes,

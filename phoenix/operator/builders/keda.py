@@ -15,7 +15,7 @@ from phoenix.keys import StageKeys
 from phoenix.kube_names import PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE, desired_replicas
 from phoenix.operator.builders.meta import Owner, child_metadata
-from phoenix.operator.builders.redis_address import RedisConnection
+from phoenix.operator.builders.redis_address import RedisConnection, RedisUser
 from phoenix.operator.builders.streams import resolve_streams
 from phoenix.worker_runtime.lanes import routes
 
@@ -30,10 +30,13 @@ def trigger_authentication_name(stage: str) -> str:
     return f"{stage}-redis"
 
 
-def _secret_targets(spec: PhoenixStageSpec) -> list[dict[str, str]]:
-    """KEDA parameter <- Secret key, for every secret spec.redis names."""
+def _secret_targets(spec: PhoenixStageSpec, user: RedisUser | None) -> list[dict[str, str]]:
+    """KEDA parameter <- Secret key, for every secret spec.redis names; the password is the Redis ACL user's of the
+    namespace when there is one."""
     redis, refs = spec.redis, dict[str, SecretKeyRef]()
-    if redis.password_secret_ref is not None:
+    if user is not None:
+        refs["password"] = SecretKeyRef(name=user.secret, key=user.PASSWORD_KEY)
+    elif redis.password_secret_ref is not None:
         refs["password"] = redis.password_secret_ref
     if redis.sentinel is not None and redis.sentinel.password_secret_ref is not None:
         refs["sentinelPassword"] = redis.sentinel.password_secret_ref
@@ -45,10 +48,12 @@ def _secret_targets(spec: PhoenixStageSpec) -> list[dict[str, str]]:
     return [{"parameter": parameter, "name": ref.name, "key": ref.key} for parameter, ref in refs.items()]
 
 
-def build_trigger_authentication(owner: Owner, spec: PhoenixStageSpec) -> dict[str, Any] | None:
+def build_trigger_authentication(
+    owner: Owner, spec: PhoenixStageSpec, user: RedisUser | None = None
+) -> dict[str, Any] | None:
     """The TriggerAuthentication, or None when spec.redis names no secret KEDA needs (no password, no CA, no
-    client certificate)."""
-    targets = _secret_targets(spec)
+    client certificate) and the stage has no Redis ACL user `user` (whose password it is then)."""
+    targets = _secret_targets(spec, user)
     if not targets:
         return None
     return {
@@ -100,7 +105,11 @@ def relayed_partitions(owner: Owner, spec: PhoenixStageSpec, output_partitions: 
 
 
 def triggers(
-    owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection, relayed: frozenset[int | None]
+    owner: Owner,
+    spec: PhoenixStageSpec,
+    connection: RedisConnection,
+    relayed: frozenset[int | None],
+    user: RedisUser | None = None,
 ) -> list[dict[str, Any]]:
     """What KEDA scales a stage on; the stage stays up while any of them is active (above zero):
     - lag (entries not yet delivered), the target per pod from spec.autoscaling: the only redis-streams mode that
@@ -116,12 +125,13 @@ def triggers(
     the current primary; in cluster mode through the seed nodes (redis-cluster-streams, redis-cluster), which
     route each key to its shard. A stage of K > 1 partitions has them per partition, named
     lag<p>/pending<p>/retry<p>/outbox<p> for the formula that sums them (scaling_modifiers). `relayed`: the
-    stage's relayed_partitions. KEDA trigger metadata values are all strings."""
+    stage's relayed_partitions; `user`: its namespace's Redis ACL user. KEDA trigger metadata values are all
+    strings."""
     lanes = resolve_streams(owner.name, owner.namespace, spec).lanes
     connection_metadata = _connection_metadata(spec, connection)
     streams_type, list_type = TRIGGER_TYPES[spec.redis.mode]
     auth: dict[str, Any] = {}
-    if _secret_targets(spec):
+    if _secret_targets(spec, user):
         auth["authenticationRef"] = {"name": trigger_authentication_name(owner.name)}
     found = []
     for lane in lanes:
@@ -175,15 +185,20 @@ def scaling_modifiers(spec: PhoenixStageSpec, relayed: frozenset[int | None] = f
 
 
 def build_scaled_object(
-    owner: Owner, spec: PhoenixStageSpec, connection: RedisConnection, output_partitions: int = 1
+    owner: Owner,
+    spec: PhoenixStageSpec,
+    connection: RedisConnection,
+    output_partitions: int = 1,
+    user: RedisUser | None = None,
 ) -> dict[str, Any]:
     """The ScaledObject driving the stage's Deployment between replicas.min and replicas.max.
 
-    `connection` comes from `redis_connection()` on the URL in spec.redis.urlSecretRef; `output_partitions` is
-    what the Deployment's OUTPUT_PARTITIONS says (which lanes relay follows from it). Raises
+    `connection` comes from `redis_connection()` on the URL in spec.redis.urlSecretRef (with the user's name when
+    the stage has a Redis ACL user `user`, whose password the TriggerAuthentication hands KEDA); `output_partitions`
+    is what the Deployment's OUTPUT_PARTITIONS says (which lanes relay follows from it). Raises
     AutoscalingConfigError when that URL has a password but no passwordSecretRef tells KEDA where to read it.
     """
-    if connection.has_password and spec.redis.password_secret_ref is None:
+    if connection.has_password and spec.redis.password_secret_ref is None and user is None:
         raise AutoscalingConfigError(
             f"the Redis URL in Secret {spec.redis.url_secret_ref.name!r} has a password, but "
             "spec.redis.passwordSecretRef is not set: KEDA reads the password only from a Secret key holding it "
@@ -210,7 +225,7 @@ def build_scaled_object(
             "maxReplicaCount": spec.replicas.max,
             "pollingInterval": spec.autoscaling.polling_interval,
             "cooldownPeriod": spec.autoscaling.cooldown_period,
-            "triggers": triggers(owner, spec, connection, relayed),
+            "triggers": triggers(owner, spec, connection, relayed, user),
         },
     }
     advanced: dict[str, Any] = {}

@@ -26,12 +26,15 @@ class Owner:
     name: str
     namespace: str
     uid: str
+    # The Kubernetes cluster it lives in (the operator's identity; "" unknown): with the uid, what the ownership
+    # markers of its Redis keys name.
+    cluster: str = ""
 
     @classmethod
-    def from_body(cls, body: Mapping[str, Any]) -> Owner:
+    def from_body(cls, body: Mapping[str, Any], cluster: str = "") -> Owner:
         """From a kopf body or any object dict with apiVersion, kind and metadata.name/namespace/uid."""
         meta = body["metadata"]
-        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"])
+        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"], cluster)
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from ipaddress import ip_address
+from typing import ClassVar
 
 from phoenix.redis_spec import RedisSpec
 
@@ -24,6 +25,17 @@ class RedisConnection:
     @property
     def address(self) -> str:
         return self.addresses[0]
+
+
+@dataclass(frozen=True)
+class RedisUser:
+    """The Redis ACL user the operator runs for a stage's namespace (operator/redis/acl.py): its name, and the
+    Secret of the namespace holding its password under the key `password`. The workers and KEDA log in as it."""
+
+    username: str
+    secret: str
+
+    PASSWORD_KEY: ClassVar[str] = "password"
 
 
 def redis_connection(spec: RedisSpec) -> RedisConnection:

@@ -121,10 +121,38 @@ class KubeApi:
 
     async def read_secret(self, namespace: str, name: str) -> Json:
         """The Secret; a missing one is a StageError naming it. Its values stay base64 (`data`) until asked for."""
-        secret = await _json_or_none(self._timeout, self._core.read_namespaced_secret, name, namespace)
+        secret = await self.get_secret(namespace, name)
         if secret is None:
             raise StageError("SecretNotFound", f"Secret {name!r} does not exist in namespace {namespace!r}")
         return secret
+
+    async def get_secret(self, namespace: str, name: str) -> Json | None:
+        return await _json_or_none(self._timeout, self._core.read_namespaced_secret, name, namespace)
+
+    # The Secret writes below are the Redis ACL users' only (--redis-acl-admin-secret): RBAC grants them then only.
+
+    async def create_secret(self, body: Json) -> Json:
+        return await _json(self._timeout, self._core.create_namespaced_secret, body["metadata"]["namespace"], body)
+
+    async def replace_secret(self, body: Json) -> Json:
+        """Update the Secret as a whole; its metadata.resourceVersion makes the API server refuse (409) a write over
+        a change made since it was read."""
+        meta = body["metadata"]
+        return await _json(self._timeout, self._core.replace_namespaced_secret, meta["name"], meta["namespace"], body)
+
+    async def delete_secret(self, namespace: str, name: str) -> bool:
+        """True when it existed and was deleted."""
+        try:
+            await _json(self._timeout, self._core.delete_namespaced_secret, name, namespace)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+            return False
+        return True
+
+    async def namespace_uid(self, name: str) -> str:
+        """The uid of the namespace `name` (the cluster's identity, read from kube-system's)."""
+        return str((await _json(self._timeout, self._core.read_namespace, name))["metadata"]["uid"])
 
     async def secret_value(self, namespace: str, ref: SecretKeyRef) -> str:
         """The decoded value of one Secret key; a missing Secret or key is a StageError naming it (not its value)."""
@@ -249,6 +277,13 @@ class KubeApi:
         return await _json_or_none(
             self._timeout, self._custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name
         )
+
+    async def stage_names(self, namespace: str) -> list[str]:
+        """The names of the PhoenixStages of `namespace`, asked of the API server (not of the operator's memory)."""
+        found = await _json(
+            self._timeout, self._custom.list_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL
+        )
+        return [item["metadata"]["name"] for item in found.get("items", [])]
 
     async def patch_stage_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
         """Merge-patch status (None deletes a field); False when the stage no longer exists."""

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import kopf
 
-from phoenix.kube_names import FINALIZER, PREFIX
+from phoenix.kube_names import FINALIZER, LAST_HANDLED_KEY, PREFIX
 
 # kopf's own API requests (patches of its progress annotations, finalizers): seconds until one is given up and
 # retried, instead of kopf's 300.
@@ -25,9 +25,7 @@ def configure(settings: kopf.OperatorSettings, children: Iterable[tuple[str, str
     # kopf's bookkeeping in phoenix.io/* annotations; status holds only Phoenix's own fields.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=PREFIX)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=PREFIX, key="last-handled-configuration"
-    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=PREFIX, key=LAST_HANDLED_KEY)
     # One replica acts at a time through the Lease (kube/leader.py); kopf's peering would freeze, not elect.
     settings.peering.standalone = True
     # The operator posts its own Events (kube/events.py): one Normal per action, one Warning per cause. kopf's would

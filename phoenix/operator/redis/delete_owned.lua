@@ -4,7 +4,8 @@
 -- KEYS[1] the stage's owner hash; KEYS[2..] the keys.
 -- ARGV[1] the uid the marker must hold; ARGV[2] a consumer group to destroy on KEYS[2] before anything is deleted
 --   ('' for none); ARGV[3] '1': delete the marker too, last; ARGV[4..] the type each of KEYS[2..] must have to be
---   deleted ('-': not deleted, only named for the group).
+--   deleted ('-': not deleted, only named for the group; 'unread': a stream, deleted only while no consumer group
+--   reads it, so another stage's group and the entries waiting for it stay).
 -- Returns the number of keys deleted (the marker not counted; a destroyed group counts 1), or -1 when the marker
 -- names another uid or is gone (nothing done).
 if redis.call('HGET', KEYS[1], 'uid') ~= ARGV[1] then return -1 end
@@ -20,8 +21,10 @@ if ARGV[2] ~= '' and redis.call('TYPE', KEYS[2])['ok'] == 'stream' then
   end
 end
 for i = 2, #KEYS do
-  local wanted = ARGV[i + 2]
-  if wanted ~= '-' and redis.call('TYPE', KEYS[i])['ok'] == wanted then
+  local wanted, kind = ARGV[i + 2], redis.call('TYPE', KEYS[i])['ok']
+  if wanted == 'unread' and kind == 'stream' and #redis.call('XINFO', 'GROUPS', KEYS[i]) == 0 then
+    deleted = deleted + redis.call('DEL', KEYS[i])
+  elseif wanted ~= '-' and wanted ~= 'unread' and kind == wanted then
     deleted = deleted + redis.call('DEL', KEYS[i])
   end
 end

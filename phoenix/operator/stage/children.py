@@ -16,10 +16,11 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, PhoenixStageSpec
-from phoenix.kube_names import POD_KEYS_ANNOTATION
+from phoenix.kube_names import POD_KEYS_ANNOTATION, RETIRED_POD_ANNOTATIONS
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
+    RedisUser,
     build_deployment,
     build_pod_disruption_budget,
     build_scaled_object,
@@ -31,6 +32,7 @@ from phoenix.operator.builders import (
 )
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.record import SecretsRead
 from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
 from phoenix.operator.status.readiness import CHILD_NOT_OWNED, KEDA_NOT_INSTALLED
@@ -84,17 +86,24 @@ def _changed(kind: str, name: str, existing: Mapping[str, Any] | None, paths: li
 
 
 async def apply_deployment(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, keda_scales: bool, redis_secrets: str, output_partitions: int = 1
+    kube: KubeApi,
+    owner: Owner,
+    stage: PhoenixStage,
+    keda_scales: bool,
+    secrets: SecretsRead,
+    output_partitions: int = 1,
+    user: RedisUser | None = None,
 ) -> tuple[dict[str, Any], list[ActionTaken], dict[str, Any]]:
     """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
-    KEDA's replica count; nothing is written when nothing differs. `redis_secrets` is the digest of the values
-    of the stage's Redis Secrets: when it differs the patch rolls the workers. `output_partitions`: the
-    partitions of the stage `output.stage` names (OUTPUT_PARTITIONS).
+    KEDA's replica count; nothing is written when nothing differs. `secrets`: what the reconcile read of the
+    Secrets the pods use (their resourceVersions: when one differs the patch rolls the workers; the envFrom
+    Secrets' keys for MASKED_ENV). `output_partitions`: the partitions of the stage `output.stage` names
+    (OUTPUT_PARTITIONS). `user`: the namespace's Redis ACL user.
 
     Returns the Deployment, the actions taken and the form later watch events are compared with (KEDA's
     replica count left out of it)."""
     existing = await kube.get_deployment(owner.namespace, owner.name)
-    desired = build_deployment(owner, stage.spec, redis_secrets=redis_secrets, output_partitions=output_partitions)
+    desired = build_deployment(owner, stage.spec, secrets=secrets, output_partitions=output_partitions, redis_user=user)
     current = None if existing is None else existing.get("spec", {}).get("replicas")
     desired["spec"]["replicas"] = deployment_replicas(stage.spec, current, keda_scales)
     watched = copy.deepcopy(desired)
@@ -115,13 +124,16 @@ async def apply_deployment(
 
 def _remove_dropped_pod_keys(desired: dict[str, Any], existing: Mapping[str, Any]) -> None:
     """The labels and annotations spec.pod put on the pod template before (recorded on `existing`) and no longer
-    asks for become None in `desired`: the merge patch removes them, drift wants them absent."""
+    asks for become None in `desired`, as do the operator's retired annotations: the merge patch removes them,
+    drift wants them absent."""
     recorded = ((existing.get("metadata") or {}).get("annotations") or {}).get(POD_KEYS_ANNOTATION)
     try:
         previous = json.loads(recorded) if recorded else {}
     except ValueError:
         previous = {}  # edited by hand: nothing known to remove
     template = desired["spec"]["template"]["metadata"]
+    for key in RETIRED_POD_ANNOTATIONS:
+        template["annotations"].setdefault(key, None)
     for section in ("labels", "annotations"):
         for key in previous.get(section, ()) if isinstance(previous, dict) else ():
             template[section].setdefault(key, None)
@@ -157,12 +169,18 @@ def _present(wanted: Mapping[str, Any]) -> dict[str, Any]:
 
 
 async def apply_autoscaling(
-    kube: KubeApi, owner: Owner, stage: PhoenixStage, redis: RedisSpec, output_partitions: int
+    kube: KubeApi,
+    owner: Owner,
+    stage: PhoenixStage,
+    redis: RedisSpec,
+    output_partitions: int,
+    user: RedisUser | None = None,
 ) -> tuple[Condition, list[ActionTaken], dict[str, dict[str, Any]]]:
     """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
     the actions taken and the wanted form of each KEDA object by kind (none for an object the stage does not own:
-    its watch events are not the stage's drift). `output_partitions`: as for the Deployment (OUTPUT_PARTITIONS),
-    which tells the lanes whose outbox KEDA counts."""
+    its watch events are not the stage's drift). `redis`: as KEDA reaches it (as `user`, the namespace's Redis ACL
+    user, when there is one). `output_partitions`: as for the Deployment (OUTPUT_PARTITIONS), which tells the
+    lanes whose outbox KEDA counts."""
     spec, generation = stage.spec, stage.metadata.generation
 
     def unscaled(reason: str, message: str) -> Condition:
@@ -184,14 +202,14 @@ async def apply_autoscaling(
             actions += await _remove_autoscaling(kube, owner)
             return unscaled("AutoscalingDisabled", "autoscaling.enabled is false"), actions, {}
         try:
-            scaled_object = build_scaled_object(owner, spec, redis_connection(redis), output_partitions)
+            scaled_object = build_scaled_object(owner, spec, redis_connection(redis), output_partitions, user)
         except AutoscalingConfigError as exc:
             actions += await _remove_autoscaling(kube, owner)
             condition = new_condition(
                 ConditionType.AUTOSCALING_READY, False, "InvalidAutoscaling", str(exc), observed_generation=generation
             )
             return condition, actions, {}
-        authentication = build_trigger_authentication(owner, spec)
+        authentication = build_trigger_authentication(owner, spec, user)
         if authentication is None:
             name = trigger_authentication_name(owner.name)
             actions += await _delete_child_object(kube, "TriggerAuthentication", owner, name)

@@ -19,6 +19,7 @@ from phoenix.operator.record import StageRecord
 from phoenix.operator.redis.ops import Destroyed, NotHeld, destroy
 from phoenix.operator.stage.reconcile import redis_of, retain_clients, stage_model
 from phoenix.operator.status.conditions import new_condition
+from phoenix.worker_runtime.ownership import release_names
 
 # The source of deletion Warnings, de-duplicated on its own (events.EventRecorder.warning).
 DELETE = "delete"
@@ -52,10 +53,11 @@ async def delete_stage(ctx: OperatorContext, body: Mapping[str, Any], retry: int
     else:
         what = [f"consumer group {destroyed.group}"] if destroyed.group else []
         what += [f"stream {stream}" for stream in destroyed.streams]
+        kept = f"; kept {', '.join(destroyed.kept)}, which others read or write" if destroyed.kept else ""
         await ctx.events.normal(
             record,
             "RedisDataDeleted",
-            f"deleted {', '.join(what) or 'no stream'} and the stage's own keys ({destroyed.keys} keys in all)",
+            f"deleted {', '.join(what) or 'no stream'} and the stage's own keys ({destroyed.keys} keys in all){kept}",
         )
     ctx.registry.forget(record.key)
     await retain_clients(ctx)
@@ -66,10 +68,19 @@ async def _delete_redis_data(
 ) -> tuple[StageKeys, Destroyed | NotHeld]:
     stage = stage_model(body)
     # The Secret may already be gone (a namespace being deleted): the URL of the last reconcile still works.
-    redis = record.redis or (await redis_of(ctx.kube, stage, stage.metadata.uid or "")).spec
+    redis = record.redis
+    if redis is None:
+        target = await redis_of(ctx.kube, stage)
+        redis = (None if ctx.users is None else await ctx.users.operator_spec(target)) or target
     streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
+    client = ctx.pool.client(redis)
     try:
-        return streams, await destroy(ctx.pool.client(redis), streams, body["metadata"]["uid"])
+        destroyed = await destroy(client, streams, body["metadata"]["uid"], ctx.cluster)
+        # The stage goes either way: the names it claimed are free for its namespace's other stages, or anyone.
+        freed = await release_names(client, streams, streams.claimed_streams, ctx.cluster)
+        if ctx.users is not None:
+            await ctx.users.forget_names(stage.namespace, freed)
     except (RedisError, OSError) as exc:
         ctx.pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
+    return streams, destroyed

@@ -9,7 +9,7 @@ next_stage_seen). Its deletion is stage/delete.py."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import kopf
@@ -19,15 +19,16 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix.crds import Condition, ConditionType, PhoenixStage, StreamsStatus
 from phoenix.errors import StartRefused
-from phoenix.keys import LegacyStageKeys, StageKeys, input_stream
+from phoenix.keys import LegacyStageKeys, StageKeys, foreign_scope, input_stream, markable
 from phoenix.kube_names import STAGE_LABEL
 from phoenix.operator.builders import Owner, resolve_streams
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError, retry_delay
 from phoenix.operator.kube.api import KubeApi
+from phoenix.operator.kube.secrets import SecretReads, read_pod_secrets
 from phoenix.operator.record import StageRecord
 from phoenix.operator.redis.pool import RedisPool
-from phoenix.operator.redis.target import RedisTarget, read_redis_target
+from phoenix.operator.redis.target import read_redis_target
 from phoenix.operator.stage.children import ActionTaken, apply_autoscaling, apply_deployment, apply_disruption_budget
 from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.status.conditions import new_condition
@@ -38,7 +39,7 @@ from phoenix.operator.status.readiness import (
     waits_for_keda,
 )
 from phoenix.redis_spec import RedisSpec, RedisSpecError
-from phoenix.worker_runtime.ownership import KeysHeld, claim
+from phoenix.worker_runtime.ownership import KeysHeld, NameHeld, claim, release_names
 from phoenix.worker_runtime.tracing import operation_span
 
 # Sources of Warnings, each de-duplicated on its own (events.EventRecorder.warning); stage/delete.py has its own.
@@ -68,7 +69,7 @@ async def _apply_and_report(
     done: list[ActionTaken] = []
     try:
         async with ctx.events.reporting(record, RECONCILE):
-            result = await apply_spec(ctx.kube, ctx.pool, record, body, done)
+            result = await apply_spec(ctx, record, body, done)
     except StageError as error:
         record.error = new_condition(ConditionType.READY, False, error.reason, error.message)
         await ctx.writer.update(record, *failed_status(error, generation))
@@ -111,21 +112,36 @@ class Reconciled:
 
 
 async def apply_spec(
-    kube: KubeApi, pool: RedisPool, record: StageRecord, body: Mapping[str, Any], actions: list[ActionTaken]
+    ctx: OperatorContext, record: StageRecord, body: Mapping[str, Any], actions: list[ActionTaken]
 ) -> Reconciled:
     """Make the stage's Redis keys and children what its spec says (status and Events are the caller's).
 
     Idempotent: safe on create, update, drift and operator restart, and writes only what differs from the
     spec. Raises StageError when the stage cannot run. `actions` gets what was done as it is done, so that a
     failure further on still reports it (keys adopted are adopted only once)."""
+    kube, pool = ctx.kube, ctx.pool
     stage = parse_stage(body)
-    owner = Owner.from_body(body)
+    owner = Owner.from_body(body, ctx.cluster)
     streams = resolve_streams(owner.name, owner.namespace, stage.spec)
-    target = await redis_of(kube, stage, owner.uid)
+    reads = SecretReads(kube, stage.namespace)
+    target = await read_redis_target(reads, stage.spec.redis)
+    secrets = await read_pod_secrets(reads, stage.spec)
     # Kept before Redis is reached: the Secret check follows these Secrets also while Redis refuses them.
-    record.redis_versions, redis = target.versions, target.spec
+    record.secret_versions = secrets.versions
+    # With Redis ACL users, the operator reaches an administered Redis with the admin's credentials.
+    administered = None if ctx.users is None else await ctx.users.operator_spec(target)
+    redis = administered or target
     existed_before = record.streams is not None or bool(record.status.get("streams"))
-    actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before)
+    actions += await prepare_streams(pool, redis, streams, owner.uid, existed_before, owner.cluster)
+    freed = await _release_unused_names(pool, redis, record.streams, streams, owner.cluster)
+    user = None
+    if administered is not None and ctx.users is not None:
+        await ctx.users.forget_names(owner.namespace, freed)
+        namespace_user = await ctx.users.ensure(owner.namespace, streams.claimed_streams)
+        user = namespace_user.user
+        # Its password's Secret rolls the workers when rotated, like a Secret of spec.redis.
+        secrets = replace(secrets, versions=(*secrets.versions, (user.secret, namespace_user.version)))
+        record.secret_versions = secrets.versions
     try:
         forward_partitions, next_partitions = await output_partitions(kube, pool.client(redis), stage)
     except (RedisError, OSError) as exc:
@@ -133,12 +149,16 @@ async def apply_spec(
         raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
     record.next_partitions = next_partitions
     record.streams, record.redis = streams, redis
+    record.redis_user = None if user is None else user.username
     async with record.deployment_lock:
-        autoscaling, keda_actions, watched = await apply_autoscaling(kube, owner, stage, redis, forward_partitions)
+        connection = target if user is None else target.model_copy(update={"username": user.username})
+        autoscaling, keda_actions, watched = await apply_autoscaling(
+            kube, owner, stage, connection, forward_partitions, user
+        )
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
-            kube, owner, stage, keda_scales, target.digest, forward_partitions
+            kube, owner, stage, keda_scales, secrets, forward_partitions, user
         )
         actions += deployment_actions
         budget_actions, budget = await apply_disruption_budget(kube, owner, stage)
@@ -191,8 +211,28 @@ def parse_stage(body: Mapping[str, Any]) -> PhoenixStage:
 
 
 def check_stream_names(streams: StageKeys) -> None:
-    """Input, output and DLQ must be three different streams. Checked here rather than by a CEL rule because the
-    defaults derive from the stage's name (phoenix.keys spells those key formats once)."""
+    """Input, output and DLQ must be three different streams, and each the stage's own to name: none inside
+    another namespace's keys or Phoenix's (keys.foreign_scope), none that no marker could be put beside. Checked
+    here rather than by a CEL rule because the defaults derive from the stage's name and the rule from its
+    namespace, which CEL cannot read (phoenix.keys spells those key formats once)."""
+    named = (("spec.input", streams.input), ("spec.dlq", streams.dlq), ("spec.output.stream", streams.output))
+    for field_name, stream in named:
+        if stream is None:
+            continue
+        if (why := foreign_scope(stream, streams.namespace)) is not None:
+            raise StageError(
+                "InvalidSpec",
+                f"{field_name} {stream!r} is not this stage's to use: {why}; a stage reads and writes its own "
+                f"namespace's keys (phoenix:{{{streams.namespace}}}:...) or streams named outside phoenix:",
+                permanent=True,
+            )
+        if not markable(stream):
+            raise StageError(
+                "InvalidSpec",
+                f"{field_name} {stream!r} holds a '}}' outside a hash tag, so no marker can share its Redis Cluster "
+                "slot: rename it (or give it a hash tag, `{...}`)",
+                permanent=True,
+            )
     if streams.output == streams.input:
         raise StageError(
             "InvalidSpec",
@@ -206,20 +246,21 @@ def check_stream_names(streams: StageKeys) -> None:
         )
 
 
-async def redis_of(kube: KubeApi, stage: PhoenixStage, uid: str) -> RedisTarget:
+async def redis_of(kube: KubeApi, stage: PhoenixStage) -> RedisSpec:
     """The stage's Redis as the operator and KEDA reach it from their own namespaces, read from its Secrets."""
-    return await read_redis_target(kube, stage.namespace, stage.spec.redis, uid)
+    return await read_redis_target(SecretReads(kube, stage.namespace), stage.spec.redis)
 
 
 async def prepare_streams(
-    pool: RedisPool, redis: RedisSpec, streams: StageKeys, uid: str, existed_before: bool
+    pool: RedisPool, redis: RedisSpec, streams: StageKeys, uid: str, existed_before: bool, cluster: str = ""
 ) -> list[ActionTaken]:
-    """Claim the stage's keys for the PhoenixStage `uid` and create the stream, group and DLQ; an ActionTaken for
-    each that had to be created (after a Redis flush: again) and for keys adopted from an earlier stage of the name."""
+    """Claim the stage's keys for the PhoenixStage `uid` (of the Kubernetes cluster `cluster`) and create the
+    stream, group and DLQ; an ActionTaken for each that had to be created (after a Redis flush: again) and for keys
+    adopted from an earlier stage of the name."""
     try:
         client = pool.client(redis)  # builds the TLS context: a CA or certificate that does not load fails here
         await refuse_unmigrated(client, streams)
-        created = await claim(client, streams, uid, adopt=True)
+        created = await claim(client, streams, uid, adopt=True, cluster=cluster)
     except StartRefused as exc:
         raise StageError(exc.reason, _held_message(exc, streams) if isinstance(exc, KeysHeld) else str(exc)) from None
     except RedisSpecError as exc:
@@ -249,7 +290,25 @@ async def prepare_streams(
     return actions
 
 
+async def _release_unused_names(
+    pool: RedisPool, redis: RedisSpec, before: StageKeys | None, now: StageKeys, cluster: str
+) -> list[str]:
+    """The streams claimed by name that the stage's last reconcile used and its spec no longer names are given
+    up (their data stays, as a stream the stage no longer reads); those freed for anyone are returned."""
+    unused = [] if before is None else [s for s in before.claimed_streams if s not in now.claimed_streams]
+    if not unused:
+        return []
+    try:
+        return await release_names(pool.client(redis), now, unused, cluster)
+    except (RedisError, OSError) as exc:
+        pool.failed(redis, exc)
+        raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
+
+
 def _held_message(error: KeysHeld, streams: StageKeys) -> str:
+    if isinstance(error, NameHeld):
+        fix = "name streams of this namespace's own (spec.input, spec.dlq, spec.output.stream)"
+        return f"{error}: this stage is refused rather than sharing it; {fix}. It starts once the name is free"
     if error.holder:
         fix = "give this stage streams of its own (spec.input, spec.dlq) or delete that stage"
     else:

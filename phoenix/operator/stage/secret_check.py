@@ -1,6 +1,7 @@
-"""The background loop that notices a rotated Secret of a stage's spec.redis: one `get` per Secret every
-SECRET_CHECK_SECONDS (the operator may not list or watch Secrets), and a stage whose Secrets changed is marked for the
-converger's repair, which reconciles it and so rolls its workers (redis/target.py: the digest in the pod template)."""
+"""The background loop that notices a rotated Secret a stage's pods read (spec.redis's, spec.env's, spec.pod.envFrom's):
+one `get` per Secret every SECRET_CHECK_SECONDS (the operator may not list or watch Secrets), and a stage whose Secrets
+changed, went or came is marked for the converger's repair, which reconciles it and so rolls its workers
+(kube/secrets.py: the resourceVersions in the pod template)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import logging
 from kubernetes.client.exceptions import ApiException
 
 from phoenix.operator.context import OperatorContext
-from phoenix.operator.redis.target import rotated_secrets
+from phoenix.operator.kube.secrets import rotated_secrets
 
 logger = logging.getLogger(__name__)
 # How often the referenced Secrets are read again for a rotation (one `get` per distinct Secret).
@@ -18,13 +19,13 @@ SECRET_CHECK_SECONDS = 10.0
 
 
 async def check_secrets_once(ctx: OperatorContext) -> int:
-    """Mark every stage whose Redis Secrets changed for a reconcile (stage/converge.py's repair); returns how many."""
+    """Mark every stage whose Secrets changed for a reconcile (stage/converge.py's repair); returns how many."""
     marked = 0
     for record in ctx.registry.records():
-        if not record.redis_versions:
+        if not record.secret_versions:
             continue
         try:
-            changed = await rotated_secrets(ctx.kube, record.namespace, record.redis_versions)
+            changed = await rotated_secrets(ctx.kube, record.namespace, record.secret_versions)
         except ApiException as exc:
             logger.warning("Secret check of %s/%s failed: %s %s", record.namespace, record.name, exc.status, exc.reason)
             continue
