@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from phoenix.crds import RUNTIME_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
+from phoenix.crds import RESERVED_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -114,6 +114,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "SERVICE_NAME": "parser",
         "KEY_NAMESPACE": "docs",
         "STAGE_UID": "uid-1",  # by which its workers prove to the keys' ownership marker that they are its own
+        "STAGE_CLUSTER": None,
         "PARTITIONS": "1",
         "INPUT_QUEUE": "phoenix:{docs}:parser:input",
         "OUTPUT_QUEUE": "phoenix:{docs}:grouper:input",
@@ -134,23 +135,43 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "CIRCUIT_HALF_OPEN_CALLS": "2",
         "SHUTDOWN_GRACE": "90",  # the whole processingTimeout (termination grace 105)
         "HEALTH_PORT": "8080",
+        "OUTPUT_RETENTION": None,  # None: set, empty (the name alone), so no envFrom key of the name reaches it
         "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
         "REDIS_MODE": "standalone",
+        "REDIS_SENTINEL_MASTER": None,
+        "REDIS_SENTINEL_USERNAME": None,
+        "REDIS_TLS_CA_FILE": None,
+        "REDIS_TLS_CERT_FILE": None,
+        "REDIS_TLS_KEY_FILE": None,
+        "MASKED_ENV": None,
         "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
+        "REDIS_USERNAME": None,
+        "REDIS_PASSWORD": None,
+        "REDIS_SENTINEL_PASSWORD": None,
+        "CONSUMER_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},  # the pod's own name: one consumer per pod
     }
 
 
-def test_runtime_variables_are_exactly_the_reserved_names() -> None:
-    """spec.env may set anything except what the builder sets itself: the two lists cannot drift apart."""
-    from_secret = [{"name": "VENDOR_TOKEN", "secretKeyRef": {"name": "vendor", "key": "token"}}]
-    spec = make_spec(output={"stream": "x", "retention": "maxlen:5000"}, redis=REDIS_SENTINEL_MTLS, env=from_secret)
-    # OUTPUT_PARTITIONS comes with output.stage, OUTPUT_RETENTION with output.stream: one spec cannot have both.
-    to_stage = make_spec(output={"stage": "grouper"})
-    # A stage of a known cluster (STAGE_CLUSTER), with its namespace's Redis ACL user (REDIS_USERNAME, ...).
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {},
+        {"output": {"stream": "x", "retention": "maxlen:5000"}, "redis": REDIS_SENTINEL_MTLS},
+        {"output": {"stage": "grouper"}, "partitions": 4, "resources": {"requests": {"cpu": 1}}},
+        {"pod": {"envFrom": [{"configMapRef": {"name": "settings"}}]}},
+    ],
+    ids=["final-stage", "sentinel-mtls-retention", "partitioned-no-limit", "env-from"],
+)
+@pytest.mark.parametrize("with_user", [False, True], ids=["url-user", "acl-user"])
+def test_every_reserved_name_is_set_in_env_whatever_the_spec(changes: dict[str, Any], with_user: bool) -> None:
+    """spec.env may set anything except what the builder sets itself, and the builder sets every one of those in
+    `env`, empty where the stage has no value: Kubernetes gives `env` precedence over `envFrom`, so a ConfigMap's
+    CONSUMER_NAME or OUTPUT_QUEUE never reaches the worker."""
     owner = replace(OWNER, cluster="cluster-east")
-    with_user = build_deployment(owner, spec, redis_user=USER)
-    set_by_builder = set(env_of(with_user)) | set(env_of(build_deployment(owner, to_stage)))
-    assert set_by_builder - {"VENDOR_TOKEN"} == set(RUNTIME_ENV_NAMES)
+    env = container(build_deployment(owner, make_spec(**changes), redis_user=USER if with_user else None))["env"]
+    names = [var["name"] for var in env]
+    assert sorted(names) == sorted(RESERVED_ENV_NAMES)  # each once
+    assert all(var.get("value") != "" for var in env)  # empty is the name alone, as the API server stores it
 
 
 def test_partitioned_stage_derives_its_streams_and_forwards_to_the_next_stages_partitions() -> None:
@@ -161,8 +182,8 @@ def test_partitioned_stage_derives_its_streams_and_forwards_to_the_next_stages_p
     assert (env["PARTITIONS"], env["OUTPUT_PARTITIONS"]) == ("4", "8")
     assert StreamsStatus.of(resolve_streams("parser", "docs", spec)).partitions == 4
     assert env["OUTPUT_QUEUE"] == "phoenix:{docs}:grouper:input"  # the next stage as a whole; the worker picks a lane
-    assert "INPUT_QUEUE" not in env and "DLQ_NAME" not in env
-    assert "OUTPUT_PARTITIONS" not in env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))
+    assert env["INPUT_QUEUE"] is None and env["DLQ_NAME"] is None
+    assert env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))["OUTPUT_PARTITIONS"] == "1"
 
 
 @pytest.mark.parametrize("named", [{"input": "in"}, {"dlq": "dead"}])
@@ -192,6 +213,8 @@ def test_sentinel_and_tls_reach_the_worker_as_files_and_secret_refs_only() -> No
         "REDIS_TLS_CERT_FILE": "/etc/phoenix/redis-tls/tls.crt",
         "REDIS_TLS_KEY_FILE": "/etc/phoenix/redis-tls/tls.key",
         "REDIS_URL": {"secretKeyRef": {"name": "phoenix-redis", "key": "url"}},
+        "REDIS_USERNAME": None,  # no ACL user of the namespace: the URL's
+        "REDIS_PASSWORD": None,
     }
     pod = deployment["spec"]["template"]["spec"]
     (tls,) = [volume for volume in pod["volumes"] if volume["name"] == "redis-tls"]
@@ -221,7 +244,7 @@ def test_a_ca_alone_mounts_only_the_ca() -> None:
     deployment = build_deployment(OWNER, make_spec(redis=redis))
     env = env_of(deployment)
     assert env["REDIS_TLS_CA_FILE"] == "/etc/phoenix/redis-tls/ca.crt"
-    assert "REDIS_TLS_CERT_FILE" not in env and "REDIS_TLS_KEY_FILE" not in env
+    assert env["REDIS_TLS_CERT_FILE"] is None and env["REDIS_TLS_KEY_FILE"] is None
     (tls,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "redis-tls"]
     assert [source["secret"]["name"] for source in tls["projected"]["sources"]] == ["redis-ca"]
 
@@ -263,7 +286,7 @@ def test_masked_env_lists_the_variables_the_pods_take_from_secrets() -> None:
     keys = {"api": ("API_KEY", "API_REGION", "REDIS_URL"), "db": ("password", "pin")}
     env = env_of(build_deployment(OWNER, spec, secrets=SecretsRead(keys=keys)))
     assert env["MASKED_ENV"] == "API_KEY,DB_password,DB_pin,VENDOR_TOKEN"
-    assert "MASKED_ENV" not in env_of(build_deployment(OWNER, make_spec()))
+    assert env_of(build_deployment(OWNER, make_spec()))["MASKED_ENV"] is None  # set, empty: nothing to mask
     assert WorkerSettings(service_name="s", processor="p", masked_env=env["MASKED_ENV"]).masked_variables == (
         "API_KEY",
         "DB_password",
@@ -277,17 +300,30 @@ def test_read_memory_follows_the_pods_memory_limit() -> None:
     assert env_of(build_deployment(OWNER, make_spec(resources={"limits": {"memory": "2Gi"}})))[
         "READ_MEMORY_BYTES"
     ] == str(2**31 // 4)
-    assert "READ_MEMORY_BYTES" not in env_of(build_deployment(OWNER, make_spec(resources={"requests": {"cpu": 1}})))
+    unlimited = env_of(build_deployment(OWNER, make_spec(resources={"requests": {"cpu": 1}})))
+    assert unlimited["READ_MEMORY_BYTES"] == str(WorkerSettings.model_fields["read_memory_bytes"].default)
+
+
+@pytest.mark.parametrize("memory", ["1", "3", "1m", 0])
+def test_a_memory_limit_of_a_few_bytes_still_reads_one_entry_at_a_time(memory: str | int) -> None:
+    """A quarter of it was 0, which the worker refuses at start (READ_MEMORY_BYTES >= 1): the pods crash-looped
+    (found by tests/test_fuzz_stage_specs.py)."""
+    env = env_of(build_deployment(OWNER, make_spec(resources={"limits": {"memory": memory}})))
+    assert env["READ_MEMORY_BYTES"] == "1"
+    assert (
+        WorkerSettings(service_name="s", processor="p", read_memory_bytes=env["READ_MEMORY_BYTES"]).read_memory_bytes
+        == 1
+    )
 
 
 def test_final_stage_has_no_output_queue() -> None:
-    assert "OUTPUT_QUEUE" not in env_of(build_deployment(OWNER, make_spec()))
+    assert env_of(build_deployment(OWNER, make_spec()))["OUTPUT_QUEUE"] is None
 
 
 def test_output_retention_goes_to_the_worker_only_when_set() -> None:
     retained = env_of(build_deployment(OWNER, make_spec(output={"stream": "sink", "retention": "age:7d"})))
     assert (retained["OUTPUT_QUEUE"], retained["OUTPUT_RETENTION"]) == ("sink", "age:7d")
-    assert "OUTPUT_RETENTION" not in env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))
+    assert env_of(build_deployment(OWNER, make_spec(output={"stream": "sink"})))["OUTPUT_RETENTION"] is None
 
 
 def test_extra_env_follows_the_runtime_env() -> None:
@@ -467,8 +503,10 @@ def test_default_and_custom_resources() -> None:
         "requests": {"cpu": "100m", "memory": "128Mi"},
         "limits": {"cpu": "1", "memory": "512Mi"},
     }
+    # A number is written as a string: the client the operator creates the Deployment with refuses a number there
+    # (found by tests/test_fuzz_stage_specs.py; tests/test_built_objects.py creates it).
     custom = make_spec(resources={"limits": {"memory": "2Gi", "cpu": 2}})
-    assert container(build_deployment(OWNER, custom))["resources"] == {"limits": {"memory": "2Gi", "cpu": 2}}
+    assert container(build_deployment(OWNER, custom))["resources"] == {"limits": {"memory": "2Gi", "cpu": "2"}}
 
 
 def test_labels_selector_and_owner_reference() -> None:
@@ -594,8 +632,9 @@ def test_a_namespaces_redis_acl_user_logs_the_workers_and_keda_in() -> None:
     assert {(t["metadata"]["username"], t["authenticationRef"]["name"]) for t in triggers} == {
         ("phoenix.docs", "parser-redis")
     }
-    # Without a user, neither variable.
-    assert not {"REDIS_USERNAME", "REDIS_PASSWORD"} & set(env_of(build_deployment(OWNER, spec)))
+    # Without a user, both set empty (the URL's credentials hold), so no envFrom key of the names reaches it.
+    plain = env_of(build_deployment(OWNER, spec))
+    assert (plain["REDIS_USERNAME"], plain["REDIS_PASSWORD"]) == (None, None)
 
 
 def test_paused_stage_pauses_keda_at_zero_replicas() -> None:

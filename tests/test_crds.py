@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from phoenix.crds import RESERVED_ENV_NAMES, PhoenixStage, PhoenixStageSpec, PhoenixStageStatus
 from phoenix.crds.definition import custom_resource_definition
 from phoenix.crds.generate import CHART_CRD_PATH, CRD_PATH, main, render_crd
-from phoenix.crds.pod import VOLUME_SOURCES
+from phoenix.crds.pod import PROJECTED_SOURCES, VOLUME_SOURCES
 from phoenix.retention import Retention
 from tests.fixtures.admission import admitted_by_the_api_server, admitted_by_the_models
 from tests.fixtures.control_plane import ControlPlane
@@ -190,11 +190,13 @@ def _preserving(node: dict[str, Any], path: str) -> list[str]:
 def test_only_status_root_and_kubernetes_typed_pod_fields_preserve_unknown_fields() -> None:
     """Pruning is off only where the value is Kubernetes' own type, passed to the pod as written; what CEL must
     refuse there (a hostPath, a securityContext) is a declared field, which CEL can see."""
-    volume = [f"spec.pod.volumes[].{name}" for name in VOLUME_SOURCES]
+    volume = [f"spec.pod.volumes[].{name}" for name in VOLUME_SOURCES if name != "projected"]
+    projected = [f"spec.pod.volumes[].projected.sources[].{name}" for name in PROJECTED_SOURCES]
     expected = [
         "spec.pod.affinity",
         "spec.pod.topologySpreadConstraints[]",
         *volume,
+        *projected,
         "spec.pod.volumes[].hostPath",
         "spec.pod.securityContext",
         "status",
@@ -393,6 +395,43 @@ ENV_ADMISSION: dict[str, tuple[list[dict[str, Any]], dict[str, Any], str | None]
         {"concurrency": 4},
         "only safe with worker.concurrency 1",
     ),
+    # Credentials under names the first rule (*_KEY, *PASSWORD*, *TOKEN*, *SECRET*) let through, and in URLs.
+    "otlp headers in plain text": (
+        [{"name": "OTEL_EXPORTER_OTLP_HEADERS", "value": "authorization=Bearer%20abc"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "otlp trace headers in plain text": (
+        [{"name": "OTEL_EXPORTER_OTLP_TRACES_HEADERS", "value": "x-api=abc"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a passwd in plain text": ([{"name": "DB_PASSWD", "value": "hunter2"}], {}, "use secretKeyRef"),
+    "an apikey in plain text": ([{"name": "OPENAI_APIKEY", "value": "sk-plain"}], {}, "use secretKeyRef"),
+    "a credential in plain text": ([{"name": "GCP_CREDENTIALS", "value": "{}"}], {}, "use secretKeyRef"),
+    "basic auth in plain text": ([{"name": "proxy_auth", "value": "user:pw"}], {}, "use secretKeyRef"),
+    "a dsn in plain text": (
+        [{"name": "SENTRY_DSN", "value": "https://k@o1.ingest.sentry.io/1"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a database url": ([{"name": "DATABASE_URL", "value": "postgres://db:5432/app"}], {}, "use secretKeyRef"),
+    "a url with a password": (
+        [{"name": "CACHE_URL", "value": "redis://:hunter2@cache:6379/0"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a url with a user": ([{"name": "UPSTREAM", "value": "https://bot@api.example.com/v1"}], {}, "use secretKeyRef"),
+    "a url with user info in a list": (
+        [{"name": "BROKERS", "value": "kafka://h1:9092,kafka://app:pw@h2:9092"}],
+        {},
+        "use secretKeyRef",
+    ),
+    "a url without user info": (
+        [{"name": "CACHE_URL", "value": "http://cache:8080/p?to=a@b"}, {"name": "NOTIFY", "value": "ops@example.com"}],
+        {},
+        None,
+    ),
     "api key from a secret": ([{"name": "OPENAI_API_KEY", **_SECRET_REF}], {}, None),
     "empty api key": ([{"name": "OPENAI_API_KEY", "value": ""}], {}, None),
     "ordinary values": ([{"name": "LOG_LEVEL", "value": "debug"}, {"name": "KEYBOARD", "value": "us"}], {}, None),
@@ -495,6 +534,9 @@ FULL_POD: dict[str, Any] = {
     "volumeMounts": [{"name": "models", "mountPath": "/models", "readOnly": True}],
     "terminationGracePeriodSeconds": 200,
 }
+_TOKEN_SOURCE = {"serviceAccountToken": {"path": "token", "expirationSeconds": 3600}}
+_TOKEN_VOLUME = {"name": "token", "projected": {"sources": [_TOKEN_SOURCE]}}
+_TOKEN_MOUNT = {"name": "token", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount", "readOnly": True}
 # spec.pod -> the part of the refusal both the models and the API server give; None: admitted.
 POD_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
     "every field set": (FULL_POD, None),
@@ -530,6 +572,55 @@ POD_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
         "must not set the operator's own annotations",
     ),
     "a scrape annotation": ({"annotations": {"prometheus.io/port": "9999"}}, "operator's own annotations"),
+    # A token of the pods' ServiceAccount through a projected volume: only when the stage asks for it.
+    "a service account token": (
+        {"serviceAccountName": "reader", "volumes": [_TOKEN_VOLUME], "volumeMounts": [_TOKEN_MOUNT]},
+        "refused unless spec.pod.allowServiceAccountToken is true",
+    ),
+    "a service account token beside a secret": (
+        {
+            "volumes": [{"name": "token", "projected": {"sources": [{"secret": {"name": "s"}}, _TOKEN_SOURCE]}}],
+        },
+        "refused unless spec.pod.allowServiceAccountToken is true",
+    ),
+    "a service account token not allowed": (
+        {"allowServiceAccountToken": False, "volumes": [_TOKEN_VOLUME]},
+        "refused unless spec.pod.allowServiceAccountToken is true",
+    ),
+    "a service account token allowed": (
+        {"serviceAccountName": "reader", "allowServiceAccountToken": True, "volumes": [_TOKEN_VOLUME]},
+        None,
+    ),
+    "projected secrets, config maps and the pod's fields": (
+        {
+            "volumes": [
+                {
+                    "name": "bundle",
+                    "projected": {
+                        "defaultMode": 0o440,
+                        "sources": [
+                            {"secret": {"name": "s", "items": [{"key": "k", "path": "k"}]}},
+                            {"configMap": {"name": "c"}},
+                            {
+                                "downwardAPI": {
+                                    "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                                }
+                            },
+                        ],
+                    },
+                }
+            ],
+        },
+        None,
+    ),
+    "two sources in one projection": (
+        {"volumes": [{"name": "p", "projected": {"sources": [{"secret": {"name": "s"}, "configMap": {"name": "c"}}]}}]},
+        "needs exactly one of secret, configMap, downwardAPI, serviceAccountToken",
+    ),
+    "a projected mode beyond 0777": (
+        {"volumes": [{"name": "p", "projected": {"defaultMode": 512, "sources": [{"configMap": {"name": "c"}}]}}]},
+        "less than or equal to 511",
+    ),
     "envFrom of both kinds": (
         {"envFrom": [{"configMapRef": {"name": "a"}, "secretRef": {"name": "b"}}]},
         "exactly one of configMapRef or secretRef",
@@ -552,3 +643,195 @@ def test_pod_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, 
     pod, refusal = POD_ADMISSION[case]
     stored = admitted_by_the_api_server(kube_cluster, kube_namespace, "podcheck", {**MINIMAL_SPEC, "pod": pod}, refusal)
     assert refusal is not None or (stored is not None and stored["spec"]["pod"] == pod)
+
+
+@pytest.mark.parametrize("source", ["clusterTrustBundle", "podCertificate"])
+def test_a_projected_source_the_schema_does_not_declare_is_refused_by_the_models(source: str) -> None:
+    """A pod certificate is a credential of the pod's ServiceAccount as a token is, and newer Kubernetes versions
+    add sources: only the declared ones are admitted."""
+    volume = {"name": "p", "projected": {"sources": [{source: {"signerName": "example.com/x"}}]}}
+    admitted_by_the_models({**MINIMAL_SPEC, "pod": {"volumes": [volume]}}, "Extra inputs are not permitted")
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("source", ["clusterTrustBundle", "podCertificate"])
+def test_a_projected_source_the_schema_does_not_declare_is_refused_by_the_api_server(
+    source: str, kube_cluster: ControlPlane, kube_namespace: str
+) -> None:
+    """kubectl validates strictly: a field the schema does not declare is an error, not pruned in silence."""
+    volume = {"name": "p", "projected": {"sources": [{source: {"signerName": "example.com/x"}}]}}
+    spec = {**MINIMAL_SPEC, "pod": {"volumes": [volume]}}
+    admitted_by_the_api_server(
+        kube_cluster,
+        kube_namespace,
+        "projcheck",
+        spec,
+        f'unknown field "spec.pod.volumes[0].projected.sources[0].{source}"',
+    )
+
+
+_VOLUME = {"name": "models", "emptyDir": {}}
+# Specs a generated run (tests/test_fuzz_stage_specs.py) found the models and the API server to disagree on, or the
+# models to admit while the API server refused the Deployment built from them: each is now refused by both, in
+# (the models' words, the API server's words).
+FOUND_BY_FUZZING: dict[str, tuple[dict[str, Any], str, str]] = {
+    # pydantic's lax mode took "true" for true and 1 for true; the schema refuses another JSON type.
+    "a boolean as a string": (
+        {"pod": {"envFrom": [{"secretRef": {"name": "s", "optional": "true"}}]}},
+        "Input should be a valid boolean",
+        "must be of type boolean",
+    ),
+    "a boolean as a number": ({"paused": 1}, "Input should be a valid boolean", "must be of type boolean"),
+    # `\S` is Unicode's whitespace to pydantic's regex engine and ASCII's only to RE2.
+    "a vertical tab in a stream name": ({"dlq": "\x0b0"}, "String should match pattern", "should match"),
+    "a next-line character in a group name": (
+        {"consumerGroup": "g\x85"},
+        "String should match pattern",
+        "should match",
+    ),
+    # Beyond an int64, and at 2**63 - 1, which the API server's float64 bound makes 2**63.
+    "a toleration past its bound": (
+        {
+            "pod": {
+                "tolerations": [
+                    {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2**63 - 1}
+                ]
+            }
+        },
+        "less than or equal to 9007199254740992",
+        "less than or equal to",
+    ),
+    # What the API server refused in the Deployment, now refused at admission in the models' words.
+    "a toleration without key or Exists": (
+        {"pod": {"tolerations": [{}]}},
+        "without a key tolerates every taint",
+        "without a key tolerates every taint",
+    ),
+    "a toleration of any value with one": (
+        {"pod": {"tolerations": [{"key": "k", "operator": "Exists", "value": "v"}]}},
+        "with operator Exists matches any value",
+        "with operator Exists matches any value",
+    ),
+    "toleration seconds without NoExecute": (
+        {"pod": {"tolerations": [{"key": "k", "tolerationSeconds": 60}]}},
+        "applies to effect NoExecute only",
+        "applies to effect NoExecute only",
+    ),
+    "a toleration key with a space": (
+        {"pod": {"tolerations": [{"key": "bad key", "operator": "Exists"}]}},
+        "tolerations[].key must be a qualified name",
+        "tolerations[].key must be a qualified name",
+    ),
+    "a label key with a space": ({"pod": {"labels": {"bad key": "x"}}}, "key must be a qualified name", "key must be"),
+    "an annotation key of two slashes": (
+        {"pod": {"annotations": {"a/b/c": "x"}}},
+        "key must be a qualified name",
+        "key must be a qualified name",
+    ),
+    "a node selector key too long": (
+        {"pod": {"nodeSelector": {"x" * 64: "linux"}}},
+        "key must be a qualified name",
+        "key must be a qualified name",
+    ),
+    "an extended resource without its limit": (
+        {"resources": {"requests": {"cpu": "100m", "nvidia.com/gpu": "100m"}}},
+        "counted in whole units and not overcommitted",
+        "counted in whole units and not overcommitted",
+    ),
+    "an extended resource in part": (
+        {"resources": {"limits": {"nvidia.com/gpu": "0.5"}}},
+        "counted in whole units and not overcommitted",
+        "counted in whole units and not overcommitted",
+    ),
+    "a request over its limit": (
+        {"resources": {"requests": {"cpu": "2"}, "limits": {"cpu": 1}}},
+        "each request must be at most its limit",
+        "each request must be at most its limit",
+    ),
+    "a resource Kubernetes does not know": (
+        {"resources": {"limits": {"gpu": "1"}}},
+        "spec.resources names cpu, memory",
+        "spec.resources names cpu, memory",
+    ),
+    "a negative quantity": (
+        {"resources": {"limits": {"memory": "-1"}}},
+        "is not a Kubernetes quantity",
+        "should match",
+    ),
+    "two mounts at one path": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/m"}] * 2},
+        "mount paths must be unique",
+        "mount paths must be unique",
+    ),
+    "a sub path out of its volume": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/m", "subPath": "a/../../b"}]},
+        "subPath must stay inside its volume",
+        "subPath must stay inside its volume",
+    ),
+    # Probes beside them: the container runtime resolves the path, so these mounted over the operator's own.
+    "a mount over /tmp by a detour": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/x/../tmp"}]},
+        "must be a clean path",
+        "must be a clean path",
+    ),
+    "a mount over the TLS directory by a double slash": (
+        {"volumes": [_VOLUME], "volumeMounts": [{"name": "models", "mountPath": "/etc//phoenix/redis-tls"}]},
+        "must be a clean path",
+        "must be a clean path",
+    ),
+}
+
+
+def _found_spec(case: str) -> dict[str, Any]:
+    change = FOUND_BY_FUZZING[case][0]
+    pod = {key: change[key] for key in ("volumes", "volumeMounts") if key in change}
+    return {**MINIMAL_SPEC, **({"pod": pod} if pod else change)}
+
+
+@pytest.mark.parametrize("case", list(FOUND_BY_FUZZING))
+def test_what_a_generated_run_found_is_refused_by_the_models(case: str) -> None:
+    admitted_by_the_models(_found_spec(case), FOUND_BY_FUZZING[case][1])
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(FOUND_BY_FUZZING))
+def test_what_a_generated_run_found_is_refused_by_the_api_server(
+    case: str, kube_cluster: ControlPlane, kube_namespace: str
+) -> None:
+    admitted_by_the_api_server(kube_cluster, kube_namespace, "fuzzfound", _found_spec(case), FOUND_BY_FUZZING[case][2])
+
+
+# What Kubernetes admits next to those refusals, which the models and the API server admit too.
+NEAR_THE_REFUSALS: dict[str, dict[str, Any]] = {
+    "tolerations": {
+        "pod": {
+            "tolerations": [
+                {"operator": "Exists"},
+                {"key": "example.com/gpu", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 2**53},
+            ]
+        }
+    },
+    "keys": {"pod": {"labels": {"example.com/team": "search"}, "nodeSelector": {"kubernetes.io/os": "linux"}}},
+    "mounts": {
+        "pod": {
+            "volumes": [_VOLUME],
+            "volumeMounts": [{"name": "models", "mountPath": "/etc/models/", "subPath": "a..b/c"}],
+        }
+    },
+    "resources": {
+        "resources": {"requests": {"cpu": 1, "nvidia.com/gpu": 1}, "limits": {"cpu": "1000m", "nvidia.com/gpu": "1"}}
+    },
+}
+
+
+@pytest.mark.parametrize("case", list(NEAR_THE_REFUSALS))
+def test_what_kubernetes_admits_near_those_refusals_is_admitted_by_the_models(case: str) -> None:
+    admitted_by_the_models({**MINIMAL_SPEC, **NEAR_THE_REFUSALS[case]}, None)
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(NEAR_THE_REFUSALS))
+def test_what_kubernetes_admits_near_those_refusals_is_admitted_by_the_api_server(
+    case: str, kube_cluster: ControlPlane, kube_namespace: str
+) -> None:
+    admitted_by_the_api_server(kube_cluster, kube_namespace, "near", {**MINIMAL_SPEC, **NEAR_THE_REFUSALS[case]}, None)

@@ -44,6 +44,11 @@ CHART_FILES = {
 }
 
 
+# The users' rights on stages (manifests/rbac/stage-roles.yaml) and the default roles each is aggregated into.
+STAGE_ROLES = {"phoenix-stage-edit": ("admin", "edit"), "phoenix-stage-view": ("view",)}
+AGGREGATE = "rbac.authorization.k8s.io/aggregate-to-"
+
+
 def set_id(values: Path | None) -> str:
     return values.name.removesuffix("-values.yaml") if values else "default"
 
@@ -132,6 +137,8 @@ def test_default_values_install_the_crd_rbac_and_two_operator_replicas(helm: Hel
             "CustomResourceDefinition",
             "ServiceAccount",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",
@@ -149,7 +156,8 @@ def test_default_values_install_the_crd_rbac_and_two_operator_replicas(helm: Hel
 
 def test_namespaced_mode_swaps_the_cluster_role_for_roles_in_the_served_namespaces(helm: Helm) -> None:
     documents = helm.render("--set=watchNamespaces={team-a,team-b}")
-    assert not [doc for doc in documents if doc["kind"].startswith("Cluster")]
+    operators = [doc for doc in documents if doc["metadata"]["name"] not in STAGE_ROLES]
+    assert not [doc for doc in operators if doc["kind"].startswith("Cluster")]
     roles = {(doc["metadata"]["namespace"], doc["metadata"]["name"]) for doc in documents if doc["kind"] == "Role"}
     assert roles == {
         ("team-a", "phoenix-operator"),
@@ -157,6 +165,30 @@ def test_namespaced_mode_swaps_the_cluster_role_for_roles_in_the_served_namespac
         (NAMESPACE, "phoenix-operator-leader-election"),
     }
     assert operator_container(documents)["args"][-2:] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+@pytest.mark.parametrize("values", ALL_SETS, ids=set_id)
+def test_every_install_ships_the_stage_roles_aggregated_into_edit_and_view(helm: Helm, values: Path | None) -> None:
+    """Whoever holds `edit` (or `admin`) in a namespace may make stages there, whoever holds `view` may read them;
+    the operator's own mode (cluster-wide or namespaced) does not change who may make stages."""
+    documents = helm.render(*values_args(values))
+    roles = {
+        doc["metadata"]["name"]: doc
+        for doc in documents
+        if doc["kind"] == "ClusterRole" and doc["metadata"]["name"] in STAGE_ROLES
+    }
+    assert sorted(roles) == sorted(STAGE_ROLES)
+    for name, aggregated_into in STAGE_ROLES.items():
+        labels = roles[name]["metadata"]["labels"]
+        assert {key for key, value in labels.items() if key.startswith(AGGREGATE) and value == "true"} == {
+            f"{AGGREGATE}{role}" for role in aggregated_into
+        }
+    [edit] = roles["phoenix-stage-edit"]["rules"]
+    assert (edit["apiGroups"], edit["resources"]) == (["phoenix.io"], ["phoenixstages"])  # no status: the operator's
+    assert {"create", "update", "patch", "delete"} <= set(edit["verbs"])
+    [view] = roles["phoenix-stage-view"]["rules"]
+    assert view["resources"] == ["phoenixstages", "phoenixstages/status"]
+    assert view["verbs"] == ["get", "list", "watch"]
 
 
 def test_monitoring_values_add_the_pod_monitors_rule_and_dashboard_with_their_selector_label(helm: Helm) -> None:

@@ -62,6 +62,8 @@ def test_install_creates_namespace_rbac_operator_and_crd() -> None:
             "Namespace",
             "ServiceAccount",
             "ClusterRole",
+            "ClusterRole",
+            "ClusterRole",
             "ClusterRoleBinding",
             "Role",
             "RoleBinding",

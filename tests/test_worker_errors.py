@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.records import committed, locked_records, record_key
 from tests.fixtures.replies import get_existing, raw_stream_entries, scored_members, stream_entries
-from tests.fixtures.sample_stage import DLQ, IN, OUT, RETRY, add, idle, outputs
+from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, RETRY, add, idle, outputs
 from tests.fixtures.workers import WorkerPool, WorkerProcess
 
 
@@ -181,3 +181,32 @@ async def test_bad_configuration_stops_with_one_readable_line(redis_url: str, wo
     assert w4.process.log_path.read_text() == (
         "phoenix worker: invalid configuration: RETRY_MAX_SECONDS must be at least RETRY_BASE_SECONDS\n"
     )
+
+
+@pytest.mark.timeout(60)
+async def test_a_setting_in_two_letter_cases_stops_the_worker_naming_both_never_their_values(
+    redis: aioredis.Redis, redis_url: str, workers: WorkerPool
+) -> None:
+    """`redis_url` from a ConfigMap of spec.pod.envFrom beside the operator's REDIS_URL: which one the settings
+    would take follows the environment's order, which the kubelet does not fix. The worker takes neither."""
+    elsewhere = "redis://:hunter2@elsewhere.example:6379/0"
+    w = workers.start(
+        "s",
+        redis_url=elsewhere,
+        consumer_name="pod-b",
+        CONSUMER_NAME="pod-a",
+        input_queue="phoenix:{other}:s:input",
+    )
+    assert w.process.popen.wait(timeout=30) == 2
+    assert w.process.log_path.read_text() == (
+        "phoenix worker: invalid configuration: "
+        "CONSUMER_NAME is set in several letter cases (CONSUMER_NAME, consumer_name); "
+        "REDIS_URL is set in several letter cases (REDIS_URL, redis_url): "
+        "the worker reads its variables case-insensitively and could take either value; keep one spelling\n"
+    )
+    # One spelling alone, in any letter case, is read as before.
+    alone = workers.start("s", consumer_name="pod-a", OUTPUT_QUEUE=OUT)
+    await add(redis, "r1")
+    await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
+    assert [c["name"] for c in await redis.xinfo_consumers(IN, KEYS.consumer_group)] == ["pod-a"]
+    assert alone.alive

@@ -14,7 +14,6 @@ from phoenix.crds.resource import (
 )
 from phoenix.crds.spec import (
     RESERVED_ENV_NAMES,
-    RUNTIME_ENV_NAMES,
     Autoscaling,
     CircuitBreakerSpec,
     DeletionPolicy,
@@ -46,7 +45,6 @@ __all__ = [
     "KIND",
     "PLURAL",
     "RESERVED_ENV_NAMES",
-    "RUNTIME_ENV_NAMES",
     "SHORT_NAMES",
     "SINGULAR",
     "VERSION",

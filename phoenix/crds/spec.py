@@ -4,17 +4,32 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
+from kubernetes.utils import parse_quantity
 from pydantic import Field, field_validator, model_validator
 
-from phoenix.crds.common import CamelModel, Quantity, RedisName, SecretKeyRef, SecretRef, cel, cel_list
+from phoenix.crds.common import (
+    NO_SPACE_PATTERN,
+    CamelModel,
+    Quantity,
+    RedisName,
+    SecretKeyRef,
+    SecretRef,
+    cel,
+    cel_list,
+)
 from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
 from phoenix.retention import RETENTION_PATTERN
 
-# Env vars the operator derives from the spec; spec.env may not override them, or two sources would disagree.
-RUNTIME_ENV_NAMES: tuple[str, ...] = (
+# The variables the operator sets in every worker container's `env`, from the spec (CONSUMER_NAME from the pod's
+# name: one name shared by all pods would make them take each other's pending entries for their own), empty where a
+# stage has no value. spec.env may not set them, or two sources would disagree; `env` wins over spec.pod.envFrom,
+# so neither can a ConfigMap's key of the same name. The worker reads its settings case-insensitively (`redis_url`
+# sets REDIS_URL), so spec.env's names are compared in upper case, and a worker refuses to start with one of its
+# settings in two letter cases (an envFrom key `redis_url` beside the operator's REDIS_URL).
+RESERVED_ENV_NAMES: tuple[str, ...] = (
     "SERVICE_NAME",
     "KEY_NAMESPACE",
     "STAGE_UID",
@@ -52,11 +67,8 @@ RUNTIME_ENV_NAMES: tuple[str, ...] = (
     "REDIS_TLS_CA_FILE",
     "REDIS_TLS_CERT_FILE",
     "REDIS_TLS_KEY_FILE",
+    "CONSUMER_NAME",
 )
-# What spec.env may not set: those, and CONSUMER_NAME, which each worker derives from its pod name (one name shared
-# by all pods would make them take each other's pending entries for their own). The worker reads its settings
-# case-insensitively (`redis_url` sets REDIS_URL), so names are compared in upper case.
-RESERVED_ENV_NAMES: tuple[str, ...] = (*RUNTIME_ENV_NAMES, "CONSUMER_NAME")
 
 STAGE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # A PhoenixStage name becomes a label value and a Deployment name: a DNS-1123 label.
@@ -137,7 +149,7 @@ class RedisSentinel(CamelModel):
         default=None,
         min_length=1,
         max_length=256,
-        pattern=r"^\S+$",
+        pattern=NO_SPACE_PATTERN,
         description="ACL user of the Sentinels when they have their own (REDIS_SENTINEL_USERNAME). Omit when the "
         "Sentinels take no password or the same user as the URL.",
     )
@@ -186,6 +198,7 @@ class StageRedisSpec(CamelModel):
     )
     mode: RedisMode = Field(
         default=RedisMode.STANDALONE,
+        strict=False,
         description="standalone: the URL names the Redis itself; sentinel: the URL names the Sentinels "
         "(set `sentinel.masterName`); cluster: the URL's hosts are seed nodes of a Redis Cluster (database 0). "
         "REDIS_MODE.",
@@ -316,13 +329,33 @@ class CircuitBreakerSpec(CamelModel):
     )
 
 
-# Names that look like they hold a secret (upper-cased first): their value must come from a Secret, since a literal
-# `value` is shown to anyone who may read the PhoenixStage (`kubectl get -o yaml`). RE2 (CEL) and Python agree on it.
-SECRET_NAME_PATTERN = r"_KEY$|PASSWORD|TOKEN|SECRET"
-_SECRET_VALUE_MESSAGE = (
-    "a variable whose name looks secret (*_KEY, *PASSWORD*, *TOKEN*, *SECRET*) must not have a literal value, "
-    "which anyone who can read the PhoenixStage sees: put it in a Secret and use secretKeyRef (valueFrom)"
+# Names that say they hold a credential (upper-cased first), and values that carry one in a URL's user info
+# (`scheme://user:password@host`): such a value must come from a Secret, since a literal `value` is shown to anyone
+# who may read the PhoenixStage (`kubectl get -o yaml`). Both are searched anywhere in the text, by RE2 (CEL) and by
+# Python's re alike: ASCII classes only, so the two engines agree on every character.
+SECRET_NAME_PATTERN = (
+    r"PASSWORD|PASSWD|PASSPHRASE|_PWD$|SECRET|TOKEN|_KEY$|APIKEY|API_KEY|CREDENTIAL|AUTH|DSN|CONNECTION_STRING"
+    r"|(DATABASE|DB)_UR[IL]|OTLP_(.*_)?HEADERS"
 )
+URL_WITH_USER_INFO_PATTERN = r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#@ \t\r\n]+@"
+# SECRET_NAME_PATTERN and URL_WITH_USER_INFO_PATTERN as people read them.
+_CREDENTIALS_TEXT = (
+    "a name that says it holds one (*PASSWORD*, *PASSWD*, *PASSPHRASE*, *_PWD, *SECRET*, *TOKEN*, *_KEY, *APIKEY*, "
+    "*API_KEY*, *CREDENTIAL*, *AUTH*, *DSN*, *CONNECTION_STRING*, *DATABASE_URL* or *DB_URL* (or _URI), "
+    "OTEL_EXPORTER_OTLP_*HEADERS), or a value holding a URL with user info (scheme://user:password@host)"
+)
+_SECRET_VALUE_MESSAGE = (
+    "a credential must not be a literal value, which anyone who can read the PhoenixStage sees (refused for "
+    + _CREDENTIALS_TEXT
+    + "): put it in a Secret and use secretKeyRef"
+)
+
+
+def is_literal_credential(name: str, value: str) -> bool:
+    """Whether spec.env may not carry `value` for `name` literally (the CRD's CEL rule says the same)."""
+    return bool(value) and bool(
+        re.search(SECRET_NAME_PATTERN, name.upper()) or re.search(URL_WITH_USER_INFO_PATTERN, value)
+    )
 
 
 class EnvVar(CamelModel):
@@ -331,7 +364,8 @@ class EnvVar(CamelModel):
     model_config = cel(
         ("has(self.value) != has(self.secretKeyRef)", "set exactly one of value or secretKeyRef"),
         (
-            f"!has(self.value) || self.value == '' || !self.name.upperAscii().matches('{SECRET_NAME_PATTERN}')",
+            f"!has(self.value) || self.value == '' || (!self.name.upperAscii().matches('{SECRET_NAME_PATTERN}') "
+            f"&& !self.value.matches('{URL_WITH_USER_INFO_PATTERN}'))",
             _SECRET_VALUE_MESSAGE,
         ),
     )
@@ -340,8 +374,7 @@ class EnvVar(CamelModel):
     value: str | None = Field(
         default=None,
         max_length=32768,
-        description="Literal value; never a secret. Refused (unless empty) for names that look secret: *_KEY, "
-        "*PASSWORD*, *TOKEN*, *SECRET*.",
+        description="Literal value; never a credential. Refused (unless empty) for " + _CREDENTIALS_TEXT + ".",
     )
     secret_key_ref: SecretKeyRef | None = Field(default=None, description="Take the value from a Secret key.")
 
@@ -349,7 +382,7 @@ class EnvVar(CamelModel):
     def _one_source(self) -> EnvVar:
         if (self.value is None) == (self.secret_key_ref is None):
             raise ValueError(f"env {self.name}: set exactly one of value or secretKeyRef")
-        if self.value and re.search(SECRET_NAME_PATTERN, self.name.upper()):
+        if self.value is not None and is_literal_credential(self.name, self.value):
             raise ValueError(f"env {self.name}: {_SECRET_VALUE_MESSAGE}")
         return self
 
@@ -361,13 +394,92 @@ _RESERVED_MESSAGE = (
 )
 
 
+# What a worker container may ask for, as Kubernetes checks a container's resources: the standard resources, and
+# extended ones (`nvidia.com/gpu`: a domain that is not Kubernetes' own), which it counts in whole units and never
+# overcommits (their request is their limit).
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+_EXTENDED_RESOURCE_PATTERN = (
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_RESOURCE_NAMES_MESSAGE = (
+    "spec.resources names cpu, memory, ephemeral-storage, or an extended resource <domain>/<name> (`nvidia.com/gpu`) "
+    "of a domain other than kubernetes.io's"
+)
+_REQUEST_OVER_LIMIT = "spec.resources: each request must be at most its limit"
+_EXTENDED_WHOLE_AND_LIMITED = (
+    "spec.resources: an extended resource is counted in whole units and not overcommitted: give it a limit, an "
+    "integer, and no request or one equal to the limit"
+)
+_STANDARD_CEL = cel_list(STANDARD_RESOURCES)
+
+
+def _resource_names_cel() -> dict[str, Any]:
+    extended = (
+        f"(k.matches('{_EXTENDED_RESOURCE_PATTERN}') && size(k.split('/')[0]) <= 244 "
+        "&& !k.contains('kubernetes.io/') && !k.startsWith('requests.'))"
+    )
+    return {"rule": f"self.all(k, k in {_STANDARD_CEL} || {extended})", "message": _RESOURCE_NAMES_MESSAGE}
+
+
+def _is_resource_name(name: str) -> bool:
+    return name in STANDARD_RESOURCES or (
+        re.fullmatch(_EXTENDED_RESOURCE_PATTERN, name) is not None
+        and len(name.split("/")[0]) <= 244  # Kubernetes checks `requests.<name>` as a qualified name
+        and "kubernetes.io/" not in name
+        and not name.startswith("requests.")
+    )
+
+
 class ResourceRequirements(CamelModel):
-    """Compute resources of the worker container, as in a Pod spec."""
+    """Compute resources of the worker container, as in a Pod spec (and checked as a Pod spec's, at admission)."""
+
+    model_config = cel(
+        (
+            "!has(self.requests) || !has(self.limits) || self.requests.all(k, !(k in self.limits) || "
+            "quantity(string(self.requests[k])).compareTo(quantity(string(self.limits[k]))) <= 0)",
+            _REQUEST_OVER_LIMIT,
+        ),
+        (
+            f"(!has(self.limits) || self.limits.all(k, k in {_STANDARD_CEL} || quantity(string(self.limits[k]))"
+            ".isInteger())) && (!has(self.requests) || self.requests.all(k, k in "
+            f"{_STANDARD_CEL} || (has(self.limits) && k in self.limits && quantity(string(self.requests[k]))"
+            ".compareTo(quantity(string(self.limits[k]))) == 0)))",
+            _EXTENDED_WHOLE_AND_LIMITED,
+        ),
+    )
 
     requests: dict[str, Quantity] | None = Field(
-        default=None, description="Minimum resources, e.g. `{cpu: 100m, memory: 128Mi}`."
+        default=None,
+        max_length=8,
+        description="Minimum resources, e.g. `{cpu: 100m, memory: 128Mi}`.",
+        json_schema_extra={"x-kubernetes-validations": [_resource_names_cel()]},
     )
-    limits: dict[str, Quantity] | None = Field(default=None, description="Maximum resources, e.g. `{memory: 512Mi}`.")
+    limits: dict[str, Quantity] | None = Field(
+        default=None,
+        max_length=8,
+        description="Maximum resources, e.g. `{memory: 512Mi}`.",
+        json_schema_extra={"x-kubernetes-validations": [_resource_names_cel()]},
+    )
+
+    @model_validator(mode="after")
+    def _as_kubernetes_checks_them(self) -> ResourceRequirements:
+        requests, limits = self.requests or {}, self.limits or {}
+        if bad := sorted(name for name in {*requests, *limits} if not _is_resource_name(name)):
+            raise ValueError(f"{_RESOURCE_NAMES_MESSAGE} (got {', '.join(bad)})")
+        if over := sorted(
+            n for n in requests if n in limits and parse_quantity(requests[n]) > parse_quantity(limits[n])
+        ):
+            raise ValueError(f"{_REQUEST_OVER_LIMIT} (got {', '.join(over)})")
+        extended = {name for name in {*requests, *limits} if name not in STANDARD_RESOURCES}
+        if odd := sorted(
+            name
+            for name in extended
+            if name not in limits
+            or parse_quantity(limits[name]) != int(parse_quantity(limits[name]))
+            or (name in requests and parse_quantity(requests[name]) != parse_quantity(limits[name]))
+        ):
+            raise ValueError(f"{_EXTENDED_WHOLE_AND_LIMITED} (got {', '.join(odd)})")
+        return self
 
 
 # The strings pydantic (the worker's BillingSettings) reads as a false BILLING_SWAP_ENV, lowercased.
@@ -476,6 +588,7 @@ class PhoenixStageSpec(CamelModel):
     )
     deletion_policy: DeletionPolicy = Field(
         default=DeletionPolicy.RETAIN,
+        strict=False,
         description="What happens to the stage's Redis data (input stream, consumer group, DLQ) when the "
         "PhoenixStage is deleted: Retain keeps it, Delete removes it. Kubernetes objects are always removed.",
     )

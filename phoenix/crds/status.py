@@ -23,8 +23,9 @@ class ConditionType(StrEnum):
 
 
 class StatusModel(CamelModel):
-    # kopf stores its own bookkeeping (handler results) beside ours, so reading status back must tolerate it.
-    model_config = ConfigDict(extra="ignore")
+    # kopf stores its own bookkeeping (handler results) beside ours, so reading status back must tolerate it; and
+    # its timestamps come as strings.
+    model_config = ConfigDict(extra="ignore", strict=False)
 
 
 class Condition(StatusModel):

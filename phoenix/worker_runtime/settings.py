@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -313,7 +314,24 @@ def describe_validation_error(exc: ValidationError, model: type[BaseModel]) -> s
     return "; ".join(problems)
 
 
+def letter_case_clashes(environ: Mapping[str, str]) -> list[list[str]]:
+    """The worker's variables set in more than one letter case (`REDIS_URL` and `redis_url`, the second from a
+    ConfigMap of spec.pod.envFrom, say), each as its spellings: the settings read names case-insensitively, and which
+    spelling would win follows the order of the environment, which the kubelet does not fix."""
+    spellings: dict[str, list[str]] = {}
+    for name in environ:
+        if name.lower() in WorkerSettings.model_fields:
+            spellings.setdefault(name.upper(), []).append(name)
+    return [sorted(names) for _, names in sorted(spellings.items()) if len(names) > 1]
+
+
 def load_settings() -> WorkerSettings:
+    if clashes := letter_case_clashes(os.environ):
+        # Names only: one of the values may be a secret.
+        raise ConfigError(
+            "; ".join(f"{names[0].upper()} is set in several letter cases ({', '.join(names)})" for names in clashes)
+            + ": the worker reads its variables case-insensitively and could take either value; keep one spelling"
+        )
     try:
         return WorkerSettings()
     except ValidationError as exc:

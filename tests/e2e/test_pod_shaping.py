@@ -1,12 +1,14 @@
 """Worker pods shaped by spec.pod, under the restricted Pod Security Standard (the pipeline's namespace enforces
 it): a stage with a pull secret, a ServiceAccount, labels, annotations, an envFrom ConfigMap, its processor's
 code in a ConfigMap volume, a nodeSelector, a toleration, node affinity, a topology spread constraint and a
-PriorityClass runs on the node; a stage asking for privileges is refused by the API server; a long
-job survives a scale-in, committed by the pod that is going, within the termination grace that follows
-processingTimeout."""
+PriorityClass runs on the node; that ConfigMap's keys of the operator's own variables (CONSUMER_NAME, OUTPUT_QUEUE)
+never reach the worker, and one of them in another letter case (`redis_url`) stops it with one line; a stage
+asking for privileges is refused by the API server; a long job survives a scale-in, committed by the pod that is
+going, within the termination grace that follows processingTimeout."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -79,6 +81,12 @@ POD = {
 }
 
 
+# Variables the operator sets in every worker's env, here also in the envFrom ConfigMap: `env` wins, so each pod is
+# its own consumer (one name for all would make them take each other's pending entries) and the final stage forwards
+# nowhere, as its spec says.
+RESERVED_IN_ENV_FROM = {"CONSUMER_NAME": "same-for-all", "OUTPUT_QUEUE": "phoenix:{elsewhere}:stolen:input"}
+
+
 def longjob_stage(image: str, replicas: int) -> dict[str, Any]:
     """A final stage of `replicas` pods whose records each take JOB_SECONDS; a record left by a killed pod would be
     claimed by another only after 10 minutes, so within the test only the pod that took it can commit it."""
@@ -122,7 +130,7 @@ def _objects() -> list[dict[str, Any]]:
             "apiVersion": "v1",
             "kind": "ConfigMap",
             "metadata": {"name": "longjob-env"},
-            "data": {"PYTHONPATH": "/processors", "SLOW_SECONDS": str(JOB_SECONDS)},
+            "data": {"PYTHONPATH": "/processors", "SLOW_SECONDS": str(JOB_SECONDS), **RESERVED_IN_ENV_FROM},
         },
     ]
 
@@ -181,6 +189,79 @@ def test_a_stage_with_spec_pod_runs_shaped_as_asked(longjob: None) -> None:
     assert budget["spec"]["maxUnavailable"] == 1
 
 
+def _started(pod: str) -> dict[str, Any]:
+    """The worker_started line of the pod's worker."""
+    lines = kubectl("logs", "-n", NAMESPACE, pod).splitlines()
+    events = [json.loads(line) for line in lines if line.startswith("{")]
+    (started,) = [event for event in events if event.get("event") == "worker_started"]
+    return started
+
+
+def test_the_operators_variables_in_an_env_from_configmap_never_reach_the_worker(longjob: None) -> None:
+    for pod in stage_pods(NAMESPACE, STAGE):
+        name = pod["metadata"]["name"]
+        started = _started(name)
+        assert started["consumer"] == name  # CONSUMER_NAME from the pod's own name, not the ConfigMap's
+        assert started["output"] is None  # a final stage: the ConfigMap's OUTPUT_QUEUE was not read
+        (container,) = pod["spec"]["containers"]
+        env = {var["name"]: var for var in container["env"]}
+        assert env["CONSUMER_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+        assert "value" not in env["OUTPUT_QUEUE"]
+
+
+CLASH = "envclash"
+
+
+def test_a_setting_in_another_letter_case_in_env_from_stops_the_worker_with_one_line(
+    pipeline: Pipeline, phoenix_image: str
+) -> None:
+    """The kubelet puts a ConfigMap's `redis_url` beside the operator's REDIS_URL, in an order of its own; the
+    worker reads names case-insensitively, so it refuses to start (exit 2) rather than take either, and its line
+    names both spellings and no value."""
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": f"{CLASH}-env"},
+        "data": {"redis_url": "redis://:hunter2@elsewhere.invalid:6379/0", "CONSUMER_NAME": "same-for-all"},
+    }
+    stage = stage_document(
+        CLASH,
+        "router",
+        phoenix_image,
+        cpu=("20m", "250m"),
+        replicas={"min": 1, "max": 1},
+        autoscaling={"enabled": False},
+        pod={"envFrom": [{"configMapRef": {"name": f"{CLASH}-env"}}]},
+    )
+    apply_documents([config_map, stage], NAMESPACE)
+    try:
+
+        def refused() -> dict[str, Any] | None:
+            for pod in stage_pods(NAMESPACE, CLASH):
+                for status in (pod.get("status") or {}).get("containerStatuses") or []:
+                    if ((status.get("lastState") or {}).get("terminated") or {}).get("exitCode") == 2:
+                        return pod
+            return None
+
+        pod = _until(refused, "the envclash worker to exit with code 2", 120)
+
+        def exit_line() -> str | None:
+            # The kubelet may be starting the container again meanwhile, which drops the previous one's log: ask
+            # again, for that container or the next one, which exits the same way.
+            text = kubectl("logs", "-n", NAMESPACE, "--previous", pod["metadata"]["name"], check=False)
+            return text if text.startswith("phoenix worker:") else None
+
+        log = _until(exit_line, "the envclash worker's exit line", 120)
+        assert log == (
+            "phoenix worker: invalid configuration: REDIS_URL is set in several letter cases (REDIS_URL, redis_url): "
+            "the worker reads its variables case-insensitively and could take either value; keep one spelling\n"
+        )
+        assert "hunter2" not in log and "elsewhere" not in log
+    finally:
+        delete_stage(NAMESPACE, CLASH)
+        kubectl("delete", "configmap", "-n", NAMESPACE, f"{CLASH}-env", "--ignore-not-found")
+
+
 @pytest.mark.parametrize(
     ("pod", "refusal"),
     [
@@ -225,7 +306,7 @@ def test_a_long_job_survives_a_scale_in(longjob: None, redis: redis_client.Redis
 
     going = _until(terminating, "a pod to be scaled in", 60)
     name = going["metadata"]["name"]
-    (entry,) = [entry for entry, consumer in owners.items() if consumer.startswith(f"{name}-")]
+    (entry,) = [entry for entry, consumer in owners.items() if consumer == name]
     record = next(record for record, entry_id in records.items() if entry_id == entry)
     state = keys.record_prefix + record
     assert committed_by(get_text_now(redis, state)) is None, "the record was done before the scale-in: no long job left"

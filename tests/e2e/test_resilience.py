@@ -44,8 +44,8 @@ def test_force_deleted_worker_and_deleted_operator_lose_and_duplicate_nothing(
     consumer = eventually(
         lambda: _busy_consumer(redis, parser), "a parser pod with entries in flight", timeout=180, interval=0.05
     )
-    # Consumers are named {hostname}-{pid}, and a pod's hostname is its name.
-    kubectl("delete", "pod", "-n", NAMESPACE, consumer.rsplit("-", 1)[0], "--grace-period=0", "--force")
+    # Each pod is its own consumer, by the pod's name (the operator sets CONSUMER_NAME from it).
+    kubectl("delete", "pod", "-n", NAMESPACE, consumer, "--grace-period=0", "--force")
     # Both operator replicas (the leader and its standby) go: the ones that come back must elect and converge.
     operators = {p["metadata"]["name"]: p["metadata"]["uid"] for p in kubectl_json("get", "pods", *OPERATOR)["items"]}
     kubectl("delete", "pod", "-n", "phoenix-system", *operators, "--wait=false")

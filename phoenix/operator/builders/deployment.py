@@ -28,6 +28,7 @@ from phoenix.operator.builders.redis_address import RedisUser
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
 from phoenix.operator.record import SecretsRead
+from phoenix.worker_runtime.settings import WorkerSettings
 
 HEALTH_PORT = 8080
 PORT_NAME = "http"
@@ -69,15 +70,26 @@ def worker_env(
     keys' ownership marker. `output_partitions`: the partitions of the stage `output.stage` names (its workers
     forward each record to its partition there). `user`: the Redis ACL user of the namespace, whose name and
     password replace the URL's (REDIS_USERNAME, REDIS_PASSWORD). `secret_keys`: the keys of the Secrets
-    spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV."""
+    spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV.
+
+    Every reserved name (RESERVED_ENV_NAMES) is set, empty where this stage has no value for it: `env` wins over
+    spec.pod.envFrom, so no ConfigMap or Secret key of that name reaches the worker."""
+    memory_limit = worker_resources(spec).get("limits", {}).get("memory")
+    read_memory = (
+        # At least 1 (one entry per read), which the worker accepts: a limit of a few bytes ("1", "1m") gave 0.
+        max(1, int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE)
+        if memory_limit is not None
+        else WorkerSettings.model_fields["read_memory_bytes"].default
+    )
+    named = spec.partitions == 1  # a stage of several partitions derives one input and one DLQ per partition
     plain: dict[str, str] = {
         "SERVICE_NAME": name,
         "KEY_NAMESPACE": streams.namespace,
-        **({"STAGE_UID": uid} if uid else {}),
-        **({"STAGE_CLUSTER": cluster} if cluster else {}),
+        "STAGE_UID": uid,
+        "STAGE_CLUSTER": cluster,
         "PARTITIONS": str(spec.partitions),
-        # A stage of several partitions derives one input and one DLQ per partition; it names none.
-        **({"INPUT_QUEUE": streams.input, "DLQ_NAME": streams.dlq} if spec.partitions == 1 else {}),
+        "INPUT_QUEUE": streams.input if named else "",
+        "DLQ_NAME": streams.dlq if named else "",
         "CONSUMER_GROUP": streams.consumer_group,
         "PROCESSOR": spec.processor,
         "LOCK_TIMEOUT": str(spec.worker.lock_timeout),
@@ -93,27 +105,31 @@ def worker_env(
         "CIRCUIT_HALF_OPEN_CALLS": str(spec.circuit_breaker.half_open_calls),
         "SHUTDOWN_GRACE": str(shutdown_grace(spec)),
         "HEALTH_PORT": str(HEALTH_PORT),
-    }
-    if streams.output is not None:
         # With output.stage: the next stage's input as a whole; the worker picks each record's partition of it.
-        plain["OUTPUT_QUEUE"] = streams.output
-    if spec.output is not None and spec.output.stage is not None:
-        plain["OUTPUT_PARTITIONS"] = str(output_partitions)
-    if spec.output is not None and spec.output.retention is not None:
-        plain["OUTPUT_RETENTION"] = spec.output.retention
-    memory_limit = worker_resources(spec).get("limits", {}).get("memory")
-    if memory_limit is not None:
-        plain["READ_MEMORY_BYTES"] = str(int(parse_quantity(memory_limit)) // READ_MEMORY_SHARE)
-    plain.update(redis_plain_env(spec.redis))
-    if masked := _taken_from_secrets(spec, secret_keys or {}):
-        plain["MASKED_ENV"] = ",".join(masked)
-    env: list[dict[str, Any]] = [{"name": key, "value": value} for key, value in plain.items()]
+        "OUTPUT_QUEUE": streams.output or "",
+        "OUTPUT_PARTITIONS": str(output_partitions if spec.output is not None and spec.output.stage else 1),
+        "OUTPUT_RETENTION": (spec.output.retention if spec.output is not None else None) or "",
+        "READ_MEMORY_BYTES": str(read_memory),
+        **redis_plain_env(spec.redis),
+        "MASKED_ENV": ",".join(_taken_from_secrets(spec, secret_keys or {})),
+    }
+    # An empty value is written as the name alone, as the API server stores it (drift compares the two).
+    env: list[dict[str, Any]] = [{"name": key, **({"value": value} if value else {})} for key, value in plain.items()]
     env.append(_from_secret("REDIS_URL", spec.redis.url_secret_ref))
     if user is not None:
         env.append({"name": "REDIS_USERNAME", "value": user.username})
         env.append(_from_secret("REDIS_PASSWORD", SecretKeyRef(name=user.secret, key=user.PASSWORD_KEY)))
-    if spec.redis.sentinel is not None and spec.redis.sentinel.password_secret_ref is not None:
-        env.append(_from_secret("REDIS_SENTINEL_PASSWORD", spec.redis.sentinel.password_secret_ref))
+    else:
+        env += [{"name": "REDIS_USERNAME"}, {"name": "REDIS_PASSWORD"}]
+    sentinel_password = spec.redis.sentinel.password_secret_ref if spec.redis.sentinel is not None else None
+    env.append(
+        _from_secret("REDIS_SENTINEL_PASSWORD", sentinel_password)
+        if sentinel_password is not None
+        else {"name": "REDIS_SENTINEL_PASSWORD"}
+    )
+    # One consumer per pod, by the pod's name (the hostname the worker used before is cut to 63 characters, which
+    # two pods of a long stage name could share).
+    env.append({"name": "CONSUMER_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}})
     for var in spec.env:
         if var.secret_key_ref is not None:
             env.append(_from_secret(var.name, var.secret_key_ref))
@@ -160,18 +176,19 @@ def _from_secret(name: str, ref: SecretKeyRef) -> dict[str, Any]:
 
 
 def redis_plain_env(redis: StageRedisSpec) -> dict[str, str]:
-    """The connection settings that are no secret: the mode, the master's name, where the TLS files are mounted."""
-    env = {"REDIS_MODE": redis.mode.value}
-    if redis.sentinel is not None:
-        env["REDIS_SENTINEL_MASTER"] = redis.sentinel.master_name
-        if redis.sentinel.username is not None:
-            env["REDIS_SENTINEL_USERNAME"] = redis.sentinel.username
-    if redis.tls is not None and redis.tls.ca_secret_ref is not None:
-        env["REDIS_TLS_CA_FILE"] = f"{REDIS_TLS_DIR}/{CA_FILE}"
-    if redis.tls is not None and redis.tls.client_cert_secret_ref is not None:
-        env["REDIS_TLS_CERT_FILE"] = f"{REDIS_TLS_DIR}/{CERT_FILE}"
-        env["REDIS_TLS_KEY_FILE"] = f"{REDIS_TLS_DIR}/{KEY_FILE}"
-    return env
+    """The connection settings that are no secret: the mode, the master's name, where the TLS files are mounted
+    (empty when the stage has none)."""
+    sentinel, tls = redis.sentinel, redis.tls
+    ca = tls is not None and tls.ca_secret_ref is not None
+    client_cert = tls is not None and tls.client_cert_secret_ref is not None
+    return {
+        "REDIS_MODE": redis.mode.value,
+        "REDIS_SENTINEL_MASTER": sentinel.master_name if sentinel is not None else "",
+        "REDIS_SENTINEL_USERNAME": (sentinel.username if sentinel is not None else None) or "",
+        "REDIS_TLS_CA_FILE": f"{REDIS_TLS_DIR}/{CA_FILE}" if ca else "",
+        "REDIS_TLS_CERT_FILE": f"{REDIS_TLS_DIR}/{CERT_FILE}" if client_cert else "",
+        "REDIS_TLS_KEY_FILE": f"{REDIS_TLS_DIR}/{KEY_FILE}" if client_cert else "",
+    }
 
 
 def redis_tls_volume(redis: StageRedisSpec) -> dict[str, Any] | None:
@@ -192,7 +209,11 @@ def redis_tls_volume(redis: StageRedisSpec) -> dict[str, Any] | None:
 def worker_resources(spec: PhoenixStageSpec) -> dict[str, Any]:
     if spec.resources is None:
         return {section: dict(values) for section, values in DEFAULT_RESOURCES.items()}
-    return spec.resources.to_k8s()
+    # A quantity as a string, whichever the spec wrote (`cpu: 1`): the client the operator creates the Deployment
+    # with refuses a number there before the API server sees it.
+    return {
+        section: {name: str(q) for name, q in values.items()} for section, values in spec.resources.to_k8s().items()
+    }
 
 
 def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
