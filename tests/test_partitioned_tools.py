@@ -94,8 +94,9 @@ async def test_dlq_commands_work_across_the_lanes_and_replay_to_each_records_lan
 ) -> None:
     await claim(redis, STAGE, "uid-p", adopt=True)
     dead = _spread(6)
-    # A millisecond apart: entries of different lanes added in one millisecond have no order between them.
-    first_ms = int(time.time() * 1000)
+    # A millisecond apart: entries of different lanes added in one millisecond have no order between them. From the
+    # next millisecond on: claim's marker entry (added, then deleted) left each DLQ's last id at this one or before.
+    first_ms = int(time.time() * 1000) + 1
     for i, record_id in enumerate(dead):
         await _dead_letter(redis, record_id, f"{first_ms + i}-0")
     listed = [json.loads(line) for line in phoenix(redis_url, "dlq", "list", *NS, "--count", "4").splitlines()]
