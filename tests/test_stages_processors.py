@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
-from phoenix.keys import DEFAULT_NAMESPACE
+from phoenix.keys import DEFAULT_NAMESPACE, input_stream
 from phoenix.stages.corpus import CORPUS, faxed_scan
 from phoenix.stages.data_keys import grouped_key, pages_key, parsed_key
 from phoenix.stages.grouper import GrouperProcessor
@@ -28,7 +28,7 @@ from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.parser import ParserProcessor
 from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
-from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError, Routed
 from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
 from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.eventually import wait_until
@@ -443,3 +443,22 @@ async def test_parser_keeps_unparsed_result_lines_and_counts_them(
     findings = Findings.model_validate_json(await get_existing(redis, parsed_key(NS, "rec-12")))
     assert [(row.text, row.page) for row in findings.unparsed] == [("Lipase 1O2 U/L 13-60", 2)]
     assert REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") == before + 1
+
+
+async def test_router_with_named_outputs_sends_lab_pages_to_the_parser_and_imaging_pages_to_imaging(
+    redis: aioredis.Redis, samples: dict[str, Path]
+) -> None:
+    outputs = {name: {"queue": input_stream(name, NS)} for name in ("parser", "imaging")}
+    router = await started(RouterProcessor(), redis)
+    router.settings = WorkerSettings(service_name="router", processor="unused", key_namespace=NS, outputs=outputs)
+    try:
+        lab = await router.process("lab-1", "u", {"document_url": samples[DIABETES].as_uri()})
+        scan = await router.process("ct-1", "u", {"document_url": samples[CT_CHEST].as_uri()})
+    finally:
+        await router.cleanup()
+    assert isinstance(lab, Routed) and list(lab.outputs) == ["parser"]
+    assert lab.outputs["parser"]["pages_key"] == pages_key(NS, "lab-1")
+    assert isinstance(scan, Routed) and "imaging" in scan.outputs
+    assert all("CT" in page["text"] or "ct" in page["text"].lower() for page in scan.outputs["imaging"]["pages"])
+    # Pages are stored only for the parser, which deletes them: an imaging-only document leaves none behind.
+    assert ("parser" in scan.outputs) == bool(await redis.exists(pages_key(NS, "ct-1")))
