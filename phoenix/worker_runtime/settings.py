@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from phoenix import tuning
 from phoenix.errors import ConfigError
 from phoenix.keys import (
     DEFAULT_NAMESPACE,
@@ -94,13 +95,14 @@ class WorkerSettings(BaseSettings):
     consumer_name: str = ""
     dlq_name: str = ""
 
-    lock_timeout: PositiveSeconds = 600
-    idempotency_ttl: PositiveSeconds = 86400
-    processing_timeout: PositiveSeconds = 600
-    claim_idle_ms: int = Field(300_000, gt=0)
+    # A PhoenixStage's tunables take their defaults from phoenix.tuning; their bounds here are wider than a spec's.
+    lock_timeout: PositiveSeconds = tuning.LOCK_TIMEOUT.default
+    idempotency_ttl: PositiveSeconds = tuning.IDEMPOTENCY_TTL.default
+    processing_timeout: PositiveSeconds = tuning.PROCESSING_TIMEOUT.default
+    claim_idle_ms: int = Field(tuning.CLAIM_IDLE_MS.default, gt=0)
     claim_interval: PositiveSeconds = 60
-    concurrency: int = Field(1, ge=1, le=10_000)
-    max_deliveries: int = Field(10, ge=1)
+    concurrency: int = Field(tuning.CONCURRENCY.default, ge=1, le=10_000)
+    max_deliveries: int = Field(tuning.MAX_DELIVERIES.default, ge=1)
     # Backpressure instead of trimming: above the high-water mark of unfinished entries in the output stream the
     # stage stops reading, below the low-water mark (default 80% of it) it reads again; 0 turns it off.
     output_high_water: int = Field(100_000, ge=0)
@@ -124,8 +126,8 @@ class WorkerSettings(BaseSettings):
     read_memory_bytes: int = Field(268_435_456, ge=1)
     block_ms: int = Field(5000, ge=1)
 
-    retry_base_seconds: PositiveSeconds = 2
-    retry_max_seconds: PositiveSeconds = 300
+    retry_base_seconds: PositiveSeconds = tuning.RETRY_BASE_SECONDS.default
+    retry_max_seconds: PositiveSeconds = tuning.RETRY_MAX_SECONDS.default
     retry_warn_after: PositiveSeconds = 4 * 3600
     retry_poll_interval: PositiveSeconds = 1
     # Off (0) by default: a transient failure is retried until it succeeds. Past either limit the record goes to
@@ -140,9 +142,9 @@ class WorkerSettings(BaseSettings):
     # long: their Redis calls hang or keep failing. Unset: derived (_derive_defaults; docs/configuration.md).
     liveness_timeout: float | None = Field(None, gt=0)
 
-    circuit_failure_threshold: int = Field(5, ge=1)
-    circuit_reset_timeout: PositiveSeconds = 60
-    circuit_half_open_calls: int = Field(3, ge=1)
+    circuit_failure_threshold: int = Field(tuning.CIRCUIT_FAILURE_THRESHOLD.default, ge=1)
+    circuit_reset_timeout: PositiveSeconds = tuning.CIRCUIT_RESET_TIMEOUT.default
+    circuit_half_open_calls: int = Field(tuning.CIRCUIT_HALF_OPEN_CALLS.default, ge=1)
 
     # Variables whose values are secrets, masked like the Redis password (scrub.py): names separated by commas. The
     # operator lists those spec.env and spec.pod.envFrom take from Secrets.

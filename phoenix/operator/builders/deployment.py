@@ -51,7 +51,7 @@ READ_MEMORY_SHARE = 4
 
 def _number(value: float) -> str:
     """2.0 -> "2", 0.5 -> "0.5": what a person would write in the env var."""
-    return str(int(value)) if value.is_integer() else repr(value)
+    return str(int(value)) if float(value).is_integer() else repr(value)
 
 
 def worker_env(
@@ -94,17 +94,7 @@ def worker_env(
         "DLQ_NAME": streams.dlq if named else "",
         "CONSUMER_GROUP": streams.consumer_group,
         "PROCESSOR": spec.processor,
-        "LOCK_TIMEOUT": str(spec.worker.lock_timeout),
-        "IDEMPOTENCY_TTL": str(spec.worker.idempotency_ttl),
-        "PROCESSING_TIMEOUT": str(spec.worker.processing_timeout),
-        "CLAIM_IDLE_MS": str(spec.worker.claim_idle_ms),
-        "CONCURRENCY": str(spec.worker.concurrency),
-        "MAX_DELIVERIES": str(spec.worker.max_deliveries),
-        "RETRY_BASE_SECONDS": _number(spec.retry.base_seconds),
-        "RETRY_MAX_SECONDS": _number(spec.retry.max_seconds),
-        "CIRCUIT_FAILURE_THRESHOLD": str(spec.circuit_breaker.failure_threshold),
-        "CIRCUIT_RESET_TIMEOUT": _number(spec.circuit_breaker.reset_timeout),
-        "CIRCUIT_HALF_OPEN_CALLS": str(spec.circuit_breaker.half_open_calls),
+        **{setting.env: _number(value) for setting, value in spec.tuned_values().items()},
         "SHUTDOWN_GRACE": str(shutdown_grace(spec)),
         "HEALTH_PORT": str(HEALTH_PORT),
         # With output.stage: the next stage's input as a whole; the worker picks each record's partition of it.
