@@ -5,6 +5,7 @@ The export path (OTLP over HTTP, three stages as subprocesses) is in test_tracin
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -18,7 +19,13 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from phoenix.tools import dlq
-from phoenix.worker_runtime.tracing import TracingConfigError, configure_tracing, otlp_header_values
+from phoenix.worker_runtime.tracing import (
+    WORKER_SAMPLE_RATIO,
+    TracingConfigError,
+    configure_tracing,
+    default_sampler,
+    otlp_header_values,
+)
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.records import committed
@@ -70,38 +77,51 @@ async def spans_when(exporter: InMemorySpanExporter, name: str, count: int) -> t
     return await wait_until(enough, f"{count} {name!r} spans")
 
 
-async def test_a_record_gets_wait_process_and_commit_spans(
+async def test_a_record_gets_one_span_from_its_take_up_to_its_commit(
     redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
 ) -> None:
     entry_id = await add_entry(redis, IN, {"record_id": "r1", "data": "{}", "traceparent": TRACEPARENT})
     async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
-        spans = await spans_when(exporter, "s commit", 1)
+        spans = await spans_when(exporter, "s process", 1)
     (process,) = named(spans, "s process")
-    (wait,) = named(spans, "s wait")
-    (commit,) = named(spans, "s commit")
     (settle,) = named(spans, "s settle")
-    # One trace, the previous stage's span as the process span's parent, wait and commit under it.
-    assert {process.context.trace_id, wait.context.trace_id, commit.context.trace_id} == {TRACE_ID}
+    assert {s.name for s in spans} == {"s process", "s settle"}  # one span a record, one a batch write
+    # The previous stage's span is the parent: one trace.
+    assert process.context.trace_id == TRACE_ID
     assert parent_id(process) == PARENT_SPAN_ID and process.kind is trace.SpanKind.CONSUMER
-    assert parent_id(wait) == parent_id(commit) == process.context.span_id
-    assert process.attributes is not None and commit.attributes is not None
-    assert {k: process.attributes[k] for k in process.attributes if k.startswith("messaging.")} == {
+    assert process.attributes is not None
+    assert dict(process.attributes) == {
+        "messaging.message.id": entry_id,
+        "phoenix.record_id": "r1",
+        "phoenix.attempt": 1,
+        "phoenix.queue_wait_ms": process.attributes["phoenix.queue_wait_ms"],
+        "phoenix.process_ms": process.attributes["phoenix.process_ms"],
+        "phoenix.outcome": "commit",
+    }
+    # The stage's constant attributes are the tracer's, sent once per export (the same on the settle span).
+    assert process.instrumentation_scope is not None and process.instrumentation_scope.name == "phoenix"
+    assert dict(process.instrumentation_scope.attributes or {}) == {
         "messaging.system": "redis",
         "messaging.destination.name": IN,
         "messaging.consumer.group.name": KEYS.consumer_group,
         "messaging.operation.type": "process",
-        "messaging.message.id": entry_id,
+        "phoenix.stage": "s",
     }
-    assert process.attributes["phoenix.outcome"] == commit.attributes["phoenix.outcome"] == "commit"
-    assert process.attributes["phoenix.record_id"] == "r1" and process.attributes["phoenix.attempt"] == 1
-    # The wait runs from the entry id's milliseconds to the start of processing; then process, then commit.
-    assert wait.start_time == int(entry_id.partition("-")[0]) * 1_000_000
-    assert wait.end_time == process.start_time
-    assert process.end_time is not None and commit.start_time == process.end_time
-    # The batch write links to the records' process spans, each record's commit back to the batch write.
+    # The queue wait: the entry id's milliseconds to the span's start; the processor's time within the span, which
+    # ends with the batch write that made the record durable.
+    assert process.start_time is not None and process.end_time is not None
+    waited = process.start_time // 1_000_000 - int(entry_id.partition("-")[0])
+    queue_wait_ms = process.attributes["phoenix.queue_wait_ms"]
+    assert isinstance(queue_wait_ms, int) and abs(queue_wait_ms - waited) <= 1
+    process_ms = process.attributes["phoenix.process_ms"]
+    assert isinstance(process_ms, float) and 0 <= process_ms * 1e6 <= process.end_time - process.start_time
+    assert settle.start_time is not None and process.start_time < settle.start_time
+    assert process.end_time == settle.end_time
+    # The batch write links to the records' spans; it is a trace of its own.
+    assert settle.kind is trace.SpanKind.PRODUCER and settle.parent is None
     assert [link.context.span_id for link in settle.links] == [process.context.span_id]
-    assert [link.context.span_id for link in commit.links] == [settle.context.span_id]
-    # The next stage continues from this stage's process span.
+    assert settle.attributes is not None and settle.attributes["messaging.batch.message_count"] == 1
+    # The next stage continues from this stage's span.
     (forwarded,) = await outputs(redis)
     assert forwarded["traceparent"] == traceparent(process)
 
@@ -111,7 +131,7 @@ async def test_a_record_without_trace_context_starts_a_trace_the_next_stage_cont
 ) -> None:
     await add(redis, "r1")
     async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
-        spans = await spans_when(exporter, "s commit", 1)
+        spans = await spans_when(exporter, "s process", 1)
     (process,) = named(spans, "s process")
     assert process.parent is None
     (forwarded,) = await outputs(redis)
@@ -124,18 +144,20 @@ async def test_a_retry_is_a_child_of_the_failed_attempt_in_the_same_trace(
     await redis.set("dependency-down:s", 1)
     await add(redis, "r1")  # no trace context: the first attempt starts the trace, the retry must stay in it
     async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
-        await spans_when(exporter, "s commit", 1)
+        await spans_when(exporter, "s process", 1)
         await redis.delete("dependency-down:s")
         await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed on its retry")
-        spans = await spans_when(exporter, "s commit", 2)
-    first, second = sorted(named(spans, "s process"), key=lambda s: s.start_time or 0)[:2]
-    assert first.attributes is not None and second.attributes is not None
+        spans = await spans_when(exporter, "s process", 2)
+    attempts = sorted(named(spans, "s process"), key=lambda s: s.start_time or 0)
+    first, last = attempts[0], attempts[-1]
+    assert first.attributes is not None and last.attributes is not None
     assert (first.attributes["phoenix.outcome"], first.attributes["phoenix.attempt"]) == ("retry", 1)
     assert first.status.status_code is trace.StatusCode.ERROR
-    assert second.context.trace_id == first.context.trace_id
-    assert parent_id(second) == first.context.span_id and second.attributes["phoenix.attempt"] == 2
-    commits = {s.attributes["phoenix.outcome"] for s in named(spans, "s commit") if s.attributes}
-    assert {"retry", "commit"} <= commits
+    assert (last.attributes["phoenix.outcome"], last.attributes["phoenix.attempt"]) == ("commit", len(attempts))
+    assert last.status.status_code is trace.StatusCode.UNSET
+    assert {s.context.trace_id for s in attempts} == {first.context.trace_id}
+    for before, after in itertools.pairwise(attempts):
+        assert parent_id(after) == before.context.span_id  # each attempt continues the one that failed
 
 
 async def test_a_dead_letter_replayed_continues_the_records_trace(
@@ -143,9 +165,10 @@ async def test_a_dead_letter_replayed_continues_the_records_trace(
 ) -> None:
     await redis.xadd(IN, {"record_id": "r1", "data": json.dumps({"action": "invalid"}), "traceparent": TRACEPARENT})
     async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
-        spans = await spans_when(exporter, "s commit", 1)
+        spans = await spans_when(exporter, "s process", 1)
         (failed,) = named(spans, "s process")
         assert failed.attributes is not None and failed.attributes["phoenix.outcome"] == "dlq"
+        assert failed.status.status_code is trace.StatusCode.ERROR
         ((dead_id, dead),) = await stream_entries(redis, DLQ)
         assert dead["traceparent"] == traceparent(failed)
         # The record is fixed meanwhile (its action dropped), then replayed as `phoenix dlq replay` does.
@@ -165,12 +188,13 @@ async def test_a_duplicate_is_a_span_with_outcome_duplicate(
     async with running_worker(redis_url, output_queue=OUT, tracer_provider=provider):
         await wait_until(lambda: committed(redis, "s", "r1"), "r1 committed")
         await redis.xadd(IN, {"record_id": "r1", "data": "{}", "traceparent": TRACEPARENT})
-        spans = await spans_when(exporter, "s commit", 2)
+        spans = await spans_when(exporter, "s process", 2)
         await wait_until(lambda: idle(redis), "the duplicate acknowledged")
-    duplicate = [s for s in named(spans, "s process") if s.context.trace_id == TRACE_ID]
-    assert [s.attributes and s.attributes["phoenix.outcome"] for s in duplicate] == ["duplicate"]
-    commit = [s for s in named(spans, "s commit") if s.context.trace_id == TRACE_ID]
-    assert [s.attributes and s.attributes["phoenix.outcome"] for s in commit] == ["duplicate"]
+    (duplicate,) = [s for s in named(spans, "s process") if s.context.trace_id == TRACE_ID]
+    assert duplicate.attributes is not None and duplicate.attributes["phoenix.outcome"] == "duplicate"
+    assert parent_id(duplicate) == PARENT_SPAN_ID and "phoenix.process_ms" not in duplicate.attributes
+    # Its acknowledgement's batch write links to it.
+    assert [s for s in named(spans, "s settle") if duplicate.context.span_id in {x.context.span_id for x in s.links}]
     assert len(await outputs(redis)) == 1
 
 
@@ -180,11 +204,12 @@ async def test_a_batch_processor_gives_each_record_its_own_spans(
     for n in range(3):
         await add(redis, f"r{n}")
     async with running_worker(redis_url, processor=ScriptedBatchProcessor, output_queue=OUT, tracer_provider=provider):
-        spans = await spans_when(exporter, "s commit", 3)
+        spans = await spans_when(exporter, "s process", 3)
     processes = named(spans, "s process")
     assert len({s.context.trace_id for s in processes}) == 3  # three records, three traces
-    by_parent = {parent_id(s) for s in named(spans, "s commit")}
-    assert by_parent == {s.context.span_id for s in processes}
+    assert {(s.attributes or {})["phoenix.outcome"] for s in processes} == {"commit"}
+    linked = {link.context.span_id for s in named(spans, "s settle") for link in s.links}
+    assert linked == {s.context.span_id for s in processes}
     forwarded = {o["record_id"]: o["traceparent"] for o in await outputs(redis)}
     assert forwarded == {(s.attributes or {})["phoenix.record_id"]: traceparent(s) for s in processes}
 
@@ -201,6 +226,13 @@ def test_nothing_is_configured_without_the_environment() -> None:
         is None
     )
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
+
+
+def test_a_worker_samples_a_hundredth_of_new_traces_unless_told_otherwise() -> None:
+    sampler = default_sampler({}, WORKER_SAMPLE_RATIO)
+    assert sampler is not None and sampler.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.01}")
+    assert default_sampler({"OTEL_TRACES_SAMPLER": "always_on"}, WORKER_SAMPLE_RATIO) is None  # the SDK's reading
+    assert default_sampler({}, None) is None  # the operator: every reconcile
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from phoenix.worker_runtime.health import start_health_server
 from phoenix.worker_runtime.log import configure_logging
 from phoenix.worker_runtime.processor import BaseProcessor, load_processor_class
 from phoenix.worker_runtime.settings import WorkerSettings, load_settings
-from phoenix.worker_runtime.tracing import configure_tracing, otlp_header_values
+from phoenix.worker_runtime.tracing import WORKER_SAMPLE_RATIO, configure_tracing, otlp_header_values
 from phoenix.worker_runtime.worker import Worker
 
 # A shutdown still running this long after the grace period is stuck; unfinished entries stay pending, so
@@ -64,7 +64,7 @@ def main() -> int:
         billing.check(settings.concurrency)
         processor_class = load_processor_class(settings.processor)
         # Before the processor's initialize(), which may then configure an SDK of its own instead (tracing.py).
-        shutdown_tracing = configure_tracing(settings.service_name)
+        shutdown_tracing = configure_tracing(settings.service_name, default_ratio=WORKER_SAMPLE_RATIO)
     except ConfigError as exc:
         print(f"phoenix worker: invalid configuration: {exc}", file=sys.stderr)
         return 2

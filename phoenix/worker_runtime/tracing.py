@@ -1,4 +1,4 @@
-"""OpenTelemetry traces: per record and stage a wait, a process and a commit span, and a span per operator reconcile.
+"""OpenTelemetry traces: a span per record and stage, one per batch write, and one per operator reconcile.
 
 The standard environment configures them (configure_tracing): OTEL_EXPORTER_OTLP_ENDPOINT (or
 OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, or OTEL_TRACES_EXPORTER=otlp|console) turns export on, OTEL_SERVICE_NAME,
@@ -6,11 +6,11 @@ OTEL_TRACES_SAMPLER, OTEL_BSP_* and the exporter's own OTEL_EXPORTER_OTLP_* are 
 configured and the worker's only cost per message is the `recording` flag it checks. A processor may still configure
 an SDK of its own in `initialize()`: MessageTracing is built after it and records into it.
 
-Per record and stage (docs/observability.md): `{stage} process` (CONSUMER, parent: the traceparent the entry
-carries, so the next stage continues the trace) with two children, `{stage} wait` (from the entry id's timestamp to
-when the worker took the record up) and `{stage} commit` (from the outcome to its durable write, linked to the
-`{stage} settle` span of the batch write, which links back to every record's process span). A failed attempt's
-retry and dead letter carry its process span's traceparent: the next attempt, or a DLQ replay, is its child.
+Per record and stage (docs/observability.md): one span, `{stage} process` (CONSUMER, parent: the traceparent the
+entry carries, so the next stage continues the trace), from when the worker took the record up to its durable write
+(the queue wait before it and the processor's time attributes), and per batch write a `{stage} settle`
+span linked to every record's span. A failed attempt's retry and dead letter carry its span's traceparent: the next
+attempt, or a DLQ replay, is its child.
 """
 
 from __future__ import annotations
@@ -29,10 +29,14 @@ from phoenix.errors import ConfigError
 
 try:
     from opentelemetry import trace
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    _PROPAGATOR = TraceContextTextMapPropagator()
 except ImportError:  # tracing is optional (the `tracing` extra)
     trace = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.sampling import Sampler
     from opentelemetry.trace import Span, TracerProvider
 
     from phoenix.worker_runtime.messages import Message
@@ -45,6 +49,9 @@ _PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL
 _HEADERS = ("OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS")
 # Every variable Phoenix itself reads (the SDK and exporter read more): docs/configuration.md documents each.
 READ_VARIABLES = ("OTEL_SDK_DISABLED", "OTEL_TRACES_EXPORTER", "OTEL_SERVICE_NAME", *_ENDPOINTS, *_PROTOCOLS, *_HEADERS)
+# The workers' sampling without OTEL_TRACES_SAMPLER: what keeps tracing's cost small beside a fast stage's own
+# (docs/performance.md, "Tracing", has the measurement and the arithmetic).
+WORKER_SAMPLE_RATIO = 0.01
 # The one-word outcome on a record's spans, by outcomes.Disposition's value.
 _OUTCOMES = {"C": "commit", "D": "dlq", "R": "retry", "L": "leave", "S": "duplicate"}
 
@@ -62,9 +69,14 @@ def _exporter_name(env: Mapping[str, str]) -> str:
     return "otlp" if any(env.get(name) for name in _ENDPOINTS) else "none"
 
 
-def configure_tracing(default_service: str, env: Mapping[str, str] | None = None) -> Callable[[], None] | None:
+def configure_tracing(
+    default_service: str, env: Mapping[str, str] | None = None, default_ratio: float | None = None
+) -> Callable[[], None] | None:
     """Install the SDK's tracer provider and exporter when the environment asks for export; returns the shutdown
-    (it flushes the spans not yet sent), or None when nothing was configured. Raises TracingConfigError."""
+    (it flushes the spans not yet sent), or None when nothing was configured. Raises TracingConfigError.
+
+    `default_ratio`: without OTEL_TRACES_SAMPLER, the traces started here are sampled at that ratio (and a trace
+    begun upstream keeps its decision: parentbased_traceidratio), rather than the SDK's always_on."""
     env = os.environ if env is None else env
     exporter_name = _exporter_name(env)
     if exporter_name == "none":
@@ -90,12 +102,35 @@ def configure_tracing(default_service: str, env: Mapping[str, str] | None = None
         exporter = OTLPSpanExporter()  # endpoint, headers, timeout, compression: its OTEL_EXPORTER_OTLP_* variables
     else:
         exporter = ConsoleSpanExporter()
-    # The sampler comes from OTEL_TRACES_SAMPLER(_ARG), the batching from OTEL_BSP_*: the SDK reads them itself.
+    # The sampler comes from OTEL_TRACES_SAMPLER(_ARG) (or default_ratio), the batching from OTEL_BSP_*: the SDK
+    # reads them itself.
+    sampler = default_sampler(env, default_ratio)
     service = env.get("OTEL_SERVICE_NAME") or default_service
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
+
+    class HashedOnce(Resource):
+        """The OTLP encoder hashes the resource of every span it exports, and a Resource's hash is a JSON dump of
+        its attributes (5 us a span); this one's attributes never change, so it is hashed once."""
+
+        def __init__(self, resource: Resource) -> None:
+            super().__init__(resource.attributes, resource.schema_url)
+            self._hash = super().__hash__()
+
+        def __hash__(self) -> int:
+            return self._hash
+
+    provider = TracerProvider(resource=HashedOnce(Resource.create({SERVICE_NAME: service})), sampler=sampler)
     provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
     return provider.shutdown
+
+
+def default_sampler(env: Mapping[str, str], default_ratio: float | None) -> Sampler | None:
+    """parentbased_traceidratio at `default_ratio` when OTEL_TRACES_SAMPLER is unset; else None (the SDK's own)."""
+    if default_ratio is None or env.get("OTEL_TRACES_SAMPLER"):
+        return None
+    from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
+
+    return ParentBasedTraceIdRatio(default_ratio)
 
 
 def otlp_header_values(env: Mapping[str, str] | None = None) -> list[str]:
@@ -135,9 +170,7 @@ def _parent(traceparent: str | None) -> Any:
     """The context a traceparent names; None (a new trace) when absent or malformed."""
     if not traceparent:
         return None
-    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-    return TraceContextTextMapPropagator().extract({"traceparent": traceparent})
+    return _PROPAGATOR.extract({"traceparent": traceparent})
 
 
 def log_ids() -> dict[str, str] | None:
@@ -162,19 +195,22 @@ class TraceIdsFilter(logging.Filter):
 
 @dataclass(slots=True)
 class RecordTrace:
-    """A record's process span, carried on its Outcome to the settle, where its commit span is made."""
+    """A record's span, carried on its Outcome to the settle, where it ends."""
 
     span: Span
     traceparent: str  # the span's: what the forwarded entry, a retry or a dead letter carries
-    ended_ns: int  # the process span's end: the commit span starts there
-    commit_ids: dict[str, str] | None = None  # trace_id, span_id of the commit span once made (the log line's)
+    started_ns: int
+
+    @property
+    def ids(self) -> dict[str, str]:
+        """trace_id and span_id, for the record's log lines (cut from the traceparent: no call into the SDK)."""
+        return {"trace_id": self.traceparent[3:35], "span_id": self.traceparent[36:52]}
 
 
 class TracedOutcome(Protocol):
     """What the spans read of a record's outcome (outcomes.Outcome, which sits above this module and carries the
     RecordTrace to the settle)."""
 
-    entry_id: str
     duplicate: bool
     trace: RecordTrace | None
 
@@ -184,7 +220,12 @@ class TracedOutcome(Protocol):
 
 class MessageTracing:
     """The worker's spans. `recording` is decided once, when the worker is built: False without a configured SDK,
-    and then no method but `traceparent` passing is ever called."""
+    and then no method but `traceparent` passing is ever called.
+
+    One span per record, `{stage} process`, from its take-up to its durable write, and one `{stage} settle` per
+    batch write: each span the Python SDK makes and encodes costs tens of microseconds, so the queue wait is an
+    attribute, so is the processor's time, and the stage's constant attributes are the tracer's (the
+    instrumentation scope's), encoded once per export rather than once per span."""
 
     def __init__(self, settings: WorkerSettings, provider: TracerProvider | None = None) -> None:
         self._stage = stage = settings.service_name
@@ -193,103 +234,91 @@ class MessageTracing:
             return
         provider = provider or trace.get_tracer_provider()
         self.recording = not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
-        self._tracer = provider.get_tracer(_SCOPE)
-        self._process_name, self._wait_name = f"{stage} process", f"{stage} wait"
-        self._commit_name, self._settle_name = f"{stage} commit", f"{stage} settle"
-        # The messaging semantic conventions, the same on every span of this stage.
-        self._attributes: dict[str, str] = {
+        # The messaging semantic conventions, the same for every span of this stage.
+        scope = {
             "messaging.system": "redis",
             "messaging.destination.name": settings.input_queue,
             "messaging.consumer.group.name": settings.consumer_group,
+            "messaging.operation.type": "process",
             "phoenix.stage": stage,
         }
+        self._tracer = provider.get_tracer(_SCOPE, attributes=scope)
+        self._process_name, self._settle_name = f"{stage} process", f"{stage} settle"
+        self._error = trace.Status(trace.StatusCode.ERROR)
 
     def begin(self, m: Message, read_at: float) -> RecordTrace:
-        """The record's process span from `read_at` on, with its wait span (the entry id's time to `read_at`).
+        """The record's span from `read_at` on; its queue wait (the entry id's time to `read_at`) an attribute.
 
         The message's raw fields take the span's traceparent, so that its retry or dead letter, made from them,
         continues this attempt."""
-        attributes: dict[str, str | int] = {
-            **self._attributes,
-            "messaging.operation.type": "process",
-            "messaging.message.id": m.entry_id,
-            "phoenix.record_id": m.record_id,
-            "phoenix.attempt": m.retry_count + 1,
-        }
-        start = _ns(read_at)
         span = self._tracer.start_span(
             self._process_name,
             _parent(m.traceparent),
             kind=trace.SpanKind.CONSUMER,
-            attributes=attributes,
-            start_time=start,
+            attributes={
+                "messaging.message.id": m.entry_id,
+                "phoenix.record_id": m.record_id,
+                "phoenix.attempt": m.retry_count + 1,
+                "phoenix.queue_wait_ms": max(0, int(read_at * 1000) - m.enqueued_at_ms),
+            },
+            start_time=(start := _ns(read_at)),
         )
-        wait = self._tracer.start_span(
-            self._wait_name,
-            trace.set_span_in_context(span),
-            attributes={**self._attributes, "messaging.message.id": m.entry_id},
-            start_time=min(m.enqueued_at_ms * 1_000_000, start),
-        )
-        wait.end(end_time=start)
         traceparent = traceparent_of(span)
         m.raw[b"traceparent"] = traceparent.encode()
         return RecordTrace(span, traceparent, start)
 
     def current(self, record: RecordTrace) -> contextlib.AbstractContextManager[Any]:
-        """The process span as the current span (the processor's own spans and log lines are inside it)."""
+        """The record's span as the current span (the processor's own spans and log lines are inside it)."""
         return trace.use_span(record.span, end_on_exit=False)
 
-    def end(self, record: RecordTrace, outcome: TracedOutcome) -> None:
-        """End the process span with the outcome decided; the outcome carries it to the commit."""
-        span = record.span
-        span.set_attribute("phoenix.outcome", _OUTCOMES[outcome.disposition.value])
-        if outcome.disposition.value in ("R", "D"):
-            span.set_status(trace.Status(trace.StatusCode.ERROR))
-        record.ended_ns = time.time_ns()
-        span.end(end_time=record.ended_ns)
+    def processed(self, record: RecordTrace, outcome: TracedOutcome) -> None:
+        """The processor returned and the outcome is decided: the time it took an attribute (an event would cost
+        three times as much), the span carried by the outcome to the settle."""
+        record.span.set_attribute("phoenix.process_ms", round((time.time_ns() - record.started_ns) / 1e6, 3))
         outcome.trace = record
 
     def duplicate(self, m: Message, outcome: TracedOutcome) -> None:
-        """A record the claim found committed already: a process span of no length, outcome duplicate."""
-        self.end(self.begin(m, time.time()), outcome)
+        """A record the claim found committed already: its span runs from the claim to the acknowledgement."""
+        outcome.trace = self.begin(m, time.time())
+
+    def given_up(self, outcome: TracedOutcome) -> None:
+        """An outcome that came after its record was given up past its timeout (and settled otherwise): its span
+        ends now, `phoenix.outcome=given_up`."""
+        if (record := outcome.trace) is not None:
+            record.span.set_attribute("phoenix.outcome", "given_up")
+            record.span.set_status(self._error)
+            record.span.end()
 
     @contextlib.contextmanager
     def settling(self, batch: Sequence[TracedOutcome]) -> Iterator[None]:
-        """Around one batch write: its settle span (current while it lasts), linked to every record's process span;
-        once written, each record's commit span, a child of its process span linked to the settle span, with the
-        final outcome."""
-        links = [trace.Link(o.trace.span.get_span_context()) for o in batch if o.trace is not None]
-        if not links:
+        """Around one batch write: its settle span (current while it lasts), linked to every record's span; once
+        written, each record's span ends there with the final outcome."""
+        # The sampled ones: a batch of records not sampled gets no span either.
+        records = [(o, o.trace) for o in batch if o.trace is not None and o.trace.span.is_recording()]
+        if not records:
             yield
             return
         settle = self._tracer.start_span(
             self._settle_name,
             context=None,
             kind=trace.SpanKind.PRODUCER,
-            attributes={**self._attributes, "messaging.batch.message_count": len(batch)},
-            links=links,
+            attributes={"messaging.batch.message_count": len(batch)},
+            links=[trace.Link(r.span.get_span_context()) for _, r in records],
         )
         # Current during the write: its lines (replicas_behind, settle_failed, an item's fallback) carry its ids.
-        with trace.use_span(settle, end_on_exit=False):
-            yield
-        settled_link = [trace.Link(settle.get_span_context())]
-        now = time.time_ns()
-        for o in batch:
-            record = o.trace
-            if record is None:
-                continue
-            outcome = "duplicate" if o.duplicate else _OUTCOMES[o.disposition.value]
-            commit = self._tracer.start_span(
-                self._commit_name,
-                trace.set_span_in_context(record.span),
-                attributes={**self._attributes, "messaging.message.id": o.entry_id, "phoenix.outcome": outcome},
-                links=settled_link,
-                start_time=min(record.ended_ns, now),
-            )
-            ctx = commit.get_span_context()
-            record.commit_ids = {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
-            commit.end(end_time=now)
-        settle.end(end_time=now)
+        try:
+            with trace.use_span(settle, end_on_exit=False):
+                yield
+        finally:
+            now = time.time_ns()
+            settle.end(end_time=now)
+        for o, record in records:
+            value = o.disposition.value
+            span = record.span
+            span.set_attribute("phoenix.outcome", "duplicate" if o.duplicate else _OUTCOMES[value])
+            if value in ("R", "D"):
+                span.set_status(self._error)
+            span.end(end_time=now)
 
 
 @contextlib.contextmanager

@@ -472,8 +472,8 @@ class Worker:
                     "user_id": flight.message.user_id if flight else "",
                     "duration_seconds": round(done - outcome.started_at, 6),
                 }
-                if traced and outcome.trace is not None and outcome.trace.commit_ids:
-                    line.update(outcome.trace.commit_ids)  # the line of the record's commit span
+                if traced and outcome.trace is not None:
+                    line.update(outcome.trace.ids)  # the line of the record's span
                 lines.append(line)
         if lines:
             log_info_lines(lines)
@@ -511,7 +511,7 @@ class Worker:
                 else:
                     outcome = self.policy.of_result(m, result, started, traceparent)
             if record_trace is not None:
-                tracing.end(record_trace, outcome)
+                tracing.processed(record_trace, outcome)
         outcome.started_at = started
         self._submit(flight, outcome)
 
@@ -558,7 +558,7 @@ class Worker:
         CURRENT_MESSAGE.set(None)
         for flight, outcome in outcomes:
             if traces and (record_trace := traces.get(outcome.entry_id)) is not None:
-                tracing.end(record_trace, outcome)
+                tracing.processed(record_trace, outcome)
             outcome.started_at = started
             self._submit(flight, outcome)
 
@@ -591,6 +591,7 @@ class Worker:
         ends after all must not commit a record that was retried meanwhile."""
         if flight.submitted:
             log.warning("late_outcome_ignored", record_id=flight.message.record_id, outcome=outcome.disposition.name)
+            self._tracing.given_up(outcome)
             return
         flight.submitted = True
         outcome.lane = flight.lane
