@@ -10,6 +10,7 @@ virtualenv) on the same Valkey.
      OUTPUT_HIGH_WATER=0): what those cost is 1 - c/c0.
 (ct) the same worker tracing every message (OTEL_TRACES_SAMPLER=always_on), its spans exported over OTLP/HTTP to a
      sink in this process that reads and drops them: what tracing costs per message is ct's CPU - c's.
+(cs) the same with tracing on at the workers' default sampling (OTEL_TRACES_SAMPLER unset: 1% of new traces).
 With --compare-with DIR, a checkout of another commit (`git worktree add ../base <commit>`): its worker, started
 from DIR, runs in every round too, and the bench prints how this worker's CPU and Redis time per message compare.
 (d1) the same worker (process()) on a Redis Cluster of one shard (one node holding every slot), right after (c) in
@@ -351,6 +352,8 @@ async def run(
     floors: list[float] = []
     runs: dict[str, list[WorkerRun]] = {name: [] for name in VARIANTS}
     traced: list[WorkerRun] = []
+    sampled: list[WorkerRun] = []
+    traced_bytes = 0  # of the sink's, what (ct) sent
     theirs: list[WorkerRun] = []
     sink = OtlpSink()
     app = web.Application()
@@ -359,7 +362,8 @@ async def run(
     with embedded_valkey() as url, single_node_cluster() as cluster_url:
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
-        traced_env = {**TRACED_ENV, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.port}"}
+        sampled_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{server.port}"}
+        traced_env = {**TRACED_ENV, **sampled_env}
         client = aioredis.Redis.from_url(url)
         # One node holds every slot, so a plain client reaches every key (the worker uses its cluster client).
         cluster_client = aioredis.Redis.from_url(cluster_url)
@@ -371,7 +375,10 @@ async def run(
             for name, (processor, env) in VARIANTS.items():
                 runs[name].append(await phoenix_worker(client, url, n, concurrency, log_level, processor, env))
             noop = VARIANTS["process"][0]
+            before = sink.bytes
             traced.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, traced_env))
+            traced_bytes += sink.bytes - before
+            sampled.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, sampled_env))
             one_shard.append(
                 await phoenix_worker(cluster_client, cluster_url, n, concurrency, log_level, noop, CLUSTER_ENV)
             )
@@ -402,7 +409,13 @@ async def run(
     c0 = median_run(runs["untrimmed"]).rate
     print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
     print(f"(ct) process(), every message traced       : {describe(traced)}")
-    print(f"    tracing at 100% sampling, per message: {traced_cost(runs['process'], traced, sink.bytes, n * rounds)}")
+    messages = n * rounds
+    print(f"    tracing at 100% sampling, per message: {traced_cost(runs['process'], traced, traced_bytes, messages)}")
+    print(f"(cs) process(), default sampling (1%)      : {describe(sampled)}")
+    print(
+        f"    tracing at the default sampling, per message (target within +5%): "
+        f"{traced_cost(runs['process'], sampled, sink.bytes - traced_bytes, messages)}"
+    )
     print(f"(d1) process() on a one-shard Redis Cluster  : {describe(one_shard)}")
     print(f"    cluster vs standalone, per message (target within +10%): {cluster_cost(runs['process'], one_shard)}")
     total = sum(sharded.shard_cpu_us_per_msg)
