@@ -10,6 +10,7 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -32,7 +33,7 @@ from tests.fixtures.records import committed
 from tests.fixtures.replies import add_entry, stream_entries
 from tests.fixtures.sample_stage import DLQ, IN, KEYS, OUT, add, idle, outputs
 from tests.fixtures.workers import ROOT, WorkerPool
-from tests.processors import ScriptedBatchProcessor
+from tests.processors import MisbehavingProcessor, ScriptedBatchProcessor
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 TRACE_ID = int("0af7651916cd43dd8448eb211c80319c", 16)
@@ -196,6 +197,24 @@ async def test_a_duplicate_is_a_span_with_outcome_duplicate(
     # Its acknowledgement's batch write links to it.
     assert [s for s in named(spans, "s settle") if duplicate.context.span_id in {x.context.span_id for x in s.links}]
     assert len(await outputs(redis)) == 1
+
+
+async def test_a_record_given_up_past_its_timeout_ends_its_span_as_given_up(
+    redis: aioredis.Redis, redis_url: str, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    """A call that swallows its cancellation is given up (retried without it); when it returns after all, its outcome
+    is ignored, and its span ends there rather than never. The retry continues the given-up attempt."""
+    await add(redis, "r1", misbehave="swallow-cancel:1")
+    settings: dict[str, Any] = {"processing_timeout": 0.5, "timeout_grace": 0.5, "retry_base_seconds": 2.5}
+    settings["retry_max_seconds"] = 2.5  # the late return (1.5 s after its start) comes before the retry
+    processor = MisbehavingProcessor
+    async with running_worker(redis_url, processor=processor, output_queue=OUT, tracer_provider=provider, **settings):
+        spans = await spans_when(exporter, "s process", 2)  # the given-up attempt, then its retry committed
+    first, second = sorted(named(spans, "s process"), key=lambda s: s.start_time or 0)
+    assert first.attributes is not None and first.attributes["phoenix.outcome"] == "given_up"
+    assert first.status.status_code is trace.StatusCode.ERROR
+    assert second.attributes is not None and second.attributes["phoenix.outcome"] == "commit"
+    assert parent_id(second) == first.context.span_id and second.attributes["phoenix.attempt"] == 2
 
 
 async def test_a_batch_processor_gives_each_record_its_own_spans(
