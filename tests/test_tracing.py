@@ -26,7 +26,6 @@ from phoenix.worker_runtime.tracing import (
     configure_tracing,
     default_sampler,
     otlp_header_values,
-    trace_id_of,
 )
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
@@ -250,44 +249,9 @@ def test_nothing_is_configured_without_the_environment() -> None:
 
 def test_a_worker_samples_a_hundredth_of_new_traces_unless_told_otherwise() -> None:
     sampler = default_sampler({}, WORKER_SAMPLE_RATIO)
-    assert sampler is not None and WORKER_SAMPLE_RATIO == 0.01
-    assert sampler.get_description().startswith("PhoenixNewTraceRatio{0.01}+ParentBased{root:AlwaysOnSampler")
+    assert sampler is not None and sampler.get_description().startswith("ParentBased{root:TraceIdRatioBased{0.01}")
     assert default_sampler({"OTEL_TRACES_SAMPLER": "always_on"}, WORKER_SAMPLE_RATIO) is None  # the SDK's reading
     assert default_sampler({}, None) is None  # the operator: every reconcile
-
-
-@pytest.mark.parametrize("ratio", [0.0, 1.0])
-async def test_the_default_sampling_decides_new_traces_and_keeps_an_incoming_decision(
-    redis: aioredis.Redis, redis_url: str, exporter: InMemorySpanExporter, ratio: float
-) -> None:
-    """Under the workers' default sampling a record's new trace is decided by the ratio, one that carries a
-    traceparent by its flag, whatever the ratio; a record left out has no span and forwards a traceparent not
-    sampled, in its trace, naming an id of its own."""
-    sdk = TracerProvider(sampler=default_sampler({}, ratio))
-    sdk.add_span_processor(SimpleSpanProcessor(exporter))
-    unsampled = TRACEPARENT[:-2] + "00"
-    await add(redis, "new")
-    await add_entry(redis, IN, {"record_id": "sampled", "data": "{}", "traceparent": TRACEPARENT})
-    await add_entry(redis, IN, {"record_id": "unsampled", "data": "{}", "traceparent": unsampled})
-    try:
-        async with running_worker(redis_url, output_queue=OUT, tracer_provider=sdk):
-            await wait_until(lambda: committed(redis, "s", "unsampled"), "the three committed")
-            await wait_until(lambda: committed(redis, "s", "new"), "the three committed")
-            spans = await spans_when(exporter, "s process", 2 if ratio else 1)
-    finally:
-        sdk.shutdown()
-    recorded = {(s.attributes or {})["phoenix.record_id"]: s for s in named(spans, "s process")}
-    assert set(recorded) == ({"sampled", "new"} if ratio else {"sampled"})
-    assert recorded["sampled"].context.trace_id == TRACE_ID and parent_id(recorded["sampled"]) == PARENT_SPAN_ID
-    forwarded = {o["record_id"]: o["traceparent"] for o in await outputs(redis)}
-    assert forwarded["sampled"] == traceparent(recorded["sampled"])
-    left_out = forwarded["unsampled"].split("-")
-    assert left_out[1] == TRACEPARENT.split("-")[1] and left_out[3] == "00"
-    assert left_out[2] not in (TRACEPARENT.split("-")[2], "0" * 16)
-    if ratio:
-        assert forwarded["new"] == traceparent(recorded["new"]) and recorded["new"].parent is None
-    else:
-        assert forwarded["new"].endswith("-00") and trace_id_of(forwarded["new"]) is not None
 
 
 @pytest.mark.parametrize(

@@ -18,8 +18,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import random
-import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -45,7 +43,6 @@ if TYPE_CHECKING:
     from phoenix.worker_runtime.settings import WorkerSettings
 
 _SCOPE = "phoenix"
-_TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 # Any of these set means export was asked for (the SDK's own default exporter, otlp, would be on otherwise).
 _ENDPOINTS = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 _PROTOCOLS = ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL")
@@ -78,8 +75,8 @@ def configure_tracing(
     """Install the SDK's tracer provider and exporter when the environment asks for export; returns the shutdown
     (it flushes the spans not yet sent), or None when nothing was configured. Raises TracingConfigError.
 
-    `default_ratio`: without OTEL_TRACES_SAMPLER, the records' new traces are sampled at that ratio and a trace begun
-    upstream keeps its decision (default_sampler), rather than the SDK's always_on."""
+    `default_ratio`: without OTEL_TRACES_SAMPLER, the traces started here are sampled at that ratio (and a trace
+    begun upstream keeps its decision: parentbased_traceidratio), rather than the SDK's always_on."""
     env = os.environ if env is None else env
     exporter_name = _exporter_name(env)
     if exporter_name == "none":
@@ -128,25 +125,12 @@ def configure_tracing(
 
 
 def default_sampler(env: Mapping[str, str], default_ratio: float | None) -> Sampler | None:
-    """The workers' sampling when OTEL_TRACES_SAMPLER is unset (else None: the SDK reads the variable).
-
-    MessageTracing decides a record's new trace itself, at `default_ratio` (its `new_trace_ratio`), and leaves out a
-    record whose traceparent is not sampled, before any span is made: a record left out costs its ids and a context,
-    not the SDK's span. What it lets through is recorded (ParentBased, its root always_on), and so are the spans of
-    a processor made outside any record."""
+    """parentbased_traceidratio at `default_ratio` when OTEL_TRACES_SAMPLER is unset; else None (the SDK's own)."""
     if default_ratio is None or env.get("OTEL_TRACES_SAMPLER"):
         return None
-    from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+    from opentelemetry.sdk.trace.sampling import ParentBasedTraceIdRatio
 
-    class NewTraceRatio(ParentBased):
-        def __init__(self, ratio: float) -> None:
-            super().__init__(ALWAYS_ON)
-            self.new_trace_ratio = ratio
-
-        def get_description(self) -> str:
-            return f"PhoenixNewTraceRatio{{{self.new_trace_ratio}}}+{super().get_description()}"
-
-    return NewTraceRatio(default_ratio)
+    return ParentBasedTraceIdRatio(default_ratio)
 
 
 def otlp_header_values(env: Mapping[str, str] | None = None) -> list[str]:
@@ -180,14 +164,6 @@ def trace_id_of(traceparent: str | None) -> str | None:
     except ValueError:
         return None
     return parts[1]
-
-
-def _sampled_flag(traceparent: str | None) -> bool | None:
-    """The sampled flag of a W3C traceparent (version 00); None when absent or malformed (the record starts a trace)."""
-    match = _TRACEPARENT.fullmatch(traceparent or "")
-    if match is None or match[1] == "0" * 32 or match[2] == "0" * 16:
-        return None
-    return bool(int(match[3], 16) & 1)
 
 
 def _parent(traceparent: str | None) -> Any:
@@ -269,18 +245,12 @@ class MessageTracing:
         self._tracer = provider.get_tracer(_SCOPE, attributes=scope)
         self._process_name, self._settle_name = f"{stage} process", f"{stage} settle"
         self._error = trace.Status(trace.StatusCode.ERROR)
-        # Under the workers' default sampling (default_sampler), the ratio of new traces this decides itself.
-        self._new_trace_ratio: float | None = getattr(getattr(provider, "sampler", None), "new_trace_ratio", None)
 
     def begin(self, m: Message, read_at: float) -> RecordTrace:
         """The record's span from `read_at` on; its queue wait (the entry id's time to `read_at`) an attribute.
 
         The message's raw fields take the span's traceparent, so that its retry or dead letter, made from them,
         continues this attempt."""
-        if (ratio := self._new_trace_ratio) is not None:
-            sampled = _sampled_flag(m.traceparent)
-            if sampled is False or (sampled is None and random.random() >= ratio):
-                return self._left_out(m, read_at)
         span = self._tracer.start_span(
             self._process_name,
             _parent(m.traceparent),
@@ -296,19 +266,6 @@ class MessageTracing:
         traceparent = traceparent_of(span)
         m.raw[b"traceparent"] = traceparent.encode()
         return RecordTrace(span, traceparent, start)
-
-    def _left_out(self, m: Message, read_at: float) -> RecordTrace:
-        """A record the default sampling leaves out: a non-recording span of its own ids (current while it is
-        processed, so that the processor's own spans are left out too) and its traceparent, not sampled, so that the
-        next stage, a retry and a dead letter leave the trace out as well. What the SDK would make, without its
-        span's cost."""
-        trace_id = trace_id_of(m.traceparent)
-        tid = int(trace_id, 16) if trace_id else random.getrandbits(128)
-        sid = random.getrandbits(64)
-        context = trace.SpanContext(tid, sid, is_remote=False, trace_flags=trace.TraceFlags(0))
-        traceparent = f"00-{tid:032x}-{sid:016x}-00"
-        m.raw[b"traceparent"] = traceparent.encode()
-        return RecordTrace(trace.NonRecordingSpan(context), traceparent, _ns(read_at))
 
     def current(self, record: RecordTrace) -> contextlib.AbstractContextManager[Any]:
         """The record's span as the current span (the processor's own spans and log lines are inside it)."""
