@@ -109,6 +109,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         },
         retry={"baseSeconds": 0.5, "maxSeconds": 30},
         circuitBreaker={"failureThreshold": 7, "resetTimeout": 12.5, "halfOpenCalls": 2},
+        maxRecordAge="48h",
     )
     assert env_of(build_deployment(OWNER, spec)) == {
         "SERVICE_NAME": "parser",
@@ -137,6 +138,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "HEALTH_PORT": "8080",
         "OUTPUT_RETENTION": None,  # None: set, empty (the name alone), so no envFrom key of the name reaches it
         "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
+        "MAX_RECORD_AGE": "172800",  # maxRecordAge 48h, in seconds
         "REDIS_MODE": "standalone",
         "REDIS_SENTINEL_MASTER": None,
         "REDIS_SENTINEL_USERNAME": None,

@@ -21,7 +21,7 @@ from phoenix.crds.common import (
 )
 from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
-from phoenix.retention import RETENTION_PATTERN
+from phoenix.retention import DURATION_PATTERN, RETENTION_PATTERN
 
 # The variables the operator sets in every worker container's `env`, from the spec (CONSUMER_NAME from the pod's
 # name: one name shared by all pods would make them take each other's pending entries for their own), empty where a
@@ -58,6 +58,7 @@ RESERVED_ENV_NAMES: tuple[str, ...] = (
     "HEALTH_PORT",
     "MASKED_ENV",
     "READ_MEMORY_BYTES",
+    "MAX_RECORD_AGE",
     "PARTITIONS",
     "OUTPUT_PARTITIONS",
     "REDIS_MODE",
@@ -556,6 +557,15 @@ class PhoenixStageSpec(CamelModel):
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="KEDA autoscaling on consumer lag.")
     worker: WorkerTuning = Field(default_factory=WorkerTuning, description="Worker runtime tuning.")
     retry: Retry = Field(default_factory=Retry, description="Backoff for transient failures.")
+    max_record_age: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        description="How long after it entered the pipeline (its producer wrote it) a record is still worth "
+        "processing, `<n><s|m|h|d>`, e.g. `48h`: past it the record goes to the DLQ as `Expired` before the processor "
+        "runs and before its user's key is fetched, retries included. A record's own deadline applies either way. "
+        "Given to the worker as MAX_RECORD_AGE (seconds).",
+    )
     circuit_breaker: CircuitBreakerSpec = Field(
         default_factory=CircuitBreakerSpec, description="Processor circuit breaker."
     )

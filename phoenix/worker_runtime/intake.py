@@ -342,12 +342,25 @@ class Intake:
                 self._m_contention.inc()
                 log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
         acquired = [m for index, m in enumerate(candidates) if index not in refused] if refused else candidates
+        expired = 0
+        if acquired:
+            # Past its deadline or MAX_RECORD_AGE, a claimed record is dead-lettered before its processor call and
+            # before its user's key is fetched: nothing is done, nothing billed.
+            now_ms = round(time.time() * 1000)
+            fresh = []
+            for message in acquired:
+                if (outcome := policy.expired(message, now_ms)) is None:
+                    fresh.append(message)
+                else:
+                    expired += 1
+                    self._settle_without_flight(lane, outcome)
+            acquired = fresh
         deadline = time.monotonic() + s.processing_timeout
         index = lane.index
         flights = [InFlight(message, deadline, index) for message in acquired]
         for flight in flights:
             in_flight[flight.message.entry_id] = flight
-        self._turn_started += len(unfit) + skipped + len(flights)  # each holds a slot until settled
+        self._turn_started += len(unfit) + skipped + expired + len(flights)  # each holds a slot until settled
         if flights:
             self._start(flights)
 

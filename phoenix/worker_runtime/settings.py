@@ -116,6 +116,9 @@ class WorkerSettings(BaseSettings):
     # the DLQ (RetriesExhausted) with its history; attempts count across re-enqueued retries (retry_count).
     max_attempts: int = Field(0, ge=0)
     max_retry_age: float = Field(0, ge=0)  # seconds since the record's first failure
+    # Seconds since the record entered the pipeline (record_format.ENTERED_AT) past which it goes to the DLQ as
+    # Expired without being processed, retries included; 0: off. A record's own DEADLINE applies either way.
+    max_record_age: float = Field(0, ge=0)
     # A call cancelled at PROCESSING_TIMEOUT that is still running this much later is given up (docs/durability.md).
     timeout_grace: PositiveSeconds = 30
     # /healthz fails while this many run_blocking threads outlive the calls that started them (blocking.py).

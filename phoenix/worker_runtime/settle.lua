@@ -1,7 +1,7 @@
 -- Settle a batch of messages atomically, one round trip for the batch. Per item, by its code:
 --   C commit:  the record's key becomes its idempotency marker (SET GET: whatever lock it held, ours or one
 --              taken after ours expired, is replaced), the result is XADDed to the output stream (record_id,
---              user_id, data), then XACK. If the key held a marker already, another message committed the record
+--              user_id, data, entered_at, and deadline unless empty), then XACK. If the key held a marker already, another message committed the record
 --              first: its marker is put back and nothing is forwarded (a duplicate). Marker, forward and
 --              acknowledgement happen together or not at all, so a crash can neither lose the record for the next
 --              stage nor forward it twice; a later claim finds the marker.
@@ -30,16 +30,17 @@
 --       All are one lane's (a partition of the stage, lanes.py); the output stream is the lane's outbox when its
 --       forwards are relayed (another slot, or a stream that depends on the record): written the same way.
 -- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, done_prefix, the forwarded entry's field
---       names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id and by code:
---       C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms member | L - |
---       s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument, and
+--       names (record_id, user_id, data, entered_at, deadline, traceparent), then the items, each code entry_id
+--       record_id and by code: C user_id data entered_at deadline | T user_id data entered_at deadline traceparent |
+--       M - | D field_count fields... | R delay_ms member | L - | s - (an empty deadline: the record has none). Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument, and
 --       commits are most items.
 -- Returns the positions (from 1) of the commits that found their record committed already: the duplicates.
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, lock_value, marker_ttl, done_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local record_field, user_field, data_field, trace_field = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local record_field, user_field, data_field = ARGV[5], ARGV[6], ARGV[7]
+local entered_field, deadline_field, trace_field = ARGV[8], ARGV[9], ARGV[10]
 local done_len = #done_prefix
-local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count
+local width = {C = 7, T = 8, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count
 
 local now_ms
 local function server_now_ms()
@@ -50,7 +51,7 @@ local function server_now_ms()
   return now_ms
 end
 
-local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 9, #ARGV
+local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 11, #ARGV
 -- Positions in ARGV of the R and D items, written after the commits, and their item numbers.
 local retries, retry_items, dead, dead_items = {}, {}, {}, {}
 local function release(code, n)
@@ -71,14 +72,15 @@ while i <= argc do
       redis.call('SET', key, old, 'EX', marker_ttl)
       duplicates[#duplicates + 1] = item
     elseif code ~= 'M' then
-      local forwarded
-      if code == 'C' then
-        forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
-          ARGV[i + 4])
-      else
-        forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
-          ARGV[i + 4], trace_field, ARGV[i + 5])
+      local entry = {record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[i + 4], entered_field,
+        ARGV[i + 5]}
+      if ARGV[i + 6] ~= '' then
+        entry[9], entry[10] = deadline_field, ARGV[i + 6]
       end
+      if code == 'T' then
+        entry[#entry + 1], entry[#entry + 2] = trace_field, ARGV[i + 7]
+      end
+      local forwarded = redis.pcall('XADD', output, '*', unpack(entry))
       if type(forwarded) == 'table' and forwarded.err then
         -- Not forwarded: take the marker back, or the batch written again would take the record for a duplicate.
         if old then

@@ -28,6 +28,7 @@ from phoenix.operator.builders.redis_address import RedisUser
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import resolve_streams
 from phoenix.operator.record import SecretsRead
+from phoenix.retention import duration_ms
 from phoenix.worker_runtime.settings import WorkerSettings
 
 HEALTH_PORT = 8080
@@ -110,6 +111,7 @@ def worker_env(
         "OUTPUT_PARTITIONS": str(output_partitions if spec.output is not None and spec.output.stage else 1),
         "OUTPUT_RETENTION": (spec.output.retention if spec.output is not None else None) or "",
         "READ_MEMORY_BYTES": str(read_memory),
+        "MAX_RECORD_AGE": str(duration_ms(spec.max_record_age) // 1000) if spec.max_record_age else "",
         **redis_plain_env(spec.redis),
         "MASKED_ENV": ",".join(_taken_from_secrets(spec, secret_keys or {})),
     }
