@@ -21,6 +21,7 @@ from phoenix.crds.common import (
 )
 from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
+from phoenix.rate_limits import RateLimit
 from phoenix.retention import DURATION_PATTERN, RETENTION_PATTERN
 
 # The variables the operator sets in every worker container's `env`, from the spec (CONSUMER_NAME from the pod's
@@ -59,6 +60,7 @@ RESERVED_ENV_NAMES: tuple[str, ...] = (
     "MASKED_ENV",
     "READ_MEMORY_BYTES",
     "MAX_RECORD_AGE",
+    "RATE_LIMITS",
     "PARTITIONS",
     "OUTPUT_PARTITIONS",
     "REDIS_MODE",
@@ -565,6 +567,14 @@ class PhoenixStageSpec(CamelModel):
         "processing, `<n><s|m|h|d>`, e.g. `48h`: past it the record goes to the DLQ as `Expired` before the processor "
         "runs and before its user's key is fetched, retries included. A record's own deadline applies either way. "
         "Given to the worker as MAX_RECORD_AGE (seconds).",
+    )
+    rate_limits: list[RateLimit] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Limits every pod of the stage holds together, in Redis (RATE_LIMITS): each `rate` per `per` "
+        "with `burst`, for the stage, each record's user, or a downstream shared by the namespace's stages naming it. "
+        "A record held back waits in the retry set (no retry counted, counted `throttled`); see "
+        "docs/durability.md (Rate limits).",
     )
     circuit_breaker: CircuitBreakerSpec = Field(
         default_factory=CircuitBreakerSpec, description="Processor circuit breaker."

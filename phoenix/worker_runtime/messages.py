@@ -164,6 +164,15 @@ def failure_history(message: Message, first_failed_at: float, error: str) -> Raw
     return fields
 
 
+def held_fields(message: Message) -> list[str]:
+    """The entry as it goes back into the input stream after a rate limit held it: unchanged (no failure history),
+    but for its entry time, which a first stage learns from the entry's id and must keep."""
+    fields = [item.decode() for pair in message.raw.items() for item in pair]
+    if ENTERED_AT.encode() not in message.raw:
+        fields += (ENTERED_AT, str(message.entered_at_ms))
+    return fields
+
+
 def retry_fields(message: Message, first_failed_at: float, error: str) -> list[str]:
     """The entry as it goes back into the input stream for its next attempt (parse_entry checked it is UTF-8)."""
     return [item.decode() for pair in failure_history(message, first_failed_at, error).items() for item in pair]

@@ -11,7 +11,9 @@ settler (settle.py) only writes it. Every decision has one place:
   an unserializable result is dead-lettered, any other failure is retried with backoff (retry.py) until a retry
   limit dead-letters it (or its next attempt would come past its expiry: Expired), a timeout is a failure, the
   worker's own cancellation leaves the record;
-- without a call (`deferred`): the circuit is open or the shutdown is past its grace, the entry stays pending.
+- without a call (`deferred`): the circuit is open or the shutdown is past its grace, the entry stays pending;
+  (`throttled`): a rate limit held it back, or the downstream answered 429 (processor.RateLimited): it waits in the
+  retry set until its limit has room, no retry counted, the breaker not told.
 
 Each decision also counts its outcome (`phoenix_messages_total`) and logs it, as it did inside the Worker.
 """
@@ -19,6 +21,7 @@ Each decision also counts its outcome (`phoenix_messages_total`) and logs it, as
 from __future__ import annotations
 
 import enum
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import KW_ONLY, dataclass
@@ -37,6 +40,7 @@ from phoenix.worker_runtime.messages import (
     Message,
     RawFields,
     failure_history,
+    held_fields,
     output_values,
     parse_entry,
 )
@@ -115,6 +119,7 @@ class RecordPolicy:
         self._m_retried = metrics.MESSAGES.labels(stage, "retried")
         self._m_dead_lettered = metrics.MESSAGES.labels(stage, "dead_lettered")
         self._m_deferred = metrics.MESSAGES.labels(stage, "deferred")
+        self._m_throttled = metrics.MESSAGES.labels(stage, "throttled")
         self._m_duplicate = metrics.MESSAGES.labels(stage, "skipped_duplicate")
         self._m_trimmed = metrics.TRIMMED_PENDING.labels(stage)
         self._m_duration = metrics.PROCESSING_SECONDS.labels(stage)
@@ -190,6 +195,12 @@ class RecordPolicy:
         if circuit_open:
             log.warning("circuit_open_fast_fail")
         return Outcome(Disposition.LEAVE, m.entry_id, m.record_id, holds_lock=True)
+
+    def throttled(self, m: Message, wait_ms: int) -> Outcome:
+        """A record a rate limit holds back (or a 429 sent back): into the retry set, due in `wait_ms`, as it came."""
+        self._m_throttled.inc()
+        member = json.dumps(held_fields(m))
+        return Outcome(Disposition.RETRY, m.entry_id, m.record_id, (wait_ms, member), holds_lock=True)
 
     # -- after the processor call -------------------------------------------------------------------------------
 

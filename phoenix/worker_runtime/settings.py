@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from phoenix.errors import ConfigError
 from phoenix.keys import (
@@ -20,6 +21,7 @@ from phoenix.keys import (
     input_stream,
     stage_of_input,
 )
+from phoenix.rate_limits import RateLimit
 from phoenix.record_format import SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
@@ -119,6 +121,8 @@ class WorkerSettings(BaseSettings):
     # Seconds since the record entered the pipeline (record_format.ENTERED_AT) past which it goes to the DLQ as
     # Expired without being processed, retries included; 0: off. A record's own DEADLINE applies either way.
     max_record_age: float = Field(0, ge=0)
+    # The stage's rate limits, shared by every pod (phoenix/rate_limits.py, docs/durability.md): a JSON list.
+    rate_limits: Annotated[list[RateLimit], NoDecode] = Field(default_factory=list, max_length=16)
     # A call cancelled at PROCESSING_TIMEOUT that is still running this much later is given up (docs/durability.md).
     timeout_grace: PositiveSeconds = 30
     # /healthz fails while this many run_blocking threads outlive the calls that started them (blocking.py).
@@ -147,6 +151,17 @@ class WorkerSettings(BaseSettings):
     @classmethod
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("rate_limits", mode="before")
+    @classmethod
+    def _rate_limits_json(cls, value: object) -> object:
+        # The variable's text is a JSON list; read here, so that text that is no JSON is one readable line too.
+        if not isinstance(value, str):
+            return value
+        try:
+            return json.loads(value) if value.strip() else []
+        except ValueError as exc:
+            raise ValueError(f"expected a JSON list of limits ({exc})") from None
 
     @field_validator("output_retention")
     @classmethod

@@ -111,7 +111,10 @@ def worker_env(
         "OUTPUT_PARTITIONS": str(output_partitions if spec.output is not None and spec.output.stage else 1),
         "OUTPUT_RETENTION": (spec.output.retention if spec.output is not None else None) or "",
         "READ_MEMORY_BYTES": str(read_memory),
-        "MAX_RECORD_AGE": str(duration_ms(spec.max_record_age) // 1000) if spec.max_record_age else "",
+        "MAX_RECORD_AGE": str(duration_ms(spec.max_record_age) // 1000 if spec.max_record_age else 0),
+        "RATE_LIMITS": json.dumps([limit.model_dump(mode="json", exclude_none=True) for limit in spec.rate_limits])
+        if spec.rate_limits
+        else "",
         **redis_plain_env(spec.redis),
         "MASKED_ENV": ",".join(_taken_from_secrets(spec, secret_keys or {})),
     }
