@@ -137,10 +137,10 @@ manifests: $(STAMP)  ## Regenerate the CRD and the chart's copies of manifests/
 	$(BIN)/python -m phoenix.crds.generate
 	cp manifests/grafana/phoenix-dashboard.json manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
 
-lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy (phoenix/ and tests/), the import layers, shellcheck, codespell
+lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy (phoenix/, tests/, bench/, hack/), the import layers, shellcheck, codespell
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy phoenix tests
+	$(BIN)/mypy phoenix tests bench hack
 	$(BIN)/lint-imports
 	shellcheck hack/*.sh hack/lib/*.sh .ci/run
 	$(BIN)/codespell

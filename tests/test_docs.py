@@ -316,3 +316,12 @@ def test_the_redis_acl_users_commands_are_the_documented_ones() -> None:
 
     _, documented = marked_block("redis-acl-commands", DOCS / "operator.md")
     assert documented.split() == [f"+{command}" for command in USER_COMMANDS]
+
+
+def test_the_readme_is_what_a_newcomer_reads_first_and_links_every_page() -> None:
+    """Under 250 lines (what it is, the two commands, one picture, where to go next): the rest lives in docs/, and
+    every page there is linked from the README's table, so nothing moved out of it is out of reach."""
+    text = README.read_text()
+    assert len(text.splitlines()) < 250
+    linked = set(re.findall(r"\]\((docs/[\w-]+\.md)", text))
+    assert {f"docs/{page.name}" for page in DOCS.glob("*.md")} - linked == set()

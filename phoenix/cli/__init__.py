@@ -17,6 +17,7 @@ from typing import Any, Literal, TextIO
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from phoenix.arguments import positive_whole, whole
 from phoenix.cli import migrate, records, status
 from phoenix.cli.stage import StageUsageError, add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
@@ -285,13 +286,6 @@ def _deadline(value: str) -> datetime:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(value: str) -> int:
-    """A whole number >= 0 (argparse applies it to an environment default too, so a bad one is a usage error)."""
-    if not value.strip().isdigit():
-        raise argparse.ArgumentTypeError(f"not a whole number >= 0: {value!r}")
-    return int(value)
-
-
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phoenix", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -327,14 +321,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     e.add_argument(
         "--min-replicas-ack",
-        type=_count,
+        type=whole,
         default=os.environ.get("MIN_REPLICAS_ACK", "0"),
         metavar="N",
         help="wait until N replicas have the entry (WAIT), exit 1 if fewer had it in time (default: $MIN_REPLICAS_ACK)",
     )
     e.add_argument(
         "--min-replicas-timeout-ms",
-        type=_count,
+        type=whole,
         default=os.environ.get("MIN_REPLICAS_TIMEOUT_MS", "1000"),
         metavar="MS",
         help="longest such wait (default: $MIN_REPLICAS_TIMEOUT_MS or 1000)",
@@ -346,7 +340,7 @@ def _parser() -> argparse.ArgumentParser:
     dl = with_redis(dsub.add_parser("list"))
     dl.add_argument("--service", required=True)
     dl.add_argument("--dlq", help="explicit DLQ stream (default phoenix:{namespace}:service:dlq)")
-    dl.add_argument("--count", type=int, default=20)
+    dl.add_argument("--count", type=positive_whole, default=20)
     dl.set_defaults(handler=_dlq_list)
     dr = with_redis(dsub.add_parser("replay", help="move DLQ entries back into the input, atomically (asks first)"))
     dr.add_argument("--service", required=True)

@@ -22,6 +22,7 @@ from typing import Any, cast
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from phoenix.arguments import positive_whole, seconds, whole
 from phoenix.cli import report
 from phoenix.cli.records import inspect_with_repairs, render_inspection
 from phoenix.cli.stage import StageSettings, confirm, fail, redis_client, settings_from
@@ -305,18 +306,18 @@ def _parser() -> argparse.ArgumentParser:
             c.add_argument("--yes", action="store_true", help="replay all without asking when no count is given")
         if name in ("restart", "replay-dlq"):
             c.add_argument("--wait", action="store_true", help="wait until the operator reports it done")
-            c.add_argument("--timeout", type=float, default=120, help="seconds to wait")
+            c.add_argument("--timeout", type=seconds, default=120, help="seconds to wait")
         c.set_defaults(handler=handler)
     i = add("inspect", "phoenix inspect for a record of a stage, with your own permissions")
     i.add_argument("stage")
     i.add_argument("record_id")
     i.add_argument("--redis-host", metavar="HOST:PORT", help="reach Redis here instead (a kubectl port-forward)")
     i.add_argument("--json", action="store_true")
-    i.add_argument("--scan", type=int, default=DEFAULT_SCAN_LIMIT)
+    i.add_argument("--scan", type=positive_whole, default=DEFAULT_SCAN_LIMIT)
     i.set_defaults(handler=cmd_inspect)
     r = add("report", "one tar.gz for support: stages, Events, logs, queue state, DLQ counts, Redis settings")
     r.add_argument("-o", "--output", type=Path, help="the archive (default ./phoenix-report-<UTC time>.tar.gz)")
-    r.add_argument("--tail", type=int, default=report.DEFAULT_TAIL_LINES, help="last N log lines per container")
+    r.add_argument("--tail", type=whole, default=report.DEFAULT_TAIL_LINES, help="last N log lines per container")
     r.add_argument("--operator-namespace", default="phoenix-system", help="where the operator's pods run")
     r.add_argument(
         "--no-redis", action="store_true", help="leave out queue, DLQ and Redis settings: reads no Secret at all"
@@ -328,7 +329,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the workers' and the operator's log lines as written (by default a record's ids, error texts, a"
         " processor's fields, tracebacks and the operator's debug messages are redacted)",
     )
-    r.add_argument("--dlq-scan", type=int, default=report.DEFAULT_DLQ_SCAN, help="DLQ entries counted at most")
+    r.add_argument("--dlq-scan", type=whole, default=report.DEFAULT_DLQ_SCAN, help="DLQ entries counted at most")
     r.set_defaults(handler=cmd_report)
     return p
 

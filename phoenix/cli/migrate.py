@@ -9,6 +9,7 @@ import sys
 
 from pydantic import ValidationError
 
+from phoenix.arguments import whole
 from phoenix.cli.records import add_safety_arguments
 from phoenix.cli.stage import StageSettings, add_redis_argument, confirm, fail, redis_spec
 from phoenix.redis_spec import connect
@@ -32,7 +33,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     m.add_argument("--dlq", help="the stage's custom DLQ_NAME, if it has one: it keeps its name")
     m.add_argument(
         "--idle-ms",
-        type=int,
+        type=whole,
         default=DEFAULT_ALIVE_IDLE_MS,
         help="a consumer of the input active more recently than this is a live worker: refused (default %(default)s)",
     )

@@ -10,6 +10,7 @@ import sys
 
 import redis.asyncio as aioredis
 
+from phoenix.arguments import positive_whole
 from phoenix.cli.stage import (
     StageSettings,
     add_stage_arguments,
@@ -30,7 +31,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     i.add_argument("record_id")
     i.add_argument("--json", action="store_true", help="the report as one JSON object")
-    i.add_argument("--scan", type=int, default=DEFAULT_SCAN_LIMIT, help="newest entries of each stream to search")
+    i.add_argument(
+        "--scan", type=positive_whole, default=DEFAULT_SCAN_LIMIT, help="newest entries of each stream to search"
+    )
     i.set_defaults(handler=inspect)
 
     u = add_stage_arguments(
@@ -46,7 +49,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument(
         "--idle-ms",
-        type=int,
+        type=positive_whole,
         help="minimum idle time of an entry (default: CLAIM_IDLE_MS); at least LOCK_TIMEOUT (or CLAIM_IDLE_MS)",
     )
     add_safety_arguments(r)
@@ -55,11 +58,15 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = add_stage_arguments(sub.add_parser("reprocess", help="clear a record's marker and enqueue it again"))
     p.add_argument("record_id")
     add_safety_arguments(p)
-    p.add_argument("--scan", type=int, default=DEFAULT_SCAN_LIMIT, help="newest entries of each stream to search")
+    p.add_argument(
+        "--scan", type=positive_whole, default=DEFAULT_SCAN_LIMIT, help="newest entries of each stream to search"
+    )
     p.set_defaults(handler=reprocess)
 
     a = add_stage_arguments(sub.add_parser("audit", help="the stage's repairs: who did what, how many, when"))
-    a.add_argument("--count", type=int, default=audit.DEFAULT_SHOWN, help="the newest N (default %(default)s)")
+    a.add_argument(
+        "--count", type=positive_whole, default=audit.DEFAULT_SHOWN, help="the newest N (default %(default)s)"
+    )
     a.add_argument("--json", action="store_true", help="one JSON object per line")
     a.set_defaults(handler=show_audit)
 

@@ -11,9 +11,11 @@ from typing import Any
 import redis.asyncio as aioredis
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
 
+from phoenix.arguments import positive_whole, seconds
 from phoenix.errors import PhoenixError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, stage_of_input
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, SOCKET_TIMEOUT_SECONDS, RedisSpec, RedisSpecError, connect
+from phoenix.tuning import CLAIM_IDLE_MS, LOCK_TIMEOUT, MAX_DELIVERIES
 from phoenix.worker_runtime.ownership import laid_out
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -131,9 +133,19 @@ def add_stage_arguments(parser: argparse.ArgumentParser, *, timings: bool = Fals
     parser.add_argument("--dlq", help="DLQ_NAME, default phoenix:{namespace}:service:dlq")
     if timings:
         parser.add_argument("--output", help="OUTPUT_QUEUE, to show what the next stage got")
-        parser.add_argument("--claim-idle-ms", type=int, help="CLAIM_IDLE_MS of the stage (default 300000)")
-        parser.add_argument("--lock-timeout", type=float, help="LOCK_TIMEOUT of the stage in seconds (default 600)")
-        parser.add_argument("--max-deliveries", type=int, help="MAX_DELIVERIES of the stage (default 10)")
+        parser.add_argument(
+            "--claim-idle-ms", type=positive_whole, help=f"CLAIM_IDLE_MS of the stage (default {CLAIM_IDLE_MS.default})"
+        )
+        parser.add_argument(
+            "--lock-timeout",
+            type=seconds,
+            help=f"LOCK_TIMEOUT of the stage in seconds (default {LOCK_TIMEOUT.default})",
+        )
+        parser.add_argument(
+            "--max-deliveries",
+            type=positive_whole,
+            help=f"MAX_DELIVERIES of the stage (default {MAX_DELIVERIES.default})",
+        )
     return parser
 
 

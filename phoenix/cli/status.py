@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
+from phoenix.arguments import seconds
 from phoenix.cli.stage import add_redis_argument, client
 from phoenix.console import TableDisplay, format_columns
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys, input_streams_pattern, stage_of_input
@@ -38,7 +39,7 @@ def add_command(sub: argparse._SubParsersAction) -> None:
     st.add_argument("--partitions", action="store_true", help="a row per partition of each partitioned stage")
     st.add_argument("--json", action="store_true", help="one JSON array of stages (one per snapshot with --watch)")
     st.add_argument("--watch", action="store_true", help="refresh until Ctrl-C (redrawn on a terminal)")
-    st.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
+    st.add_argument("--interval", type=seconds, default=2.0, help="seconds between refreshes with --watch")
     st.set_defaults(handler=status)
 
 

@@ -22,7 +22,23 @@ from phoenix.crds.common import (
 from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
 from phoenix.rate_limits import RateLimit
+from phoenix.record_format import OUTPUT_NAME_PATTERN
 from phoenix.retention import DURATION_PATTERN, RETENTION_PATTERN
+from phoenix.tuning import (
+    CIRCUIT_FAILURE_THRESHOLD,
+    CIRCUIT_HALF_OPEN_CALLS,
+    CIRCUIT_RESET_TIMEOUT,
+    CLAIM_IDLE_MS,
+    CONCURRENCY,
+    IDEMPOTENCY_TTL,
+    LOCK_TIMEOUT,
+    MAX_DELIVERIES,
+    PROCESSING_TIMEOUT,
+    RETRY_BASE_SECONDS,
+    RETRY_MAX_SECONDS,
+    TUNABLES,
+    Tunable,
+)
 
 # The variables the operator sets in every worker container's `env`, from the spec (CONSUMER_NAME from the pod's
 # name: one name shared by all pods would make them take each other's pending entries for their own), empty where a
@@ -44,17 +60,7 @@ RESERVED_ENV_NAMES: tuple[str, ...] = (
     "REDIS_USERNAME",
     "REDIS_PASSWORD",
     "PROCESSOR",
-    "LOCK_TIMEOUT",
-    "IDEMPOTENCY_TTL",
-    "PROCESSING_TIMEOUT",
-    "CLAIM_IDLE_MS",
-    "CONCURRENCY",
-    "MAX_DELIVERIES",
-    "RETRY_BASE_SECONDS",
-    "RETRY_MAX_SECONDS",
-    "CIRCUIT_FAILURE_THRESHOLD",
-    "CIRCUIT_RESET_TIMEOUT",
-    "CIRCUIT_HALF_OPEN_CALLS",
+    *(setting.env for setting in TUNABLES),
     "SHUTDOWN_GRACE",
     "HEALTH_PORT",
     "MASKED_ENV",
@@ -63,6 +69,7 @@ RESERVED_ENV_NAMES: tuple[str, ...] = (
     "RATE_LIMITS",
     "PARTITIONS",
     "OUTPUT_PARTITIONS",
+    "OUTPUTS",
     "REDIS_MODE",
     "REDIS_SENTINEL_MASTER",
     "REDIS_SENTINEL_USERNAME",
@@ -125,6 +132,28 @@ class Output(CamelModel):
         if self.retention is not None and self.stream is None:
             raise ValueError(_RETENTION_NEEDS_STREAM)
         return self
+
+
+_MAX_NAMED_OUTPUTS = 16
+
+
+class NamedOutput(CamelModel):
+    """One of a stage's named outputs: a next stage its processor may route a record to (processor.Routed)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=OUTPUT_NAME_PATTERN,
+        description='The name the processor routes by, e.g. `parser` (`Routed({"parser": result})`).',
+    )
+    stage: StageName = Field(
+        description="The next PhoenixStage in the same namespace; results routed here go to its input stream "
+        "(`phoenix:{<namespace>}:<stage>:input`)."
+    )
+
+
+_OUTPUT_OR_OUTPUTS = "set output (one next stage) or outputs (named ones a processor routes among), not both"
+_OUTPUT_NAMES_UNIQUE = "spec.outputs names must be unique"
 
 
 class RedisMode(StrEnum):
@@ -266,32 +295,29 @@ class Autoscaling(CamelModel):
     )
 
 
+def tuned(setting: Tunable, description: str, **options: Any) -> Any:
+    """The field of a tuned worker setting: its default and bounds from phoenix.tuning, its variable named."""
+    minimum = {"gt": setting.minimum} if setting.exclusive_minimum else {"ge": setting.minimum}
+    return Field(
+        default=setting.default, le=setting.maximum, description=f"{description} ({setting.env}).", **minimum, **options
+    )
+
+
 class WorkerTuning(CamelModel):
     """Worker runtime settings, passed to every pod as environment variables."""
 
-    concurrency: int = Field(default=1, ge=1, le=256, description="Records processed at once per pod (CONCURRENCY).")
-    lock_timeout: int = Field(
-        default=600, ge=1, le=86400, description="Seconds a record's processing lock is held (LOCK_TIMEOUT)."
-    )
-    idempotency_ttl: int = Field(
-        default=86400,
-        ge=1,
-        le=2_592_000,
+    concurrency: int = tuned(CONCURRENCY, "Records processed at once per pod")
+    lock_timeout: int = tuned(LOCK_TIMEOUT, "Seconds a record's processing lock is held")
+    idempotency_ttl: int = tuned(
+        IDEMPOTENCY_TTL,
+        "Seconds a finished record is remembered so a redelivery is skipped",
         alias="idempotencyTTL",
-        description="Seconds a finished record is remembered so a redelivery is skipped (IDEMPOTENCY_TTL).",
     )
-    processing_timeout: int = Field(
-        default=600, ge=1, le=86400, description="Seconds before one process() call is cancelled (PROCESSING_TIMEOUT)."
+    processing_timeout: int = tuned(PROCESSING_TIMEOUT, "Seconds before one process() call is cancelled")
+    claim_idle_ms: int = tuned(
+        CLAIM_IDLE_MS, "Milliseconds an entry may sit unacknowledged before another pod claims it"
     )
-    claim_idle_ms: int = Field(
-        default=300_000,
-        ge=1000,
-        le=86_400_000,
-        description="Milliseconds an entry may sit unacknowledged before another pod claims it (CLAIM_IDLE_MS).",
-    )
-    max_deliveries: int = Field(
-        default=10, ge=1, le=1000, description="Deliveries of one entry before it goes to the DLQ (MAX_DELIVERIES)."
-    )
+    max_deliveries: int = tuned(MAX_DELIVERIES, "Deliveries of one entry before it goes to the DLQ")
 
 
 class Retry(CamelModel):
@@ -299,12 +325,8 @@ class Retry(CamelModel):
 
     model_config = cel(("self.baseSeconds <= self.maxSeconds", "retry.baseSeconds must not exceed retry.maxSeconds"))
 
-    base_seconds: float = Field(
-        default=2.0, gt=0, le=3600, description="First retry delay in seconds (RETRY_BASE_SECONDS)."
-    )
-    max_seconds: float = Field(
-        default=300.0, gt=0, le=86400, description="Longest retry delay in seconds (RETRY_MAX_SECONDS)."
-    )
+    base_seconds: float = tuned(RETRY_BASE_SECONDS, "First retry delay in seconds")
+    max_seconds: float = tuned(RETRY_MAX_SECONDS, "Longest retry delay in seconds")
 
     @model_validator(mode="after")
     def _ordered(self) -> Retry:
@@ -318,18 +340,9 @@ class Retry(CamelModel):
 class CircuitBreakerSpec(CamelModel):
     """Stops calling a failing processor for a while instead of hammering it."""
 
-    failure_threshold: int = Field(
-        default=5, ge=1, le=1000, description="Consecutive failures that open the circuit (CIRCUIT_FAILURE_THRESHOLD)."
-    )
-    reset_timeout: float = Field(
-        default=60.0,
-        gt=0,
-        le=3600,
-        description="Seconds the circuit stays open before trial calls (CIRCUIT_RESET_TIMEOUT).",
-    )
-    half_open_calls: int = Field(
-        default=3, ge=1, le=100, description="Trial calls allowed while half-open (CIRCUIT_HALF_OPEN_CALLS)."
-    )
+    failure_threshold: int = tuned(CIRCUIT_FAILURE_THRESHOLD, "Consecutive failures that open the circuit")
+    reset_timeout: float = tuned(CIRCUIT_RESET_TIMEOUT, "Seconds the circuit stays open before trial calls")
+    half_open_calls: int = tuned(CIRCUIT_HALF_OPEN_CALLS, "Trial calls allowed while half-open")
 
 
 # Names that say they hold a credential (upper-cased first), and values that carry one in a URL's user info
@@ -520,6 +533,7 @@ class PhoenixStageSpec(CamelModel):
             "!has(self.partitions) || self.partitions == 1 || (!has(self.input) && !has(self.dlq))",
             _PARTITIONS_DERIVE_NAMES,
         ),
+        ("!has(self.output) || !has(self.outputs)", _OUTPUT_OR_OUTPUTS),
     )
 
     processor: str = Field(
@@ -537,6 +551,22 @@ class PhoenixStageSpec(CamelModel):
     )
     output: Output | None = Field(
         default=None, description="Where results go; omit for a final stage whose results are not forwarded."
+    )
+    outputs: list[NamedOutput] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=_MAX_NAMED_OUTPUTS,
+        description="Named next stages instead of one `output`: the processor returns `Routed({name: result, "
+        "...})` per record, to none, one or several of them, all forwarded by the record's one commit "
+        "(docs/pipelines.md). A name it routes to that is not here sends the record to the DLQ with the reason. "
+        "Given to the worker as OUTPUTS.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {"rule": "self.all(o, self.exists_one(p, p.name == o.name))", "message": _OUTPUT_NAMES_UNIQUE}
+            ],
+        },
     )
     consumer_group: RedisName | None = Field(default=None, description="Consumer group name. Default: `{name}-group`.")
     dlq: RedisName | None = Field(
@@ -613,6 +643,24 @@ class PhoenixStageSpec(CamelModel):
         "PhoenixStage is deleted: Retain keeps it, Delete removes it. Kubernetes objects are always removed.",
     )
 
+    def tuned_values(self) -> dict[Tunable, int | float]:
+        """Each tuned worker setting's value in this spec, in phoenix.tuning.TUNABLES' order."""
+        worker, retry, circuit = self.worker, self.retry, self.circuit_breaker
+        values: dict[Tunable, int | float] = {
+            LOCK_TIMEOUT: worker.lock_timeout,
+            IDEMPOTENCY_TTL: worker.idempotency_ttl,
+            PROCESSING_TIMEOUT: worker.processing_timeout,
+            CLAIM_IDLE_MS: worker.claim_idle_ms,
+            CONCURRENCY: worker.concurrency,
+            MAX_DELIVERIES: worker.max_deliveries,
+            RETRY_BASE_SECONDS: retry.base_seconds,
+            RETRY_MAX_SECONDS: retry.max_seconds,
+            CIRCUIT_FAILURE_THRESHOLD: circuit.failure_threshold,
+            CIRCUIT_RESET_TIMEOUT: circuit.reset_timeout,
+            CIRCUIT_HALF_OPEN_CALLS: circuit.half_open_calls,
+        }
+        return values
+
     @field_validator("env")
     @classmethod
     def _env_not_reserved(cls, env: list[EnvVar]) -> list[EnvVar]:
@@ -632,6 +680,15 @@ class PhoenixStageSpec(CamelModel):
         swap_off = swap is not None and swap.value is not None and swap.value.lower() in _FALSE_WORDS
         if billing_on and not swap_off and self.worker.concurrency > 1:
             raise ValueError(f"{_BILLING_MESSAGE} (got worker.concurrency {self.worker.concurrency})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_kind_of_output(self) -> PhoenixStageSpec:
+        if self.output is not None and self.outputs is not None:
+            raise ValueError(_OUTPUT_OR_OUTPUTS)
+        names = [output.name for output in self.outputs or []]
+        if repeated := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"{_OUTPUT_NAMES_UNIQUE} (repeated: {', '.join(repeated)})")
         return self
 
     @model_validator(mode="after")

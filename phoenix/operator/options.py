@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 from dataclasses import dataclass
+
+from phoenix.arguments import matching, port, seconds, seconds_or_zero
 
 DEFAULT_REFRESH_SECONDS = 10.0
 DEFAULT_LEASE_NAME = "phoenix-operator"
@@ -64,33 +65,6 @@ class OperatorOptions:
         )
 
 
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be greater than 0")
-    return value
-
-
-def _not_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be 0 or more")
-    return value
-
-
-def _cluster_id(text: str) -> str:
-    if not re.match(CLUSTER_ID_PATTERN, text):
-        raise argparse.ArgumentTypeError("1 to 128 letters, digits, '.', '_' or '-', starting with a letter or digit")
-    return text
-
-
-def _port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError("must be a TCP port from 0 to 65535")
-    return value
-
-
 def _default_log_format() -> str:
     return "json" if os.environ.get("LOG_FORMAT", "").lower() == "json" else "full"
 
@@ -110,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--refresh-interval",
-        type=_positive,
+        type=seconds,
         metavar="SECONDS",
         default=float(os.environ.get("PHOENIX_REFRESH_INTERVAL", DEFAULT_REFRESH_SECONDS)),
         help=f"seconds between status refreshes of all stages (default ${{PHOENIX_REFRESH_INTERVAL}} or "
@@ -118,7 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         metavar="PORT",
         default=os.environ.get("PHOENIX_METRICS_PORT", "0"),
         help="serve /metrics, /healthz and /readyz on this port, leader or standby (default $PHOENIX_METRICS_PORT "
@@ -138,7 +112,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--cluster-id",
-        type=_cluster_id,
+        type=matching(
+            CLUSTER_ID_PATTERN, "not 1 to 128 letters, digits, '.', '_' or '-' starting with a letter or digit"
+        ),
         metavar="ID",
         default=os.environ.get("PHOENIX_CLUSTER_ID") or None,
         help="this Kubernetes cluster's name in the ownership markers of the stages' Redis keys, so that clusters "
@@ -155,14 +131,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--redis-acl-rotation-seconds",
-        type=_not_negative,
+        type=seconds_or_zero,
         metavar="SECONDS",
         default=DEFAULT_ACL_ROTATION_SECONDS,
         help=f"replace a namespace user's password this often, 0: never (default {DEFAULT_ACL_ROTATION_SECONDS:g})",
     )
     parser.add_argument(
         "--redis-acl-grace-seconds",
-        type=_not_negative,
+        type=seconds_or_zero,
         metavar="SECONDS",
         default=DEFAULT_ACL_GRACE_SECONDS,
         help=f"how long a replaced password stays valid while the workers roll (default {DEFAULT_ACL_GRACE_SECONDS:g})",

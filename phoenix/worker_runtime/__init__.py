@@ -4,9 +4,11 @@ from phoenix.worker_runtime.processor import (
     BaseProcessor,
     BatchResult,
     PermanentError,
+    ProcessResult,
     RateLimited,
     Record,
     RecordNotFoundError,
+    Routed,
 )
 from phoenix.worker_runtime.rate_limit import report_cost
 
@@ -14,8 +16,10 @@ __all__ = [
     "BaseProcessor",
     "BatchResult",
     "PermanentError",
+    "ProcessResult",
     "RateLimited",
     "Record",
     "RecordNotFoundError",
+    "Routed",
     "report_cost",
 ]

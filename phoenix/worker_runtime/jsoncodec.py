@@ -6,7 +6,7 @@ the time. Where the two disagree, the json module decides, so no stage sees its 
 - numbers of 19 digits or more: orjson reads integers past 64 bits as floats (losing digits);
 - input orjson refuses but json reads (NaN, Infinity, lone surrogates): json reads it, or names the error;
 - output orjson cannot write (integers past 64 bits, dict keys that are not str): json writes it.
-What orjson writes differently is in the README's Messages section (NaN becomes null, datetimes RFC 3339).
+What orjson writes differently is in docs/guarantees.md's Messages section (NaN becomes null, datetimes RFC 3339).
 
 Nesting has one limit, DATA_DEPTH_LIMIT (1,024 levels of lists and objects), both ways: orjson's own. The json
 module recurses once a level, and under Python 3.11 counts that against the interpreter's recursion limit, less the

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from phoenix import tuning
 from phoenix.errors import ConfigError
 from phoenix.keys import (
     DEFAULT_NAMESPACE,
@@ -22,7 +23,7 @@ from phoenix.keys import (
     stage_of_input,
 )
 from phoenix.rate_limits import RateLimit
-from phoenix.record_format import SCRIPT_SAFE_FIELDS
+from phoenix.record_format import OUTPUT_NAME_PATTERN, SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.scrub import without_user_info
@@ -39,6 +40,18 @@ REDIS_RETRY_MAX_DELAY = 5.0
 # LIVENESS_TIMEOUT's floor: longer than a Sentinel failover takes with its defaults (down-after-milliseconds 30 s,
 # then the election), so a failover the clients ride out restarts no pod.
 _LIVENESS_FLOOR = 60.0
+
+
+class NamedOutput(BaseModel):
+    """One of OUTPUTS: the next stage's default input stream (`queue`) and that stage's partition count."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    queue: str = Field(min_length=1)
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+
+
+OutputName = Annotated[str, Field(pattern=OUTPUT_NAME_PATTERN, max_length=63)]
 
 
 class WorkerSettings(BaseSettings):
@@ -76,17 +89,22 @@ class WorkerSettings(BaseSettings):
     # the stage OUTPUT_QUEUE is the input of (a forward goes to the record's partition there); the operator sets both.
     partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
     output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+    # A stage of named outputs (spec.outputs) instead of one: JSON, name -> {"queue": the next stage's default
+    # input, "partitions": its count}, e.g. {"parser": {"queue": "phoenix:{ns}:parser:input"}}. A processor
+    # routes each record among them (processor.Routed); the operator sets it.
+    outputs: dict[OutputName, NamedOutput] = Field(default_factory=dict, max_length=32)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
 
-    lock_timeout: PositiveSeconds = 600
-    idempotency_ttl: PositiveSeconds = 86400
-    processing_timeout: PositiveSeconds = 600
-    claim_idle_ms: int = Field(300_000, gt=0)
+    # A PhoenixStage's tunables take their defaults from phoenix.tuning; their bounds here are wider than a spec's.
+    lock_timeout: PositiveSeconds = tuning.LOCK_TIMEOUT.default
+    idempotency_ttl: PositiveSeconds = tuning.IDEMPOTENCY_TTL.default
+    processing_timeout: PositiveSeconds = tuning.PROCESSING_TIMEOUT.default
+    claim_idle_ms: int = Field(tuning.CLAIM_IDLE_MS.default, gt=0)
     claim_interval: PositiveSeconds = 60
-    concurrency: int = Field(1, ge=1, le=10_000)
-    max_deliveries: int = Field(10, ge=1)
+    concurrency: int = Field(tuning.CONCURRENCY.default, ge=1, le=10_000)
+    max_deliveries: int = Field(tuning.MAX_DELIVERIES.default, ge=1)
     # Backpressure instead of trimming: above the high-water mark of unfinished entries in the output stream the
     # stage stops reading, below the low-water mark (default 80% of it) it reads again; 0 turns it off.
     output_high_water: int = Field(100_000, ge=0)
@@ -110,8 +128,8 @@ class WorkerSettings(BaseSettings):
     read_memory_bytes: int = Field(268_435_456, ge=1)
     block_ms: int = Field(5000, ge=1)
 
-    retry_base_seconds: PositiveSeconds = 2
-    retry_max_seconds: PositiveSeconds = 300
+    retry_base_seconds: PositiveSeconds = tuning.RETRY_BASE_SECONDS.default
+    retry_max_seconds: PositiveSeconds = tuning.RETRY_MAX_SECONDS.default
     retry_warn_after: PositiveSeconds = 4 * 3600
     retry_poll_interval: PositiveSeconds = 1
     # Off (0) by default: a transient failure is retried until it succeeds. Past either limit the record goes to
@@ -131,9 +149,9 @@ class WorkerSettings(BaseSettings):
     # long: their Redis calls hang or keep failing. Unset: derived (_derive_defaults; docs/configuration.md).
     liveness_timeout: float | None = Field(None, gt=0)
 
-    circuit_failure_threshold: int = Field(5, ge=1)
-    circuit_reset_timeout: PositiveSeconds = 60
-    circuit_half_open_calls: int = Field(3, ge=1)
+    circuit_failure_threshold: int = Field(tuning.CIRCUIT_FAILURE_THRESHOLD.default, ge=1)
+    circuit_reset_timeout: PositiveSeconds = tuning.CIRCUIT_RESET_TIMEOUT.default
+    circuit_half_open_calls: int = Field(tuning.CIRCUIT_HALF_OPEN_CALLS.default, ge=1)
 
     # Variables whose values are secrets, masked like the Redis password (scrub.py): names separated by commas. The
     # operator lists those spec.env and spec.pod.envFrom take from Secrets.
@@ -202,6 +220,7 @@ class WorkerSettings(BaseSettings):
                 "OUTPUT_PARTITIONS applies to an output that is a stage's default input (output.stage): set "
                 "OUTPUT_QUEUE to it, or unset OUTPUT_PARTITIONS"
             )
+        self._check_outputs()
         if self.output_retention and not self.output_queue:
             raise ValueError("OUTPUT_RETENTION applies to an output stream: set OUTPUT_QUEUE too, or unset it")
         if self.stream_maxlen is not None:
@@ -259,6 +278,19 @@ class WorkerSettings(BaseSettings):
             return RedisSpec.from_url(url, username=self.redis_username, password=password, **given)
         except RedisSpecError as exc:
             raise ValueError(str(exc)) from None
+
+    def _check_outputs(self) -> None:
+        if self.outputs and self.output_queue:
+            raise ValueError("set OUTPUT_QUEUE (one output) or OUTPUTS (named outputs), not both")
+        for name, output in self.outputs.items():
+            found = stage_of_input(output.queue)
+            if not found or output.queue != input_stream(found[1], found[0]):
+                raise ValueError(
+                    f"OUTPUTS[{name}]: {output.queue!r} is no stage's default input stream "
+                    "(phoenix:{<namespace>}:<stage>:input): a named output names a stage"
+                )
+            if output.queue == self.input_queue:
+                raise ValueError(f"OUTPUTS[{name}] must differ from INPUT_QUEUE (a stage would feed itself)")
 
     @property
     def redis(self) -> RedisSpec:

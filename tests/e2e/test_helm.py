@@ -1,4 +1,4 @@
-"""The operator installed with Helm (charts/phoenix) instead of kustomize, the way README "Run it on your cluster"
+"""The operator installed with Helm (charts/phoenix), not kustomize, as docs/kubernetes.md ("Run it on your cluster")
 and docs/operations.md ("Moving a kustomize install to Helm") say: the kustomize install's objects but the CRD are
 deleted (the stages stay), the CRD is handed to the release, `helm install` runs the operator that serves the
 pipeline, `helm upgrade` with a changed value rolls it, and `helm uninstall` leaves only the CRD with its stages.
