@@ -269,6 +269,12 @@ class StageKeys:
         return f"{self._whole_stage}:audit"
 
     @property
+    def throttled(self) -> str:
+        """Counter of the records the stage's rate limits sent back to wait in the retry set, ever (rate_limit.lua:
+        under the namespace's tag, with the buckets)."""
+        return f"{self._whole_stage}:throttled"
+
+    @property
     def backpressure(self) -> str:
         """While set: the stage is paused by backpressure; the value is its output's unfinished entries, as
         measured."""

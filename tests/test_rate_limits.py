@@ -14,7 +14,9 @@ import redis.asyncio as aioredis
 from pydantic import ValidationError
 
 from phoenix.errors import ConfigError
+from phoenix.keys import StageKeys
 from phoenix.producer import Producer, Record
+from phoenix.tools import queue_stats
 from phoenix.rate_limits import RateLimit
 from phoenix.worker_runtime.rate_limit import HOLD_MS
 from phoenix.worker_runtime.settings import load_settings
@@ -55,6 +57,9 @@ async def test_three_workers_share_one_limit_of_20_per_second(redis: aioredis.Re
     assert await redis.xlen(DLQ) == 0  # held back is no failure
     held = [json.loads(member) for member, _ in await scored_members(redis, RETRY)]
     assert held and all("retry_count" not in member for member in held)  # as they came: no failure history
+    # What the status (queue.throttled, the RATE-LIMITED column) shows: the records sent back, ever.
+    (stats,) = await queue_stats.collect(redis, [StageKeys.for_stage("s")])
+    assert stats.throttled >= len(held) and stats.as_status()["throttled"] == stats.throttled
     for worker in workers.workers:
         assert worker.alive and "circuit_opened" not in worker.event_names()
 

@@ -12,7 +12,8 @@
 --   not all at once.
 -- A bucket's value: "<tat>,<horizon>" (ms).
 -- KEYS: the buckets of this call, each a rate limit's key (keys.rate_limit_key: all under the namespace's
---       own hash tag, one slot), each once.
+--       own hash tag, one slot), each once; then the stage's counter of records sent back (StageKeys.throttled,
+--       under that tag too), increased by how many this call sent back.
 -- ARGV: hold_ms, bucket count b; per bucket, in KEYS order: interval_ms, capacity, kind ('r' records | 't'
 --       tokens), charge (units to charge now, 0 for none), pause_ms (0 for none); then the record count m and per
 --       record: its bucket count k and k bucket positions (from 1).
@@ -73,6 +74,15 @@ for r = 1, m do
     replies[r] = -math.max(1, math.ceil(back))
   end
   i = i + n + 1
+end
+local sent_back = 0
+for r = 1, m do
+  if replies[r] < 0 then
+    sent_back = sent_back + 1
+  end
+end
+if sent_back > 0 then
+  redis.call('INCRBY', KEYS[b + 1], sent_back)
 end
 for k = 1, b do
   if changed[k] then

@@ -43,6 +43,7 @@ class RateLimiter:
         self._script = lua.register(client, "rate_limit.lua", __package__)
         self._limits = settings.rate_limits
         self._namespace, self._stage = settings.key_namespace, settings.service_name
+        self._throttled = settings.keys.throttled
         # The buckets every record takes from (stage and downstream scope), by limit index.
         self._shared = {i: self._bucket(i, limit, "") for i, limit in enumerate(self._limits) if limit.scope != "user"}
         self._user_keys: dict[tuple[int, str], str] = {}
@@ -103,7 +104,8 @@ class RateLimiter:
             params += self._params(key, self._limit_of[key])
         if not keys:
             return [0] * len(messages)
-        waits = await self._script(keys=list(keys), args=[HOLD_MS, len(keys), *params, len(messages), *records])
+        args = [HOLD_MS, len(keys), *params, len(messages), *records]
+        waits = await self._script(keys=[*keys, self._throttled], args=args)
         return [int(w) for w in waits]
 
     def _params(self, key: str, limit: RateLimit) -> tuple[float, int, str, float, float]:
