@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from phoenix.errors import ConfigError
 from phoenix.keys import StageKeys
 from phoenix.producer import Producer, Record
-from phoenix.tools import queue_stats
 from phoenix.rate_limits import RateLimit
+from phoenix.tools import queue_stats
 from phoenix.worker_runtime.rate_limit import HOLD_MS
 from phoenix.worker_runtime.settings import load_settings
 from tests.fixtures.eventually import wait_until
