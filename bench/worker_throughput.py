@@ -56,6 +56,11 @@ VARIANTS: dict[str, tuple[str, dict[str, str]]] = {
     "batch": ("bench.noop:BatchNoopProcessor", {}),
     # (c0): no background trimming within the run, no backpressure measurement.
     "untrimmed": ("bench.noop:NoopProcessor", {"TRIM_INTERVAL": "86400", "OUTPUT_HIGH_WATER": "0"}),
+    # (cl): a stage limit and a per-user limit far above the rate: the limiter's cost alone (issue 34).
+    "limited": (
+        "bench.noop:NoopProcessor",
+        {"RATE_LIMITS": json.dumps([{"rate": 1_000_000, "burst": 1_000_000}, {"rate": 1_000_000, "scope": "user"}])},
+    ),
 }
 # (ct): every message traced. The span queue holds a whole run, so that spans are exported rather than dropped and
 # the exporter's work is in the figure too (a production stage this fast samples, or raises the queue likewise).
@@ -408,6 +413,9 @@ async def run(
     print(f"(c) phoenix worker, process_batch()          : {describe(runs['batch'])}")
     c0 = median_run(runs["untrimmed"]).rate
     print(f"(c0) process() without trimming/backpressure : {describe(runs['untrimmed'])}")
+    cl = median_run(runs["limited"]).rate
+    print(f"(cl) process(), two rate limits far above    : {describe(runs['limited'])}")
+    print(f"    rate limits (target <= 10% of c): 1 - cl/c = {1 - cl / c:.1%} (noisy on a loaded machine)")
     print(f"(ct) process(), every message traced       : {describe(traced)}")
     messages = n * rounds
     print(f"    tracing at 100% sampling, per message: {traced_cost(runs['process'], traced, traced_bytes, messages)}")

@@ -167,6 +167,13 @@ def billing_guard_key(namespace: str, user_id: str) -> str:
     return shared_data_key(namespace, "billing-fetching", user_id)
 
 
+def rate_limit_key(namespace: str, bucket: str) -> str:
+    """A rate limit's bucket (worker_runtime/rate_limit.py): every one of a namespace under the namespace's plain
+    hash tag, whatever a stage's partitions, so that one call takes a record's units from its stage's, its user's
+    and a downstream's buckets at once, and a downstream is shared by every stage of the namespace naming it."""
+    return shared_data_key(namespace, "ratelimit", bucket)
+
+
 @dataclass(frozen=True)
 class StageKeys:
     """The streams, consumer group and keys of stage `name` in `namespace`: of the stage as a whole (`partition`
@@ -260,6 +267,12 @@ class StageKeys:
     def audit(self) -> str:
         """Stream of the repairs done to the stage by hand or by the operator (tools/audit.py); capped."""
         return f"{self._whole_stage}:audit"
+
+    @property
+    def throttled(self) -> str:
+        """Counter of the records the stage's rate limits sent back to wait in the retry set, ever (rate_limit.lua:
+        under the namespace's tag, with the buckets)."""
+        return f"{self._whole_stage}:throttled"
 
     @property
     def backpressure(self) -> str:

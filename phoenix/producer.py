@@ -17,6 +17,9 @@ redis-py) builds: one Redis, a Sentinel's master, a Redis Cluster.
   PhoenixStage says otherwise. `partitions=` overrides the lookup (a producer that knows).
 - **Batches.** `send_many` writes in pipelines of `BATCH` entries, grouped by stream: on a cluster, redis-py sends
   each node its own commands.
+- **Entry time and deadline.** Each entry carries when it entered the pipeline (`entered_at`: now, unless the
+  record says otherwise) and, when the record has one, its `deadline`; the stages carry both on, and a stage
+  dead-letters a record past its deadline or its `maxRecordAge` as `Expired`, unprocessed (docs/durability.md).
 - **Replicas.** `min_replicas_ack` (the workers' MIN_REPLICAS_ACK) waits until that many replicas have the entries
   (WAIT, on the connection that wrote them, per node on a cluster); fewer in time raises `NotReplicated` with the
   entries' ids: they are written, and only a failover before they replicate could lose them. Sending the same
@@ -26,8 +29,11 @@ redis-py) builds: one Redis, a Sentinel's master, a Redis Cluster.
 from __future__ import annotations
 
 import json
+import math
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from itertools import islice
 from typing import Any, TypedDict, Unpack
 
@@ -39,6 +45,7 @@ from redis.cluster import RedisCluster
 from phoenix import keys
 from phoenix.errors import PhoenixError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
+from phoenix.record_format import DEADLINE, ENTERED_AT
 from phoenix.replica_wait import run_then_wait
 
 # A batch's entries by stream, each with its position in the batch (ids are returned in input order).
@@ -50,21 +57,45 @@ BATCH = 1000
 
 @dataclass(frozen=True)
 class Record:
-    """One record for a stage: `data` is its JSON object (what the stage's processor receives)."""
+    """One record for a stage: `data` is its JSON object (what the stage's processor receives). `deadline`: when
+    nobody wants its result any more (an aware datetime, or seconds since the epoch); `entered_at`: when it entered
+    the pipeline, the time it is written unless given (a record moved in from elsewhere keeps its own)."""
 
     record_id: str
     data: Mapping[str, Any] = field(default_factory=dict)
     user_id: str = ""
     traceparent: str | None = None
+    deadline: datetime | float | None = None
+    entered_at: datetime | float | None = None
 
     def fields(self) -> dict[str, str]:
         """The stream entry's fields, as the workers parse them (worker_runtime/messages.py)."""
         if not self.record_id:
             raise ValueError("a record needs a record_id")
-        entry = {"record_id": self.record_id, "user_id": self.user_id, "data": json.dumps(self.data)}
+        entered = time.time() if self.entered_at is None else self.entered_at
+        entry = {
+            "record_id": self.record_id,
+            "user_id": self.user_id,
+            "data": json.dumps(self.data),
+            ENTERED_AT: _epoch_ms("entered_at", entered),
+        }
+        if self.deadline is not None:
+            entry[DEADLINE] = _epoch_ms("deadline", self.deadline)
         if self.traceparent:
             entry["traceparent"] = self.traceparent
         return entry
+
+
+def _epoch_ms(name: str, when: datetime | float) -> str:
+    """A time as the entry's decimal milliseconds since the epoch; ValueError for a naive datetime (whose zone
+    the workers could only guess) or a number that is no time."""
+    if isinstance(when, datetime):
+        if when.tzinfo is None:
+            raise ValueError(f"{name} needs a time zone (a naive datetime means a different time on each host)")
+        when = when.timestamp()
+    if not (isinstance(when, int | float) and math.isfinite(when) and 0 <= when < 1e10):
+        raise ValueError(f"{name} must be seconds since the Unix epoch or an aware datetime, got {when!r}")
+    return str(round(when * 1000))
 
 
 class NotReplicated(PhoenixError):
@@ -134,6 +165,7 @@ class _RecordOptions(TypedDict, total=False):
 
     user_id: str
     traceparent: str | None
+    deadline: datetime | float | None
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """A record's wire format in Redis: what the worker runtime writes and the tools, the operator and the CLI read.
 
 - A stream entry's fields: the envelope the runtime owns (record_id, user_id, data, the failure history of a
-  retry, original_id, traceparent), everything else the processor's data; an entry too wide for one Lua unpack is
-  written packed (PACKED_FIELDS).
+  retry, original_id, traceparent, the record's entry time and deadline), everything else the processor's data; an
+  entry too wide for one Lua unpack is written packed (PACKED_FIELDS).
 - A record key's value (`phoenix:{<ns>}:<stage>:record:<id>`, keys.py): `lock <token>` while a worker holds it,
   `done <entry id>` once committed (worker_runtime/locks.py says why it is one key).
 - A retry-set member: the entry's fields packed, as the retry will write them back.
@@ -27,12 +27,27 @@ DATA_DEPTH_LIMIT = 1024
 PACKED_FIELDS = "packed_fields"
 # The failure history a retried entry carries; a replay or a manual reprocess starts it afresh.
 RETRY_STATE_FIELDS = ("retry_count", "first_failed_at", "last_error")
+# When the record entered the pipeline and when it stops being worth doing, in milliseconds since the Unix epoch
+# (decimal integers): the producer writes ENTERED_AT (a first stage takes the entry's id time when it is absent)
+# and, when asked, DEADLINE; every forward and retry carries both on (docs/durability.md, "Deadlines").
+ENTERED_AT = "entered_at"
+DEADLINE = "deadline"
 # Fields the runtime owns; everything else in an entry is the processor's data.
 ENVELOPE_FIELDS = frozenset(
-    {"record_id", "user_id", "data", *RETRY_STATE_FIELDS, "original_id", "traceparent", PACKED_FIELDS}
+    {
+        "record_id",
+        "user_id",
+        "data",
+        *RETRY_STATE_FIELDS,
+        "original_id",
+        "traceparent",
+        ENTERED_AT,
+        DEADLINE,
+        PACKED_FIELDS,
+    }
 )
 # The next stage's entry: its field names, sent once per settle call (settle.lua).
-OUTPUT_FIELDS = ("record_id", "user_id", "data", "traceparent")
+OUTPUT_FIELDS = ("record_id", "user_id", "data", ENTERED_AT, DEADLINE, "traceparent")
 # The name of one of a stage's named outputs (spec.outputs, OUTPUTS): a DNS label, as a stage's name.
 OUTPUT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 # The field of an outbox entry naming the output it is relayed to (a stage of named outputs); the relay writes

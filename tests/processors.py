@@ -26,9 +26,11 @@ from phoenix.worker_runtime import (
     BatchResult,
     PermanentError,
     ProcessResult,
+    RateLimited,
     Record,
     RecordNotFoundError,
     Routed,
+    report_cost,
 )
 
 
@@ -110,6 +112,21 @@ class OutcomeProcessor(BaseProcessor):
         if action.startswith("sleep:"):
             await asyncio.sleep(float(action.partition(":")[2]))
         return None if action == "none" else {**data, "seen_by": self.settings.service_name}
+
+
+class LimitedCallProcessor(BaseProcessor):
+    """A downstream call under the stage's rate limits: the time of each call goes to the list `calls-at:{stage}`
+    (ms). data["tokens"]: the call's cost, reported (report_cost); while the key `answer-429:{stage}` exists the
+    first call to see it deletes it and is refused with a 429 of Retry-After data["retry_after"] (default 1 s)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
+        stage = self.settings.service_name
+        await self.redis.rpush(f"calls-at:{stage}", round(time.time() * 1000))
+        if await self.redis.delete(f"answer-429:{stage}"):
+            raise RateLimited("HTTP 429 from the model", retry_after=float(data.get("retry_after", 1.0)))
+        if tokens := data.get("tokens"):
+            report_cost(float(tokens))
+        return {"ok": True}
 
 
 class OffRedisProcessor(BaseProcessor):

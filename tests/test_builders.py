@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -112,6 +113,11 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         },
         retry={"baseSeconds": 0.5, "maxSeconds": 30},
         circuitBreaker={"failureThreshold": 7, "resetTimeout": 12.5, "halfOpenCalls": 2},
+        maxRecordAge="48h",
+        rateLimits=[
+            {"rate": 20},
+            {"rate": 90000, "per": "minute", "scope": "downstream", "downstream": "llm", "cost": "tokens"},
+        ],
     )
     assert env_of(build_deployment(OWNER, spec)) == {
         "SERVICE_NAME": "parser",
@@ -141,6 +147,13 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "OUTPUT_RETENTION": None,  # None: set, empty (the name alone), so no envFrom key of the name reaches it
         "OUTPUTS": None,
         "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
+        "MAX_RECORD_AGE": "172800",  # maxRecordAge 48h, in seconds
+        "RATE_LIMITS": json.dumps(
+            [
+                {"rate": 20.0, "per": "second", "scope": "stage", "cost": "records"},
+                {"rate": 90000.0, "per": "minute", "scope": "downstream", "downstream": "llm", "cost": "tokens"},
+            ]
+        ),
         "REDIS_MODE": "standalone",
         "REDIS_SENTINEL_MASTER": None,
         "REDIS_SENTINEL_USERNAME": None,

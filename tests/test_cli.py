@@ -37,7 +37,9 @@ async def test_enqueue_writes_the_message_format(redis: aioredis.Redis, redis_ur
         "record_id": "r1",
         "user_id": "u1",
         "data": json.dumps({"pages": 3, "document_url": "file:///tmp/a.pdf"}),
+        "entered_at": fields["entered_at"],  # when it was written: the server's clock, the same host's
     }
+    assert abs(int(entry_id.partition("-")[0]) - int(fields["entered_at"])) < 5000
 
 
 @pytest.mark.timeout(60)

@@ -254,6 +254,7 @@ async def test_status_json_and_watch(redis: aioredis.Redis, redis_url: str) -> N
         "dlqLength": 0,
         "consumers": 0,
         "dlqTrimmed": 0,
+        "throttled": 0,
     }
     watch = await asyncio.create_subprocess_exec(
         sys.executable,

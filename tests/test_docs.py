@@ -131,7 +131,9 @@ def test_add_a_stage_as_documented(tmp_path: Path, redis_url: str) -> None:
         client.close()
     words = next(doc for doc in documented if doc["event"] == "words_counted")
     result = {k: words[k] for k in ("words", "unique", "top_word")}
-    assert fields == {"record_id": words["record_id"], "user_id": words["user_id"], "data": fields["data"]}
+    # entered_at: when `phoenix enqueue` wrote the record, carried on.
+    expected = {"record_id": words["record_id"], "user_id": words["user_id"], "data": fields["data"]}
+    assert fields == {**expected, "entered_at": fields["entered_at"]} and fields["entered_at"].isdigit()
     assert json.loads(fields["data"]) == result
     assert worker.popen.returncode == 0
 

@@ -45,6 +45,8 @@ ENVELOPE = [
     b"last_error",
     b"original_id",
     b"traceparent",
+    b"entered_at",
+    b"deadline",
     b"packed_fields",
 ]
 LOOKALIKES = [b"record_id ", b"Record_ID", b"record_id\x00", b"\xffdata", b"data\n", b"", b"user_id\xc3"]

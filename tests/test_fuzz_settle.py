@@ -61,7 +61,7 @@ items = st.lists(
 def _outcome(item: Item, entry_id: str, record_id: str, stage: str) -> Outcome:
     raw = {b"record_id": record_id.encode(), b"data": b"{}"}
     if item.kind in ("commit", "commit-none"):
-        fields: tuple[str, ...] = ("u", "{}") if item.kind == "commit" else ()
+        fields: tuple[str, ...] = ("u", "{}", "17", "") if item.kind == "commit" else ()
         return Outcome(Disposition.COMMIT, entry_id, record_id, fields, holds_lock=True)
     if item.kind in ("dead", "intake-dead"):
         failure = dead_letter_fields(raw, entry_id, error="bad", error_type="BadInput", stage=stage, attempts=1)

@@ -60,7 +60,8 @@ def test_a_dict_commits_with_the_values_forwarded_and_the_breaker_told() -> None
     breaker.record_failure()
     outcome = policy.of_result(_message(), {"ok": True}, time.time(), "00-trace")
     assert (outcome.disposition, outcome.entry_id, outcome.record_id) == (Disposition.COMMIT, "1700000000000-0", "r1")
-    assert list(outcome.fields) == ["u1", '{"ok":true}', "00-trace"] and outcome.holds_lock
+    # entered_at: the entry id's time (the entry has none); no deadline.
+    assert list(outcome.fields) == ["u1", '{"ok":true}', "1700000000000", "", "00-trace"] and outcome.holds_lock
     breaker.record_failure()
     breaker.record_failure()
     assert breaker.state is CircuitState.CLOSED  # the success reset the count: two failures since

@@ -45,7 +45,10 @@ async def test_a_stage_without_layout_is_one_partition_and_ids_come_back_in_orde
     entries = await stream_entries(redis, STAGE.input)  # the one partition's names: phoenix:{team}:parser:input
     assert STAGE.input == "phoenix:{team}:parser:input"
     assert [entry_id for entry_id, _ in entries] == ids
-    assert entries[7][1] == {"record_id": "r7", "user_id": "u1", "data": '{"i": 7}'}
+    fields = entries[7][1]
+    assert fields == {"record_id": "r7", "user_id": "u1", "data": '{"i": 7}', "entered_at": fields["entered_at"]}
+    # entered_at: when the producer wrote it, which the entry id's clock (the server's, the same host) follows.
+    assert abs(int(entries[7][0].partition("-")[0]) - int(fields["entered_at"])) < 5000
     assert await producer.send("one", {"x": 1}) == (await stream_entries(redis, STAGE.input, "-", "+"))[-1][0]
 
 
@@ -105,7 +108,7 @@ def _node_of(key: str) -> ClusterNode:
 
 
 def test_a_batch_is_one_pipeline_of_xadds_grouped_by_stream_with_each_records_position() -> None:
-    batch = [Record(f"r{i}", {"i": i}) for i in range(12)]
+    batch = [Record(f"r{i}", {"i": i}, entered_at=1_700_000_000.5) for i in range(12)]
     (pipeline,) = _pipelines(_Target("parser", "team", None, 4).grouped(batch), None)
     streams = [command[1] for command in pipeline.commands]
     assert sorted(streams) == sorted(STAGE.lane_of(f"r{i}").input for i in range(12))
@@ -238,7 +241,9 @@ async def test_enqueue_from_a_file_and_from_stdin(redis: aioredis.Redis, redis_u
     by_stream = await _records_by_stream(redis, [lane.input for lane in STAGE.lanes])
     assert sum(map(len, by_stream.values())) == BATCH + 11
     entry = await stream_entries(redis, STAGE.lane_of("f3").input, count=BATCH)
-    assert {"record_id": "f3", "user_id": "u", "data": '{"n": 3}'} in [fields for _, fields in entry]
+    assert {"record_id": "f3", "user_id": "u", "data": '{"n": 3}'} in [
+        {name: value for name, value in fields.items() if name != "entered_at"} for _, fields in entry
+    ]
 
 
 @pytest.mark.timeout(60)

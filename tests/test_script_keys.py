@@ -27,6 +27,7 @@ from redis.exceptions import ResponseError
 import phoenix
 from phoenix.keys import StageKeys
 from phoenix.operator.redis.ops import Destroyed, destroy
+from phoenix.rate_limits import RateLimit
 from phoenix.record_format import DONE, LOCKED
 from phoenix.tools import dlq, repair
 from phoenix.worker_runtime import ownership
@@ -363,6 +364,7 @@ WORKER_SCRIPTS = {
     "worker_runtime/settle.lua",
     "worker_runtime/retry_promote.lua",
     "worker_runtime/trim.lua",
+    "worker_runtime/rate_limit.lua",
 }
 # Run by a partitioned worker whose forwards are relayed (test_a_partitioned_worker_relays_...).
 RELAY_SCRIPTS = {"worker_runtime/relay_done.lua", "worker_runtime/relay_write.lua"}
@@ -415,6 +417,12 @@ async def test_a_worker_calls_its_scripts_with_their_keys_declared_in_one_slot(
             key_namespace=NAMESPACE,
             output_queue=NEXT.input,
             max_attempts=2,
+            # Far above the rate: every scope's buckets in each call (all under the namespace's tag).
+            rate_limits=[
+                RateLimit(rate=10_000),
+                RateLimit(rate=10_000, scope="user"),
+                RateLimit(rate=10_000, scope="downstream", downstream="llm", cost="tokens"),
+            ],
         ) as worker:
             await wait_until(lambda: drained(worker), "the first entries settled", 60)
             await wait_until(lambda: cluster.xlen(STAGE.dlq), "dead letters", 60)
@@ -468,7 +476,9 @@ async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_i
     await monitor_client.aclose()
     lane_slots = {key_slot(lane.input.encode()) for lane in stage.lanes}
     assert len(lane_slots) == 3
-    lane_scripts = WORKER_SCRIPTS - {"worker_runtime/locks_renew.lua"} | {"worker_runtime/relay_done.lua"}
+    lane_scripts = WORKER_SCRIPTS - {"worker_runtime/locks_renew.lua", "worker_runtime/rate_limit.lua"} | {
+        "worker_runtime/relay_done.lua"
+    }
     check_calls(monitor, lane_scripts, lane_slots)
     # The relay's writes to the plain output, each with its marker: in the output's slot.
     check_calls(monitor, {"worker_runtime/relay_write.lua"}, key_slot(output.encode()))

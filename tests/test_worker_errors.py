@@ -21,7 +21,9 @@ async def test_success_forwards_result_with_ids_and_sets_marker(redis: aioredis.
     await wait_until(lambda: committed(redis, "s", "r2"), "r2 committed")
     await wait_until(lambda: idle(redis), "queue drained")
     out = await outputs(redis)
-    assert out == [{"record_id": "r1", "user_id": "alice", "data": '{"n":1,"seen_by":"s"}'}]  # compact JSON
+    # Compact JSON; the entry time the first stage took from the entry's id (it came without one).
+    entered_at = entry.partition("-")[0]
+    assert out == [{"record_id": "r1", "user_id": "alice", "data": '{"n":1,"seen_by":"s"}', "entered_at": entered_at}]
     assert await committed(redis, "s", "r1") == entry  # the marker names the entry that committed it
     assert 86000 < await redis.ttl(record_key("s", "r1")) <= 86400
     assert await locked_records(redis, "s") == []

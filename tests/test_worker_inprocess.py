@@ -52,12 +52,17 @@ def test_parse_entry_reads_the_envelope_and_merges_data() -> None:
         ({b"record_id": b"\xff"}, 1000, "entry is not valid UTF-8: invalid start byte at byte 0"),
         ({b"record_id": b"r", b"data": b'"' + b"x" * 100 + b'"'}, 50, "entry is 116 bytes, over MAX_MESSAGE_BYTES=50"),
         ({b"record_id": b"r", b"retry_count": b"two"}, 1000, "bad runtime field: "),
-        # MAX_ENTRY_FIELDS=4 here: four fields of the entry's own plus the five a retry adds are let through.
+        # MAX_ENTRY_FIELDS=4 here: four fields of the entry's own plus the six a retry adds are let through.
         (
-            {b"record_id": b"r", **{b"f%d" % i: b"" for i in range(9)}},
+            {b"record_id": b"r", **{b"f%d" % i: b"" for i in range(10)}},
             1000,
-            "entry has 10 fields, over MAX_ENTRY_FIELDS=4",
+            "entry has 11 fields, over MAX_ENTRY_FIELDS=4",
         ),
+        ({b"record_id": b"r", b"entered_at": b"1.5e12"}, 1000, "entered_at must be milliseconds since the Unix epoch"),
+        ({b"record_id": b"r", b"entered_at": b""}, 1000, "entered_at must be milliseconds since the Unix epoch"),
+        ({b"record_id": b"r", b"deadline": b"-5"}, 1000, "deadline must be milliseconds since the Unix epoch"),
+        ({b"record_id": b"r", b"deadline": b"17650000000000000"}, 1000, "deadline must be milliseconds since"),
+        ({b"record_id": b"r", b"deadline": "\u0663".encode()}, 1000, "deadline must be milliseconds since"),
         ({b"record_id": b"r", b"packed_fields": b"[]"}, 1000, "entry carries the packed_fields of an entry too wide"),
     ],
 )
@@ -102,8 +107,8 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
     settler = Settler(raw_redis, settings, "me:token", settled.append)
     task = asyncio.create_task(settler.run())
     try:
-        settler.submit(Outcome(Disposition.COMMIT, ids[0], "c", ("u", "{}"), holds_lock=False))
-        settler.submit(Outcome(Disposition.COMMIT, ids[1], "c", ("u", "{}"), holds_lock=False))
+        settler.submit(Outcome(Disposition.COMMIT, ids[0], "c", ("u", "{}", "17", ""), holds_lock=False))
+        settler.submit(Outcome(Disposition.COMMIT, ids[1], "c", ("u", "{}", "17", ""), holds_lock=False))
         settler.submit(
             Outcome(Disposition.DEAD_LETTER, ids[2], "d", ("record_id", "d", "error", "why"), holds_lock=False)
         )
@@ -111,15 +116,22 @@ async def test_settler_writes_each_action_in_one_batch(redis: aioredis.Redis, ra
             Outcome(Disposition.RETRY, ids[3], "r", (60_000, json.dumps(["record_id", "r"])), holds_lock=False)
         )
         settler.submit(Outcome(Disposition.LEAVE, ids[4], "l", holds_lock=False))
-        settler.submit(Outcome(Disposition.COMMIT, ids[5], "t", ("u", "[]", "00-trace"), holds_lock=False))
+        settler.submit(Outcome(Disposition.COMMIT, ids[5], "t", ("u", "[]", "17", "99", "00-trace"), holds_lock=False))
         settler.submit(Outcome(Disposition.COMMIT, ids[6], "m", holds_lock=False))  # marked done, nothing forwarded
         await asyncio.wait_for(settler.flush(), 10)
     finally:
         task.cancel()
     assert [[o.duplicate for o in batch] for batch in settled] == [[False, True, False, False, False, False, False]]
     assert await outputs(redis) == [  # the second commit of c was a duplicate
-        {"record_id": "c", "user_id": "u", "data": "{}"},
-        {"record_id": "t", "user_id": "u", "data": "[]", "traceparent": "00-trace"},
+        {"record_id": "c", "user_id": "u", "data": "{}", "entered_at": "17"},  # no deadline: no field
+        {
+            "record_id": "t",
+            "user_id": "u",
+            "data": "[]",
+            "entered_at": "17",
+            "deadline": "99",
+            "traceparent": "00-trace",
+        },
     ]
     assert await redis.get(KEYS.record_prefix + "m") == DONE + ids[6]
     assert await redis.get(KEYS.record_prefix + "c") == DONE + ids[0]
@@ -137,7 +149,9 @@ async def test_commit_forwards_the_result_and_sets_the_marker(redis: aioredis.Re
     entry = await add(redis, "r1", "alice", n=1)
     await run_burst(redis_url, output_queue=OUT)
     [forwarded] = await outputs(redis)
-    assert forwarded == {"record_id": "r1", "user_id": "alice", "data": forwarded["data"]}
+    # entered_at: the entry's id time, as the first stage found none.
+    entered_at = entry.partition("-")[0]
+    assert forwarded == {"record_id": "r1", "user_id": "alice", "data": forwarded["data"], "entered_at": entered_at}
     assert json.loads(forwarded["data"]) == {"n": 1, "seen_by": "s"}
     assert await redis.get(KEYS.record_prefix + "r1") == DONE + entry
     assert await locked_records(redis, KEYS.name) == []

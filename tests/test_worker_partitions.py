@@ -521,7 +521,7 @@ async def test_on_a_cluster_a_commit_to_another_slot_fails_with_crossslot_and_th
     entry = await raw.xadd(lane.input, {"record_id": "r", "user_id": "u", "data": "{}"})
     assert isinstance(entry, bytes)  # a client that does not decode
     await raw.xreadgroup("p-group", settings.consumer_name, {lane.input: ">"})
-    commit = Outcome(Disposition.COMMIT, entry.decode(), "r", ("u", "{}"), holds_lock=True, lane=1)
+    commit = Outcome(Disposition.COMMIT, entry.decode(), "r", ("u", "{}", "17", ""), holds_lock=True, lane=1)
     direct = Settler(
         raw, settings, "lock x", print, lanes.routes(settings.keys, settings.output_partitions, slots_matter=False)
     )

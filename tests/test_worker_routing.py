@@ -58,9 +58,10 @@ async def test_each_record_goes_where_its_processor_routes_it(redis: aioredis.Re
         ids = sorted(e["record_id"] for e in entries)
         want = sorted(f"r{i}" for i in range(12) if name in EXPECTED.get(kind_of(i), ()))
         assert ids == want, name
-        # Each output gets its own result, and the entry is a plain forward (no route field, the trace absent).
+        # Each output gets its own result, and the entry is a plain forward (no route field, the trace and the
+        # deadline absent), with the record's entry time carried on.
         assert all(json.loads(e["data"])["to"] == name and ROUTE_FIELD not in e for e in entries)
-        assert set(entries[0]) == {"record_id", "user_id", "data"}
+        assert set(entries[0]) == {"record_id", "user_id", "data", "entered_at"}
     rt = StageKeys.for_stage("rt")
     dead = [fields for _, fields in await stream_entries(redis, rt.dlq)]
     by_id = {d["record_id"]: d for d in dead}

@@ -36,7 +36,7 @@ def _settings(**extra: Any) -> WorkerSettings:
 
 
 def _commit(entry_id: str, record_id: str) -> Outcome:
-    return Outcome(Disposition.COMMIT, entry_id, record_id, ("u", "{}"), holds_lock=False)
+    return Outcome(Disposition.COMMIT, entry_id, record_id, ("u", "{}", "17", ""), holds_lock=False)
 
 
 async def _settled(raw_redis: aioredis.Redis, outcomes: list[Outcome]) -> list[Outcome]:

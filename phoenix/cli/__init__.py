@@ -6,9 +6,11 @@ import argparse
 import asyncio
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import replace
+from datetime import UTC, datetime, timedelta
 from itertools import islice
 from typing import Any, Literal, TextIO
 
@@ -26,6 +28,7 @@ from phoenix.producer import BATCH as PRODUCER_BATCH
 from phoenix.producer import NotReplicated, Producer, Record
 from phoenix.redis_replies import text_range
 from phoenix.redis_spec import RedisSpecError
+from phoenix.retention import DURATION_PATTERN, duration_ms
 from phoenix.stages.data_keys import held_pages
 from phoenix.tools import audit, dlq
 from phoenix.worker_runtime.ownership import laid_out
@@ -33,6 +36,21 @@ from phoenix.worker_runtime.ownership import laid_out
 # What a dry run lists of the entries it would move, at most.
 DRY_RUN_SHOWN = 20
 _DELETE_BATCH = 1000  # pages keys deleted by one DEL of a purge
+
+
+def deadline_of(text: str) -> datetime:
+    """`--deadline`: a duration from now (`30m`, `48h`) or an ISO 8601 time with its zone; ValueError otherwise."""
+    if re.match(DURATION_PATTERN, text):
+        return datetime.now(UTC) + timedelta(milliseconds=duration_ms(text))
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"deadline {text[:40]!r} is neither a duration <n><s|m|h|d> (e.g. 30m) nor an ISO 8601 time"
+        ) from None
+    if when.tzinfo is None:
+        raise ValueError(f"deadline {text[:40]!r} needs a time zone (e.g. 2026-12-24T18:00:00Z)")
+    return when
 
 
 def _records_from(lines: Iterable[str]) -> Iterator[Record]:
@@ -44,7 +62,7 @@ def _records_from(lines: Iterable[str]) -> Iterator[Record]:
             item = json.loads(line)
             if not isinstance(item, dict):
                 raise ValueError("not a JSON object")
-            unknown = set(item) - {"record_id", "user_id", "data", "traceparent"}
+            unknown = set(item) - {"record_id", "user_id", "data", "traceparent", "deadline"}
             if unknown:
                 raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}")
             if not isinstance(item.get("record_id"), str) or not item["record_id"]:
@@ -52,7 +70,10 @@ def _records_from(lines: Iterable[str]) -> Iterator[Record]:
             data = item.get("data", {})
             if not isinstance(data, dict):
                 raise ValueError("data is not a JSON object")
-            yield Record(item["record_id"], data, str(item.get("user_id", "")), item.get("traceparent"))
+            deadline = item.get("deadline")
+            if deadline is not None and not isinstance(deadline, int | float):
+                deadline = deadline_of(str(deadline))
+            yield Record(item["record_id"], data, str(item.get("user_id", "")), item.get("traceparent"), deadline)
         except ValueError as exc:
             raise ValueError(f"line {number}: {exc}") from None
 
@@ -72,7 +93,8 @@ async def _enqueue(args: argparse.Namespace) -> int:
             for item in args.field:
                 key, _, value = item.partition("=")
                 data[key] = value
-            return await _send(producer, [Record(args.record_id, data, args.user_id)], print_ids=True)
+            record = Record(args.record_id, data, args.user_id, deadline=args.deadline)
+            return await _send(producer, [record], print_ids=True)
         return await _enqueue_lines(producer, args.source)
 
 
@@ -257,6 +279,13 @@ async def _release_pages(client: Redis, lane: StageKeys, held: dict[str, str]) -
     return sum([await client.delete(*keys[at : at + _DELETE_BATCH]) for at in range(0, len(keys), _DELETE_BATCH)])
 
 
+def _deadline(value: str) -> datetime:
+    try:
+        return deadline_of(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="phoenix", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -283,6 +312,13 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--user-id", default="")
     e.add_argument("--data", help="JSON object")
     e.add_argument("--field", action="append", default=[], metavar="KEY=VALUE", help="add a string to data")
+    e.add_argument(
+        "--deadline",
+        type=_deadline,
+        metavar="WHEN",
+        help="past this the record goes to the DLQ as Expired, unprocessed: a duration from now (30m, 48h) or an "
+        "ISO 8601 time with its zone; a line of --from may carry its own",
+    )
     e.add_argument(
         "--min-replicas-ack",
         type=whole,

@@ -30,6 +30,13 @@ _PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Seconds the oldest unfinished entry (undelivered or pending) has waited",
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {
+        "name": "Rate-Limited",
+        "type": "integer",
+        "jsonPath": ".status.queue.throttled",
+        "description": "Records the stage's rate limits held back to wait in the retry set, ever",
+        "priority": 1,
+    },
     {"name": "Processor", "type": "string", "jsonPath": ".spec.processor", "priority": 1},
     {"name": "Input", "type": "string", "jsonPath": ".status.streams.input", "priority": 1},
     {"name": "Output", "type": "string", "jsonPath": ".status.streams.output", "priority": 1},

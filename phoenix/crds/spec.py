@@ -21,8 +21,9 @@ from phoenix.crds.common import (
 )
 from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
+from phoenix.rate_limits import RateLimit
 from phoenix.record_format import OUTPUT_NAME_PATTERN
-from phoenix.retention import RETENTION_PATTERN
+from phoenix.retention import DURATION_PATTERN, RETENTION_PATTERN
 from phoenix.tuning import (
     CIRCUIT_FAILURE_THRESHOLD,
     CIRCUIT_HALF_OPEN_CALLS,
@@ -64,6 +65,8 @@ RESERVED_ENV_NAMES: tuple[str, ...] = (
     "HEALTH_PORT",
     "MASKED_ENV",
     "READ_MEMORY_BYTES",
+    "MAX_RECORD_AGE",
+    "RATE_LIMITS",
     "PARTITIONS",
     "OUTPUT_PARTITIONS",
     "OUTPUTS",
@@ -586,6 +589,23 @@ class PhoenixStageSpec(CamelModel):
     autoscaling: Autoscaling = Field(default_factory=Autoscaling, description="KEDA autoscaling on consumer lag.")
     worker: WorkerTuning = Field(default_factory=WorkerTuning, description="Worker runtime tuning.")
     retry: Retry = Field(default_factory=Retry, description="Backoff for transient failures.")
+    max_record_age: str | None = Field(
+        default=None,
+        max_length=16,
+        pattern=DURATION_PATTERN,
+        description="How long after it entered the pipeline (its producer wrote it) a record is still worth "
+        "processing, `<n><s|m|h|d>`, e.g. `48h`: past it the record goes to the DLQ as `Expired` before the processor "
+        "runs and before its user's key is fetched, retries included. A record's own deadline applies either way. "
+        "Given to the worker as MAX_RECORD_AGE (seconds).",
+    )
+    rate_limits: list[RateLimit] = Field(
+        default_factory=list,
+        max_length=16,
+        description="Limits every pod of the stage holds together, in Redis (RATE_LIMITS): each `rate` per `per` "
+        "with `burst`, for the stage, each record's user, or a downstream shared by the namespace's stages naming it. "
+        "A record held back waits in the retry set (no retry counted, counted `throttled`); see "
+        "docs/durability.md (Rate limits).",
+    )
     circuit_breaker: CircuitBreakerSpec = Field(
         default_factory=CircuitBreakerSpec, description="Processor circuit breaker."
     )

@@ -75,6 +75,12 @@ class QueueStatus(StatusModel):
     dlq_trimmed: int | None = Field(
         default=None, ge=0, description="Dead letters removed because the DLQ held more than DLQ_MAXLEN, ever."
     )
+    throttled: int | None = Field(
+        default=None,
+        ge=0,
+        description="Records the stage's rate limits held back to wait in the retry set, ever (no failure: they "
+        "come back when their limit has room; the RATE-LIMITED column).",
+    )
 
 
 class ReplicaStatus(StatusModel):

@@ -35,6 +35,7 @@ class QueueStats:
     oldest_undelivered_seconds: float | None = None
     read: int | None = None  # entries the group has read ever (entries-read): unlike LENGTH, not cut by trimming
     dlq_trimmed: int = 0  # dead letters DLQ_MAXLEN has removed, ever
+    throttled: int = 0  # records the stage's rate limits sent back to the retry set, ever (of the stage as a whole)
     backpressure: int | None = None  # while the stage is paused: its output's unfinished entries, as reported
     # True while no consumer group reads the output stream (it is missing, or has none); None: no output asked.
     output_unread: bool | None = None
@@ -57,16 +58,18 @@ class QueueStats:
             "dlqLength": self.dlq_length,
             "consumers": self.consumers,
             "dlqTrimmed": self.dlq_trimmed,
+            "throttled": self.throttled,
         }
 
 
-_COMMANDS_PER_STAGE = 6  # one more for a stage with an output
+_COMMANDS_PER_STAGE = 7  # one more for a stage with an output
 
 
 class _Extra(TypedDict):
     """What is read beside the stream and its group, so known whether the group exists or not."""
 
     dlq_trimmed: int
+    throttled: int
     backpressure: int | None
     output_unread: bool | None
 
@@ -112,6 +115,7 @@ def summed(lanes: Sequence[QueueStats]) -> QueueStats:
         oldest_undelivered_seconds=oldest([lane.oldest_undelivered_seconds for lane in lanes]),
         read=total([lane.read for lane in lanes]),
         dlq_trimmed=sum(lane.dlq_trimmed for lane in lanes),
+        throttled=lanes[0].throttled,  # one counter for the stage, read with each lane
         backpressure=max(paused) if paused else None,
         output_unread=lanes[0].output_unread,
     )
@@ -126,6 +130,7 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
         pipe.xpending(st.input, st.consumer_group)
         pipe.xlen(st.dlq)
         pipe.get(st.dlq_trimmed)
+        pipe.get(st.throttled)
         pipe.get(st.backpressure)
         if st.output is not None:
             pipe.xinfo_groups(st.output)
@@ -137,10 +142,11 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
     at = 0
     for i, st in enumerate(stages):
         count = _COMMANDS_PER_STAGE + (st.output is not None)
-        length, groups, pending, dlq_length, dlq_trimmed, paused, *output_groups = replies[at : at + count]
+        length, groups, pending, dlq_length, dlq_trimmed, throttled, paused, *output_groups = replies[at : at + count]
         at += count
         extra: _Extra = {
             "dlq_trimmed": _int(dlq_trimmed),
+            "throttled": _int(throttled),
             "backpressure": None if paused is None else _int(paused),
             "output_unread": _unread(output_groups[0]) if output_groups else None,
         }

@@ -15,7 +15,9 @@ from phoenix import lua
 from phoenix.errors import PhoenixError
 from phoenix.keys import StageKeys
 from phoenix.record_format import (
+    DEADLINE,
     DONE,
+    ENTERED_AT,
     FAILURE_FIELDS,
     LUA_UNPACK_LIMIT,
     PACKED_FIELDS,
@@ -31,8 +33,11 @@ from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, consumer_alive, entries
 from phoenix.worker_runtime.settings import WorkerSettings
 
 _RECLAIM_BATCH = 100
-# A reprocessed record starts afresh: no failure history; original_id stays so it can be traced.
-_DROPPED_ON_REPROCESS = (frozenset(FAILURE_FIELDS) | frozenset(RETRY_STATE_FIELDS)) - {"original_id"}
+# A reprocessed record starts afresh: no failure history, its age counted from now and no deadline (an Expired one
+# would expire again); original_id stays so it can be traced.
+_DROPPED_ON_REPROCESS = (frozenset(FAILURE_FIELDS) | frozenset(RETRY_STATE_FIELDS) | {ENTERED_AT, DEADLINE}) - {
+    "original_id"
+}
 
 
 class UnlockStatus(enum.StrEnum):

@@ -5,17 +5,21 @@ from phoenix.worker_runtime.processor import (
     BatchResult,
     PermanentError,
     ProcessResult,
+    RateLimited,
     Record,
     RecordNotFoundError,
     Routed,
 )
+from phoenix.worker_runtime.rate_limit import report_cost
 
 __all__ = [
     "BaseProcessor",
     "BatchResult",
     "PermanentError",
     "ProcessResult",
+    "RateLimited",
     "Record",
     "RecordNotFoundError",
     "Routed",
+    "report_cost",
 ]

@@ -28,6 +28,7 @@ from phoenix.worker_runtime.history_read import HistoryReadGuard
 from phoenix.worker_runtime.locks import Claim, RecordLocks
 from phoenix.worker_runtime.messages import Message
 from phoenix.worker_runtime.outcomes import Outcome, RecordPolicy, Unprocessable, error_line
+from phoenix.worker_runtime.rate_limit import RateLimiter
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group, read_groups
 from phoenix.worker_runtime.settings import REDIS_RETRY_MAX_DELAY, WorkerSettings
@@ -120,6 +121,7 @@ class Intake:
         stopping: asyncio.Event,
         start: Callable[[list[InFlight]], None],
         ensure_group: Callable[[], Awaitable[None]],
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.settings = settings
         self.redis = client
@@ -132,6 +134,7 @@ class Intake:
         self._stopping = stopping
         self._start = start
         self._ensure_group = ensure_group
+        self._limiter = limiter
         self._lane_of_stream = {lane.keys.input.encode(): lane for lane in lanes}
         self._turn = 0  # the lane whose turn it is to read
         self._turn_started = 0  # entries the current intake turn started (each holds a slot until settled)
@@ -342,14 +345,48 @@ class Intake:
                 self._m_contention.inc()
                 log.info("record_locked_elsewhere", record_id=message.record_id, message_id=message.entry_id)
         acquired = [m for index, m in enumerate(candidates) if index not in refused] if refused else candidates
-        deadline = time.monotonic() + s.processing_timeout
+        held = 0  # expired or throttled: settled without a flight, each holding its slot until then
+        if acquired:
+            # Past its deadline or MAX_RECORD_AGE, a claimed record is dead-lettered before its processor call and
+            # before its user's key is fetched: nothing is done, nothing billed.
+            now_ms = round(time.time() * 1000)
+            fresh = []
+            for message in acquired:
+                if (outcome := policy.expired(message, now_ms)) is None:
+                    fresh.append(message)
+                else:
+                    held += 1
+                    self._settle_without_flight(lane, outcome)
+            acquired = fresh
+        waits = await self._limiter.admit(acquired) if acquired and self._limiter is not None else None
+        now = time.monotonic()
+        deadline = now + s.processing_timeout
         index = lane.index
-        flights = [InFlight(message, deadline, index) for message in acquired]
-        for flight in flights:
-            in_flight[flight.message.entry_id] = flight
-        self._turn_started += len(unfit) + skipped + len(flights)  # each holds a slot until settled
+        flights: list[InFlight] = []
+        reserved: list[tuple[InFlight, float]] = []
+        for n, message in enumerate(acquired):
+            wait = waits[n] if waits is not None else 0
+            if wait < 0:  # a rate limit holds it back past HOLD_MS: the retry set, due when its limit has room
+                held += 1
+                self._settle_without_flight(lane, policy.throttled(message, -wait))
+                continue
+            flight = InFlight(message, deadline + wait / 1000, index)
+            in_flight[message.entry_id] = flight
+            if wait:
+                reserved.append((flight, wait / 1000))
+            else:
+                flights.append(flight)
+        self._turn_started += len(unfit) + skipped + held + len(flights) + len(reserved)  # a slot each until settled
         if flights:
             self._start(flights)
+        loop = asyncio.get_running_loop()
+        for flight, delay in reserved:  # its rate limits' units reserved: started when their time comes
+            loop.call_later(delay, self._start_reserved, flight)
+
+    def _start_reserved(self, flight: InFlight) -> None:
+        """A reserved record's time came; unless a shutdown gave it up meanwhile (left pending), it starts."""
+        if not flight.submitted and not self._stopping.is_set():
+            self._start([flight])
 
     def _settle_without_flight(self, lane: Lane, outcome: Outcome) -> None:
         """Hand the settler an entry that never was in flight; until settled, a history read passes it by."""

@@ -9,13 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from phoenix.record_format import ENVELOPE_FIELDS, PACKED_FIELDS, RETRY_STATE_FIELDS
+from phoenix.record_format import DEADLINE, ENTERED_AT, ENVELOPE_FIELDS, PACKED_FIELDS, RETRY_STATE_FIELDS
 from phoenix.worker_runtime import jsoncodec
 from phoenix.worker_runtime.scrub import scrub
 
-# A retry adds its history, original_id and, when traces are recorded, a traceparent (tracing.py) to an entry:
-# MAX_ENTRY_FIELDS does not count them.
-_RETRY_ADDED_FIELDS = len(RETRY_STATE_FIELDS) + 2
+# A retry adds its history, original_id, entered_at and, when traces are recorded, a traceparent (tracing.py) to an
+# entry: MAX_ENTRY_FIELDS does not count them.
+_RETRY_ADDED_FIELDS = len(RETRY_STATE_FIELDS) + 3
 # Enough of the error to diagnose a waiting retry (`phoenix inspect`) without bloating the entry.
 _LAST_ERROR_CHARS = 500
 RawFields = dict[bytes, bytes]
@@ -28,7 +28,8 @@ class Message:
 
     `raw` keeps the entry's fields as read, for the DLQ and a retry; `retry_count`, `first_failed_at` and
     `original_id` are its failure history (0 and None on a first attempt); `traceparent` the W3C trace context
-    it came with, if any.
+    it came with, if any; `entered_at_ms` when the record entered the pipeline and `deadline_ms` the time after which
+    nobody wants it (record_format.ENTERED_AT, DEADLINE), in milliseconds since the epoch.
     """
 
     entry_id: str
@@ -40,11 +41,18 @@ class Message:
     first_failed_at: float | None = None
     original_id: str | None = None
     traceparent: str | None = None
+    entered_at_ms: int = 0
+    deadline_ms: int | None = None
 
     @property
     def enqueued_at_ms(self) -> int:
         """Stream ids start with the server's clock at XADD, which gives queue wait for free."""
-        return int(self.entry_id.partition("-")[0])
+        return message_ms(self.entry_id)
+
+
+def message_ms(entry_id: str) -> int:
+    """A stream entry id's milliseconds (`<ms>-<seq>`)."""
+    return int(entry_id.partition("-")[0])
 
 
 @dataclass(slots=True)
@@ -96,6 +104,15 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) 
         first_failed_at = float(fields["first_failed_at"]) if "first_failed_at" in fields else None
     except ValueError as exc:
         return MalformedEntry(entry_id, raw, f"bad runtime field: {exc}")
+    try:
+        # Absent (an entry added by hand, a replay, or a producer older than the field): the entry's id time, which
+        # is when the record came in; the stage writes it into every forward and retry from then on.
+        entered = fields.get(ENTERED_AT)
+        entered_at_ms = _epoch_ms(ENTERED_AT, entered) if entered is not None else message_ms(entry_id)
+        deadline = fields.get(DEADLINE)
+        deadline_ms = _epoch_ms(DEADLINE, deadline) if deadline else None
+    except ValueError as exc:
+        return MalformedEntry(entry_id, raw, str(exc))
     return Message(
         entry_id,
         record_id,
@@ -106,22 +123,39 @@ def parse_entry(entry_id: str, raw: RawFields, max_bytes: int, max_fields: int) 
         first_failed_at,
         fields.get("original_id"),
         fields.get("traceparent"),
+        entered_at_ms,
+        deadline_ms,
     )
+
+
+# Milliseconds since the epoch fit in 13 digits until the year 2286: more is a unit mistake (microseconds).
+_EPOCH_MS_DIGITS = 13
+
+
+def _epoch_ms(name: str, value: str) -> int:
+    """A time field's milliseconds since the epoch; ValueError naming the field for anything but decimal digits."""
+    if not (value.isascii() and value.isdigit() and len(value) <= _EPOCH_MS_DIGITS):
+        raise ValueError(f"{name} must be milliseconds since the Unix epoch (decimal digits), got {value[:40]!r}")
+    return int(value)
 
 
 def output_values(message: Message, result: dict[str, Any], traceparent: str | None) -> list[str]:
     """The values of the next stage's entry, in record_format.OUTPUT_FIELDS order, but for record_id, which the commit
-    (settle.lua) writes from the outcome; traceparent only when there is one."""
-    values = [message.user_id, jsoncodec.dumps(result, str)]
+    (settle.lua) writes from the outcome; an empty deadline is none (settle.lua leaves the field out), traceparent
+    only when there is one."""
+    deadline = "" if message.deadline_ms is None else str(message.deadline_ms)
+    values = [message.user_id, jsoncodec.dumps(result, str), str(message.entered_at_ms), deadline]
     if traceparent:
         values.append(traceparent)
     return values
 
 
 def routed_values(message: Message, forwards: list[tuple[int, dict[str, Any]]], traceparent: str | None) -> list[str]:
-    """A routed commit's values (settle.lua's F item but for its code and ids): user_id, traceparent ('' for none),
-    the count, then per forward its output's number (from 1, in OUTPUTS order) and its data as JSON."""
-    values = [message.user_id, traceparent or "", str(len(forwards))]
+    """A routed commit's values (settle.lua's F item but for its code and ids): user_id, entered_at, deadline ('' for
+    none), traceparent ('' for none), the count, then per forward its output's number (from 1, in OUTPUTS order) and
+    its data as JSON."""
+    deadline = "" if message.deadline_ms is None else str(message.deadline_ms)
+    values = [message.user_id, str(message.entered_at_ms), deadline, traceparent or "", str(len(forwards))]
     for number, result in forwards:
         values += (str(number), jsoncodec.dumps(result, str))
     return values
@@ -137,6 +171,16 @@ def failure_history(message: Message, first_failed_at: float, error: str) -> Raw
     # An exception's text may hold lone surrogates, which UTF-8 cannot carry.
     fields[last_error] = scrub(error)[:_LAST_ERROR_CHARS].encode(errors="backslashreplace")
     fields.setdefault(b"original_id", message.entry_id.encode())
+    fields[ENTERED_AT.encode()] = b"%d" % message.entered_at_ms  # kept as the first attempt found it
+    return fields
+
+
+def held_fields(message: Message) -> list[str]:
+    """The entry as it goes back into the input stream after a rate limit held it: unchanged (no failure history),
+    but for its entry time, which a first stage learns from the entry's id and must keep."""
+    fields = [item.decode() for pair in message.raw.items() for item in pair]
+    if ENTERED_AT.encode() not in message.raw:
+        fields += (ENTERED_AT, str(message.entered_at_ms))
     return fields
 
 

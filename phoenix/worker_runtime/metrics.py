@@ -59,7 +59,7 @@ class StageHistogram(Collector):
 
 MESSAGES = Counter(
     "phoenix_messages",
-    "Messages finished by outcome: processed, skipped_duplicate, retried, dead_lettered, deferred.",
+    "Messages finished by outcome: processed, skipped_duplicate, retried, dead_lettered, deferred, throttled.",
     ["stage", "outcome"],
 )
 PROCESSING_SECONDS = StageHistogram(

@@ -5,12 +5,16 @@ settler (settle.py) only writes it. Every decision has one place:
 
 - at intake, before any lock (`screen`, `duplicate`, `trimmed`): a malformed entry or one delivered more than
   MAX_DELIVERIES times (poison) goes to the DLQ, a duplicate is acknowledged, an entry trimmed while pending is
-  only acknowledged;
+  only acknowledged; once claimed, before the processor and its user's key (`expired`): a record past its
+  deadline or MAX_RECORD_AGE goes to the DLQ as Expired;
 - after the processor call (`of_result`, `of_raised`, `of_failure`): a dict or None commits, a Routed (a stage of
   named outputs) commits with every forward it names, a PermanentError, an unserializable result or a route to an
   output the stage does not have is dead-lettered, any other failure is retried with backoff (retry.py) until a retry
-  limit dead-letters it, a timeout is a failure, the worker's own cancellation leaves the record;
-- without a call (`deferred`): the circuit is open or the shutdown is past its grace, the entry stays pending.
+  limit dead-letters it (or its next attempt would come past its expiry: Expired), a timeout is a failure, the
+  worker's own cancellation leaves the record;
+- without a call (`deferred`): the circuit is open or the shutdown is past its grace, the entry stays pending;
+  (`throttled`): a rate limit held it back, or the downstream answered 429 (processor.RateLimited): it waits in the
+  retry set until its limit has room, no retry counted, the breaker not told.
 
 Each decision also counts its outcome (`phoenix_messages_total`) and logs it, as it did inside the Worker.
 """
@@ -18,9 +22,11 @@ Each decision also counts its outcome (`phoenix_messages_total`) and logs it, as
 from __future__ import annotations
 
 import enum
+import json
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import structlog
@@ -35,6 +41,7 @@ from phoenix.worker_runtime.messages import (
     Message,
     RawFields,
     failure_history,
+    held_fields,
     output_values,
     parse_entry,
     routed_values,
@@ -50,6 +57,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("phoenix.worker")
 
 FieldValue = str | bytes | int
+# A dead letter's error_type for a record past its deadline or MAX_RECORD_AGE.
+EXPIRED = "Expired"
 # What a processor's Redis calls raise while Redis cannot be reached (MasterNotFoundError is a ConnectionError).
 _REDIS_UNREACHABLE = (RedisConnectionError, RedisTimeoutError)
 
@@ -109,12 +118,14 @@ class RecordPolicy:
     def __init__(self, settings: WorkerSettings, breaker: CircuitBreaker) -> None:
         self._settings = settings
         self._breaker = breaker
+        self._max_record_age_ms = round(settings.max_record_age * 1000)
         # The named outputs (OUTPUTS) by name: their numbers in settle.lua's F items, from 1.
         self._outputs = {name: number for number, name in enumerate(settings.outputs, 1)}
         stage = settings.service_name
         self._m_retried = metrics.MESSAGES.labels(stage, "retried")
         self._m_dead_lettered = metrics.MESSAGES.labels(stage, "dead_lettered")
         self._m_deferred = metrics.MESSAGES.labels(stage, "deferred")
+        self._m_throttled = metrics.MESSAGES.labels(stage, "throttled")
         self._m_duplicate = metrics.MESSAGES.labels(stage, "skipped_duplicate")
         self._m_trimmed = metrics.TRIMMED_PENDING.labels(stage)
         self._m_duration = metrics.PROCESSING_SECONDS.labels(stage)
@@ -156,6 +167,31 @@ class RecordPolicy:
         self._m_trimmed.inc(count)
         log.warning("trimmed_pending_cleared", count=count)
 
+    def expired(self, m: Message, now_ms: int) -> Outcome | None:
+        """A claimed record past its expiry (`expiry_ms`): the DLQ as Expired, before the processor runs or its
+        user's key is fetched. None while it is still worth doing."""
+        expiry = self.expiry_ms(m)
+        if expiry is None or now_ms < expiry:
+            return None
+        reason = f"{self._expiry_text(m, now_ms)}: not processed"
+        return self._dead_letter(m.entry_id, m.record_id, m.raw, reason, EXPIRED, m.retry_count, holds_lock=True)
+
+    def expiry_ms(self, m: Message) -> int | None:
+        """When the record stops being worth doing: its own deadline or MAX_RECORD_AGE after it entered the
+        pipeline, whichever comes first; None when neither applies."""
+        by_age = m.entered_at_ms + self._max_record_age_ms if self._max_record_age_ms else None
+        if m.deadline_ms is None:
+            return by_age
+        return m.deadline_ms if by_age is None else min(by_age, m.deadline_ms)
+
+    def _expiry_text(self, m: Message, at_ms: int) -> str:
+        """Which limit the record is past at `at_ms`, and by how much (the DLQ entry's error)."""
+        age = (at_ms - m.entered_at_ms) / 1000
+        if m.deadline_ms is not None and at_ms >= m.deadline_ms:
+            when = datetime.fromtimestamp(m.deadline_ms / 1000, UTC).isoformat(timespec="milliseconds")
+            return f"past its deadline {when} by {(at_ms - m.deadline_ms) / 1000:.3f}s (entered {age:.3f}s before)"
+        return f"entered the pipeline {age:.3f}s before, over MAX_RECORD_AGE={self._settings.max_record_age:g}s"
+
     # -- without a call ---------------------------------------------------------------------------------------
 
     def deferred(self, m: Message, *, circuit_open: bool) -> Outcome:
@@ -165,6 +201,12 @@ class RecordPolicy:
         if circuit_open:
             log.warning("circuit_open_fast_fail")
         return Outcome(Disposition.LEAVE, m.entry_id, m.record_id, holds_lock=True)
+
+    def throttled(self, m: Message, wait_ms: int) -> Outcome:
+        """A record a rate limit holds back (or a 429 sent back): into the retry set, due in `wait_ms`, as it came."""
+        self._m_throttled.inc()
+        member = json.dumps(held_fields(m))
+        return Outcome(Disposition.RETRY, m.entry_id, m.record_id, (wait_ms, member), holds_lock=True)
 
     # -- after the processor call -------------------------------------------------------------------------------
 
@@ -279,6 +321,12 @@ class RecordPolicy:
                 m.entry_id, m.record_id, history, reason, "RetriesExhausted", attempts, holds_lock=True
             )
         delay_ms, member = retry_member(m, first, last_error, s)
+        due_ms = round(now * 1000) + delay_ms
+        if (expiry := self.expiry_ms(m)) is not None and due_ms >= expiry:
+            # Waiting in the retry set would only bring it back expired: dead-lettered now, with its history.
+            reason = f"its next attempt would be {self._expiry_text(m, due_ms)}; last error: {last_error}"
+            history = failure_history(m, first, last_error)
+            return self._dead_letter(m.entry_id, m.record_id, history, reason, EXPIRED, attempts, holds_lock=True)
         self._m_retried.inc()
         log.warning(
             "processing_failed_will_retry",

@@ -33,6 +33,16 @@ class PermanentError(PhoenixError):
     """
 
 
+class RateLimited(PhoenixError):
+    """The downstream refused the call for now (an HTTP 429): not a failure of the record. Its `retry_after` (seconds,
+    from the provider's Retry-After) pauses the stage's shared rate limits for every pod (rate_limit.py), and the
+    record waits that long in the retry set: no retry counted, nothing told to the circuit breaker."""
+
+    def __init__(self, message: str = "rate limited by the downstream", retry_after: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after = max(0.0, retry_after)
+
+
 class RecordNotFoundError(PermanentError):
     """The record does not exist (an HTTP 404 from the record's service, say): retrying cannot bring it."""
 

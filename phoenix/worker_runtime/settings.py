@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from phoenix import tuning
@@ -22,12 +31,18 @@ from phoenix.keys import (
     input_stream,
     stage_of_input,
 )
+from phoenix.rate_limits import RateLimit
 from phoenix.record_format import OUTPUT_NAME_PATTERN, SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.scrub import without_user_info
 
 PositiveSeconds = Annotated[float, Field(gt=0)]
+# The settings given as JSON text: what their empty text is, and what their text must be.
+_JSON_SETTINGS: dict[str, tuple[Callable[[], object], str]] = {
+    "outputs": (dict, "a JSON object of named outputs"),
+    "rate_limits": (list, "a JSON list of limits"),
+}
 # The Redis client's socket timeout must outlast its longest blocking command (XREADGROUP BLOCK, WAIT) by this much:
 # the reply of a command that blocked for its full time still has to arrive (docs/configuration.md).
 REDIS_TIMEOUT_MARGIN_SECONDS = 2.0
@@ -135,6 +150,11 @@ class WorkerSettings(BaseSettings):
     # the DLQ (RetriesExhausted) with its history; attempts count across re-enqueued retries (retry_count).
     max_attempts: int = Field(0, ge=0)
     max_retry_age: float = Field(0, ge=0)  # seconds since the record's first failure
+    # Seconds since the record entered the pipeline (record_format.ENTERED_AT) past which it goes to the DLQ as
+    # Expired without being processed, retries included; 0: off. A record's own DEADLINE applies either way.
+    max_record_age: float = Field(0, ge=0)
+    # The stage's rate limits, shared by every pod (phoenix/rate_limits.py, docs/durability.md): a JSON list.
+    rate_limits: Annotated[list[RateLimit], NoDecode] = Field(default_factory=list, max_length=16)
     # A call cancelled at PROCESSING_TIMEOUT that is still running this much later is given up (docs/durability.md).
     timeout_grace: PositiveSeconds = 30
     # /healthz fails while this many run_blocking threads outlive the calls that started them (blocking.py).
@@ -164,17 +184,18 @@ class WorkerSettings(BaseSettings):
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
 
-    @field_validator("outputs", mode="before")
+    @field_validator("outputs", "rate_limits", mode="before")
     @classmethod
-    def _outputs_json(cls, value: object) -> object:
-        # The operator sets OUTPUTS on every stage, empty where it has no named outputs: empty is none, and text
-        # that is no JSON is one readable line too.
+    def _json_text(cls, value: object, info: ValidationInfo) -> object:
+        # The operator sets OUTPUTS and RATE_LIMITS on every stage, empty where it has none: empty is none, and
+        # text that is no JSON is one readable line too.
         if not isinstance(value, str):
             return value
+        empty, expected = _JSON_SETTINGS[info.field_name or ""]
         try:
-            return json.loads(value) if value.strip() else {}
+            return json.loads(value) if value.strip() else empty()
         except ValueError as exc:
-            raise ValueError(f"expected a JSON object of named outputs ({exc})") from None
+            raise ValueError(f"expected {expected} ({exc})") from None
 
     @field_validator("output_retention")
     @classmethod

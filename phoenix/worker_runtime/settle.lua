@@ -1,7 +1,7 @@
 -- Settle a batch of messages atomically, one round trip for the batch. Per item, by its code:
 --   C commit:  the record's key becomes its idempotency marker (SET GET: whatever lock it held, ours or one
 --              taken after ours expired, is replaced), the result is XADDed to the output stream (record_id,
---              user_id, data), then XACK. If the key held a marker already, another message committed the record
+--              user_id, data, entered_at, and deadline unless empty), then XACK. If the key held a marker already, another message committed the record
 --              first: its marker is put back and nothing is forwarded (a duplicate). Marker, forward and
 --              acknowledgement happen together or not at all, so a crash can neither lose the record for the next
 --              stage nor forward it twice; a later claim finds the marker.
@@ -36,22 +36,25 @@
 --       All are one lane's (a partition of the stage, lanes.py); the output stream is the lane's outbox when its
 --       forwards are relayed (another slot, or a stream that depends on the record): written the same way.
 -- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, done_prefix, the forwarded entry's field
---       names (record_id, user_id, data, traceparent), route_field, n_named, then per named output its name when
---       its stream is the outbox, else '' (n_named values), then the items, each code entry_id record_id and by
---       code: C user_id data | T user_id data traceparent | M - | F user_id traceparent ('' for none) count
---       (output n, from 1; data)... | D field_count fields... | R delay_ms member | L - | s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument, and
+--       names (record_id, user_id, data, entered_at, deadline, traceparent), route_field, n_named, then per named
+--       output its name when its stream is the outbox, else '' (n_named values), then the items, each code
+--       entry_id record_id and by code: C user_id data entered_at deadline | T user_id data entered_at deadline
+--       traceparent | M - | F user_id entered_at deadline traceparent ('' for none) count (output n, from 1;
+--       data)... | D field_count fields... | R delay_ms member | L - | s -; an empty deadline: the record has none.
+--       Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument, and
 --       commits are most items.
 -- Returns the positions (from 1) of the commits that found their record committed already: the duplicates.
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, lock_value, marker_ttl, done_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local record_field, user_field, data_field, trace_field = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-local route_field, n_named = ARGV[9], tonumber(ARGV[10])
+local record_field, user_field, data_field = ARGV[5], ARGV[6], ARGV[7]
+local entered_field, deadline_field, trace_field = ARGV[8], ARGV[9], ARGV[10]
+local route_field, n_named = ARGV[11], tonumber(ARGV[12])
 local relayed_as = {}  -- per named output: its name when its forwards go to the outbox, else ''
 for n = 1, n_named do
-  relayed_as[n] = ARGV[10 + n]
+  relayed_as[n] = ARGV[12 + n]
 end
 local done_len = #done_prefix
-local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count; F: 6 + 2 count
+local width = {C = 7, T = 8, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count; F: 8 + 2 count
 
 local now_ms
 local function server_now_ms()
@@ -62,7 +65,7 @@ local function server_now_ms()
   return now_ms
 end
 
-local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 11 + n_named, #ARGV
+local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 13 + n_named, #ARGV
 local first_record = 4 + n_named  -- KEYS[first_record + n] is item n's record key
 -- Positions in ARGV of the R and D items, written after the commits, and their item numbers.
 local retries, retry_items, dead, dead_items = {}, {}, {}, {}
@@ -85,20 +88,28 @@ while i <= argc do
       duplicates[#duplicates + 1] = item
     elseif code ~= 'M' then
       local forwarded
-      if code == 'C' then
-        forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
-          ARGV[i + 4])
-      elseif code == 'T' then
-        forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
-          ARGV[i + 4], trace_field, ARGV[i + 5])
+      if code == 'C' or code == 'T' then
+        local entry = {record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[i + 4], entered_field,
+          ARGV[i + 5]}
+        if ARGV[i + 6] ~= '' then
+          entry[9], entry[10] = deadline_field, ARGV[i + 6]
+        end
+        if code == 'T' then
+          entry[#entry + 1], entry[#entry + 2] = trace_field, ARGV[i + 7]
+        end
+        forwarded = redis.pcall('XADD', output, '*', unpack(entry))
       else
         local written = {}
-        for f = 1, tonumber(ARGV[i + 5]) do
-          local at = i + 4 + 2 * f
+        for f = 1, tonumber(ARGV[i + 7]) do
+          local at = i + 6 + 2 * f
           local n = tonumber(ARGV[at])
-          local fields = {record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[at + 1]}
-          if ARGV[i + 4] ~= '' then
-            fields[#fields + 1], fields[#fields + 2] = trace_field, ARGV[i + 4]
+          local fields = {record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[at + 1], entered_field,
+            ARGV[i + 4]}
+          if ARGV[i + 5] ~= '' then
+            fields[#fields + 1], fields[#fields + 2] = deadline_field, ARGV[i + 5]
+          end
+          if ARGV[i + 6] ~= '' then
+            fields[#fields + 1], fields[#fields + 2] = trace_field, ARGV[i + 6]
           end
           if relayed_as[n] ~= '' then
             fields[#fields + 1], fields[#fields + 2] = route_field, relayed_as[n]
@@ -140,7 +151,7 @@ while i <= argc do
     release(code, item)
   end
   if code == 'F' then
-    i = i + 6 + 2 * tonumber(ARGV[i + 5])
+    i = i + 8 + 2 * tonumber(ARGV[i + 7])
   else
     i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
   end

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from phoenix.worker_runtime.tracing import MessageTracing
 
 
-# settle.lua's code of a commit, by how many values it forwards: none, user_id and data, and a traceparent.
-_COMMIT_CODES = {0: "M", 2: "C", 3: "T"}
+# settle.lua's code of a commit, by how many values it forwards: none; user_id, data, entered_at and deadline; and
+# a traceparent.
+_COMMIT_CODES = {0: "M", 4: "C", 5: "T"}
 # Error codes of a Redis that refuses every write for now (memory, failover, persistence, replicas, a busy script):
 # waited out like a lost connection. Any other reply error is the script failing on what it was given.
 _REDIS_REFUSALS = (

@@ -33,7 +33,8 @@ from phoenix.worker_runtime.locks import RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
 from phoenix.worker_runtime.messages import Message
 from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, error_line
-from phoenix.worker_runtime.processor import BaseProcessor, BatchResult
+from phoenix.worker_runtime.processor import BaseProcessor, BatchResult, RateLimited
+from phoenix.worker_runtime.rate_limit import FLUSH_SECONDS, RateLimiter
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_risk import assess_redis
 from phoenix.worker_runtime.relay import Relay
@@ -143,6 +144,8 @@ class Worker:
         self._liveness_failed = False  # the failure is logged once, when /healthz first reports it
         self._task_ended = ""  # which of run's tasks ended by itself, and how: /healthz fails from then on
         self.policy = RecordPolicy(settings, self.breaker)
+        # RATE_LIMITS: held by every pod together, asked once per read batch (rate_limit.py).
+        self.limiter = RateLimiter(client, settings) if settings.rate_limits else None
         self.intake = Intake(
             settings,
             client,
@@ -155,6 +158,7 @@ class Worker:
             stopping=self._stopping,
             start=self._start,
             ensure_group=self.ensure_group,
+            limiter=self.limiter,
         )
         self._route(slots_matter=False)  # again once Redis tells whether it is a cluster (_wait_for_redis)
         # The outcomes counted once settled; the policy counts the others when it decides them.
@@ -316,6 +320,8 @@ class Worker:
             asyncio.create_task(self._every(s.trim_interval, self.trimmer.trim), name="trimmer"),
         ]
         relay = [asyncio.create_task(self.relay.run(), name="relay")] if self.relay.enabled else []
+        if self.limiter is not None:
+            background.append(asyncio.create_task(self._every(FLUSH_SECONDS, self.limiter.flush), name="limiter"))
         if self.backpressure.enabled:
             background.append(
                 asyncio.create_task(
@@ -606,6 +612,12 @@ class Worker:
     def _raised_outcome(self, flight: InFlight, exc: BaseException, started: float) -> Outcome:
         """What the processor call raised: the worker's own cancellation (the timeout watchdog, the shutdown) is
         told apart here, where the task is; the policy decides the rest."""
+        if isinstance(exc, RateLimited):
+            # A provider's 429 is no failure of the record: every pod's shared limits pause, the record waits.
+            m = flight.message
+            if self.limiter is not None:
+                self.limiter.pause(exc.retry_after, m.user_id)
+            return self.policy.throttled(m, max(1, round(exc.retry_after * 1000)))
         task = asyncio.current_task()
         by_worker = isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0
         return self.policy.of_raised(

@@ -28,6 +28,7 @@ from phoenix.operator.builders.redis_address import RedisUser
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.builders.streams import named_outputs, resolve_streams
 from phoenix.operator.record import SecretsRead
+from phoenix.retention import duration_ms
 from phoenix.worker_runtime.settings import WorkerSettings
 
 HEALTH_PORT = 8080
@@ -103,6 +104,10 @@ def worker_env(
         "OUTPUT_RETENTION": (spec.output.retention if spec.output is not None else None) or "",
         "OUTPUTS": _outputs_json(spec, streams.namespace, named_partitions or {}),
         "READ_MEMORY_BYTES": str(read_memory),
+        "MAX_RECORD_AGE": str(duration_ms(spec.max_record_age) // 1000 if spec.max_record_age else 0),
+        "RATE_LIMITS": json.dumps([limit.model_dump(mode="json", exclude_none=True) for limit in spec.rate_limits])
+        if spec.rate_limits
+        else "",
         **redis_plain_env(spec.redis),
         "MASKED_ENV": ",".join(_taken_from_secrets(spec, secret_keys or {})),
     }

@@ -1,0 +1,131 @@
+"""RATE_LIMITS: the stage's limits (phoenix/rate_limits.py), held together by every pod in Redis (rate_limit.lua).
+
+The intake asks once per read batch, after the claim and before anything starts: each record takes a unit from
+every bucket it needs (the stage's, its user's, a downstream's), in one script call with whatever usage and pauses
+were reported since the last one. A record whose buckets have room within HOLD_MS is reserved its unit and started
+when its time comes (it keeps its slot meanwhile); one further off is not a failure: it goes to the retry set due
+when its bucket has room (no retry count, nothing told to the circuit breaker), counted `throttled`.
+
+`report_cost` (a processor's call cost, for limits of `cost: tokens`) and `pause` (a provider's 429 Retry-After) are
+applied with the next call, or within FLUSH_SECONDS when no record comes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from redis.asyncio import Redis
+
+from phoenix import lua
+from phoenix.keys import rate_limit_key
+from phoenix.rate_limits import RateLimit
+from phoenix.worker_runtime.log import CURRENT_MESSAGE
+from phoenix.worker_runtime.messages import Message
+from phoenix.worker_runtime.settings import WorkerSettings
+
+# The longest reported usage or a pause waits for a record to carry it to Redis.
+FLUSH_SECONDS = 1.0
+# A record its limits have room for within this long waits in its worker, its unit reserved; past it, in the retry
+# set. Long enough that a pod always holds the next records of a busy limit (no unit goes unused between two reads),
+# short enough that what waits in slots stays a second of the limit's rate.
+HOLD_MS = 1000
+# User buckets' key names kept between calls: a bound, not a cache that must hold every user.
+_USER_KEYS_KEPT = 10_000
+
+
+class RateLimiter:
+    """The stage's limits for one worker process. `current` is the one a processor's `report_cost` reports to."""
+
+    current: ClassVar[RateLimiter | None] = None
+
+    def __init__(self, client: Redis, settings: WorkerSettings) -> None:
+        self._script = lua.register(client, "rate_limit.lua", __package__)
+        self._limits = settings.rate_limits
+        self._namespace, self._stage = settings.key_namespace, settings.service_name
+        self._throttled = settings.keys.throttled
+        # The buckets every record takes from (stage and downstream scope), by limit index.
+        self._shared = {i: self._bucket(i, limit, "") for i, limit in enumerate(self._limits) if limit.scope != "user"}
+        self._user_keys: dict[tuple[int, str], str] = {}
+        self._limit_of: dict[str, RateLimit] = {}  # every bucket key made, for the charges and pauses sent alone
+        self._charges: dict[str, float] = {}
+        self._pauses: dict[str, float] = {}
+        RateLimiter.current = self
+
+    def _bucket(self, index: int, limit: RateLimit, user_id: str) -> str:
+        if limit.scope == "downstream":
+            return rate_limit_key(self._namespace, f"downstream:{limit.downstream}")
+        if limit.scope == "stage":
+            return rate_limit_key(self._namespace, f"stage:{self._stage}:{index}")
+        return rate_limit_key(self._namespace, f"user:{self._stage}:{index}:{user_id}")
+
+    def _keys_of(self, user_id: str) -> list[tuple[RateLimit, str]]:
+        """The record's buckets: every shared one and, per limit of scope user, its user's."""
+        found = []
+        for i, limit in enumerate(self._limits):
+            key = self._shared.get(i)
+            if key is None and (key := self._user_keys.get((i, user_id))) is None:
+                if len(self._user_keys) >= _USER_KEYS_KEPT:
+                    self._user_keys.clear()
+                    self._limit_of.clear()
+                key = self._user_keys[i, user_id] = self._bucket(i, limit, user_id)
+            self._limit_of[key] = limit
+            found.append((limit, key))
+        return found
+
+    def charge(self, units: float, user_id: str) -> None:
+        """What a call cost, for every `cost: tokens` limit the record is under (its user's too, when known)."""
+        for limit, key in self._keys_of(user_id):
+            if limit.cost == "tokens" and (limit.scope != "user" or user_id):
+                self._charges[key] = self._charges.get(key, 0.0) + units
+
+    def pause(self, seconds: float, user_id: str) -> None:
+        """A provider said to wait (429 Retry-After): the shared buckets, and the user's, grant nothing meanwhile."""
+        for limit, key in self._keys_of(user_id):
+            if limit.scope != "user" or user_id:
+                self._pauses[key] = max(self._pauses.get(key, 0.0), seconds * 1000)
+
+    async def admit(self, messages: Sequence[Message]) -> list[int]:
+        """Per message: 0 to start now, w > 0 to start in w ms (its units reserved), -w to come back in w ms (the
+        retry set); one script call, carrying the usage and pauses reported since the last."""
+        keys: dict[str, int] = {}
+        params: list[float | int | str] = []
+        records: list[int] = []
+        for m in messages:
+            buckets = self._keys_of(m.user_id)
+            records.append(len(buckets))
+            for limit, key in buckets:
+                if (position := keys.get(key)) is None:
+                    position = keys[key] = len(keys) + 1
+                    params += self._params(key, limit)
+                records.append(position)
+        for key in {*self._charges, *self._pauses} - keys.keys():  # reported for buckets no record here needs
+            keys[key] = len(keys) + 1
+            params += self._params(key, self._limit_of[key])
+        if not keys:
+            return [0] * len(messages)
+        args = [HOLD_MS, len(keys), *params, len(messages), *records]
+        waits = await self._script(keys=[*keys, self._throttled], args=args)
+        return [int(w) for w in waits]
+
+    def _params(self, key: str, limit: RateLimit) -> tuple[float, int, str, float, float]:
+        """rate_limit.lua's five values of a bucket; its reported charge and pause taken."""
+        kind = "t" if limit.cost == "tokens" else "r"
+        return limit.interval_ms, limit.capacity, kind, self._charges.pop(key, 0.0), self._pauses.pop(key, 0.0)
+
+    async def flush(self) -> None:
+        """Send what was reported, when no record carried it within FLUSH_SECONDS."""
+        if self._charges or self._pauses:
+            await self.admit(())
+
+
+def report_cost(units: float, user_id: str | None = None) -> None:
+    """Tell the stage's `cost: tokens` limits what the current record's call cost (e.g. the tokens of an LLM call);
+    `user_id` for a call of a process_batch, else the current record's user. Nothing when the stage has no limits."""
+    limiter = RateLimiter.current
+    if limiter is None or units <= 0:
+        return
+    if user_id is None:
+        message = CURRENT_MESSAGE.get()
+        user_id = message.user_id if message is not None else ""
+    limiter.charge(units, user_id)
