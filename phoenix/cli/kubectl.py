@@ -282,9 +282,9 @@ def _namespace(args: argparse.Namespace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kubectl phoenix", description=__doc__.splitlines()[0])
-    _add_kube_options(p, None)
+    add_kube_options(p, None)
     # Also accepted after the command, as kubectl users type them (`kubectl phoenix pause router -n team`).
-    common = _add_kube_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
+    common = add_kube_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, text: str) -> argparse.ArgumentParser:
@@ -334,14 +334,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_kube_options(parser: argparse.ArgumentParser, default: Any) -> argparse.ArgumentParser:
+def add_kube_options(parser: argparse.ArgumentParser, default: Any) -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", default=default, help="default: $KUBECONFIG or ~/.kube/config")
     parser.add_argument("--context", default=default, help="kubeconfig context")
     parser.add_argument("-n", "--namespace", default=default, help="namespace (status: default all namespaces)")
     return parser
 
 
-def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
+def api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
     """The caller's client and their context's namespace (in a pod: its ServiceAccount and namespace)."""
     try:
         api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
@@ -358,7 +358,7 @@ def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        api, args.default_namespace = _api_client(args)
+        api, args.default_namespace = api_client(args)
     except config.ConfigException as exc:
         return fail(f"kubectl phoenix: no Kubernetes configuration: {exc}")
     try:
