@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 from collections.abc import Mapping
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from phoenix import tuning
 from phoenix.errors import ConfigError
@@ -90,7 +91,8 @@ class WorkerSettings(BaseSettings):
     # A stage of named outputs (spec.outputs) instead of one: JSON, name -> {"queue": the next stage's default
     # input, "partitions": its count}, e.g. {"parser": {"queue": "phoenix:{ns}:parser:input"}}. A processor
     # routes each record among them (processor.Routed); the operator sets it.
-    outputs: dict[OutputName, NamedOutput] = Field(default_factory=dict, max_length=32)
+    # Decoded here, not by the settings source: the operator sets OUTPUTS="" on a stage without named outputs.
+    outputs: Annotated[dict[OutputName, NamedOutput], NoDecode] = Field(default_factory=dict, max_length=32)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
@@ -162,6 +164,13 @@ class WorkerSettings(BaseSettings):
     @classmethod
     def _lowercase(cls, value: object) -> object:
         return value.lower() if isinstance(value, str) else value
+
+    @field_validator("outputs", mode="before")
+    @classmethod
+    def _outputs_json(cls, value: object) -> object:
+        if isinstance(value, str):
+            return json.loads(value) if value.strip() else {}
+        return value
 
     @field_validator("output_retention")
     @classmethod
