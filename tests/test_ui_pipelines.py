@@ -1,8 +1,11 @@
-"""`phoenix ui`'s pure parts: PhoenixStages grouped into pipelines with their figures, and the command's checks."""
+"""`phoenix ui`'s parts without a server: PhoenixStages grouped into pipelines with their figures, the command's
+checks, and the page's files in the wheel."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +14,8 @@ import pytest
 from phoenix.cli.ui.command import UiConfigError, read_token
 from phoenix.cli.ui.pipelines import Edge, pipelines_of
 from phoenix.kube_names import PIPELINE_LABEL
+from tests.fixtures.control_plane import REPO_ROOT
+from tests.fixtures.operator_process import VENV_BIN
 
 
 def stage(
@@ -118,3 +123,19 @@ def test_the_token_is_required_unless_no_auth_on_loopback(tmp_path: Path) -> Non
     with pytest.raises(UiConfigError, match="holds no token") as refused:
         read_token(options(token_file=token_file))
     assert "two words" not in str(refused.value)  # the file's content is never repeated
+
+
+@pytest.mark.subprocess
+@pytest.mark.timeout(180)
+def test_the_wheel_carries_the_page(tmp_path: Path) -> None:
+    """The image installs the wheel: the page's files must be in it (pyproject's package-data). Built as pip builds
+    it, in an isolated environment with the setuptools build-system.requires names."""
+    subprocess.run(
+        [str(VENV_BIN / "pip"), "wheel", "--no-deps", "-q", "-w", str(tmp_path), "."],
+        cwd=REPO_ROOT,
+        check=True,
+        timeout=120,
+    )
+    (wheel,) = tmp_path.glob("*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {f"phoenix/cli/ui/static/{name}" for name in ("index.html", "app.js", "style.css")} <= names

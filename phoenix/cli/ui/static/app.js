@@ -51,12 +51,12 @@ function html(name, attributes, text) {
 }
 
 function shown(value, unit) {
-  if (value === null || value === undefined) return "–";
+  if (value === null || value === undefined) return "-";
   return unit ? value + unit : String(value);
 }
 
 function seconds(value) {
-  if (value === null || value === undefined) return "–";
+  if (value === null || value === undefined) return "-";
   if (value < 120) return value + " s";
   if (value < 7200) return Math.round(value / 60) + " min";
   return Math.round(value / 3600) + " h";
@@ -121,7 +121,7 @@ function drawBox(svg, stage, pipeline, at) {
   FIGURES.forEach(([key, label], i) => {
     const line = el("g", { transform: `translate(16,${50 + i * 20})` });
     let value = shown(stage[key]);
-    if (key === "rate") value = stage.rate === null ? "–" : stage.rate.toFixed(1) + "/s";
+    if (key === "rate") value = stage.rate === null ? "-" : stage.rate.toFixed(1) + "/s";
     const cls = key === "dlq" && stage.dlq > 0 ? "value bad" : "value";
     line.append(el("text", { class: "label" }, label));
     line.append(el("text", { class: cls, x: BOX.width - 32, "text-anchor": "end", "data-figure": key }, value));
@@ -138,12 +138,12 @@ function drawPipeline(pipeline) {
   const card = html("section", { class: "pipeline", "data-pipeline": pipeline.namespace + "/" + pipeline.name });
   card.append(html("h2", {}, pipeline.namespace + " / " + pipeline.name));
   const figures = html("div", { class: "figures" });
-  const grouped = pipeline.labelled ? "a PhoenixPipeline's stages" : "stages joined by their outputs";
-  figures.append(html("span", { class: "muted" }, pipeline.stages.length + " stages, " + grouped));
+  const grouped = pipeline.labelled ? " of a PhoenixPipeline" : " joined by their outputs";
+  figures.append(html("span", { class: "muted" }, pipeline.stages.length + " stages" + grouped));
   const oldest = html("span", {}, "OLDEST ");
   oldest.append(html("b", { "data-figure": "oldest" }, seconds(pipeline.oldest_seconds)));
-  const p99 = html("span", { title: "end-to-end latency: shown when the pipeline's status has it" }, "P99 ");
-  p99.append(html("b", { "data-figure": "p99" }, pipeline.p99_seconds === null ? "–" : pipeline.p99_seconds + " s"));
+  const p99 = html("span", { title: "end-to-end latency: shown when the pipeline's status has it" }, "P99 end to end ");
+  p99.append(html("b", { "data-figure": "p99" }, pipeline.p99_seconds === null ? "-" : pipeline.p99_seconds + " s"));
   figures.append(oldest, p99);
   card.append(figures);
   const layout = place(pipeline.stages);
@@ -203,7 +203,9 @@ async function showDlq(namespace, stage) {
   const rows = found.entries.map((entry) => {
     entry.first_seen = entry.first_failed_at || entry.failed_at;
     const row = html("tr", { "data-entry": entry.id });
-    for (const [key] of columns) row.append(html("td", key === "error" ? { class: "reason" } : {}, shown(entry[key])));
+    for (const [key] of columns) {
+      row.append(html("td", { class: key === "error" || key === "data" ? "reason" : "nowrap" }, shown(entry[key])));
+    }
     return row;
   });
   document.getElementById("dlq-rows").replaceChildren(...rows);
