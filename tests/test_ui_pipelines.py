@@ -13,6 +13,7 @@ import pytest
 
 from phoenix.cli.ui.command import UiConfigError, read_token
 from phoenix.cli.ui.pipelines import Edge, pipelines_of
+from phoenix.cli.ui.source import shown_fields
 from phoenix.kube_names import PIPELINE_LABEL
 from tests.fixtures.control_plane import REPO_ROOT
 from tests.fixtures.operator_process import VENV_BIN
@@ -98,6 +99,25 @@ def test_labelled_stages_group_by_their_label_and_the_rest_by_their_edges_per_na
 def test_a_cycle_is_drawn_with_bounded_columns() -> None:
     (pipeline,) = pipelines_of([stage("a", to="b"), stage("b", to="c"), stage("c", to="a")])
     assert len(pipeline.edges) == 3 and max(s.column for s in pipeline.stages) <= 2
+
+
+def test_a_dead_letter_shows_no_record_data_unless_asked() -> None:
+    letter = {
+        "record_id": "r-1",
+        "user_id": "patient-7",
+        "data": '{"document_url": "s3://x"}',
+        "packed_fields": "...",
+        "customer_field": "x",
+        "error_type": "RecordNotFoundError",
+        "error": "no document",
+        "failed_at": "2026-12-06T22:00:00+00:00",
+        "first_failed_at": "2026-12-06T21:59:00+00:00",
+        "attempts": "3",
+        "partition": 1,
+    }
+    hidden = {"user_id", "data", "packed_fields", "customer_field"}
+    assert set(shown_fields(letter, show_data=False)) == set(letter) - hidden
+    assert shown_fields(letter, show_data=True) == letter
 
 
 def options(**given: Any) -> argparse.Namespace:

@@ -25,6 +25,7 @@ from tests.fixtures.operator_process import VENV_BIN, kubectl_apply, running_ope
 from tests.fixtures.processes import LoggedProcess, free_loopback_port
 
 STAGES = ("router", "parser", "grouper")
+PAUSE = '{"spec": {"paused": true}}'
 TOKEN = "ui-test-token-5f1c2a"  # a test's own; what matters is that it never shows in a log
 # What the page shows, read from its DOM: each stage's figures by data-figure, each edge's label, the DLQ table.
 READ_PAGE = """(() => {
@@ -172,6 +173,10 @@ def test_the_page_draws_the_pipeline_and_follows_it_live(
             assert {row[2] for row in listed["dlq"]} == {"RecordNotFoundError"}
             assert "document_url" not in listed["text"] and "u1" not in {c for r in listed["dlq"] for c in r}
             assert listed["problem"] == ""
+
+            # A paused stage says so on its box (spec.paused).
+            kube_cluster.kubectl("patch", "phoenixstage", "grouper", "-n", ns, "--type=merge", "-p", PAUSE)
+            _page_when(page, lambda p: p["stages"]["grouper"].get("paused") == "paused", "the grouper paused")
             shot = page.screenshot(tmp_path / "pipeline-view.png")
             print(f"screenshot: {shot}")
         assert operator.alive, operator.failure("died during the test")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,11 @@ Json = dict[str, Any]
 # fields (data, user_id, whatever else the producer put in the entry) only with --show-data.
 DLQ_SHOWN_FIELDS = frozenset({"record_id", "partition", *FAILURE_FIELDS, *RETRY_STATE_FIELDS})
 DLQ_PAGE = 50  # dead letters one request shows at most
+
+
+def shown_fields(fields: Mapping[str, str | int], show_data: bool) -> dict[str, str | int]:
+    """A dead letter's fields the page may show: without `show_data`, DLQ_SHOWN_FIELDS only."""
+    return {k: v for k, v in fields.items() if show_data or k in DLQ_SHOWN_FIELDS}
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +74,7 @@ class StageReader:
         except RedisError as exc:
             self._forget(namespace, name)
             raise PluginError(f"the Redis of {namespace}/{name}: {target.redis.explain(exc)}") from None
-        shown = [
-            {"id": entry_id, **{k: v for k, v in fields.items() if self.show_data or k in DLQ_SHOWN_FIELDS}}
-            for entry_id, fields in entries
-        ]
+        shown = [{"id": entry_id, **shown_fields(fields, self.show_data)} for entry_id, fields in entries]
         return {"namespace": namespace, "stage": name, "length": length, "entries": shown, "data": self.show_data}
 
     async def aclose(self) -> None:

@@ -113,7 +113,7 @@ function drawBox(svg, stage, pipeline, at) {
   if (stage.backpressure) badges.push(["throttled", "backpressure"]);
   if (stage.paused) badges.push(["paused", "paused"]);
   badges.forEach(([kind, text], i) => {
-    const badge = el("g", { class: "badge " + kind, "data-figure": kind, transform: `translate(${BOX.width - 92},${8 + i * 20})` });
+    const badge = el("g", { class: "badge " + kind, "data-figure": kind, transform: `translate(${BOX.width - 94},${12 + i * 20})` });
     badge.append(el("rect", { width: 84, height: 17, rx: 8 }));
     badge.append(el("text", { x: 42, y: 12.5, "text-anchor": "middle" }, text));
     g.append(badge);
