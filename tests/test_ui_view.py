@@ -173,6 +173,8 @@ def test_the_page_draws_the_pipeline_and_follows_it_live(
             assert {row[2] for row in listed["dlq"]} == {"RecordNotFoundError"}
             assert "document_url" not in listed["text"] and "u1" not in {c for r in listed["dlq"] for c in r}
             assert listed["problem"] == ""
+            # Only the namespace the view was started for (-n), whatever the caller may read.
+            assert _status_of(f"{ui}/api/stages/default/router/dlq", TOKEN) == 502
 
             # A paused stage says so on its box (spec.paused).
             kube_cluster.kubectl("patch", "phoenixstage", "grouper", "-n", ns, "--type=merge", "-p", PAUSE)

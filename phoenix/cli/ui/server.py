@@ -97,7 +97,7 @@ async def _poll(app: web.Application, interval: float) -> None:
         try:
             found = await app[READER].snapshot()
             app[LATEST] = {**found, "error": None, "at": at, "intervalSeconds": interval}
-        except (PluginError, ApiException, OSError) as exc:
+        except Exception as exc:  # the API server down raises urllib3's own errors: whatever it is, the loop goes on
             # The last pipelines stay on the page, with the reason they are not fresh.
             last: dict[str, Any] = app[LATEST]
             app[LATEST] = {**last, "error": _explain(exc), "at": at, "intervalSeconds": interval}

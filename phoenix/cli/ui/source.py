@@ -64,6 +64,8 @@ class StageReader:
         return {"pipelines": [p.as_json() for p in pipelines_of(bodies, rates)], "problems": problems}
 
     async def dead_letters(self, namespace: str, name: str, count: int = DLQ_PAGE) -> Json:
+        if self.namespace is not None and namespace != self.namespace:
+            raise PluginError(f"this view shows namespace {self.namespace!r} only")
         body = await asyncio.to_thread(self.stages.get, namespace, name)
         target = await self._target(body)
         try:
