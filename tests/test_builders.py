@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +30,7 @@ from phoenix.operator.builders.keda import relayed_partitions
 from phoenix.operator.record import SecretsRead
 from phoenix.operator.status.conditions import new_condition, set_condition
 from phoenix.redis_spec import RedisSpec, RedisSpecError
-from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.settings import WorkerSettings, load_settings
 from tests.fixtures.leaks import assert_shows_no_part_of
 
 OWNER = Owner(api_version="phoenix.io/v1alpha1", kind="PhoenixStage", name="parser", namespace="docs", uid="uid-1")
@@ -850,3 +851,24 @@ def test_named_outputs_reach_the_worker_as_outputs_with_each_next_stages_partiti
     assert relayed_partitions(router, spec, 1, {"imaging": 4}) == frozenset({None})
     assert relayed_partitions(router, spec, 1) == frozenset()
     assert env_of(build_deployment(OWNER, make_spec()))["OUTPUTS"] is None
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{}, {"outputs": [{"name": "next", "stage": "grouper"}]}, {"output": {"stream": "done"}, "partitions": 2}],
+    ids=["final stage", "named outputs", "partitioned, to a stream"],
+)
+def test_every_variable_the_operator_writes_is_read_by_the_worker_as_the_container_gets_it(
+    changes: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A variable written without a value reaches the container as empty text: the worker must take each one, as
+    it comes, without refusing to start (an empty OUTPUTS once stopped every worker pod)."""
+    for name in [*os.environ]:
+        monkeypatch.delenv(name)
+    for var in container(build_deployment(OWNER, make_spec(**changes), redis_user=USER))["env"]:
+        from_secret = "valueFrom" in var  # a Secret's value: a URL for REDIS_URL, any text for a password
+        value = "redis://redis:6379/0" if var["name"] == "REDIS_URL" and from_secret else var.get("value", "")
+        monkeypatch.setenv(var["name"], "secret-value" if from_secret and not value else value)
+    monkeypatch.setenv("CONSUMER_NAME", "pod-1")  # from the pod's name (fieldRef), given by the kubelet
+    settings = load_settings()
+    assert settings.service_name == OWNER.name and settings.concurrency == 1

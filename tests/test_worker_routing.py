@@ -113,18 +113,6 @@ async def _empty(redis: aioredis.Redis, stream: str) -> bool:
     return await redis.xlen(stream) == 0
 
 
-def test_outputs_from_the_environment_empty_as_the_operator_sets_it_without_named_outputs(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setenv("OUTPUTS", "")
-    assert WorkerSettings(service_name="rt", processor="x:Y").outputs == {}
-    monkeypatch.setenv("OUTPUTS", json.dumps(outputs()))
-    assert set(WorkerSettings(service_name="rt", processor="x:Y").outputs) == set(outputs())
-    monkeypatch.setenv("OUTPUTS", "{not json")
-    with pytest.raises(ValueError, match="outputs"):
-        WorkerSettings(service_name="rt", processor="x:Y")
-
-
 def test_settings_refuse_outputs_that_name_no_stage_or_clash() -> None:
     with pytest.raises(ValueError, match="OUTPUTS\\[parser\\]: 'orders' is no stage's default input"):
         WorkerSettings(service_name="rt", processor="x:Y", outputs={"parser": {"queue": "orders"}})

@@ -91,7 +91,6 @@ class WorkerSettings(BaseSettings):
     # A stage of named outputs (spec.outputs) instead of one: JSON, name -> {"queue": the next stage's default
     # input, "partitions": its count}, e.g. {"parser": {"queue": "phoenix:{ns}:parser:input"}}. A processor
     # routes each record among them (processor.Routed); the operator sets it.
-    # Decoded here, not by the settings source: the operator sets OUTPUTS="" on a stage without named outputs.
     outputs: Annotated[dict[OutputName, NamedOutput], NoDecode] = Field(default_factory=dict, max_length=32)
     consumer_group: str = ""
     consumer_name: str = ""
@@ -168,9 +167,14 @@ class WorkerSettings(BaseSettings):
     @field_validator("outputs", mode="before")
     @classmethod
     def _outputs_json(cls, value: object) -> object:
-        if isinstance(value, str):
+        # The operator sets OUTPUTS on every stage, empty where it has no named outputs: empty is none, and text
+        # that is no JSON is one readable line too.
+        if not isinstance(value, str):
+            return value
+        try:
             return json.loads(value) if value.strip() else {}
-        return value
+        except ValueError as exc:
+            raise ValueError(f"expected a JSON object of named outputs ({exc})") from None
 
     @field_validator("output_retention")
     @classmethod
