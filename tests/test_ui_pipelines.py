@@ -102,7 +102,7 @@ def test_a_cycle_is_drawn_with_bounded_columns() -> None:
 
 
 def test_a_dead_letter_shows_no_record_data_unless_asked() -> None:
-    letter = {
+    letter: dict[str, str | int] = {
         "record_id": "r-1",
         "user_id": "patient-7",
         "data": '{"document_url": "s3://x"}',
