@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,15 +47,13 @@ READ_PAGE = """(() => {
 })()"""
 
 
-@pytest.fixture
-def ui(kube_cluster: ControlPlane, kube_namespace: str, tmp_path: Path) -> Iterator[str]:
-    """`phoenix ui` over the test's namespace with the admin's kubeconfig; yields its base URL."""
-    token_file = tmp_path / "token"
-    token_file.write_text(TOKEN + "\n")
+@contextmanager
+def running_ui(plane: ControlPlane, workdir: Path, *options: str) -> Iterator[str]:
+    """`phoenix ui OPTIONS` with the admin's kubeconfig, reading every second; yields its base URL."""
     port = free_loopback_port()
-    argv = [str(VENV_BIN / "phoenix"), "ui", f"--port={port}", f"--token-file={token_file}", "-n", kube_namespace]
-    env = {**os.environ, "KUBECONFIG": str(kube_cluster.kubeconfig)}
-    process = LoggedProcess.start("phoenix-ui", [*argv, "--interval=1"], tmp_path / "ui.log", env)
+    argv = [str(VENV_BIN / "phoenix"), "ui", f"--port={port}", "--interval=1", *options]
+    env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+    process = LoggedProcess.start("phoenix-ui", argv, workdir / f"ui-{port}.log", env)
     base = f"http://127.0.0.1:{port}"
     try:
         eventually(lambda: (process.alive and _status_of(f"{base}/") == 200) or _died(process), "phoenix ui serving")
@@ -62,6 +62,15 @@ def ui(kube_cluster: ControlPlane, kube_namespace: str, tmp_path: Path) -> Itera
     finally:
         process.stop(10)
         assert TOKEN not in process.log_path.read_text()
+
+
+@pytest.fixture
+def ui(kube_cluster: ControlPlane, kube_namespace: str, tmp_path: Path) -> Iterator[str]:
+    """`phoenix ui` over the test's namespace, with a token."""
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    with running_ui(kube_cluster, tmp_path, f"--token-file={token_file}", "-n", kube_namespace) as base:
+        yield base
 
 
 def _died(process: LoggedProcess) -> bool:
@@ -181,4 +190,18 @@ def test_the_page_draws_the_pipeline_and_follows_it_live(
             _page_when(page, lambda p: p["stages"]["grouper"].get("paused") == "paused", "the grouper paused")
             shot = page.screenshot(tmp_path / "pipeline-view.png")
             print(f"screenshot: {shot}")
+
+        # On loopback without a token, with the record data asked for, every stage's Redis reached at --redis-host
+        # (here where its Secret says too, so only the option's path is new).
+        where = urllib.parse.urlsplit(url)
+        options = ("--no-auth", "--show-data", f"--redis-host={where.hostname}:{where.port}")
+        with (
+            running_ui(kube_cluster, tmp_path, *options) as open_ui,
+            urllib.request.urlopen(f"{open_ui}/api/stages/{ns}/router/dlq", timeout=10) as response,
+        ):
+            letters = json.load(response)
+        assert letters["data"] and letters["length"] == 2
+        assert {json.loads(e["data"])["document_url"] for e in letters["entries"]} == {
+            (tmp_path / "docs" / f"{missing}.pdf").resolve().as_uri() for missing in ("gone-1", "gone-2")
+        }
         assert operator.alive, operator.failure("died during the test")
