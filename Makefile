@@ -45,10 +45,10 @@ tls-redis:
 	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
 
 # The live view's test (tests/test_ui_view.py) drives headless Chromium: Debian's, installed when missing and we can
-# (root, apt-get); without it that test skips and says why.
+# (root, apt-get), with the font its screenshot is drawn in; without it that test skips and says why.
 browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
-	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
+	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; } \
 	  || echo "chromium not installed (needs root and apt-get): the browser test will skip"
 
 # Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube), helm
