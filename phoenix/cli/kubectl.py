@@ -55,20 +55,29 @@ class PluginError(PhoenixError):
 class Stages:
     """The PhoenixStage calls, with the caller's kubeconfig (or in-cluster identity)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, request_timeout: float | None = None) -> None:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
+        # list and get: seconds a reply may take (None: as long as it takes), for a server that polls them.
+        self.request_timeout = request_timeout
 
     def list(self, namespace: str | None) -> list[Json]:
         if namespace is None:
-            found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            found = self.custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, _request_timeout=self.request_timeout
+            )
         else:
-            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            found = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _request_timeout=self.request_timeout
+            )
         return sorted(_json(found)["items"], key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"]))
 
     def get(self, namespace: str, name: str) -> Json:
         try:
-            return _json(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.request_timeout
+            )
+            return _json(found)
         except ApiException as exc:
             if exc.status == 404:
                 raise PluginError(f"PhoenixStage {namespace}/{name} not found") from None

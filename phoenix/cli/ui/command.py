@@ -18,6 +18,7 @@ from phoenix.cli.ui.source import StageReader
 from phoenix.errors import ConfigError
 
 DEFAULT_INTERVAL_SECONDS = 2.0
+API_TIMEOUT_SECONDS = 10.0
 
 
 class UiConfigError(ConfigError):
@@ -86,7 +87,9 @@ async def run(args: argparse.Namespace) -> int:
         api, _ = api_client(args)
     except config.ConfigException as exc:
         raise UiConfigError(f"no Kubernetes configuration: {exc}") from None
-    reader = StageReader(Stages(api), args.namespace, args.redis_host, args.show_data)
+    # A hung API server shows on the page as a failed read instead of freezing it.
+    stages = Stages(api, request_timeout=max(API_TIMEOUT_SECONDS, args.interval))
+    reader = StageReader(stages, args.namespace, args.redis_host, args.show_data)
     runner = web.AppRunner(make_app(reader, ServerOptions(token, args.interval)))
     await runner.setup()
     try:
