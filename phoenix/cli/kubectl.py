@@ -55,20 +55,29 @@ class PluginError(PhoenixError):
 class Stages:
     """The PhoenixStage calls, with the caller's kubeconfig (or in-cluster identity)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, request_timeout: float | None = None) -> None:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
+        # list and get: seconds a reply may take (None: as long as it takes), for a server that polls them.
+        self.request_timeout = request_timeout
 
     def list(self, namespace: str | None) -> list[Json]:
         if namespace is None:
-            found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            found = self.custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, _request_timeout=self.request_timeout
+            )
         else:
-            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            found = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _request_timeout=self.request_timeout
+            )
         return sorted(_json(found)["items"], key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"]))
 
     def get(self, namespace: str, name: str) -> Json:
         try:
-            return _json(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.request_timeout
+            )
+            return _json(found)
         except ApiException as exc:
             if exc.status == 404:
                 raise PluginError(f"PhoenixStage {namespace}/{name} not found") from None
@@ -282,9 +291,9 @@ def _namespace(args: argparse.Namespace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kubectl phoenix", description=__doc__.splitlines()[0])
-    _add_kube_options(p, None)
+    add_kube_options(p, None)
     # Also accepted after the command, as kubectl users type them (`kubectl phoenix pause router -n team`).
-    common = _add_kube_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
+    common = add_kube_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, text: str) -> argparse.ArgumentParser:
@@ -334,14 +343,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_kube_options(parser: argparse.ArgumentParser, default: Any) -> argparse.ArgumentParser:
+def add_kube_options(parser: argparse.ArgumentParser, default: Any) -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", default=default, help="default: $KUBECONFIG or ~/.kube/config")
     parser.add_argument("--context", default=default, help="kubeconfig context")
     parser.add_argument("-n", "--namespace", default=default, help="namespace (status: default all namespaces)")
     return parser
 
 
-def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
+def api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
     """The caller's client and their context's namespace (in a pod: its ServiceAccount and namespace)."""
     try:
         api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
@@ -358,7 +367,7 @@ def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        api, args.default_namespace = _api_client(args)
+        api, args.default_namespace = api_client(args)
     except config.ConfigException as exc:
         return fail(f"kubectl phoenix: no Kubernetes configuration: {exc}")
     try:
