@@ -177,10 +177,13 @@ def failure_history(message: Message, first_failed_at: float, error: str) -> Raw
 
 def held_fields(message: Message) -> list[str]:
     """The entry as it goes back into the input stream after a rate limit held it: unchanged (no failure history),
-    but for its entry time, which a first stage learns from the entry's id and must keep."""
+    but for its entry time, which a first stage learns from the entry's id and must keep, and the id it first came
+    in as (original_id, as a retry keeps it): the input's second entry of the record is then told from a forward."""
     fields = [item.decode() for pair in message.raw.items() for item in pair]
     if ENTERED_AT.encode() not in message.raw:
         fields += (ENTERED_AT, str(message.entered_at_ms))
+    if b"original_id" not in message.raw:
+        fields += ("original_id", message.entry_id)
     return fields
 
 
