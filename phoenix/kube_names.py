@@ -27,6 +27,9 @@ WORKER_APP_NAME = "phoenix-worker"
 OPERATOR_APP_NAME = "phoenix-operator"
 MANAGED_BY = "phoenix-operator"
 
+# On a PhoenixStage made by a PhoenixPipeline: the pipeline's name (its ownerReference says which one, by uid).
+PIPELINE_LABEL = f"{PREFIX}/pipeline"
+
 # On a PhoenixStage: one-off actions asked for by people (stage/requests.py).
 RESTART_ANNOTATION = f"{PREFIX}/restart"
 REPLAY_ANNOTATION = f"{PREFIX}/replay-dlq"
