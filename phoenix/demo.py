@@ -16,9 +16,9 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -37,12 +37,11 @@ from phoenix.redis_spec import RedisSpec, RedisSpecError, connect
 from phoenix.stages.data_keys import grouped_key, parsed_key
 from phoenix.stages.models import BiomarkerGroup, Findings, GroupList
 from phoenix.stages.samples import ensure_samples
-from phoenix.tools.queue_stats import QueueStats, collect
+from phoenix.tools.queue_stats import QueueStats, RateMeter, acknowledged, collect
 from phoenix.worker_runtime.settings import WorkerSettings
 
 SHOWCASE_SAMPLE = "02-diabetes-follow-up.pdf"  # the report whose biomarkers come in several names and units
 REFRESH_SECONDS = 0.25
-RATE_WINDOW_SECONDS = 2.0
 STOP_WAIT_SECONDS = 30.0
 
 
@@ -170,37 +169,6 @@ class StageRow:
 
     def counts(self) -> tuple[int | None, ...]:
         return self.backlog, self.in_flight, self.done, self.dlq, self.workers
-
-
-def acknowledged(stats: QueueStats) -> int | None:
-    """Entries of the input stream the group has read and acknowledged: ENTRIES-READ - PENDING.
-
-    The group's read counter, unlike the stream's length, is not cut when workers trim finished entries. Redis
-    leaves it unset until the group's first read; nothing can have been trimmed before that, so LENGTH - LAG -
-    PENDING is exact then. An entry sent back for a retry counts once per attempt. None when Redis cannot tell.
-    """
-    if stats.read is not None:
-        return stats.read - stats.pending
-    if stats.lag is None:
-        return None
-    return stats.length - stats.lag - stats.pending
-
-
-@dataclass
-class RateMeter:
-    """Acknowledgements per second of each stage, from the `done` counts of recent snapshots."""
-
-    history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
-
-    def rate(self, name: str, now: float, done: int | None) -> float:
-        samples = self.history.setdefault(name, deque())
-        if done is None:
-            return 0.0
-        samples.append((now, done))
-        while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW_SECONDS:
-            samples.popleft()
-        (t0, d0) = samples[0]
-        return (done - d0) / (now - t0) if now > t0 else 0.0
 
 
 TABLE_HEADER = ("STAGE", "BACKLOG", "IN-FLIGHT", "DONE", "DLQ", "WORKERS", "RATE")

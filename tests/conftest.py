@@ -30,7 +30,7 @@ FIXTURE_MARKERS = {
 }
 # Anything outside the Python process: a test with none of these is `pure`.
 RESOURCE_MARKERS = frozenset(
-    {"valkey", "ocr", "subprocess", "kube", "helm", "promtool", "sentinel", "cluster", "tls", "e2e"}
+    {"valkey", "ocr", "subprocess", "kube", "helm", "promtool", "sentinel", "cluster", "tls", "e2e", "browser"}
 )
 
 

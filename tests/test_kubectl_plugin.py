@@ -210,5 +210,5 @@ def test_trace_finds_a_pipeline_s_stages_by_label_and_output_edges(
     assert names([]) == ["router", "parser", "grouper"]  # from the one no other stage feeds, by output edges
     assert names(["parser"]) == ["parser", "grouper"]
     assert names(["grouper", "router"]) == ["grouper", "router"]  # several: as given
-    with pytest.raises(PluginError, match=r"no PhoenixStage in \S+ is labelled phoenix\.io/pipeline=other"):
+    with pytest.raises(PluginError, match=r"no pipeline 'other' in \S+ \(stages labelled phoenix\.io/pipeline=other"):
         names([], "other")

@@ -14,8 +14,8 @@ from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-# The platform the lock is compiled for (Makefile LOCK_ARGS): the image's Linux and Python 3.11.
-LOCK_ENVIRONMENT = {"sys_platform": "linux", "platform_system": "Linux", "python_version": "3.11"}
+# The platform the lock is compiled for (Makefile LOCK_ARGS): the image's Linux and Python 3.13.
+LOCK_ENVIRONMENT = {"sys_platform": "linux", "platform_system": "Linux", "python_version": "3.13"}
 _PIN = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)==(\S+)")
 
 

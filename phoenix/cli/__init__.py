@@ -21,6 +21,8 @@ from phoenix.arguments import positive_whole, whole
 from phoenix.cli import migrate, records, status
 from phoenix.cli.stage import StageUsageError, add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
+from phoenix.cli.ui import command as ui
+from phoenix.errors import ConfigError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
 from phoenix.operator.options import OperatorOptions
 from phoenix.operator.options import add_arguments as add_operator_arguments
@@ -146,27 +148,10 @@ async def _dlq_lanes(client: Redis, args: argparse.Namespace) -> list[StageKeys]
     return list(keys.lanes)
 
 
-def _oldest_first(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def _lane_fields(lanes: list[StageKeys], p: int) -> dict[str, int]:
-    """The partition an entry came from, for a stage of several."""
-    return {"partition": p} if len(lanes) > 1 else {}
-
-
 async def _dlq_list(args: argparse.Namespace) -> int:
     async with _client(args) as client:
-        lanes = await _dlq_lanes(client, args)
-        found = [
-            (entry_id, {**fields, **_lane_fields(lanes, p)})
-            for p, lane in enumerate(lanes)
-            for entry_id, fields in await text_range(client, lane.dlq, count=args.count)
-        ]
-    # The oldest `count` over every lane.
-    for entry_id, fields in sorted(found, key=lambda entry: _oldest_first(entry[0]))[: args.count]:
-        print(json.dumps({"id": entry_id, **fields}))
+        for entry_id, fields in await dlq.oldest(client, await _dlq_lanes(client, args), args.count):
+            print(json.dumps({"id": entry_id, **fields}))
     return 0
 
 
@@ -226,9 +211,9 @@ async def _dlq_export(args: argparse.Namespace) -> int:
         lanes = await _dlq_lanes(client, args)
         for p, lane in enumerate(lanes):
             async for entry_id, fields in dlq.entries(client, lane.dlq):
-                print(json.dumps({"id": entry_id, **fields, **_lane_fields(lanes, p)}))
+                print(json.dumps({"id": entry_id, **fields, **dlq.lane_fields(lanes, p)}))
                 count += 1
-                if last is None or _oldest_first(entry_id) > _oldest_first(last):
+                if last is None or dlq.entry_time(entry_id) > dlq.entry_time(last):
                     last = entry_id
     # On stderr, so stdout stays pure JSON lines when redirected to a file.
     print(
@@ -368,6 +353,7 @@ def _parser() -> argparse.ArgumentParser:
     status.add_command(sub)
     records.add_commands(sub)
     migrate.add_command(sub)
+    ui.add_command(sub)
     return p
 
 
@@ -410,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except StageUsageError as exc:
         return fail(f"phoenix {args.command}: {exc}")
+    except ConfigError as exc:  # phoenix ui's options
+        print(f"phoenix {args.command}: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except RedisError as exc:

@@ -26,6 +26,7 @@ from phoenix.arguments import positive_whole, seconds, whole
 from phoenix.cli import report
 from phoenix.cli.records import inspect_with_repairs, render_inspection, render_trace
 from phoenix.cli.stage import StageSettings, confirm, fail, redis_client, settings_from
+from phoenix.cli.ui.pipelines import group_stages, next_stages
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
 from phoenix.errors import PhoenixError
@@ -38,7 +39,7 @@ from phoenix.operator.stage.requests import ReplayRequestError, parse_replay_cou
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.tools import audit
 from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport
-from phoenix.tools.trace import Trace, next_stages, trace_record
+from phoenix.tools.trace import Trace, trace_record
 
 Json = dict[str, Any]
 _WAIT_POLL_SECONDS = 0.5
@@ -56,20 +57,29 @@ class PluginError(PhoenixError):
 class Stages:
     """The PhoenixStage calls, with the caller's kubeconfig (or in-cluster identity)."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, request_timeout: float | None = None) -> None:
         self.api = api
         self.custom = client.CustomObjectsApi(api)
+        # list and get: seconds a reply may take (None: as long as it takes), for a server that polls them.
+        self.request_timeout = request_timeout
 
     def list(self, namespace: str | None) -> list[Json]:
         if namespace is None:
-            found = self.custom.list_cluster_custom_object(GROUP, VERSION, PLURAL)
+            found = self.custom.list_cluster_custom_object(
+                GROUP, VERSION, PLURAL, _request_timeout=self.request_timeout
+            )
         else:
-            found = self.custom.list_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL)
+            found = self.custom.list_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, _request_timeout=self.request_timeout
+            )
         return sorted(_json(found)["items"], key=lambda s: (s["metadata"]["namespace"], s["metadata"]["name"]))
 
     def get(self, namespace: str, name: str) -> Json:
         try:
-            return _json(self.custom.get_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, name))
+            found = self.custom.get_namespaced_custom_object(
+                GROUP, VERSION, namespace, PLURAL, name, _request_timeout=self.request_timeout
+            )
+            return _json(found)
         except ApiException as exc:
             if exc.status == 404:
                 raise PluginError(f"PhoenixStage {namespace}/{name} not found") from None
@@ -240,32 +250,34 @@ def cmd_trace(stages: Stages, args: argparse.Namespace) -> int:
 
 
 def pipeline_stages(stages: Stages, ns: str, pipeline: str, named: Sequence[str]) -> list[Json]:
-    """The pipeline's PhoenixStages in order: those named, when more than one; else the stages reachable by output
-    edges from the one named, or from the stages of the pipeline (label phoenix.io/pipeline) no other one feeds."""
+    """The pipeline's PhoenixStages in order: those named, when more than one; else the one named, or the first
+    stages (those no other one feeds) of the pipeline `pipeline` as `phoenix ui` groups them (by its label, else
+    the connected stages named after their first), then the stages their output edges lead to, breadth first."""
     if len(named) > 1:
         return [stages.get(ns, name) for name in named]
-    labelled = {s["metadata"]["name"]: s for s in stages.list(ns) if _labels(s).get(PIPELINE_LABEL) == pipeline}
+    bodies = {body["metadata"]["name"]: body for body in stages.list(ns)}
     if named:
         start = list(named)
     else:
-        fed = {n for body in labelled.values() for n in next_stages(spec_settings(PhoenixStage.from_body(body), ns))}
-        start = [name for name in labelled if name not in fed]
-        if not start:
-            raise PluginError(f"no PhoenixStage in {ns} is labelled {PIPELINE_LABEL}={pipeline}: name one with --stage")
+        groups = group_stages(list(bodies.values()))
+        members = next((found for _, name, _, found in groups if name == pipeline), None)
+        if members is None:
+            raise PluginError(
+                f"no pipeline {pipeline!r} in {ns} (stages labelled {PIPELINE_LABEL}={pipeline}, or connected stages "
+                f"whose first is {pipeline}): name its first stage with --stage"
+            )
+        fed = {target for body in members for _, target in next_stages(body)}
+        start = [body["metadata"]["name"] for body in members if body["metadata"]["name"] not in fed]
     order: list[Json] = []
     queue, seen = list(start), set(start)
-    while queue:  # breadth first: a stage after every stage that is fewer hops from the start
-        body = labelled.get(name := queue.pop(0)) or stages.get(ns, name)
+    while queue:  # breadth first: a stage after every stage fewer hops from the start
+        body = bodies.get(name := queue.pop(0)) or stages.get(ns, name)  # get: a clear "not found"
         order.append(body)
-        for following in next_stages(spec_settings(PhoenixStage.from_body(body), ns)):
+        for _, following in next_stages(body):
             if following not in seen:
                 seen.add(following)
                 queue.append(following)
     return order
-
-
-def _labels(body: Json) -> dict[str, str]:
-    return body["metadata"].get("labels") or {}
 
 
 def cmd_report(stages: Stages, args: argparse.Namespace) -> int:
@@ -332,9 +344,9 @@ def _namespace(args: argparse.Namespace) -> str:
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kubectl phoenix", description=__doc__.splitlines()[0])
-    _add_kube_options(p, None)
+    add_kube_options(p, None)
     # Also accepted after the command, as kubectl users type them (`kubectl phoenix pause router -n team`).
-    common = _add_kube_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
+    common = add_kube_options(argparse.ArgumentParser(add_help=False), argparse.SUPPRESS)
     sub = p.add_subparsers(dest="command", required=True)
 
     def add(name: str, text: str) -> argparse.ArgumentParser:
@@ -394,14 +406,14 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _add_kube_options(parser: argparse.ArgumentParser, default: Any) -> argparse.ArgumentParser:
+def add_kube_options(parser: argparse.ArgumentParser, default: Any) -> argparse.ArgumentParser:
     parser.add_argument("--kubeconfig", default=default, help="default: $KUBECONFIG or ~/.kube/config")
     parser.add_argument("--context", default=default, help="kubeconfig context")
     parser.add_argument("-n", "--namespace", default=default, help="namespace (status: default all namespaces)")
     return parser
 
 
-def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
+def api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
     """The caller's client and their context's namespace (in a pod: its ServiceAccount and namespace)."""
     try:
         api = config.new_client_from_config(config_file=args.kubeconfig, context=args.context)
@@ -418,7 +430,7 @@ def _api_client(args: argparse.Namespace) -> tuple[client.ApiClient, str]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        api, args.default_namespace = _api_client(args)
+        api, args.default_namespace = api_client(args)
     except config.ConfigException as exc:
         return fail(f"kubectl phoenix: no Kubernetes configuration: {exc}")
     try:

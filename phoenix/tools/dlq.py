@@ -3,7 +3,7 @@ replay annotation)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -18,6 +18,27 @@ from phoenix.redis_spec import is_cluster
 _BATCH = 1000
 # A replay request's ledger: long enough to outlive any operator outage; short enough not to accumulate.
 REPLAY_LEDGER_TTL_SECONDS = 7 * 86400
+
+
+async def oldest(client: Redis, lanes: Sequence[StageKeys], count: int) -> list[tuple[str, dict[str, str | int]]]:
+    """The oldest `count` dead letters over every lane of a stage, oldest first (`phoenix dlq list`, `phoenix ui`)."""
+    found = [
+        (entry_id, {**fields, **lane_fields(lanes, p)})
+        for p, lane in enumerate(lanes)
+        for entry_id, fields in await text_range(client, lane.dlq, count=count)
+    ]
+    return sorted(found, key=lambda entry: entry_time(entry[0]))[:count]
+
+
+def lane_fields(lanes: Sequence[StageKeys], p: int) -> dict[str, str | int]:
+    """The partition an entry came from, for a stage of several."""
+    return {"partition": p} if len(lanes) > 1 else {}
+
+
+def entry_time(entry_id: str) -> tuple[int, int]:
+    """An entry id as its (milliseconds, sequence), for ordering entries of several streams."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 async def replay(client: Redis, dlq: str, input_stream: str, limit: int | None, *, ledger: str | None = None) -> int:

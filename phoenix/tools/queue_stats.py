@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from redis.asyncio import Redis
@@ -60,6 +61,41 @@ class QueueStats:
             "dlqTrimmed": self.dlq_trimmed,
             "throttled": self.throttled,
         }
+
+
+# The window a stage's rate is measured over (the demo's table, `phoenix ui`).
+RATE_WINDOW_SECONDS = 2.0
+
+
+def acknowledged(stats: QueueStats) -> int | None:
+    """Entries of the input stream the group has read and acknowledged: ENTRIES-READ - PENDING.
+
+    The group's read counter, unlike the stream's length, is not cut when workers trim finished entries. Redis
+    leaves it unset until the group's first read; nothing can have been trimmed before that, so LENGTH - LAG -
+    PENDING is exact then. An entry sent back for a retry counts once per attempt. None when Redis cannot tell.
+    """
+    if stats.read is not None:
+        return stats.read - stats.pending
+    if stats.lag is None:
+        return None
+    return stats.length - stats.lag - stats.pending
+
+
+@dataclass
+class RateMeter:
+    """Acknowledgements per second of each stage, from the `done` counts of recent snapshots."""
+
+    history: dict[str, deque[tuple[float, int]]] = field(default_factory=dict)
+
+    def rate(self, name: str, now: float, done: int | None) -> float:
+        samples = self.history.setdefault(name, deque())
+        if done is None:
+            return 0.0
+        samples.append((now, done))
+        while len(samples) > 2 and now - samples[1][0] >= RATE_WINDOW_SECONDS:
+            samples.popleft()
+        (t0, d0) = samples[0]
+        return (done - d0) / (now - t0) if now > t0 else 0.0
 
 
 _COMMANDS_PER_STAGE = 7  # one more for a stage with an output

@@ -15,7 +15,6 @@ from typing import Any, Literal
 
 from redis.asyncio import Redis
 
-from phoenix.keys import stage_of_input
 from phoenix.tools.inspection import (
     DEFAULT_SCAN_LIMIT,
     RecordReport,
@@ -65,13 +64,6 @@ class Trace:
             "position": at.stage if at is not None else None,
             "now": self.now,
         }
-
-
-def next_stages(settings: WorkerSettings) -> list[str]:
-    """The stages a stage's output edges lead to (OUTPUT_QUEUE, OUTPUTS), in the stage's namespace."""
-    queues = [settings.output_queue, *(o.queue for o in settings.outputs.values())]
-    found = [stage_of_input(queue) for queue in queues if queue]
-    return [name for namespace, name in (f for f in found if f) if namespace == settings.key_namespace]
 
 
 async def trace_record(
