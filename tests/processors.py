@@ -39,7 +39,9 @@ class InvalidInputError(PermanentError):
 
 
 class ScriptedProcessor(BaseProcessor):
-    """data["action"]: missing | invalid | fail | sleep:<s> | crash-before | crash-after | none; default: forward.
+    """data["action"]: missing | missing-at:<stage> | invalid | fail | fail-once | sleep:<s> | crash-before |
+    crash-after | none; default: forward. fail-once fails a record's first attempt at each stage
+    (`failed:{stage}:{record}`); missing-at is missing at that stage only.
 
     crash-* kill the whole worker with SIGKILL the first time a record is seen (`crashed:{stage}:{record}`),
     before or after the side effect. The Redis key `dependency-down:{stage}` makes every call fail.
@@ -53,12 +55,14 @@ class ScriptedProcessor(BaseProcessor):
             raise ConnectionError("dependency is down")
         if action == "crash-before" and await self.redis.set(f"crashed:{stage}:{record_id}", 1, nx=True):
             os.kill(os.getpid(), signal.SIGKILL)
-        if action == "missing":
+        if action in ("missing", f"missing-at:{stage}"):
             raise RecordNotFoundError(f"record {record_id} does not exist")
         if action == "invalid":
             raise InvalidInputError(f"record {record_id} has no usable input")
         if action == "fail":
             raise RuntimeError("transient failure")
+        if action == "fail-once" and await self.redis.set(f"failed:{stage}:{record_id}", 1, nx=True):
+            raise RuntimeError(f"transient failure of {record_id}")
         if action.startswith("sleep:"):
             await asyncio.sleep(float(action.partition(":")[2]))
         # One transaction, so a kill cannot separate the side effect from the record of who caused it.

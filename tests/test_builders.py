@@ -13,6 +13,7 @@ from pydantic import ValidationError
 
 from phoenix.crds import RESERVED_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
 from phoenix.keys import input_stream
+from phoenix.kube_names import PIPELINE_LABEL
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -124,6 +125,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "KEY_NAMESPACE": "docs",
         "STAGE_UID": "uid-1",  # by which its workers prove to the keys' ownership marker that they are its own
         "STAGE_CLUSTER": None,
+        "PIPELINE": None,  # a stage of no pipeline: phoenix_pipeline_latency_seconds{pipeline=""}
         "PARTITIONS": "1",
         "INPUT_QUEUE": "phoenix:{docs}:parser:input",
         "OUTPUT_QUEUE": "phoenix:{docs}:grouper:input",
@@ -167,6 +169,16 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "REDIS_SENTINEL_PASSWORD": None,
         "CONSUMER_NAME": {"fieldRef": {"fieldPath": "metadata.name"}},  # the pod's own name: one consumer per pod
     }
+
+
+def test_a_stage_labelled_with_its_pipeline_tells_its_workers_the_pipeline() -> None:
+    meta: dict[str, Any] = {"name": "parser", "namespace": "docs", "uid": "uid-1"}
+    body = {"apiVersion": OWNER.api_version, "kind": OWNER.kind, "metadata": meta}
+    assert Owner.from_body(body) == OWNER
+    meta["labels"] = {PIPELINE_LABEL: "papers"}
+    owner = Owner.from_body(body)
+    assert owner == replace(OWNER, pipeline="papers")
+    assert env_of(build_deployment(owner, make_spec()))["PIPELINE"] == "papers"
 
 
 @pytest.mark.parametrize(

@@ -222,8 +222,9 @@ def test_every_worker_metric_is_documented_with_its_type() -> None:
             labels = [label for label in metric._labelnames if label != "stage"]
             name = metric._name + ("_total" if metric._type == "counter" else "")
             defined[name + (f"{{{','.join(labels)}}}" if labels else "")] = metric._type
-        elif isinstance(metric, metrics.StageHistogram):  # the hot path's own lock-free histogram, by stage only
-            defined[metric._name] = "histogram"
+        elif isinstance(metric, metrics.StageHistogram):  # the hot path's own lock-free histogram
+            labels = [label for label in metric.labelnames if label != "stage"]
+            defined[metric._name + (f"{{{','.join(labels)}}}" if labels else "")] = "histogram"
     assert documented == defined
 
 

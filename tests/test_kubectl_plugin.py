@@ -13,8 +13,9 @@ import pytest
 import redis as sync_redis
 from kubernetes import client
 
+from phoenix.cli.kubectl import PluginError, Stages, pipeline_stages
 from phoenix.keys import StageKeys
-from phoenix.kube_names import REPLAY_ANNOTATION
+from phoenix.kube_names import PIPELINE_LABEL, REPLAY_ANNOTATION
 from tests.fixtures.cluster_objects import service_account_kubeconfig, service_account_with_role
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
@@ -124,6 +125,12 @@ def test_plugin_against_the_operator(
     report = json.loads(ok(kubectl_phoenix(kube_cluster, "inspect", "router", "gone-1", "-n", ns, "--json")))
     assert report["input_stream"] == router_keys.input and report["claim_idle_seconds"] == 300
     assert report["diagnosis"].startswith("dead-lettered at ") and "RecordNotFoundError" in report["diagnosis"]
+    # trace: the pipeline found by the router's output edges (router -> parser -> grouper), the record from Redis.
+    lines = ok(kubectl_phoenix(kube_cluster, "trace", "gone-1", "--stage", "router", "-n", ns)).splitlines()
+    assert [line.split()[0] for line in lines[1:4]] == ["router", "parser", "grouper"]
+    assert lines[1].split(maxsplit=1)[1].startswith("dead-lettered at ") and "RecordNotFoundError" in lines[1]
+    assert lines[2:4] == ["  parser   not seen", "  grouper  not seen"]
+    assert lines[4].startswith("now: router: dead-lettered at ")
 
     rules = [
         client.V1PolicyRule(api_groups=["phoenix.io"], resources=["phoenixstages"], verbs=["get", "list", "patch"])
@@ -183,3 +190,25 @@ def test_plugin_against_the_operator(
 def _plugin_row(plane: ControlPlane, ns: str, stage: str) -> dict[str, Any]:
     rows = json.loads(ok(kubectl_phoenix(plane, "status", "-n", ns, "--json")))
     return next(r for r in rows if r["stage"] == stage)
+
+
+def test_trace_finds_a_pipeline_s_stages_by_label_and_output_edges(
+    kube_cluster: ControlPlane, kube_api: client.ApiClient, kube_namespace: str, redis_url: str, tmp_path: Path
+) -> None:
+    """Stored PhoenixStages only (no operator): the samples labelled as one pipeline, listed out of order."""
+    ns = kube_namespace
+    documents = sample_documents(redis_url, ns)
+    for doc in documents:
+        if doc["kind"] == "PhoenixStage":
+            doc["metadata"]["labels"] = {PIPELINE_LABEL: "docs"}
+    kubectl_apply(kube_cluster, list(reversed(documents)))
+    stages = Stages(kube_api)
+
+    def names(named: list[str], pipeline: str = "docs") -> list[str]:
+        return [body["metadata"]["name"] for body in pipeline_stages(stages, ns, pipeline, named)]
+
+    assert names([]) == ["router", "parser", "grouper"]  # from the one no other stage feeds, by output edges
+    assert names(["parser"]) == ["parser", "grouper"]
+    assert names(["grouper", "router"]) == ["grouper", "router"]  # several: as given
+    with pytest.raises(PluginError, match=r"no pipeline 'other' in \S+ \(stages labelled phoenix\.io/pipeline=other"):
+        names([], "other")

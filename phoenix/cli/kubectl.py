@@ -24,13 +24,14 @@ from kubernetes.client.exceptions import ApiException
 
 from phoenix.arguments import positive_whole, seconds, whole
 from phoenix.cli import report
-from phoenix.cli.records import inspect_with_repairs, render_inspection
+from phoenix.cli.records import inspect_with_repairs, render_inspection, render_trace
 from phoenix.cli.stage import StageSettings, confirm, fail, redis_client, settings_from
+from phoenix.cli.ui.pipelines import group_stages, next_stages
 from phoenix.console import format_columns
 from phoenix.crds import GROUP, PLURAL, VERSION, PhoenixStage, SecretKeyRef
 from phoenix.errors import PhoenixError
 from phoenix.keys import StageKeys
-from phoenix.kube_names import REPLAY_ANNOTATION, RESTART_ANNOTATION
+from phoenix.kube_names import PIPELINE_LABEL, REPLAY_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.builders import resolve_streams, worker_env
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube.api import MERGE_PATCH, KubeApi
@@ -38,6 +39,7 @@ from phoenix.operator.stage.requests import ReplayRequestError, parse_replay_cou
 from phoenix.redis_spec import RedisSpec, RedisSpecError
 from phoenix.tools import audit
 from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport
+from phoenix.tools.trace import Trace, trace_record
 
 Json = dict[str, Any]
 _WAIT_POLL_SECONDS = 0.5
@@ -214,14 +216,7 @@ def stage_target(api: client.ApiClient, body: Json, redis_host: str | None) -> t
     timings its workers get. `redis_host`: another host:port (a `kubectl port-forward`), keeping credentials and
     database."""
     stage = PhoenixStage.from_body(body)
-    name, ns, spec = stage.metadata.name, body["metadata"]["namespace"], stage.spec
-    streams = resolve_streams(name, ns, spec)
-    if stage.status and (known := stage.status.streams):  # the names the operator resolved, if it has
-        streams = StageKeys.for_stage(
-            name, ns, input=known.input, group=known.consumer_group, dlq=known.dlq, output=known.output
-        )
-    # The names and timings the operator gives the stage's pods, minus anything that comes from a Secret.
-    plain = {var["name"]: var["value"] for var in worker_env(name, spec, streams) if "value" in var}
+    ns, spec = body["metadata"]["namespace"], stage.spec
     url = asyncio.run(_redis_url(api, ns, spec.redis.url_secret_ref))
     try:
         redis = RedisSpec.from_url(url)
@@ -229,7 +224,60 @@ def stage_target(api: client.ApiClient, body: Json, redis_host: str | None) -> t
             redis = redis.model_copy(update={"hosts": RedisSpec.from_url(f"redis://{redis_host}").hosts})
     except RedisSpecError as exc:
         raise PluginError(f"the stage's Redis URL (Secret {spec.redis.url_secret_ref.name!r}): {exc}") from None
-    return redis, settings_from(plain)
+    return redis, spec_settings(stage, ns)
+
+
+def spec_settings(stage: PhoenixStage, ns: str) -> StageSettings:
+    """The names and timings the operator gives the stage's pods, minus anything that comes from a Secret."""
+    name, spec = stage.metadata.name, stage.spec
+    streams = resolve_streams(name, ns, spec)
+    if stage.status and (known := stage.status.streams):  # the names the operator resolved, if it has
+        streams = StageKeys.for_stage(
+            name, ns, input=known.input, group=known.consumer_group, dlq=known.dlq, output=known.output
+        )
+    plain = {var["name"]: var["value"] for var in worker_env(name, spec, streams) if "value" in var}
+    return settings_from(plain)
+
+
+def cmd_trace(stages: Stages, args: argparse.Namespace) -> int:
+    ns = _namespace(args)
+    bodies = pipeline_stages(stages, ns, args.pipeline, args.stage or [])
+    # One Redis for the pipeline: its stages hand records to each other through its streams.
+    redis, _ = stage_target(stages.api, bodies[0], args.redis_host)
+    settings = [spec_settings(PhoenixStage.from_body(body), ns) for body in bodies]
+    print(render_trace(asyncio.run(_trace(redis, args.pipeline, settings, args.record_id, args.scan)), args.json))
+    return 0
+
+
+def pipeline_stages(stages: Stages, ns: str, pipeline: str, named: Sequence[str]) -> list[Json]:
+    """The pipeline's PhoenixStages in order: those named, when more than one; else the one named, or the first
+    stages (those no other one feeds) of the pipeline `pipeline` as `phoenix ui` groups them (by its label, else
+    the connected stages named after their first), then the stages their output edges lead to, breadth first."""
+    if len(named) > 1:
+        return [stages.get(ns, name) for name in named]
+    bodies = {body["metadata"]["name"]: body for body in stages.list(ns)}
+    if named:
+        start = list(named)
+    else:
+        groups = group_stages(list(bodies.values()))
+        members = next((found for _, name, _, found in groups if name == pipeline), None)
+        if members is None:
+            raise PluginError(
+                f"no pipeline {pipeline!r} in {ns} (stages labelled {PIPELINE_LABEL}={pipeline}, or connected stages "
+                f"whose first is {pipeline}): name its first stage with --stage"
+            )
+        fed = {target for body in members for _, target in next_stages(body)}
+        start = [body["metadata"]["name"] for body in members if body["metadata"]["name"] not in fed]
+    order: list[Json] = []
+    queue, seen = list(start), set(start)
+    while queue:  # breadth first: a stage after every stage fewer hops from the start
+        body = bodies.get(name := queue.pop(0)) or stages.get(ns, name)  # get: a clear "not found"
+        order.append(body)
+        for _, following in next_stages(body):
+            if following not in seen:
+                seen.add(following)
+                queue.append(following)
+    return order
 
 
 def cmd_report(stages: Stages, args: argparse.Namespace) -> int:
@@ -282,6 +330,11 @@ async def _inspect(
         return await inspect_with_repairs(redis, settings, record_id, scan)
 
 
+async def _trace(spec: RedisSpec, pipeline: str, stages: list[StageSettings], record_id: str, scan: int) -> Trace:
+    async with redis_client(spec) as redis:
+        return await trace_record(redis, pipeline, stages, record_id, scan)
+
+
 def _namespace(args: argparse.Namespace) -> str:
     return args.namespace or args.default_namespace
 
@@ -324,6 +377,16 @@ def _parser() -> argparse.ArgumentParser:
     i.add_argument("--json", action="store_true")
     i.add_argument("--scan", type=positive_whole, default=DEFAULT_SCAN_LIMIT)
     i.set_defaults(handler=cmd_inspect)
+    t = add("trace", "phoenix trace: where a record is in each stage of a pipeline, with your own permissions")
+    t.add_argument("record_id")
+    t.add_argument("--pipeline", default="", help="the pipeline (its stages' phoenix.io/pipeline label)")
+    t.add_argument(
+        "--stage", action="append", help="the stages in order; one: the first, the others found by its output edges"
+    )
+    t.add_argument("--redis-host", metavar="HOST:PORT", help="reach Redis here instead (a kubectl port-forward)")
+    t.add_argument("--json", action="store_true")
+    t.add_argument("--scan", type=positive_whole, default=DEFAULT_SCAN_LIMIT)
+    t.set_defaults(handler=cmd_trace)
     r = add("report", "one tar.gz for support: stages, Events, logs, queue state, DLQ counts, Redis settings")
     r.add_argument("-o", "--output", type=Path, help="the archive (default ./phoenix-report-<UTC time>.tar.gz)")
     r.add_argument("--tail", type=whole, default=report.DEFAULT_TAIL_LINES, help="last N log lines per container")

@@ -1,6 +1,6 @@
-"""One record at a time: `phoenix inspect`, the runbook's fixes `unlock`, `reclaim` and `reprocess` (each with
-`--dry-run`, and a question unless `--yes` where it acts on what may still be alive), and `phoenix audit`, the
-stage's record of every such repair."""
+"""One record at a time: `phoenix inspect`, `phoenix trace` (the record in each stage of a pipeline), the
+runbook's fixes `unlock`, `reclaim` and `reprocess` (each with `--dry-run`, and a question unless `--yes` where it
+acts on what may still be alive), and `phoenix audit`, the stage's record of every such repair."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 from phoenix.arguments import positive_whole
 from phoenix.cli.stage import (
     StageSettings,
+    add_redis_argument,
     add_stage_arguments,
     client,
     confirm,
@@ -20,9 +21,12 @@ from phoenix.cli.stage import (
     laid_out_settings,
     stage_settings,
 )
+from phoenix.keys import StageKeys
 from phoenix.tools import audit, repair
 from phoenix.tools.inspection import DEFAULT_SCAN_LIMIT, RecordReport, duration, inspect_record
 from phoenix.tools.repair import Reclaimed, ReclaimTooEager, ReprocessError, UnlockResult, UnlockStatus
+from phoenix.tools.trace import Trace, trace_record
+from phoenix.worker_runtime.ownership import laid_out
 
 
 def add_commands(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +39,21 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         "--scan", type=positive_whole, default=DEFAULT_SCAN_LIMIT, help="newest entries of each stream to search"
     )
     i.set_defaults(handler=inspect)
+
+    t = add_redis_argument(sub.add_parser("trace", help="where a record is in a pipeline and where it has been"))
+    t.add_argument("record_id")
+    t.add_argument("--pipeline", default="", help="the pipeline's name (shown; PIPELINE of its stages)")
+    t.add_argument(
+        "--stage",
+        action="append",
+        required=True,
+        help="a stage of the pipeline, repeated in the pipeline's order (--stage router --stage parser ...)",
+    )
+    t.add_argument("--json", action="store_true", help="the trace as one JSON object")
+    t.add_argument(
+        "--scan", type=positive_whole, default=DEFAULT_SCAN_LIMIT, help="newest entries of each stream to search"
+    )
+    t.set_defaults(handler=trace)
 
     u = add_stage_arguments(
         sub.add_parser("unlock", help="release a record's stale lock (refused while its holder is alive)"), timings=True
@@ -153,6 +172,28 @@ async def inspect(args: argparse.Namespace) -> int:
     async with client(args) as redis:
         found = await inspect_with_repairs(redis, await laid_out_settings(redis, args), args.record_id, args.scan)
     print(render_inspection(*found, args.json))
+    return 0
+
+
+def render_trace(found: Trace, as_json: bool) -> str:
+    """One line per stage in the pipeline's order, then where the record is now."""
+    if as_json:
+        return json.dumps(found.as_dict())
+    name = f" in pipeline {found.pipeline}" if found.pipeline else ""
+    width = max(len(s.stage) for s in found.stages)
+    lines = [f"record {found.record_id}{name}"]
+    lines += [f"  {s.stage:<{width}}  {s.text}" for s in found.stages]
+    lines.append(f"now: {found.now}")
+    return "\n".join(lines)
+
+
+async def trace(args: argparse.Namespace) -> int:
+    async with client(args) as redis:
+        # Each stage as its layout in Redis has it (a partitioned one: the record's partition of it).
+        keys = await laid_out(redis, [StageKeys.for_stage(name, args.namespace) for name in args.stage])
+        stages = [StageSettings(service_name=k.name, key_namespace=k.namespace, partitions=k.partitions) for k in keys]
+        found = await trace_record(redis, args.pipeline, stages, args.record_id, args.scan)
+    print(render_trace(found, args.json))
     return 0
 
 

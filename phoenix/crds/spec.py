@@ -78,6 +78,7 @@ RESERVED_ENV_NAMES: tuple[str, ...] = (
     "REDIS_TLS_CERT_FILE",
     "REDIS_TLS_KEY_FILE",
     "CONSUMER_NAME",
+    "PIPELINE",
 )
 
 STAGE_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

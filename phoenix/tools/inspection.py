@@ -245,14 +245,14 @@ def _waiting_retry(fields: dict[str, str], due_ms: float, now_ms: float) -> Wait
     first = fields.get(_FIRST_FAILED_AT)
     return WaitingRetry(
         attempt=int(fields.get(_RETRY_COUNT) or 0) + 1,
-        due_at=_iso(due_ms / 1000),
+        due_at=iso_time(due_ms / 1000),
         due_in_seconds=max(0.0, (due_ms - now_ms) / 1000),
         last_error=fields.get(_LAST_ERROR, ""),
-        first_failed_at=_iso(float(first)) if first else None,
+        first_failed_at=iso_time(float(first)) if first else None,
     )
 
 
-def _iso(epoch_seconds: float) -> str:
+def iso_time(epoch_seconds: float) -> str:
     return datetime.fromtimestamp(epoch_seconds, UTC).isoformat(timespec="seconds")
 
 

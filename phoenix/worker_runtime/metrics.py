@@ -14,6 +14,9 @@ from prometheus_client.utils import floatToGoString
 # Queue waits span milliseconds (hot stream) to hours (backlog after an outage).
 _WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
 _DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
+# A record's whole path: a fraction of a second through idle stages to hours for document pipelines (a model call
+# per stage, a backlog after an outage), up to a day.
+_PIPELINE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
 
 
 class _StageHistogramChild:
@@ -30,30 +33,35 @@ class _StageHistogramChild:
 
 
 class StageHistogram(Collector):
-    """A histogram labelled by stage, exported like prometheus_client's Histogram (same series and `le` labels).
+    """A histogram labelled by stage (and `labelnames` after it), exported like prometheus_client's Histogram (same
+    series and `le` labels).
 
     Observed twice per message from the event loop: a list bump here, where the library's Histogram takes two
     locks and walks its buckets in Python. Scrapes read a copy of the counts, so a scrape in another thread
     sees every bucket at most one observation behind.
     """
 
-    def __init__(self, name: str, documentation: str, buckets: Sequence[float]) -> None:
+    def __init__(self, name: str, documentation: str, buckets: Sequence[float], labelnames: Sequence[str] = ()) -> None:
         self._name, self._documentation = name, documentation
+        self.labelnames = ("stage", *labelnames)
         self._bounds = (*buckets, math.inf)
-        self._children: dict[str, _StageHistogramChild] = {}
+        self._children: dict[tuple[str, ...], _StageHistogramChild] = {}
         REGISTRY.register(self)
 
-    def labels(self, stage: str) -> _StageHistogramChild:
-        return self._children.setdefault(stage, _StageHistogramChild(self._bounds))
+    def labels(self, stage: str, *values: str) -> _StageHistogramChild:
+        key = (stage, *values)
+        if len(key) != len(self.labelnames):
+            raise ValueError(f"{self._name} is labelled by {', '.join(self.labelnames)}")
+        return self._children.setdefault(key, _StageHistogramChild(self._bounds))
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
-        family = HistogramMetricFamily(self._name, self._documentation, labels=["stage"])
-        for stage, child in list(self._children.items()):
+        family = HistogramMetricFamily(self._name, self._documentation, labels=self.labelnames)
+        for key, child in list(self._children.items()):
             cumulative, buckets = 0, []
             for bound, count in zip(self._bounds, list(child.counts), strict=True):
                 cumulative += count
                 buckets.append((floatToGoString(bound), cumulative))
-            family.add_metric([stage], buckets, child.sum)
+            family.add_metric(list(key), buckets, child.sum)
         yield family
 
 
@@ -69,6 +77,12 @@ QUEUE_WAIT_SECONDS = StageHistogram(
     "phoenix_queue_wait_seconds",
     "Time from XADD (the stream id's timestamp) to the start of processing.",
     _WAIT_BUCKETS,
+)
+PIPELINE_LATENCY_SECONDS = StageHistogram(
+    "phoenix_pipeline_latency_seconds",
+    "From the record's entry into the pipeline (entered_at) to its commit at a final stage, once per record.",
+    _PIPELINE_BUCKETS,
+    ["pipeline"],
 )
 IN_FLIGHT = Gauge("phoenix_in_flight_messages", "Messages read and not yet settled.", ["stage"])
 CIRCUIT_STATE = Gauge("phoenix_circuit_state", "Circuit breaker state: 0 closed, 1 half-open, 2 open.", ["stage"])

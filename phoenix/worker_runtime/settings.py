@@ -96,6 +96,9 @@ class WorkerSettings(BaseSettings):
     stage_uid: str = ""
     # The Kubernetes cluster of that PhoenixStage (the operator sets it): written to the markers the worker creates.
     stage_cluster: str = ""
+    # The pipeline the stage belongs to (the operator sets it from the stage's phoenix.io/pipeline label; "" for
+    # none): the label of phoenix_pipeline_latency_seconds, observed where the stage ends its path.
+    pipeline: str = ""
 
     input_queue: str = ""
     output_queue: str = ""
@@ -342,6 +345,11 @@ class WorkerSettings(BaseSettings):
     def retention(self) -> Retention | None:
         """OUTPUT_RETENTION parsed; None when unset."""
         return Retention.parse(self.output_retention) if self.output_retention else None
+
+    @property
+    def final(self) -> bool:
+        """A stage whose results go nowhere (no OUTPUT_QUEUE, no OUTPUTS): a commit here ends the record's path."""
+        return not self.output_queue and not self.outputs
 
     @property
     def retry_queue(self) -> str:

@@ -165,6 +165,8 @@ class Worker:
         self._m_processed = metrics.MESSAGES.labels(stage, "processed")
         self._m_duplicate = metrics.MESSAGES.labels(stage, "skipped_duplicate")
         self._m_wait = metrics.QUEUE_WAIT_SECONDS.labels(stage)
+        # Only where a record's path ends: one observe per committed record, nothing on the other stages.
+        self._m_latency = metrics.PIPELINE_LATENCY_SECONDS.labels(stage, settings.pipeline) if settings.final else None
         metrics.IN_FLIGHT.labels(stage).set_function(self._in_flight_count)
         self._m_circuit = metrics.CIRCUIT_STATE.labels(stage)
         metrics.LEAKED_THREADS.labels(stage).set_function(lambda: BLOCKING_THREADS.leaked)
@@ -458,6 +460,7 @@ class Worker:
         commit = Disposition.COMMIT  # an enum member read from its class is a Python call on 3.11: once per batch
         processed = duplicates = 0
         traced = self._tracing.recording
+        latency = self._m_latency
         lines: list[dict[str, Any]] = []
         lane = self.lanes[batch[0].lane]  # a batch is of one lane
         lane.history.settled(batch)
@@ -470,6 +473,8 @@ class Worker:
                 duplicates += 1
             else:
                 processed += 1
+                if latency is not None and flight is not None:  # the record's one commit at the end of its path
+                    latency.observe(max(0.0, done - flight.message.entered_at_ms / 1000))
             if self._log_each_message:
                 line = {
                     "event": "duplicate_discarded" if outcome.duplicate else "processing_complete",

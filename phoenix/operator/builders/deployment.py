@@ -66,6 +66,7 @@ def worker_env(
     cluster: str = "",
     user: RedisUser | None = None,
     secret_keys: Mapping[str, tuple[str, ...]] | None = None,
+    pipeline: str = "",
 ) -> list[dict[str, Any]]:
     """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid` and
     `cluster`: the PhoenixStage's and its Kubernetes cluster's, by which its workers prove they are its own to the
@@ -73,7 +74,8 @@ def worker_env(
     forward each record to its partition there); `named_partitions`, those of each of spec.outputs' stages, by
     output name (OUTPUTS). `user`: the Redis ACL user of the namespace, whose name and
     password replace the URL's (REDIS_USERNAME, REDIS_PASSWORD). `secret_keys`: the keys of the Secrets
-    spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV.
+    spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV. `pipeline`: the pipeline the stage belongs
+    to (its phoenix.io/pipeline label), PIPELINE.
 
     Every reserved name (RESERVED_ENV_NAMES) is set, empty where this stage has no value for it: `env` wins over
     spec.pod.envFrom, so no ConfigMap or Secret key of that name reaches the worker."""
@@ -90,6 +92,7 @@ def worker_env(
         "KEY_NAMESPACE": streams.namespace,
         "STAGE_UID": uid,
         "STAGE_CLUSTER": cluster,
+        "PIPELINE": pipeline,
         "PARTITIONS": str(spec.partitions),
         "INPUT_QUEUE": streams.input if named else "",
         "DLQ_NAME": streams.dlq if named else "",
@@ -256,6 +259,7 @@ def _container(
             cluster=owner.cluster,
             user=user,
             secret_keys=secrets.keys,
+            pipeline=owner.pipeline,
         ),
         "ports": [{"name": PORT_NAME, "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         # Liveness: the event loop answers, the intake reads and the settler commits within LIVENESS_TIMEOUT (60 s

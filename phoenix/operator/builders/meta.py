@@ -12,6 +12,7 @@ from phoenix.kube_names import (
     MANAGED_BY,
     MANAGED_BY_LABEL,
     NAME_LABEL,
+    PIPELINE_LABEL,
     STAGE_LABEL,
     WORKER_APP_NAME,
 )
@@ -29,12 +30,15 @@ class Owner:
     # The Kubernetes cluster it lives in (the operator's identity; "" unknown): with the uid, what the ownership
     # markers of its Redis keys name.
     cluster: str = ""
+    # The pipeline it belongs to, from its phoenix.io/pipeline label ("" for none): its workers' PIPELINE.
+    pipeline: str = ""
 
     @classmethod
     def from_body(cls, body: Mapping[str, Any], cluster: str = "") -> Owner:
-        """From a kopf body or any object dict with apiVersion, kind and metadata.name/namespace/uid."""
+        """From a kopf body or any object dict with apiVersion, kind and metadata.name/namespace/uid (and labels)."""
         meta = body["metadata"]
-        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"], cluster)
+        pipeline = (meta.get("labels") or {}).get(PIPELINE_LABEL, "")
+        return cls(body["apiVersion"], body["kind"], meta["name"], meta["namespace"], meta["uid"], cluster, pipeline)
 
 
 def owner_reference(owner: Owner) -> dict[str, Any]:
