@@ -59,6 +59,7 @@ def test_install_creates_namespace_rbac_operator_and_crd() -> None:
     assert kinds == sorted(
         [
             "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
             "ClusterRole",
@@ -163,8 +164,12 @@ def test_cluster_role_is_least_privilege() -> None:
     rules = rbac_rules()
     assert all("*" not in group + resource and "*" not in verbs for (group, resource), verbs in rules.items())
     assert rules[("", "secrets")] == {"get"}
-    assert "create" not in rules[("phoenix.io", "phoenixstages")]
-    assert "delete" not in rules[("phoenix.io", "phoenixstages")]
+    # create and delete: a PhoenixPipeline's stages (the operator creates and deletes those it owns only).
+    assert rules[("phoenix.io", "phoenixstages")] == {"get", "list", "watch", "create", "patch", "update", "delete"}
+    # A pipeline is its user's: watched, its replay annotation removed once passed on, its status written.
+    assert rules[("phoenix.io", "phoenixpipelines")] == {"get", "list", "watch", "patch"}
+    assert rules[("phoenix.io", "phoenixpipelines/status")] == {"patch"}
+    assert rules[("phoenix.io", "phoenixpipelines/finalizers")] == {"update"}
     assert ("", "pods") not in rules
     assert rules[("", "namespaces")] == {"list", "watch", "get"}
     # get: of kube-system alone (the cluster's identity, its uid).

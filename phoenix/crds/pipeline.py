@@ -139,9 +139,7 @@ class PipelineStageStatus(StatusModel):
     backlog: int | None = Field(default=None, ge=0, description="Entries not yet delivered (its queue.lag).")
     in_flight: int | None = Field(default=None, ge=0, description="Entries delivered, not acknowledged (pending).")
     dlq: int | None = Field(default=None, ge=0, description="Entries in its dead-letter stream.")
-    oldest_unfinished_seconds: int | None = Field(
-        default=None, ge=0, description="Age of its oldest unfinished entry."
-    )
+    oldest_unfinished_seconds: int | None = Field(default=None, ge=0, description="Age of its oldest unfinished entry.")
 
 
 class PhoenixPipelineStatus(StatusModel):
