@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from phoenix.crds import PhoenixStage
+from phoenix.crds.pipeline import PhoenixPipeline
 from phoenix.operator.builders import resolve_streams
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.options import DEFAULT_LEASE_NAME
@@ -328,4 +329,14 @@ def test_the_documented_patches_of_the_network_policies_set_what_they_say(tmp_pa
     assert workers["egress"][-1] == {
         "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
         "ports": [{"port": 443, "protocol": "TCP"}],
+    }
+
+
+def test_the_sample_pipeline_runs_the_sample_stages_specs(sample_stages: dict[str, PhoenixStage]) -> None:
+    """manifests/samples/pipeline is the same pipeline as the three stage manifests beside it, as one object."""
+    (document,) = kustomization_documents(MANIFESTS / "samples" / "pipeline")
+    pipeline = PhoenixPipeline.model_validate(document)
+    assert [entry.name for entry in pipeline.spec.stages] == ["router", "parser", "grouper"]
+    assert {entry.name: entry.spec for entry in pipeline.spec.stages} == {
+        name: stage.spec for name, stage in sample_stages.items()
     }
