@@ -7,6 +7,7 @@ Deployment of zero pods is ready.)"""
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import yaml
 from kubernetes import client
 
 from phoenix.crds.pipeline import PIPELINE_PLURAL
-from phoenix.kube_names import PIPELINE_LABEL, RESTART_ANNOTATION
+from phoenix.kube_names import PIPELINE_LABEL, REPLAY_ANNOTATION, RESTART_ANNOTATION
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
 from tests.fixtures.operator_process import (
@@ -210,3 +211,88 @@ def test_a_cycle_is_a_condition_and_an_unknown_edge_is_refused_at_admission(
     result = kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pipeline))
     assert result.returncode != 0
     assert "an output.stage must name a stage of this pipeline" in result.stderr
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("redis_db", [13], indirect=True)
+def test_a_pause_waits_for_each_stage_to_drain_and_replays_and_the_delete_policy_reach_every_stage(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, sample_pipeline(url, ns))
+    eventually(lambda: _pipeline_condition(kube_cluster, ns).get("reason") == "PipelineReady", "pipeline Ready", 90)
+    custom = client.CustomObjectsApi(kube_api)
+
+    def patch_pipeline(body: dict[str, Any]) -> None:
+        custom.patch_namespaced_custom_object("phoenix.io", "v1alpha1", ns, PIPELINE_PLURAL, PIPELINE, body)
+
+    def streams(name: str) -> dict[str, str]:
+        return existing_stage(kube_cluster, ns, name)["status"]["streams"]
+
+    def paused(name: str) -> bool:
+        return bool(_stage_spec(kube_cluster, ns, name)["paused"])
+
+    # One entry waits in the parser's input (no worker runs here): the parser has a backlog of 1.
+    parser = streams("parser")
+    connection.xadd(parser["input"], {"record_id": "r-1", "data": "{}"})
+    eventually(lambda: kubectl_columns(kube_cluster, PIPELINE_PLURAL, ns)[PIPELINE]["BACKLOG"] == "1", "BACKLOG 1", 30)
+
+    # The router pauses at once; the parser waits for its backlog, and the grouper for the parser.
+    patch_pipeline({"spec": {"paused": True}})
+    eventually(lambda: paused("router"), "the router paused")
+    pausing = eventually(
+        lambda: (
+            "paused: router;" in _pipeline_condition(kube_cluster, ns, "Paused").get("message", "")
+            and _pipeline_condition(kube_cluster, ns, "Paused")
+        ),
+        "the router stopped",
+        30,
+    )
+    assert pausing["reason"] == "Pausing" and "parser: backlog 1, in flight 0" in pausing["message"]
+    time.sleep(3)  # a few passes of the pipeline loop and of the status refresh
+    assert not paused("parser") and not paused("grouper")
+
+    # The entry read, as a worker would: in flight now, so the parser still waits; acknowledged, it has drained.
+    connection.xreadgroup(parser["consumerGroup"], "test-worker", {parser["input"]: ">"}, count=1)
+    eventually(
+        lambda: "parser: backlog 0, in flight 1" in _pipeline_condition(kube_cluster, ns, "Paused")["message"],
+        "the parser's entry in flight",
+        30,
+    )
+    assert not paused("parser")
+    [(entry_id, _)] = connection.xrange(parser["input"])
+    connection.xack(parser["input"], parser["consumerGroup"], entry_id)
+    eventually(lambda: paused("parser"), "the parser paused once drained", 30)
+    eventually(lambda: _pipeline_condition(kube_cluster, ns, "Paused").get("status") == "True", "all paused", 60)
+    assert paused("grouper")
+    patch_pipeline({"spec": {"paused": False}})
+    eventually(lambda: not any(paused(name) for name in STAGES), "all resumed", 30)
+
+    # A replay asked of the pipeline: its annotation taken off it and carried out by every stage, once.
+    kube_cluster.kubectl("annotate", PIPELINE_PLURAL, PIPELINE, "-n", ns, f"{REPLAY_ANNOTATION}=all")
+    for name in STAGES:
+        eventually(lambda name=name: "DlqReplayed" in event_reasons(kube_api, ns, name), f"{name} replayed", 30)
+    annotations = (get_pipeline(kube_cluster, ns, PIPELINE) or {})["metadata"].get("annotations") or {}
+    assert REPLAY_ANNOTATION not in annotations
+    assert "ReplayRequested" in event_reasons(kube_api, ns, PIPELINE)
+
+    # deletionPolicy Delete on the pipeline becomes every stage's: deleting the pipeline deletes their Redis data.
+    inputs = [streams(name)["input"] for name in STAGES]
+    assert all(connection.exists(stream) for stream in inputs)
+    patch_pipeline({"spec": {"deletionPolicy": "Delete"}})
+    for name in STAGES:
+        eventually(
+            lambda name=name: (
+                existing_stage(kube_cluster, ns, name)["metadata"].get("finalizers")
+                and _stage_spec(kube_cluster, ns, name)["deletionPolicy"] == "Delete"
+            ),
+            f"{name} under Delete",
+        )
+    custom.delete_namespaced_custom_object("phoenix.io", "v1alpha1", ns, PIPELINE_PLURAL, PIPELINE)
+    eventually(lambda: all(get_stage(kube_cluster, ns, n) is None for n in STAGES), "the stages deleted", 60)
+    assert not any(connection.exists(stream) for stream in inputs)
