@@ -35,6 +35,7 @@ from tests.fixtures.operator_process import (
     sample_pipeline,
     watching_operator,
 )
+from tests.fixtures.replies import add_entry_now, read_group_now
 
 pytestmark = pytest.mark.kube
 STAGES = ("router", "parser", "grouper")
@@ -239,33 +240,30 @@ def test_a_pause_waits_for_each_stage_to_drain_and_replays_and_the_delete_policy
 
     # One entry waits in the parser's input (no worker runs here): the parser has a backlog of 1.
     parser = streams("parser")
-    connection.xadd(parser["input"], {"record_id": "r-1", "data": "{}"})
+    add_entry_now(connection, parser["input"], {"record_id": "r-1", "data": "{}"})
     eventually(lambda: kubectl_columns(kube_cluster, PIPELINE_PLURAL, ns)[PIPELINE]["BACKLOG"] == "1", "BACKLOG 1", 30)
 
     # The router pauses at once; the parser waits for its backlog, and the grouper for the parser.
     patch_pipeline({"spec": {"paused": True}})
     eventually(lambda: paused("router"), "the router paused")
-    pausing = eventually(
-        lambda: (
-            "paused: router;" in _pipeline_condition(kube_cluster, ns, "Paused").get("message", "")
-            and _pipeline_condition(kube_cluster, ns, "Paused")
-        ),
+    eventually(
+        lambda: "paused: router;" in _pipeline_condition(kube_cluster, ns, "Paused").get("message", ""),
         "the router stopped",
         30,
     )
+    pausing = _pipeline_condition(kube_cluster, ns, "Paused")
     assert pausing["reason"] == "Pausing" and "parser: backlog 1, in flight 0" in pausing["message"]
     time.sleep(3)  # a few passes of the pipeline loop and of the status refresh
     assert not paused("parser") and not paused("grouper")
 
     # The entry read, as a worker would: in flight now, so the parser still waits; acknowledged, it has drained.
-    connection.xreadgroup(parser["consumerGroup"], "test-worker", {parser["input"]: ">"}, count=1)
+    [(entry_id, _)] = read_group_now(connection, parser["consumerGroup"], "test-worker", parser["input"], 1)
     eventually(
         lambda: "parser: backlog 0, in flight 1" in _pipeline_condition(kube_cluster, ns, "Paused")["message"],
         "the parser's entry in flight",
         30,
     )
     assert not paused("parser")
-    [(entry_id, _)] = connection.xrange(parser["input"])
     connection.xack(parser["input"], parser["consumerGroup"], entry_id)
     eventually(lambda: paused("parser"), "the parser paused once drained", 30)
     eventually(lambda: _pipeline_condition(kube_cluster, ns, "Paused").get("status") == "True", "all paused", 60)
