@@ -33,6 +33,11 @@ ENVELOPE_FIELDS = frozenset(
 )
 # The next stage's entry: its field names, sent once per settle call (settle.lua).
 OUTPUT_FIELDS = ("record_id", "user_id", "data", "traceparent")
+# The name of one of a stage's named outputs (spec.outputs, OUTPUTS): a DNS label, as a stage's name.
+OUTPUT_NAME_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+# The field of an outbox entry naming the output it is relayed to (a stage of named outputs); the relay writes
+# the entry to that output without it.
+ROUTE_FIELD = "route"
 # Fields the runtime adds to a DLQ entry; the original fields are kept beside them.
 FAILURE_FIELDS = ("error", "error_type", "stage", "attempts", "original_id", "failed_at")
 

@@ -21,7 +21,15 @@ from typing import Any, NoReturn
 import redis.asyncio
 
 from phoenix.keys import shared_data_key
-from phoenix.worker_runtime import BaseProcessor, BatchResult, PermanentError, Record, RecordNotFoundError
+from phoenix.worker_runtime import (
+    BaseProcessor,
+    BatchResult,
+    PermanentError,
+    ProcessResult,
+    Record,
+    RecordNotFoundError,
+    Routed,
+)
 
 
 class InvalidInputError(PermanentError):
@@ -61,6 +69,31 @@ class ScriptedProcessor(BaseProcessor):
         if action == "none":
             return None
         return {**data, "seen_by": stage}
+
+
+class RoutingProcessor(BaseProcessor):
+    """A router over outputs `parser` and `imaging`: data["kind"] lab -> parser, imaging -> imaging, both -> both
+    (each its own result), none -> nowhere, unknown -> an output the stage lacks, plain -> a dict (no Routed);
+    data["sleep"] seconds first. Side effects counted as ScriptedProcessor's (`effects:{stage}`, `pids:...`)."""
+
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> ProcessResult:
+        stage = self.settings.service_name
+        await asyncio.sleep(float(data.get("sleep", 0)))
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hincrby(f"effects:{stage}", record_id, 1)
+            pipe.sadd(f"pids:{stage}:{record_id}", os.getpid())
+            await pipe.execute()
+        kind = data.get("kind")
+        routes = {
+            "lab": {"parser": {**data, "to": "parser"}},
+            "imaging": {"imaging": {**data, "to": "imaging"}},
+            "both": {"parser": {**data, "to": "parser"}, "imaging": {**data, "to": "imaging"}},
+            "none": {},
+            "unknown": {"parser": data, "billing": data},
+        }
+        if kind == "plain":
+            return data
+        return Routed(routes[str(kind)])
 
 
 class OutcomeProcessor(BaseProcessor):

@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 from phoenix.crds import RESERVED_ENV_NAMES, ConditionType, PhoenixStageSpec, StreamsStatus
+from phoenix.keys import input_stream
 from phoenix.operator.builders import (
     AutoscalingConfigError,
     Owner,
@@ -24,6 +25,7 @@ from phoenix.operator.builders import (
     resolve_streams,
     scaled_object_patch,
 )
+from phoenix.operator.builders.keda import relayed_partitions
 from phoenix.operator.record import SecretsRead
 from phoenix.operator.status.conditions import new_condition, set_condition
 from phoenix.redis_spec import RedisSpec, RedisSpecError
@@ -136,6 +138,7 @@ def test_worker_env_maps_the_spec_to_the_runtime_variables() -> None:
         "SHUTDOWN_GRACE": "90",  # the whole processingTimeout (termination grace 105)
         "HEALTH_PORT": "8080",
         "OUTPUT_RETENTION": None,  # None: set, empty (the name alone), so no envFrom key of the name reaches it
+        "OUTPUTS": None,
         "READ_MEMORY_BYTES": str(512 * 2**20 // 4),  # a quarter of the default memory limit, 512Mi
         "REDIS_MODE": "standalone",
         "REDIS_SENTINEL_MASTER": None,
@@ -828,3 +831,22 @@ def test_unpausing_patch_removes_the_pause_annotations() -> None:
         "autoscaling.keda.sh/paused": "true",
         "autoscaling.keda.sh/paused-replicas": "0",
     }
+
+
+def test_named_outputs_reach_the_worker_as_outputs_with_each_next_stages_partitions(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    router = replace(OWNER, name="router")
+    spec = make_spec(outputs=[{"name": "parser", "stage": "parser"}, {"name": "imaging", "stage": "imaging"}])
+    env = env_of(build_deployment(router, spec, named_partitions={"imaging": 4}))
+    assert env["OUTPUT_QUEUE"] is None
+    monkeypatch.setenv("OUTPUTS", env["OUTPUTS"])  # read from the environment, as the worker reads it
+    worker = WorkerSettings(service_name="router", processor="router")
+    assert {name: (o.queue, o.partitions) for name, o in worker.outputs.items()} == {
+        "parser": (input_stream("parser", OWNER.namespace), 1),
+        "imaging": (input_stream("imaging", OWNER.namespace), 4),
+    }
+    # A stage of one partition forwarding to one of four: that output's forwards are relayed, KEDA counts the outbox.
+    assert relayed_partitions(router, spec, 1, {"imaging": 4}) == frozenset({None})
+    assert relayed_partitions(router, spec, 1) == frozenset()
+    assert env_of(build_deployment(OWNER, make_spec()))["OUTPUTS"] is None

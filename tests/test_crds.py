@@ -835,3 +835,32 @@ def test_what_kubernetes_admits_near_those_refusals_is_admitted_by_the_api_serve
     case: str, kube_cluster: ControlPlane, kube_namespace: str
 ) -> None:
     admitted_by_the_api_server(kube_cluster, kube_namespace, "near", {**MINIMAL_SPEC, **NEAR_THE_REFUSALS[case]}, None)
+
+
+_ROUTER_OUTPUTS = [{"name": "parser", "stage": "parser"}, {"name": "imaging", "stage": "imaging"}]
+# spec.output / spec.outputs -> the part of the refusal both the models and the API server give; None: admitted.
+OUTPUTS_ADMISSION: dict[str, tuple[dict[str, Any], str | None]] = {
+    "named outputs": ({"outputs": _ROUTER_OUTPUTS}, None),
+    "one output and named ones": ({"output": {"stage": "parser"}, "outputs": _ROUTER_OUTPUTS}, "not both"),
+    "a name twice": (
+        {"outputs": [{"name": "parser", "stage": "parser"}, {"name": "parser", "stage": "imaging"}]},
+        "spec.outputs names must be unique",
+    ),
+    "a name that is no DNS label": ({"outputs": [{"name": "Parser_1", "stage": "parser"}]}, "name"),
+    "no stage": ({"outputs": [{"name": "parser"}]}, "stage"),
+}
+
+
+@pytest.mark.parametrize("case", list(OUTPUTS_ADMISSION))
+def test_outputs_admission_by_the_models(case: str) -> None:
+    outputs, refusal = OUTPUTS_ADMISSION[case]
+    admitted = admitted_by_the_models({**MINIMAL_SPEC, **outputs}, refusal)
+    assert refusal is not None or (admitted is not None and [o.name for o in admitted.outputs or []])
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", list(OUTPUTS_ADMISSION))
+def test_outputs_admission_by_the_api_server(case: str, kube_cluster: ControlPlane, kube_namespace: str) -> None:
+    """The installed CRD refuses what the models refuse, with the same words."""
+    outputs, refusal = OUTPUTS_ADMISSION[case]
+    admitted_by_the_api_server(kube_cluster, kube_namespace, "outputscheck", {**MINIMAL_SPEC, **outputs}, refusal)

@@ -18,7 +18,7 @@ from phoenix.operator.record import StageRecord
 from phoenix.operator.stage.children import deployment_replicas
 from phoenix.operator.stage.converge import current_view, due_work
 from phoenix.operator.stage.drift import describe, differences
-from phoenix.operator.stage.reconcile import kopf_retry
+from phoenix.operator.stage.reconcile import kopf_retry, parse_stage
 from phoenix.operator.stage.refresh import group_by_redis
 from phoenix.operator.stage.requests import (
     ReplayRequestError,
@@ -305,3 +305,23 @@ def test_the_reconcile_and_delete_handlers_keep_their_kopf_ids() -> None:
         ("stage_changed", "reconcile/spec"),
         ("stage_deleted", "delete/spec.deletionPolicy"),
     ]
+
+
+def test_a_stage_routing_to_itself_is_an_invalid_spec() -> None:
+    parser = {"name": "parser", "stage": "parser"}
+    spec: dict[str, Any] = {
+        "processor": "router",
+        "image": "img:1",
+        "redis": {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}},
+        "outputs": [parser, {"name": "again", "stage": "router"}],
+    }
+    body = {
+        "apiVersion": "phoenix.io/v1alpha1",
+        "kind": "PhoenixStage",
+        "metadata": {"name": "router", "namespace": "docs", "uid": "u"},
+        "spec": spec,
+    }
+    with pytest.raises(StageError, match="'again' names stage 'router', whose input is this stage's own") as caught:
+        parse_stage(body)
+    assert caught.value.permanent
+    assert parse_stage({**body, "spec": {**spec, "outputs": [parser]}}).spec.outputs

@@ -18,7 +18,7 @@ from aiohttp.test_utils import TestServer
 from prometheus_client import REGISTRY
 from pydantic import SecretStr
 
-from phoenix.keys import DEFAULT_NAMESPACE
+from phoenix.keys import DEFAULT_NAMESPACE, input_stream
 from phoenix.stages.corpus import CORPUS, faxed_scan
 from phoenix.stages.data_keys import grouped_key, pages_key, parsed_key
 from phoenix.stages.grouper import GrouperProcessor
@@ -28,7 +28,7 @@ from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.parser import ParserProcessor
 from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
-from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError, Routed
 from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
 from phoenix.worker_runtime.settings import WorkerSettings
 from tests.fixtures.eventually import wait_until
@@ -64,6 +64,13 @@ async def started(processor: P, redis: aioredis.Redis) -> P:
     return processor
 
 
+async def one_output(router: RouterProcessor, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    """What a router of one output forwards (a dict, never a Routed)."""
+    result = await router.process(record_id, user_id, data)
+    assert isinstance(result, dict)
+    return result
+
+
 @pytest.fixture
 async def router(redis: aioredis.Redis) -> AsyncIterator[RouterProcessor]:
     processor = await started(RouterProcessor(), redis)
@@ -90,7 +97,7 @@ async def test_pipeline_from_pdf_to_grouped_biomarkers(
     grouper: GrouperProcessor,
     samples: dict[str, Path],
 ) -> None:
-    routed = await router.process("rec-1", "user-1", {"document_url": samples[DIABETES].as_uri()})
+    routed = await one_output(router, "rec-1", "user-1", {"document_url": samples[DIABETES].as_uri()})
     assert routed == {"pages_key": pages_key(NS, "rec-1"), "document_name": DIABETES, "page_count": 3}
     pages = json.loads(await get_existing(redis, pages_key(NS, "rec-1")))
     assert [page["categories"] for page in pages] == [["labs"], ["labs"], ["diagnoses", "procedures"]]
@@ -157,7 +164,7 @@ async def test_router_reads_from_the_records_api(
         monkeypatch.setenv("RECORDS_API_URL", f"{server.make_url('/records')}/{{record_id}}/document")
         router = await started(RouterProcessor(), redis)
         try:
-            routed = await router.process("rec/api", "user-1", {})  # quoted into one path segment
+            routed = await one_output(router, "rec/api", "user-1", {})  # quoted into one path segment
             with pytest.raises(RecordNotFoundError, match="returned 404"):
                 await router.process("rec-unknown", "user-1", {})
         finally:
@@ -201,7 +208,7 @@ async def test_parser_reads_no_pages_of_another_namespace(redis: aioredis.Redis,
 async def test_parser_redelivery_after_success_returns_the_stored_result(
     router: RouterProcessor, parser: ParserProcessor, samples: dict[str, Path]
 ) -> None:
-    routed = await router.process("rec-5", "user-1", {"document_url": samples[CT_CHEST].as_uri()})
+    routed = await one_output(router, "rec-5", "user-1", {"document_url": samples[CT_CHEST].as_uri()})
     first = await parser.process("rec-5", "user-1", routed)
     assert await parser.process("rec-5", "user-1", routed) == first
     assert (first["diagnosis_count"], first["procedures_count"]) == (1, 1)
@@ -257,7 +264,7 @@ async def test_llm_mode_bills_the_users_key_and_stores_the_models_findings(
     samples: dict[str, Path],
 ) -> None:
     parser, fake = llm_parser
-    routed = await router.process("rec-7", "user-7", {"document_url": samples[CT_CHEST].as_uri()})
+    routed = await one_output(router, "rec-7", "user-7", {"document_url": samples[CT_CHEST].as_uri()})
     with api_key_scope(SecretStr("user-7-key"), swap_env=False):
         parsed = await parser.process("rec-7", "user-7", routed)
 
@@ -284,7 +291,7 @@ async def test_llm_mode_falls_back_to_the_process_key(
     router: RouterProcessor, llm_parser: tuple[ParserProcessor, FakeOpenAI], samples: dict[str, Path]
 ) -> None:
     parser, fake = llm_parser
-    routed = await router.process("rec-8", "user-8", {"document_url": samples[CT_CHEST].as_uri()})
+    routed = await one_output(router, "rec-8", "user-8", {"document_url": samples[CT_CHEST].as_uri()})
     await parser.process("rec-8", "user-8", routed)
     assert [authorization for authorization, _ in fake.requests] == ["Bearer process-key"]
 
@@ -307,7 +314,7 @@ async def test_llm_failures_are_transient_keep_the_pages_and_hide_the_key(
 ) -> None:
     parser, fake = llm_parser
     fake.status, fake.content = status, content
-    routed = await router.process("rec-9", "user-9", {"document_url": samples[CT_CHEST].as_uri()})
+    routed = await one_output(router, "rec-9", "user-9", {"document_url": samples[CT_CHEST].as_uri()})
     with pytest.raises(LLMExtractionError, match=error) as caught:
         await parser.process("rec-9", "user-9", routed)
     assert not isinstance(caught.value, RecordNotFoundError)
@@ -362,7 +369,7 @@ async def test_a_refused_llm_key_is_signalled_to_the_runtime(
 ) -> None:
     parser, fake = llm_parser
     fake.status = status
-    routed = await router.process("rec-12", "user-12", {"document_url": samples[CT_CHEST].as_uri()})
+    routed = await one_output(router, "rec-12", "user-12", {"document_url": samples[CT_CHEST].as_uri()})
     with pytest.raises(ApiKeyRejectedError, match=f"refused the API key \\(HTTP {status}\\)") as caught:
         await parser.process("rec-12", "user-12", routed)
     assert "process-key" not in str(caught.value)
@@ -388,7 +395,7 @@ async def test_llm_mode_without_any_key_is_a_clear_transient_error(
 ) -> None:
     parser, fake = llm_parser
     monkeypatch.delenv("OPENAI_API_KEY")
-    routed = await router.process("rec-11", "user-11", {"document_url": samples[CT_CHEST].as_uri()})
+    routed = await one_output(router, "rec-11", "user-11", {"document_url": samples[CT_CHEST].as_uri()})
     with pytest.raises(LLMExtractionError, match="no API key"):
         await parser.process("rec-11", "user-11", routed)
     assert fake.requests == []
@@ -407,7 +414,7 @@ def scan_pdf(tmp_path: Path) -> Path:
 async def test_scanned_page_is_read_by_ocr_and_parsed(
     redis: aioredis.Redis, router: RouterProcessor, parser: ParserProcessor, scan_pdf: Path
 ) -> None:
-    routed = await router.process("rec-fax", "user-1", {"document_url": scan_pdf.as_uri()})
+    routed = await one_output(router, "rec-fax", "user-1", {"document_url": scan_pdf.as_uri()})
     cover, scan = json.loads(await get_existing(redis, pages_key(NS, "rec-fax")))
     assert (cover["categories"], scan["categories"]) == (["other"], ["labs"])
     parsed = await parser.process("rec-fax", "user-1", routed)
@@ -443,3 +450,22 @@ async def test_parser_keeps_unparsed_result_lines_and_counts_them(
     findings = Findings.model_validate_json(await get_existing(redis, parsed_key(NS, "rec-12")))
     assert [(row.text, row.page) for row in findings.unparsed] == [("Lipase 1O2 U/L 13-60", 2)]
     assert REGISTRY.get_sample_value("phoenix_parser_unparsed_rows_total") == before + 1
+
+
+async def test_router_with_named_outputs_sends_lab_pages_to_the_parser_and_imaging_pages_to_imaging(
+    redis: aioredis.Redis, samples: dict[str, Path]
+) -> None:
+    outputs = {name: {"queue": input_stream(name, NS)} for name in ("parser", "imaging")}
+    router = await started(RouterProcessor(), redis)
+    router.settings = WorkerSettings(service_name="router", processor="unused", key_namespace=NS, outputs=outputs)
+    try:
+        lab = await router.process("lab-1", "u", {"document_url": samples[DIABETES].as_uri()})
+        scan = await router.process("ct-1", "u", {"document_url": samples[CT_CHEST].as_uri()})
+    finally:
+        await router.cleanup()
+    assert isinstance(lab, Routed) and list(lab.outputs) == ["parser"]
+    assert lab.outputs["parser"]["pages_key"] == pages_key(NS, "lab-1")
+    assert isinstance(scan, Routed) and "imaging" in scan.outputs
+    assert all("CT" in page["text"] or "ct" in page["text"].lower() for page in scan.outputs["imaging"]["pages"])
+    # Pages are stored only for the parser, which deletes them: an imaging-only document leaves none behind.
+    assert ("parser" in scan.outputs) == bool(await redis.exists(pages_key(NS, "ct-1")))

@@ -168,14 +168,15 @@ async def test_a_busy_lane_does_not_starve_another(redis: aioredis.Redis, redis_
     busy = [r for r in (f"b{i}" for i in range(20_000)) if partition_of(r, 2) == 0][:5000]
     quiet = next(r for r in (f"q{i}" for i in range(100)) if partition_of(r, 2) == 1)
     await enqueue(redis, stage, busy, action="sleep:0.001")
-    async with running_worker(redis_url, "p", OutcomeProcessor, partitions=2, concurrency=4) as worker:
+    async with running_worker(redis_url, "p", OutcomeProcessor, partitions=2, concurrency=4):
         await wait_until(lambda: _started(redis, stage), "the busy lane being read", 60)
         await enqueue(redis, stage, [quiet])
         await wait_until(
             lambda: _committed(redis, stage, quiet), "the quiet lane's record processed", 60, interval=0.01
         )
         busy_left = await _unread_or_pending(redis, stage.lanes[0])
-        await wait_until(lambda: drained(worker), "drained", 120)
+    # The worker stops with the busy lane's rest unread (left for the next worker): draining 5,000 records proves
+    # nothing here and took over 120 s at a load of 10-14 on the 2-core machine (35 s quiet).
     assert busy_left > 1000, busy_left
 
 

@@ -107,9 +107,9 @@ LOG_FIELDS_KEPT = frozenset(
         "error_type", "retry_count", "retry_in", "retry_in_seconds", "retrying_for_seconds", "count", "batch",
         "acknowledged_by", "wanted", "timeout_ms", "action", "outcome", "concurrency", "consumer", "consumers",
         "dlq_maxlen", "function", "grace_seconds", "group", "high_water", "hint", "hop", "idle_ms", "low_water",
-        "in_flight", "input", "output", "output_partitions", "partitions", "job", "leaked_threads", "threads",
+        "in_flight", "input", "output", "output_partitions", "outputs", "partitions", "job", "leaked_threads",
         "previous", "reason", "state", "redis", "retention", "seconds", "settings", "stage", "stream", "target_nodes",
-        "task", "unfinished",
+        "task", "threads", "unfinished",
     }
 )  # fmt: skip
 # The fields of the operator's JSON lines (LOG_FORMAT=json: kopf's formatter, with trace ids) that keep their value:

@@ -21,6 +21,7 @@ from phoenix.crds.common import (
 )
 from phoenix.crds.pod import PodSpec
 from phoenix.keys import MAX_PARTITIONS
+from phoenix.record_format import OUTPUT_NAME_PATTERN
 from phoenix.retention import RETENTION_PATTERN
 from phoenix.tuning import (
     CIRCUIT_FAILURE_THRESHOLD,
@@ -65,6 +66,7 @@ RESERVED_ENV_NAMES: tuple[str, ...] = (
     "READ_MEMORY_BYTES",
     "PARTITIONS",
     "OUTPUT_PARTITIONS",
+    "OUTPUTS",
     "REDIS_MODE",
     "REDIS_SENTINEL_MASTER",
     "REDIS_SENTINEL_USERNAME",
@@ -127,6 +129,28 @@ class Output(CamelModel):
         if self.retention is not None and self.stream is None:
             raise ValueError(_RETENTION_NEEDS_STREAM)
         return self
+
+
+_MAX_NAMED_OUTPUTS = 16
+
+
+class NamedOutput(CamelModel):
+    """One of a stage's named outputs: a next stage its processor may route a record to (processor.Routed)."""
+
+    name: str = Field(
+        min_length=1,
+        max_length=63,
+        pattern=OUTPUT_NAME_PATTERN,
+        description='The name the processor routes by, e.g. `parser` (`Routed({"parser": result})`).',
+    )
+    stage: StageName = Field(
+        description="The next PhoenixStage in the same namespace; results routed here go to its input stream "
+        "(`phoenix:{<namespace>}:<stage>:input`)."
+    )
+
+
+_OUTPUT_OR_OUTPUTS = "set output (one next stage) or outputs (named ones a processor routes among), not both"
+_OUTPUT_NAMES_UNIQUE = "spec.outputs names must be unique"
 
 
 class RedisMode(StrEnum):
@@ -506,6 +530,7 @@ class PhoenixStageSpec(CamelModel):
             "!has(self.partitions) || self.partitions == 1 || (!has(self.input) && !has(self.dlq))",
             _PARTITIONS_DERIVE_NAMES,
         ),
+        ("!has(self.output) || !has(self.outputs)", _OUTPUT_OR_OUTPUTS),
     )
 
     processor: str = Field(
@@ -523,6 +548,22 @@ class PhoenixStageSpec(CamelModel):
     )
     output: Output | None = Field(
         default=None, description="Where results go; omit for a final stage whose results are not forwarded."
+    )
+    outputs: list[NamedOutput] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=_MAX_NAMED_OUTPUTS,
+        description="Named next stages instead of one `output`: the processor returns `Routed({name: result, "
+        "...})` per record, to none, one or several of them, all forwarded by the record's one commit "
+        "(docs/pipelines.md). A name it routes to that is not here sends the record to the DLQ with the reason. "
+        "Given to the worker as OUTPUTS.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "map",
+            "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {"rule": "self.all(o, self.exists_one(p, p.name == o.name))", "message": _OUTPUT_NAMES_UNIQUE}
+            ],
+        },
     )
     consumer_group: RedisName | None = Field(default=None, description="Consumer group name. Default: `{name}-group`.")
     dlq: RedisName | None = Field(
@@ -619,6 +660,15 @@ class PhoenixStageSpec(CamelModel):
         swap_off = swap is not None and swap.value is not None and swap.value.lower() in _FALSE_WORDS
         if billing_on and not swap_off and self.worker.concurrency > 1:
             raise ValueError(f"{_BILLING_MESSAGE} (got worker.concurrency {self.worker.concurrency})")
+        return self
+
+    @model_validator(mode="after")
+    def _one_kind_of_output(self) -> PhoenixStageSpec:
+        if self.output is not None and self.outputs is not None:
+            raise ValueError(_OUTPUT_OR_OUTPUTS)
+        names = [output.name for output in self.outputs or []]
+        if repeated := sorted({name for name in names if names.count(name) > 1}):
+            raise ValueError(f"{_OUTPUT_NAMES_UNIQUE} (repeated: {', '.join(repeated)})")
         return self
 
     @model_validator(mode="after")

@@ -1,4 +1,8 @@
-"""Router stage: fetch a record's PDF, split it into pages tagged with categories, and hand them to the parser."""
+"""Router stage: fetch a record's PDF, split it into pages tagged with categories, and hand them to the parser.
+
+With named outputs (spec.outputs `parser` and `imaging`, docs/pipelines.md) it routes by content: a document whose
+pages are all imaging reports goes to `imaging` alone, one with imaging pages among others to both, any other to
+`parser`; with one output (output.stage) every document goes there, as before."""
 
 from __future__ import annotations
 
@@ -13,11 +17,11 @@ from phoenix.stages.categories import tag_pages
 from phoenix.stages.data_keys import pages_key
 from phoenix.stages.document_loader import DocumentLoader, FetchLimits
 from phoenix.stages.documents import DocumentNotFoundError, DocumentRefusedError, document_url
-from phoenix.stages.models import PageList
+from phoenix.stages.models import Category, Page, PageList
 from phoenix.stages.network_policy import NetworkPolicy, trusted_origin
 from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.pdf_text import DEFAULT_LIMITS, PdfLimits, UnreadablePdfError, extract_page_texts
-from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError
+from phoenix.worker_runtime import BaseProcessor, PermanentError, ProcessResult, RecordNotFoundError, Routed
 
 
 class RouterSettings(BaseSettings):
@@ -94,7 +98,7 @@ class RouterProcessor(BaseProcessor):
         if (loader := getattr(self, "loader", None)) is not None:
             await loader.close()
 
-    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any]:
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> ProcessResult:
         try:
             document = await self.loader.load(document_url(record_id, data, self.config.records_api_url))
             texts = await self.run_blocking(
@@ -107,7 +111,33 @@ class RouterProcessor(BaseProcessor):
         except UnreadablePdfError as exc:
             raise UnreadableDocumentError(f"{document.name}: {exc}") from exc
         pages = tag_pages(texts)
-        key = pages_key(self.settings.key_namespace, record_id)
-        await self.redis.set(key, PageList.dump_json(pages))
-        self.logger.info("document_routed", record_id=record_id, document=document.name, pages=len(pages))
-        return {"pages_key": key, "document_name": document.name, "page_count": len(pages)}
+        outputs = self.settings.outputs
+        imaging = [page for page in pages if Category.IMAGING in page.categories]
+        to_parser = not outputs or (PARSER in outputs and (not pages or len(imaging) < len(pages)))
+        routes: dict[str, dict[str, Any]] = {}
+        if to_parser:
+            # Stored only for the parser, which deletes them: pages nobody reads would stay forever (no TTL).
+            key = pages_key(self.settings.key_namespace, record_id)
+            await self.redis.set(key, PageList.dump_json(pages))
+            routes[PARSER] = {"pages_key": key, "document_name": document.name, "page_count": len(pages)}
+        if IMAGING in outputs and imaging:
+            routes[IMAGING] = imaging_result(document.name, imaging)
+        self.logger.info(
+            "document_routed", record_id=record_id, document=document.name, pages=len(pages), to=list(routes)
+        )
+        if not outputs:
+            return routes[PARSER]
+        return Routed(routes)
+
+
+# The router's named outputs (spec.outputs): where lab pages and imaging pages go.
+PARSER = "parser"
+IMAGING = "imaging"
+
+
+def imaging_result(document_name: str, pages: list[Page]) -> dict[str, Any]:
+    """What `imaging` gets: the imaging pages themselves (the parser's stored pages are deleted when it is done)."""
+    return {
+        "document_name": document_name,
+        "pages": [{"number": page.number, "text": page.text} for page in pages],
+    }

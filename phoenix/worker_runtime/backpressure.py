@@ -73,8 +73,22 @@ class _Gauge:
 
 
 def _gauges(settings: WorkerSettings, routes: Sequence[Route]) -> tuple[_Gauge, ...]:
-    """One gauge per output stream when each lane forwards to a partition of its own, else one for the stage."""
+    """One gauge per output stream when each lane forwards to a partition of its own, else one for the stage; one
+    for a stage of named outputs, over every stream of them all (what the stage feeds, wherever it routes)."""
     s, output = settings, Output.of(settings)
+    if s.outputs:
+        streams = tuple(stream for named in Output.named(s.outputs).values() for stream in named.streams)
+        gauge = _Gauge(
+            name=", ".join(s.outputs),
+            lanes=tuple(range(len(routes))),
+            streams=streams,
+            outboxes=tuple(r.keys.outbox for r in routes if r.relayed),
+            report_keys=tuple(r.keys.backpressure for r in routes),
+            high=s.output_high_water,
+            low=max(1, s.output_low_water or 0),
+            uncounted=False,
+        )
+        return (gauge,)
     everything = output.streams
     by_target: dict[str | None, list[int]] = {}
     for index, route in enumerate(routes):
@@ -111,7 +125,7 @@ class Backpressure:
         self._gauges = _gauges(s, routes)
         self._gauge_of_lane = {lane: gauge for gauge in self._gauges for lane in gauge.lanes}
         self._report_ttl = max(_MIN_REPORT_TTL_SECONDS, round(_REPORT_TTL_INTERVALS * s.backpressure_interval))
-        self.enabled = bool(s.output_queue and s.output_high_water)
+        self.enabled = bool((s.output_queue or s.outputs) and s.output_high_water)
         self._resumed = asyncio.Event()
         self._m_paused = metrics.BACKPRESSURE.labels(s.service_name)
         self._m_unfinished = metrics.OUTPUT_UNFINISHED.labels(s.service_name)

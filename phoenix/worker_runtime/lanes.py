@@ -8,11 +8,14 @@ settle.lua call whose keys are that lane's, so on Redis Cluster it runs in the l
 - otherwise to the lane's outbox, in the same script, and relay.py moves it on: the relayed hop. That is a
   cluster's forward to another slot (a plain stream, a stage of one partition), and on every server a forward to a
   stage of another partition count, whose stream depends on the record (settle.lua writes one output stream).
-The choice is made once per lane, at start, never per message.
+The choice is made once per lane, at start, never per message. A stage of named outputs (OUTPUTS) makes it per
+lane and output: each output's forwards go straight to its stream or, named by the entry (ROUTE_FIELD), through the
+lane's one outbox; a record's forwards to several outputs are all written by its one commit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,17 +24,30 @@ from redis.crc import key_slot
 
 from phoenix.keys import StageKeys, forward_stream, input_stream, stage_of_input
 from phoenix.worker_runtime.ownership import LayoutDiffers
-from phoenix.worker_runtime.settings import WorkerSettings
+from phoenix.worker_runtime.settings import NamedOutput, WorkerSettings
+
+
+@dataclass(frozen=True, slots=True)
+class NamedForward:
+    """Where a lane's forwards to the named output `name` are XADDed: its stream, or the lane's outbox when
+    `relayed` (the entry then names the output)."""
+
+    name: str
+    stream: str
+    relayed: bool
 
 
 @dataclass(frozen=True, slots=True)
 class Route:
     """Where a lane's commits write: `keys` are the lane's; `forward` the stream settle.lua XADDs a result to (the
-    output itself, or the lane's outbox when `relayed`), None for a stage without output."""
+    output itself, or the lane's outbox when relayed), None for a stage without (one) output; `named`, a stage
+    of named outputs: each output's forward, in OUTPUTS order. `relayed`: some forward of the lane goes through
+    its outbox (the relay empties it)."""
 
     keys: StageKeys
     forward: str | None
     relayed: bool = False
+    named: tuple[NamedForward, ...] = ()
 
 
 class Output:
@@ -49,6 +65,11 @@ class Output:
     @classmethod
     def of(cls, settings: WorkerSettings) -> Output:
         return cls(settings.output_queue, settings.output_partitions)
+
+    @classmethod
+    def named(cls, outputs: Mapping[str, NamedOutput]) -> dict[str, Output]:
+        """Each named output (OUTPUTS), by name."""
+        return {name: cls(output.queue, output.partitions) for name, output in outputs.items()}
 
     @property
     def next_stage(self) -> tuple[str, str] | None:
@@ -100,30 +121,52 @@ class OutputLayoutDiffers(LayoutDiffers):
 
 
 async def check_output_layout(client: Redis, settings: WorkerSettings) -> None:
-    """Raise OutputLayoutDiffers when the output is a stage's input and that stage's layout (written when its keys
-    were claimed) has another count than OUTPUT_PARTITIONS. No layout says nothing: a stage of one partition, or
-    one not created yet, whose operator-given count (its spec's) is then taken as it is."""
-    found = Output.of(settings).next_stage
-    if found is None:
-        return
-    namespace, stage = found
-    laid_out = await client.hget(StageKeys.for_stage(stage, namespace).layout, "partitions")
-    if laid_out is not None and int(laid_out) != settings.output_partitions:
-        raise OutputLayoutDiffers(f"{namespace}/{stage}", int(laid_out), settings.output_partitions)
+    """Raise OutputLayoutDiffers when an output is a stage's input and that stage's layout (written when its keys
+    were claimed) has another count than OUTPUT_PARTITIONS (a named output's: its `partitions`). No layout says
+    nothing: a stage of one partition, or one not created yet, whose operator-given count (its spec's) is then
+    taken as it is."""
+    wanted = [(Output.of(settings), settings.output_partitions)]
+    wanted += [(Output(o.queue, o.partitions), o.partitions) for o in settings.outputs.values()]
+    for output, partitions in wanted:
+        if (found := output.next_stage) is None:
+            continue
+        namespace, stage = found
+        laid_out = await client.hget(StageKeys.for_stage(stage, namespace).layout, "partitions")
+        if laid_out is not None and int(laid_out) != partitions:
+            raise OutputLayoutDiffers(f"{namespace}/{stage}", int(laid_out), partitions)
 
 
-def routes(keys: StageKeys, output_partitions: int, *, slots_matter: bool) -> tuple[Route, ...]:
-    """Each lane's route, from the stage's keys (their `output`: OUTPUT_QUEUE) and OUTPUT_PARTITIONS alone, so the
-    operator derives the same from a spec (its KEDA triggers count the relayed lanes' outboxes); `slots_matter`:
-    the server is a cluster (a script may touch one slot only)."""
+def _direct(output: Output, lane: StageKeys, slots_matter: bool) -> str | None:
+    """The stream the lane's commits write `output`'s forwards to in their own script, or None: through the outbox."""
+    target = output.target_of_lane(lane)
+    if target is not None and (not slots_matter or key_slot(target.encode()) == key_slot(lane.input.encode())):
+        return target
+    return None
+
+
+def routes(
+    keys: StageKeys,
+    output_partitions: int,
+    *,
+    slots_matter: bool,
+    named: Mapping[str, NamedOutput] | None = None,
+) -> tuple[Route, ...]:
+    """Each lane's route, from the stage's keys (their `output`: OUTPUT_QUEUE), OUTPUT_PARTITIONS and the named
+    outputs (OUTPUTS) alone, so the operator derives the same from a spec (its KEDA triggers count the relayed
+    lanes' outboxes); `slots_matter`: the server is a cluster (a script may touch one slot only)."""
     output = Output(keys.output or "", output_partitions)
+    outputs = Output.named(named or {})
     found = []
     for lane in keys.lanes:
+        forwards = tuple(
+            NamedForward(name, direct, False)
+            if (direct := _direct(o, lane, slots_matter))
+            else NamedForward(name, lane.outbox, True)
+            for name, o in outputs.items()
+        )
         if not keys.output:
-            found.append(Route(lane, None))
-            continue
-        target = output.target_of_lane(lane)
-        if target is not None and (not slots_matter or key_slot(target.encode()) == key_slot(lane.input.encode())):
+            found.append(Route(lane, None, any(f.relayed for f in forwards), forwards))
+        elif (target := _direct(output, lane, slots_matter)) is not None:
             found.append(Route(lane, target))
         else:
             found.append(Route(lane, lane.outbox, relayed=True))

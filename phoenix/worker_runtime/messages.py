@@ -118,6 +118,15 @@ def output_values(message: Message, result: dict[str, Any], traceparent: str | N
     return values
 
 
+def routed_values(message: Message, forwards: list[tuple[int, dict[str, Any]]], traceparent: str | None) -> list[str]:
+    """A routed commit's values (settle.lua's F item but for its code and ids): user_id, traceparent ('' for none),
+    the count, then per forward its output's number (from 1, in OUTPUTS order) and its data as JSON."""
+    values = [message.user_id, traceparent or "", str(len(forwards))]
+    for number, result in forwards:
+        values += (str(number), jsoncodec.dumps(result, str))
+    return values
+
+
 def failure_history(message: Message, first_failed_at: float, error: str) -> RawFields:
     """The entry's fields with its failure history brought up to this failed attempt: what a retry puts back into
     the input stream, and what a dead letter past its retry limits keeps. Known secrets are masked out of `error`."""

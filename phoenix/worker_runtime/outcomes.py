@@ -6,8 +6,9 @@ settler (settle.py) only writes it. Every decision has one place:
 - at intake, before any lock (`screen`, `duplicate`, `trimmed`): a malformed entry or one delivered more than
   MAX_DELIVERIES times (poison) goes to the DLQ, a duplicate is acknowledged, an entry trimmed while pending is
   only acknowledged;
-- after the processor call (`of_result`, `of_raised`, `of_failure`): a dict or None commits, a PermanentError or
-  an unserializable result is dead-lettered, any other failure is retried with backoff (retry.py) until a retry
+- after the processor call (`of_result`, `of_raised`, `of_failure`): a dict or None commits, a Routed (a stage of
+  named outputs) commits with every forward it names, a PermanentError, an unserializable result or a route to an
+  output the stage does not have is dead-lettered, any other failure is retried with backoff (retry.py) until a retry
   limit dead-letters it, a timeout is a failure, the worker's own cancellation leaves the record;
 - without a call (`deferred`): the circuit is open or the shutdown is past its grace, the entry stays pending.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import KW_ONLY, dataclass
 from typing import TYPE_CHECKING
 
@@ -36,8 +37,9 @@ from phoenix.worker_runtime.messages import (
     failure_history,
     output_values,
     parse_entry,
+    routed_values,
 )
-from phoenix.worker_runtime.processor import BatchResult, PermanentError
+from phoenix.worker_runtime.processor import BatchResult, PermanentError, Routed
 from phoenix.worker_runtime.retry import retry_member
 from phoenix.worker_runtime.scrub import scrub
 from phoenix.worker_runtime.settings import WorkerSettings
@@ -68,7 +70,8 @@ class Outcome:
 
     `holds_lock` says whether this worker took the record's lock (the settle releases or converts it); entries
     settled without a claim (an intake dead letter, a duplicate) hold none. `fields` depends on the disposition:
-    COMMIT, the forwarded entry's values but record_id (messages.output_values); DEAD_LETTER, the DLQ entry's
+    COMMIT, the forwarded entry's values but record_id (messages.output_values; `routed`: a Routed's forwards,
+    messages.routed_values); DEAD_LETTER, the DLQ entry's
     fields; RETRY, the delay in ms and the retry-set member. The worker and the settler fill in the rest.
     """
 
@@ -80,6 +83,7 @@ class Outcome:
     holds_lock: bool
     started_at: float = 0.0
     duplicate: bool = False  # set after the write: a commit found the record committed by another worker
+    routed: bool = False  # a commit forwarding to named outputs (settle.lua's F)
     lane: int = 0  # the lane (partition) of the entry: its batch is settled with that lane's keys
     trace: RecordTrace | None = None  # the record's process span, when traces are recorded (tracing.py)
 
@@ -105,6 +109,8 @@ class RecordPolicy:
     def __init__(self, settings: WorkerSettings, breaker: CircuitBreaker) -> None:
         self._settings = settings
         self._breaker = breaker
+        # The named outputs (OUTPUTS) by name: their numbers in settle.lua's F items, from 1.
+        self._outputs = {name: number for number, name in enumerate(settings.outputs, 1)}
         stage = settings.service_name
         self._m_retried = metrics.MESSAGES.labels(stage, "retried")
         self._m_dead_lettered = metrics.MESSAGES.labels(stage, "dead_lettered")
@@ -164,7 +170,14 @@ class RecordPolicy:
 
     def of_result(self, m: Message, result: BatchResult, started: float, traceparent: str | None) -> Outcome:
         """What the processor gave back for one record: a dict or None commits, an exception fails, and a dict
-        that cannot be written as JSON (a tuple key, a cycle) is dead-lettered: retrying returns the same."""
+        that cannot be written as JSON (a tuple key, a cycle) is dead-lettered: retrying returns the same. A stage
+        of named outputs takes a Routed (or None) instead of a dict."""
+        if isinstance(result, Routed):
+            return self._of_routed(m, result, started, traceparent)
+        if isinstance(result, dict) and self._outputs:
+            names = ", ".join(self._outputs)
+            error = f"this stage has named outputs ({names}): return Routed({{name: result}}) naming them, not a dict"
+            return self._unforwardable(m, started, error, "UnroutedResult")
         if result is not None and not isinstance(result, dict):
             if not isinstance(result, BaseException):
                 result = TypeError(f"a processor's result must be a dict or None, not {type(result).__name__}")
@@ -176,14 +189,41 @@ class RecordPolicy:
             # TypeError, ValueError (a cycle), RecursionError, or anything a __str__ of the result's raises: the
             # encoding awaits nothing, so no cancellation of the worker's can be among them.
             except BaseException as exc:
-                self._m_duration.observe(time.time() - started)
-                error = f"the result cannot be written as JSON: {error_line(exc)}"
-                return self._dead_letter(
-                    m.entry_id, m.record_id, m.raw, error, "UnserializableResult", m.retry_count + 1, holds_lock=True
-                )
+                return self._unforwardable(m, started, f"the result cannot be written as JSON: {error_line(exc)}")
         self._m_duration.observe(time.time() - started)
         self._breaker.record_success()
         return Outcome(Disposition.COMMIT, m.entry_id, m.record_id, fields, holds_lock=True)
+
+    def _of_routed(self, m: Message, result: Routed, started: float, traceparent: str | None) -> Outcome:
+        """A Routed: committed with a forward to each output it names (none: committed as done), or dead-lettered
+        with the reason when it names an output the stage does not have or holds what cannot be forwarded."""
+        chosen = result.outputs
+        if not isinstance(chosen, Mapping):
+            error = f"Routed.outputs must map output names to dicts, not {type(chosen).__name__}"
+            return self._unforwardable(m, started, error, "UnroutedResult")
+        if unknown := [name for name in chosen if name not in self._outputs]:
+            names = ", ".join(self._outputs) or "none: return a dict or None"
+            error = f"routed to {', '.join(map(repr, unknown))}, not an output of this stage (its outputs: {names})"
+            return self._unforwardable(m, started, error, "UnknownOutput")
+        if odd := [name for name, value in chosen.items() if not isinstance(value, dict)]:
+            error = f"Routed.outputs must map output names to dicts: {', '.join(odd)} got another type"
+            return self._unforwardable(m, started, error, "UnroutedResult")
+        fields: list[str] = []
+        if chosen:
+            try:
+                fields = routed_values(m, [(self._outputs[n], v) for n, v in chosen.items()], traceparent)
+            except BaseException as exc:  # as of_result's: the encoding awaits nothing
+                return self._unforwardable(m, started, f"the result cannot be written as JSON: {error_line(exc)}")
+        self._m_duration.observe(time.time() - started)
+        self._breaker.record_success()
+        return Outcome(Disposition.COMMIT, m.entry_id, m.record_id, fields, holds_lock=True, routed=bool(chosen))
+
+    def _unforwardable(
+        self, m: Message, started: float, error: str, error_type: str = "UnserializableResult"
+    ) -> Outcome:
+        """A result that can never be forwarded as it is (retrying returns the same): to the DLQ with why."""
+        self._m_duration.observe(time.time() - started)
+        return self._dead_letter(m.entry_id, m.record_id, m.raw, error, error_type, m.retry_count + 1, holds_lock=True)
 
     def of_raised(
         self, m: Message, exc: BaseException, started: float, *, cancelled_by_worker: bool, timed_out: bool

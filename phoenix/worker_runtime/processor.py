@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -47,8 +48,21 @@ class Record(Protocol):
     def data(self) -> dict[str, Any]: ...
 
 
-#: Per record of a batch: the dict to forward, None to forward nothing, or the exception it failed with.
-BatchResult = dict[str, Any] | None | BaseException
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A result for a stage of named outputs (`spec.outputs`, OUTPUTS): the dict each named output gets, e.g.
+    `Routed({"parser": page})`, or `Routed({"parser": a, "imaging": b})` for both. All of a record's forwards are
+    committed together, once (settle.lua), or none is; `Routed({})` commits the record and forwards nothing. A name
+    the stage has no output of sends the record to the DLQ with the reason (nothing is forwarded then)."""
+
+    outputs: Mapping[str, dict[str, Any]] = field(default_factory=dict)
+
+
+#: What `process` returns: the dict to forward (a stage of one output), a Routed (a stage of named outputs), or
+#: None to forward nothing.
+ProcessResult = dict[str, Any] | Routed | None
+#: Per record of a batch: a ProcessResult, or the exception it failed with.
+BatchResult = ProcessResult | BaseException
 
 
 class BaseProcessor:
@@ -68,13 +82,14 @@ class BaseProcessor:
     async def initialize(self) -> None:
         """Open clients, load models. Called once before the first message."""
 
-    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> dict[str, Any] | None:
-        """Process one record. Return a dict to forward it to the next stage, or None to forward nothing."""
+    async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> ProcessResult:
+        """Process one record. Return a dict to forward it to the next stage, a Routed to choose among the stage's
+        named outputs, or None to forward nothing."""
         raise NotImplementedError
 
     async def process_batch(self, records: Sequence[Record]) -> list[BatchResult]:
         """Process several records in one call, for work that is cheaper in bulk (embeddings, batch LLM calls,
-        bulk writes). Return one entry per record, in order: a dict, None, or the exception that record failed
+        bulk writes). Return one entry per record, in order: a dict, a Routed, None, or the exception that record failed
         with (RecordNotFoundError: dead-lettered; anything else: retried). Each record keeps its own outcome,
         lock and idempotency marker; an exception raised by the call itself fails every record of the batch.
 

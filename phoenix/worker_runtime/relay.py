@@ -15,7 +15,9 @@ on a cluster) before the batch is deleted from the outbox: otherwise the deletio
 relayed entry, on another primary, did not, and a failover of that primary would lose the record. A short count is
 logged (`replicas_behind`, hop `relay`) as the settler's is. At shutdown a worker relays what is left (`finish`),
 so a stage scaled to zero leaves nothing waiting in its outboxes. Memory is bounded by the batch, and the outbox by
-backpressure (it counts there); only relayed entries are deleted, so nothing leaves it unread.
+backpressure (it counts there); only relayed entries are deleted, so nothing leaves it unread. An entry of a stage of
+named outputs names its output (ROUTE_FIELD) and is written to that output without the name; a name the stage no
+longer has (its outputs changed while the entry waited) sends it to the lane's DLQ with the reason.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +38,11 @@ from phoenix import lua
 from phoenix.backoff import Backoff
 from phoenix.errors import StartRefused
 from phoenix.keys import StageKeys, stage_of_input
-from phoenix.record_format import OUTPUT_FIELDS
+from phoenix.record_format import OUTPUT_FIELDS, ROUTE_FIELD
 from phoenix.redis_spec import is_cluster
 from phoenix.replica_wait import run_then_wait
 from phoenix.worker_runtime import metrics
+from phoenix.worker_runtime.dlq import dead_letter_fields
 from phoenix.worker_runtime.lanes import Output, Route
 from phoenix.worker_runtime.reclaim import Reclaimer
 from phoenix.worker_runtime.redis_client import Entry, read_group
@@ -52,6 +55,7 @@ _BATCH = 200
 # An outbox found empty is looked at again this much later: the relayed hop's added latency at most.
 _IDLE_SECONDS = 0.05
 _RECORD_ID = OUTPUT_FIELDS[0].encode()
+_ROUTE = ROUTE_FIELD.encode()
 
 
 @dataclass(eq=False)
@@ -79,9 +83,11 @@ class Relay:
         self._lanes = {r.keys.outbox: r.keys for r in routes if r.relayed}
         self._outboxes = tuple(self._lanes)
         self._output = Output.of(s)
+        self._named = Output.named(s.outputs)
         # A stream no stage reads has no record markers to absorb a repeated relay: the relay marks its writes.
         # (An output that is a stage's input, of any partition, sends every result to that stage.)
-        self._marked = bool(self._outboxes) and stage_of_input(s.output_queue) is None
+        # (Named outputs are stages' inputs: never marked.)
+        self._marked = bool(self._outboxes and s.output_queue) and stage_of_input(s.output_queue) is None
         if self._marked:  # a marker's slot is its tag's, the same for every lane: one lane's tells
             lane = next(iter(self._lanes.values()))
             if key_slot(lane.relay_marker(s.output_queue, "0-0").encode()) != key_slot(s.output_queue.encode()):
@@ -172,28 +178,50 @@ class Relay:
         if not entries:
             return 0
         # An entry deleted while pending (fields None) has nothing to relay: it is only acknowledged.
-        live = [(entry_id, fields) for entry_id, fields in entries if fields]
-        if live and (self._marked or self._replicas):
-            await self._write_per_node(self._lanes[outbox], live)
-        elif live:
+        lane = self._lanes[outbox]
+        writes = [self._write(lane, entry_id, fields) for entry_id, fields in entries if fields]
+        if writes and (self._marked or self._replicas):
+            await self._write_per_node(writes)
+        elif writes:
             # Stages' inputs, whose record markers absorb a repeat: the cluster pipeline splits the XADDs per node.
             async with self._client.pipeline(transaction=False) as pipe:
-                for _, fields in live:
-                    pipe.xadd(self._output.target(fields[_RECORD_ID].decode()), fields)  # type: ignore[arg-type]
+                for _, command in writes:
+                    pipe.execute_command(*command)
                 await pipe.execute()
         await self._done(keys=[outbox], args=[self._settings.consumer_group, *(entry_id for entry_id, _ in entries)])
-        self._m_relayed.inc(len(live))
+        self._m_relayed.inc(len(writes))
         return len(entries)
 
-    def _command(self, lane: StageKeys, entry_id: bytes, stream: str, fields: dict[bytes, bytes]) -> tuple[Any, ...]:
-        """The write of one entry: relay_write.lua with its marker to a stream no stage reads, else an XADD."""
-        flat = (part for item in fields.items() for part in item)
-        if not self._marked:
-            return ("XADD", stream, "*", *flat)
-        marker = lane.relay_marker(stream, entry_id.decode())
-        return ("EVALSHA", self._write_once.sha, 2, stream, marker, self._marker_ttl_ms, *flat)
+    def _write(self, lane: StageKeys, entry_id: bytes, fields: dict[bytes, bytes]) -> tuple[str, tuple[Any, ...]]:
+        """The stream an entry goes to and the command writing it: to the output (the named one the entry names,
+        without its name), or the lane's DLQ for a name the stage has no output of."""
+        record_id = fields[_RECORD_ID].decode()
+        route = fields.get(_ROUTE)
+        if route is None:
+            return self._command(lane, entry_id, self._output.target(record_id), _flat(fields), marked=self._marked)
+        rest = {name: value for name, value in fields.items() if name != _ROUTE}
+        output = self._named.get(route.decode(errors="replace"))
+        if output is not None:
+            return self._command(lane, entry_id, output.target(record_id), _flat(rest), marked=False)
+        error = f"relayed to output {route.decode(errors='replace')!r}, which this stage no longer has (OUTPUTS)"
+        log.error("relay_output_unknown", record_id=record_id, output=route.decode(errors="replace"))
+        stage = self._settings.service_name
+        dead = dead_letter_fields(
+            rest, entry_id.decode(), error=error, error_type="UnknownOutput", stage=stage, attempts=1
+        )
+        return self._command(lane, entry_id, lane.dlq, dead, marked=False)
 
-    async def _write_per_node(self, lane: StageKeys, live: Sequence[tuple[bytes, dict[bytes, bytes]]]) -> None:
+    def _command(
+        self, lane: StageKeys, entry_id: bytes, stream: str, flat: Iterable[Any], *, marked: bool
+    ) -> tuple[str, tuple[Any, ...]]:
+        """The write of one entry (its fields `flat`: name, value, ...): relay_write.lua with its marker to a
+        stream no stage reads (`marked`), else an XADD."""
+        if not marked:
+            return stream, ("XADD", stream, "*", *flat)
+        marker = lane.relay_marker(stream, entry_id.decode())
+        return stream, ("EVALSHA", self._write_once.sha, 2, stream, marker, self._marker_ttl_ms, *flat)
+
+    async def _write_per_node(self, writes: Sequence[tuple[str, tuple[Any, ...]]]) -> None:
         """The writes, in one pipeline per node holding a target's slot (one on a single Redis): redis-py's cluster
         pipeline runs no scripts. Each pipeline ends in a WAIT for MIN_REPLICAS_ACK replicas (with none asked,
         WAIT 0 answers at once). Errors are raised (the batch stays pending and is relayed again)."""
@@ -201,10 +229,9 @@ class Relay:
         cluster: Any = self._client if is_cluster(self._client) else None
         if cluster is not None:
             await cluster.initialize()  # a slot map before get_node_from_key (run_then_wait's own note)
-        for entry_id, fields in live:
-            stream = self._output.target(fields[_RECORD_ID].decode())
+        for stream, command in writes:
             node = cluster.get_node_from_key(stream).name if cluster is not None else ""
-            groups.setdefault(node, []).append((stream, self._command(lane, entry_id, stream, fields)))
+            groups.setdefault(node, []).append((stream, command))
         script = self._write_once if self._marked else None
         for group in groups.values():
             _, acked = await run_then_wait(
@@ -224,3 +251,7 @@ class Relay:
                     batch=len(group),
                     timeout_ms=self._replicas_timeout_ms,
                 )
+
+
+def _flat(fields: Mapping[bytes, bytes]) -> list[bytes]:
+    return [part for item in fields.items() for part in item]

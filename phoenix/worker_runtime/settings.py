@@ -21,7 +21,7 @@ from phoenix.keys import (
     input_stream,
     stage_of_input,
 )
-from phoenix.record_format import SCRIPT_SAFE_FIELDS
+from phoenix.record_format import OUTPUT_NAME_PATTERN, SCRIPT_SAFE_FIELDS
 from phoenix.redis_spec import CONNECT_TIMEOUT_SECONDS, RedisSpec, RedisSpecError
 from phoenix.retention import Retention
 from phoenix.worker_runtime.scrub import without_user_info
@@ -38,6 +38,18 @@ REDIS_RETRY_MAX_DELAY = 5.0
 # LIVENESS_TIMEOUT's floor: longer than a Sentinel failover takes with its defaults (down-after-milliseconds 30 s,
 # then the election), so a failover the clients ride out restarts no pod.
 _LIVENESS_FLOOR = 60.0
+
+
+class NamedOutput(BaseModel):
+    """One of OUTPUTS: the next stage's default input stream (`queue`) and that stage's partition count."""
+
+    model_config = {"extra": "forbid", "frozen": True}
+
+    queue: str = Field(min_length=1)
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+
+
+OutputName = Annotated[str, Field(pattern=OUTPUT_NAME_PATTERN, max_length=63)]
 
 
 class WorkerSettings(BaseSettings):
@@ -75,6 +87,10 @@ class WorkerSettings(BaseSettings):
     # the stage OUTPUT_QUEUE is the input of (a forward goes to the record's partition there); the operator sets both.
     partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
     output_partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+    # A stage of named outputs (spec.outputs) instead of one: JSON, name -> {"queue": the next stage's default
+    # input, "partitions": its count}, e.g. {"parser": {"queue": "phoenix:{ns}:parser:input"}}. A processor
+    # routes each record among them (processor.Routed); the operator sets it.
+    outputs: dict[OutputName, NamedOutput] = Field(default_factory=dict, max_length=32)
     consumer_group: str = ""
     consumer_name: str = ""
     dlq_name: str = ""
@@ -186,6 +202,7 @@ class WorkerSettings(BaseSettings):
                 "OUTPUT_PARTITIONS applies to an output that is a stage's default input (output.stage): set "
                 "OUTPUT_QUEUE to it, or unset OUTPUT_PARTITIONS"
             )
+        self._check_outputs()
         if self.output_retention and not self.output_queue:
             raise ValueError("OUTPUT_RETENTION applies to an output stream: set OUTPUT_QUEUE too, or unset it")
         if self.stream_maxlen is not None:
@@ -243,6 +260,19 @@ class WorkerSettings(BaseSettings):
             return RedisSpec.from_url(url, username=self.redis_username, password=password, **given)
         except RedisSpecError as exc:
             raise ValueError(str(exc)) from None
+
+    def _check_outputs(self) -> None:
+        if self.outputs and self.output_queue:
+            raise ValueError("set OUTPUT_QUEUE (one output) or OUTPUTS (named outputs), not both")
+        for name, output in self.outputs.items():
+            found = stage_of_input(output.queue)
+            if not found or output.queue != input_stream(found[1], found[0]):
+                raise ValueError(
+                    f"OUTPUTS[{name}]: {output.queue!r} is no stage's default input stream "
+                    "(phoenix:{<namespace>}:<stage>:input): a named output names a stage"
+                )
+            if output.queue == self.input_queue:
+                raise ValueError(f"OUTPUTS[{name}] must differ from INPUT_QUEUE (a stage would feed itself)")
 
     @property
     def redis(self) -> RedisSpec:

@@ -7,6 +7,10 @@
 --              stage nor forward it twice; a later claim finds the marker.
 --   T          a commit whose forward also carries a traceparent; M a commit that forwards nothing (no output
 --              stream, or the processor returned None).
+--   F          a commit of a stage of named outputs, forwarding to one or more of them (processor.Routed): each
+--              forward an XADD to its output's stream (KEYS[4 + n]), with the output's name (route_field) when
+--              that stream is the lane's outbox. A forward that fails deletes the ones of the item written before
+--              it, so the item is all forwarded or not at all, as C's one XADD is.
 --   D dead-letter: XADD the fields to the DLQ, XACK.
 --   R retry:   ZADD the message (a JSON array of fields) to the retry set, due in delay_ms; XACK.
 --   D and R are written only while their entry is pending, and acknowledged with their write: a batch sent again
@@ -25,21 +29,29 @@
 -- taken for a duplicate); then retries and dead letters, each acknowledged as it is written. A D item's fields are
 -- unpacked into one XADD (Lua 5.1 stops near 8,000 values): settle.py sends a wider one packed.
 -- KEYS: input stream, output stream (or the input when the stage has no output), dlq stream, retry zset, then
---       the items' record keys (record_prefix .. record_id), one per item in item order: KEYS[4 + n] is item n's.
+--       the stream of each named output (n_named of them, ARGV[10]; none for a stage of one output), then the
+--       items' record keys (record_prefix .. record_id), one per item in item order: KEYS[4 + n_named + n] is
+--       item n's.
 --       Every key the script touches is declared (a Redis Cluster node checks them; they share one hash tag).
 --       All are one lane's (a partition of the stage, lanes.py); the output stream is the lane's outbox when its
 --       forwards are relayed (another slot, or a stream that depends on the record): written the same way.
 -- ARGV: group, lock_value (our lock: 'lock ' .. token), marker_ttl, done_prefix, the forwarded entry's field
---       names (record_id, user_id, data, traceparent), then the items, each code entry_id record_id and by code:
---       C user_id data | T user_id data traceparent | M - | D field_count fields... | R delay_ms member | L - |
---       s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument, and
+--       names (record_id, user_id, data, traceparent), route_field, n_named, then per named output its name when
+--       its stream is the outbox, else '' (n_named values), then the items, each code entry_id record_id and by
+--       code: C user_id data | T user_id data traceparent | M - | F user_id traceparent ('' for none) count
+--       (output n, from 1; data)... | D field_count fields... | R delay_ms member | L - | s -. Fixed layouts keep names and counts out of the commits: Lua makes a string of every argument, and
 --       commits are most items.
 -- Returns the positions (from 1) of the commits that found their record committed already: the duplicates.
 local input, output, dlq, retry_set = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, lock_value, marker_ttl, done_prefix = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 local record_field, user_field, data_field, trace_field = ARGV[5], ARGV[6], ARGV[7], ARGV[8]
+local route_field, n_named = ARGV[9], tonumber(ARGV[10])
+local relayed_as = {}  -- per named output: its name when its forwards go to the outbox, else ''
+for n = 1, n_named do
+  relayed_as[n] = ARGV[10 + n]
+end
 local done_len = #done_prefix
-local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count
+local width = {C = 5, T = 6, M = 3, R = 5, r = 5, L = 3, l = 3, s = 3}  -- D and d: 4 + field_count; F: 6 + 2 count
 
 local now_ms
 local function server_now_ms()
@@ -50,12 +62,13 @@ local function server_now_ms()
   return now_ms
 end
 
-local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 9, #ARGV
+local duplicates, acked, n_acked, item, i, argc = {}, {}, 0, 0, 11 + n_named, #ARGV
+local first_record = 4 + n_named  -- KEYS[first_record + n] is item n's record key
 -- Positions in ARGV of the R and D items, written after the commits, and their item numbers.
 local retries, retry_items, dead, dead_items = {}, {}, {}, {}
 local function release(code, n)
   if code == 'D' or code == 'R' or code == 'L' then
-    local key = KEYS[4 + n]
+    local key = KEYS[first_record + n]
     if redis.call('GET', key) == lock_value then
       redis.call('DEL', key)
     end
@@ -64,8 +77,8 @@ end
 while i <= argc do
   local code, entry_id, record_id = ARGV[i], ARGV[i + 1], ARGV[i + 2]
   item = item + 1
-  local key = KEYS[4 + item]
-  if code == 'C' or code == 'T' or code == 'M' then
+  local key = KEYS[first_record + item]
+  if code == 'C' or code == 'T' or code == 'M' or code == 'F' then
     local old = redis.call('SET', key, done_prefix .. entry_id, 'GET', 'EX', marker_ttl)
     if old and old ~= lock_value and string.sub(old, 1, done_len) == done_prefix then
       redis.call('SET', key, old, 'EX', marker_ttl)
@@ -75,9 +88,31 @@ while i <= argc do
       if code == 'C' then
         forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
           ARGV[i + 4])
-      else
+      elseif code == 'T' then
         forwarded = redis.pcall('XADD', output, '*', record_field, record_id, user_field, ARGV[i + 3], data_field,
           ARGV[i + 4], trace_field, ARGV[i + 5])
+      else
+        local written = {}
+        for f = 1, tonumber(ARGV[i + 5]) do
+          local at = i + 4 + 2 * f
+          local n = tonumber(ARGV[at])
+          local fields = {record_field, record_id, user_field, ARGV[i + 3], data_field, ARGV[at + 1]}
+          if ARGV[i + 4] ~= '' then
+            fields[#fields + 1], fields[#fields + 2] = trace_field, ARGV[i + 4]
+          end
+          if relayed_as[n] ~= '' then
+            fields[#fields + 1], fields[#fields + 2] = route_field, relayed_as[n]
+          end
+          forwarded = redis.pcall('XADD', KEYS[4 + n], '*', unpack(fields))
+          if type(forwarded) == 'table' and forwarded.err then
+            for _, w in ipairs(written) do
+              local written_n, written_id = w[1], w[2]
+              redis.call('XDEL', KEYS[4 + written_n], written_id)
+            end
+            break
+          end
+          written[#written + 1] = {n, forwarded}
+        end
       end
       if type(forwarded) == 'table' and forwarded.err then
         -- Not forwarded: take the marker back, or the batch written again would take the record for a duplicate.
@@ -104,7 +139,11 @@ while i <= argc do
     end
     release(code, item)
   end
-  i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
+  if code == 'F' then
+    i = i + 6 + 2 * tonumber(ARGV[i + 5])
+  else
+    i = i + (width[code] or 4 + tonumber(ARGV[i + 3]))
+  end
 end
 -- Retries, then dead letters: each written only while its entry is pending, and acknowledged at once.
 local function pending(entry_id)

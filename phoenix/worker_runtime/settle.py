@@ -17,7 +17,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from phoenix import lua
 from phoenix.backoff import delay
-from phoenix.record_format import DONE, LUA_UNPACK_LIMIT, OUTPUT_FIELDS
+from phoenix.record_format import DONE, LUA_UNPACK_LIMIT, OUTPUT_FIELDS, ROUTE_FIELD
 from phoenix.replica_wait import run_then_wait
 from phoenix.worker_runtime.dlq import minimal_dead_letter
 from phoenix.worker_runtime.lanes import Route
@@ -78,16 +78,27 @@ class Settler:
     ) -> None:
         self._script = lua.register(client, "settle.lua", __package__)
         s = settings
-        routes = routes or routes_of(s.keys, s.output_partitions, slots_matter=False)
-        # Per lane: settle.lua's four stage keys (all in the lane's slot), and its record key prefix.
-        self._keys = [[r.keys.input, r.forward or r.keys.input, r.keys.dlq, r.keys.retry] for r in routes]
+        routes = routes or routes_of(s.keys, s.output_partitions, slots_matter=False, named=s.outputs)
+        # Per lane: settle.lua's four stage keys and each named output's stream (all in the lane's slot), and its
+        # record key prefix.
+        self._keys = [
+            [r.keys.input, r.forward or r.keys.input, r.keys.dlq, r.keys.retry, *(f.stream for f in r.named)]
+            for r in routes
+        ]
         self._record_prefixes = [r.keys.record_prefix for r in routes]
-        self._head: list[FieldValue] = [
-            s.consumer_group,
-            lock_value,
-            math.ceil(s.idempotency_ttl),
-            DONE,
-            *OUTPUT_FIELDS,
+        # Per lane: the script's head, with the names of the named outputs its outbox carries.
+        self._heads: list[list[FieldValue]] = [
+            [
+                s.consumer_group,
+                lock_value,
+                math.ceil(s.idempotency_ttl),
+                DONE,
+                *OUTPUT_FIELDS,
+                ROUTE_FIELD,
+                len(r.named),
+                *(f.name if f.relayed else "" for f in r.named),
+            ]
+            for r in routes
         ]
         self._on_settled = on_settled
         self._tracing = tracing if tracing is not None and tracing.recording else None
@@ -145,7 +156,7 @@ class Settler:
         # settle.lua's KEYS: the lane's four, then each item's record key (every key a script touches is declared).
         prefix = self._record_prefixes[lane]
         keys = self._keys[lane] + [prefix + o.record_id for o in outcomes]
-        args = self._args(outcomes)
+        args = self._args(lane, outcomes)
         if not self._replicas:
             return await self._script(keys=keys, args=args)
         # MIN_REPLICAS_ACK: WAIT follows the script on its connection. The commit stands either way (Redis cannot
@@ -222,13 +233,13 @@ class Settler:
         outcome.disposition, outcome.fields = Disposition.LEAVE, ()
         await self._try(lane, [outcome])  # pending either way; this releases the lock (a leave cannot fail on its item)
 
-    def _args(self, outcomes: list[Outcome]) -> list[FieldValue]:
-        args = list(self._head)
+    def _args(self, lane: int, outcomes: list[Outcome]) -> list[FieldValue]:
+        args = list(self._heads[lane])
         # An enum member read from its class is a Python call on 3.11: once per batch.
         commit, dead_letter, commit_codes = Disposition.COMMIT, Disposition.DEAD_LETTER, _COMMIT_CODES
         for o in outcomes:
             if o.disposition is commit:
-                args += (commit_codes[len(o.fields)], o.entry_id, o.record_id)
+                args += ("F" if o.routed else commit_codes[len(o.fields)], o.entry_id, o.record_id)
             else:
                 # A StrEnum packs as its value; lower case: no lock to release (settle.lua).
                 args += (o.disposition if o.holds_lock else o.disposition.lower(), o.entry_id, o.record_id)

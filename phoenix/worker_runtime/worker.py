@@ -170,7 +170,7 @@ class Worker:
         """Build what depends on where each lane's commits forward (lanes.py): the settler, backpressure, the
         trimmer and the outbox relay."""
         s, client = self.settings, self.redis
-        routes = lanes.routes(s.keys, s.output_partitions, slots_matter=slots_matter)
+        routes = lanes.routes(s.keys, s.output_partitions, slots_matter=slots_matter, named=s.outputs)
         self.settler = Settler(client, s, self.locks.lock_value, self._on_settled, routes, self._tracing)
         self.backpressure = Backpressure(client, s, routes)
         self.trimmer = Trimmer(client, s, routes)
@@ -297,6 +297,7 @@ class Worker:
             partitions=s.partitions,
             output=s.output_queue or None,
             output_partitions=s.output_partitions,
+            outputs={name: o.queue for name, o in s.outputs.items()} or None,
             group=s.consumer_group,
             consumer=s.consumer_name,
             concurrency=s.concurrency,

@@ -26,7 +26,7 @@ from phoenix.kube_names import (
 from phoenix.operator.builders.meta import Owner, child_metadata, selector_labels, stage_labels
 from phoenix.operator.builders.redis_address import RedisUser
 from phoenix.operator.builders.security import container_security_context, pod_security_context
-from phoenix.operator.builders.streams import resolve_streams
+from phoenix.operator.builders.streams import named_outputs, resolve_streams
 from phoenix.operator.record import SecretsRead
 from phoenix.worker_runtime.settings import WorkerSettings
 
@@ -61,6 +61,7 @@ def worker_env(
     uid: str = "",
     output_partitions: int = 1,
     *,
+    named_partitions: Mapping[str, int] | None = None,
     cluster: str = "",
     user: RedisUser | None = None,
     secret_keys: Mapping[str, tuple[str, ...]] | None = None,
@@ -68,7 +69,8 @@ def worker_env(
     """The container env: runtime variables derived from the spec, then the spec's own extra variables. `uid` and
     `cluster`: the PhoenixStage's and its Kubernetes cluster's, by which its workers prove they are its own to the
     keys' ownership marker. `output_partitions`: the partitions of the stage `output.stage` names (its workers
-    forward each record to its partition there). `user`: the Redis ACL user of the namespace, whose name and
+    forward each record to its partition there); `named_partitions`, those of each of spec.outputs' stages, by
+    output name (OUTPUTS). `user`: the Redis ACL user of the namespace, whose name and
     password replace the URL's (REDIS_USERNAME, REDIS_PASSWORD). `secret_keys`: the keys of the Secrets
     spec.pod.envFrom names, as read (SecretsRead.keys), for MASKED_ENV.
 
@@ -99,6 +101,7 @@ def worker_env(
         "OUTPUT_QUEUE": streams.output or "",
         "OUTPUT_PARTITIONS": str(output_partitions if spec.output is not None and spec.output.stage else 1),
         "OUTPUT_RETENTION": (spec.output.retention if spec.output is not None else None) or "",
+        "OUTPUTS": _outputs_json(spec, streams.namespace, named_partitions or {}),
         "READ_MEMORY_BYTES": str(read_memory),
         **redis_plain_env(spec.redis),
         "MASKED_ENV": ",".join(_taken_from_secrets(spec, secret_keys or {})),
@@ -215,8 +218,19 @@ def _probe(path: str, period: int, failures: int) -> dict[str, Any]:
     }
 
 
+def _outputs_json(spec: PhoenixStageSpec, namespace: str, partitions: Mapping[str, int]) -> str:
+    """OUTPUTS: spec.outputs as the worker reads it (JSON, name -> queue and partitions); empty without them."""
+    outputs = named_outputs(spec, namespace, partitions)
+    return json.dumps({name: o.model_dump() for name, o in outputs.items()}, separators=(",", ":")) if outputs else ""
+
+
 def _container(
-    owner: Owner, spec: PhoenixStageSpec, output_partitions: int, user: RedisUser | None, secrets: SecretsRead
+    owner: Owner,
+    spec: PhoenixStageSpec,
+    output_partitions: int,
+    user: RedisUser | None,
+    secrets: SecretsRead,
+    named_partitions: Mapping[str, int],
 ) -> dict[str, Any]:
     mounts: list[dict[str, Any]] = [{"name": TMP_VOLUME, "mountPath": TMP_DIR}]
     if redis_tls_volume(spec.redis) is not None:
@@ -233,6 +247,7 @@ def _container(
             resolve_streams(owner.name, owner.namespace, spec),
             owner.uid,
             output_partitions,
+            named_partitions=named_partitions,
             cluster=owner.cluster,
             user=user,
             secret_keys=secrets.keys,
@@ -302,6 +317,7 @@ def build_deployment(
     restarted_at: str | None = None,
     secrets: SecretsRead | None = None,
     output_partitions: int = 1,
+    named_partitions: Mapping[str, int] | None = None,
     redis_user: RedisUser | None = None,
 ) -> dict[str, Any]:
     """The Deployment running the stage's workers.
@@ -312,7 +328,8 @@ def build_deployment(
     as `phoenix.io/secret-versions`, so a rotated Redis URL, password, CA, client certificate, the namespace's
     Redis ACL user's password or a Secret of spec.env or spec.pod.envFrom rolls the workers, which read them only
     at start; the keys of the envFrom Secrets make MASKED_ENV. `output_partitions`: the partitions of the stage
-    `output.stage` names. `redis_user`: the Redis ACL user the workers log in as (worker_env).
+    `output.stage` names; `named_partitions`, of each of spec.outputs' stages by name. `redis_user`: the Redis ACL
+    user the workers log in as (worker_env).
     spec.pod's labels and annotations go on the pod template beside the operator's own (which the schema keeps
     them from replacing).
     """
@@ -348,7 +365,11 @@ def build_deployment(
                     "terminationGracePeriodSeconds": termination_grace(spec),
                     "securityContext": pod_security_context(),
                     **_pod_placement(spec),
-                    "containers": [_container(owner, spec, output_partitions, redis_user, secrets or SecretsRead())],
+                    "containers": [
+                        _container(
+                            owner, spec, output_partitions, redis_user, secrets or SecretsRead(), named_partitions or {}
+                        )
+                    ],
                     # readOnlyRootFilesystem: /tmp is the only writable place (parsers spool documents there),
                     # besides the volumes spec.pod adds.
                     "volumes": volumes,

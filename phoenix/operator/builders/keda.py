@@ -6,7 +6,7 @@ rules are KEDA 2.21's (apis/keda/v1alpha1/scaledobject_webhook.go, pkg/scaling/m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from phoenix.crds import PhoenixStageSpec, RedisMode, SecretKeyRef
@@ -16,7 +16,7 @@ from phoenix.kube_names import PAUSED_ANNOTATION, PAUSED_REPLICAS_ANNOTATION
 from phoenix.operator.builders.deployment import CERT_FILE, KEY_FILE, desired_replicas
 from phoenix.operator.builders.meta import Owner, child_metadata
 from phoenix.operator.builders.redis_address import RedisConnection, RedisUser
-from phoenix.operator.builders.streams import resolve_streams
+from phoenix.operator.builders.streams import named_outputs, resolve_streams
 from phoenix.worker_runtime.lanes import routes
 
 KEDA_API_VERSION = "keda.sh/v1alpha1"
@@ -94,13 +94,16 @@ def _connection_metadata(spec: PhoenixStageSpec, connection: RedisConnection) ->
     return metadata
 
 
-def relayed_partitions(owner: Owner, spec: PhoenixStageSpec, output_partitions: int) -> frozenset[int | None]:
+def relayed_partitions(
+    owner: Owner, spec: PhoenixStageSpec, output_partitions: int, named_partitions: Mapping[str, int] | None = None
+) -> frozenset[int | None]:
     """The partitions (None: the one lane of a stage of one partition) whose commits forward through the lane's
     outbox: the worker's own choice (worker_runtime/lanes.py), from the spec alone, slots mattering in cluster
     mode. (A worker of a standalone spec whose server runs in cluster mode finds that out from the server and
     relays too; without Redis, this takes a standalone spec for a single Redis.)"""
     keys = resolve_streams(owner.name, owner.namespace, spec)
-    found = routes(keys, output_partitions, slots_matter=spec.redis.mode is RedisMode.CLUSTER)
+    named = named_outputs(spec, owner.namespace, named_partitions or {})
+    found = routes(keys, output_partitions, slots_matter=spec.redis.mode is RedisMode.CLUSTER, named=named)
     return frozenset(route.keys.partition for route in found if route.relayed)
 
 
@@ -190,12 +193,14 @@ def build_scaled_object(
     connection: RedisConnection,
     output_partitions: int = 1,
     user: RedisUser | None = None,
+    named_partitions: Mapping[str, int] | None = None,
 ) -> dict[str, Any]:
     """The ScaledObject driving the stage's Deployment between replicas.min and replicas.max.
 
     `connection` comes from `redis_connection()` on the URL in spec.redis.urlSecretRef (with the user's name when
     the stage has a Redis ACL user `user`, whose password the TriggerAuthentication hands KEDA); `output_partitions`
-    is what the Deployment's OUTPUT_PARTITIONS says (which lanes relay follows from it). Raises
+    is what the Deployment's OUTPUT_PARTITIONS says (which lanes relay follows from it), `named_partitions` what
+    its OUTPUTS says. Raises
     AutoscalingConfigError when that URL has a password but no passwordSecretRef tells KEDA where to read it.
     """
     if connection.has_password and spec.redis.password_secret_ref is None and user is None:
@@ -210,7 +215,7 @@ def build_scaled_object(
             "four triggers per partition, polled every pollingInterval); use fewer partitions, or set "
             "autoscaling.enabled=false"
         )
-    relayed = relayed_partitions(owner, spec, output_partitions)
+    relayed = relayed_partitions(owner, spec, output_partitions, named_partitions)
     annotations = None
     if spec.paused:
         # paused-replicas makes KEDA hold the Deployment at 0 instead of fighting the operator's 0.

@@ -7,23 +7,23 @@ from typing import Any
 NONROOT_UID = 65532  # the distroless "nonroot" user
 
 
+# Both levels say it: the pod's for every container, the container's so that it holds wherever it is copied.
+_NON_ROOT = {
+    "runAsNonRoot": True,
+    "runAsUser": NONROOT_UID,
+    "runAsGroup": NONROOT_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+
+
 def pod_security_context() -> dict[str, Any]:
-    return {
-        "runAsNonRoot": True,
-        "runAsUser": NONROOT_UID,
-        "runAsGroup": NONROOT_UID,
-        "fsGroup": NONROOT_UID,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
+    return {**_NON_ROOT, "fsGroup": NONROOT_UID}
 
 
 def container_security_context() -> dict[str, Any]:
     return {
-        "runAsNonRoot": True,
-        "runAsUser": NONROOT_UID,
-        "runAsGroup": NONROOT_UID,
+        **_NON_ROOT,
         "readOnlyRootFilesystem": True,
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
-        "seccompProfile": {"type": "RuntimeDefault"},
     }

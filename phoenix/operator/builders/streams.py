@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from phoenix.crds import Output, PhoenixStageSpec
 from phoenix.keys import StageKeys, input_stream
+from phoenix.worker_runtime.settings import NamedOutput
 
 
 def resolve_streams(name: str, namespace: str, spec: PhoenixStageSpec) -> StageKeys:
@@ -23,6 +26,15 @@ def resolve_streams(name: str, namespace: str, spec: PhoenixStageSpec) -> StageK
         output=output,
         partitions=spec.partitions,
     )
+
+
+def named_outputs(spec: PhoenixStageSpec, namespace: str, partitions: Mapping[str, int]) -> dict[str, NamedOutput]:
+    """The worker's OUTPUTS from spec.outputs: each name's next stage's input, with that stage's partition count
+    (`partitions`, by output name: as output_partitions is read for output.stage; 1 when not given)."""
+    return {
+        o.name: NamedOutput(queue=input_stream(o.stage, namespace), partitions=partitions.get(o.name, 1))
+        for o in spec.outputs or []
+    }
 
 
 def _output_stream(output: Output | None, namespace: str) -> str | None:

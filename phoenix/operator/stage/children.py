@@ -93,17 +93,26 @@ async def apply_deployment(
     secrets: SecretsRead,
     output_partitions: int = 1,
     user: RedisUser | None = None,
+    named_partitions: Mapping[str, int] | None = None,
 ) -> tuple[dict[str, Any], list[ActionTaken], dict[str, Any]]:
     """Create the worker Deployment or patch the fields that differ from the spec, keeping its restart stamp and
     KEDA's replica count; nothing is written when nothing differs. `secrets`: what the reconcile read of the
     Secrets the pods use (their resourceVersions: when one differs the patch rolls the workers; the envFrom
     Secrets' keys for MASKED_ENV). `output_partitions`: the partitions of the stage `output.stage` names
-    (OUTPUT_PARTITIONS). `user`: the namespace's Redis ACL user.
+    (OUTPUT_PARTITIONS), `named_partitions` those of spec.outputs' stages (OUTPUTS). `user`: the namespace's Redis
+    ACL user.
 
     Returns the Deployment, the actions taken and the form later watch events are compared with (KEDA's
     replica count left out of it)."""
     existing = await kube.get_deployment(owner.namespace, owner.name)
-    desired = build_deployment(owner, stage.spec, secrets=secrets, output_partitions=output_partitions, redis_user=user)
+    desired = build_deployment(
+        owner,
+        stage.spec,
+        secrets=secrets,
+        output_partitions=output_partitions,
+        named_partitions=named_partitions,
+        redis_user=user,
+    )
     current = None if existing is None else existing.get("spec", {}).get("replicas")
     desired["spec"]["replicas"] = deployment_replicas(stage.spec, current, keda_scales)
     watched = copy.deepcopy(desired)
@@ -175,12 +184,13 @@ async def apply_autoscaling(
     redis: RedisSpec,
     output_partitions: int,
     user: RedisUser | None = None,
+    named_partitions: Mapping[str, int] | None = None,
 ) -> tuple[Condition, list[ActionTaken], dict[str, dict[str, Any]]]:
     """The ScaledObject and TriggerAuthentication, or the reason there are none: the AutoscalingReady condition,
     the actions taken and the wanted form of each KEDA object by kind (none for an object the stage does not own:
     its watch events are not the stage's drift). `redis`: as KEDA reaches it (as `user`, the namespace's Redis ACL
     user, when there is one). `output_partitions`: as for the Deployment (OUTPUT_PARTITIONS), which tells the
-    lanes whose outbox KEDA counts."""
+    lanes whose outbox KEDA counts; `named_partitions` as for the Deployment (OUTPUTS)."""
     spec, generation = stage.spec, stage.metadata.generation
 
     def unscaled(reason: str, message: str) -> Condition:
@@ -202,7 +212,9 @@ async def apply_autoscaling(
             actions += await _remove_autoscaling(kube, owner)
             return unscaled("AutoscalingDisabled", "autoscaling.enabled is false"), actions, {}
         try:
-            scaled_object = build_scaled_object(owner, spec, redis_connection(redis), output_partitions, user)
+            scaled_object = build_scaled_object(
+                owner, spec, redis_connection(redis), output_partitions, user, named_partitions
+            )
         except AutoscalingConfigError as exc:
             actions += await _remove_autoscaling(kube, owner)
             condition = new_condition(

@@ -144,6 +144,7 @@ async def apply_spec(
         record.secret_versions = secrets.versions
     try:
         forward_partitions, next_partitions = await output_partitions(kube, pool.client(redis), stage)
+        named_partitions = await outputs_partitions(kube, pool.client(redis), stage)
     except (RedisError, OSError) as exc:
         pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
@@ -153,12 +154,12 @@ async def apply_spec(
     async with record.deployment_lock:
         connection = target if user is None else target.model_copy(update={"username": user.username})
         autoscaling, keda_actions, watched = await apply_autoscaling(
-            kube, owner, stage, connection, forward_partitions, user
+            kube, owner, stage, connection, forward_partitions, user, named_partitions
         )
         actions += keda_actions
         keda_scales = autoscaling.status == "True"
         deployment, deployment_actions, watched["Deployment"] = await apply_deployment(
-            kube, owner, stage, keda_scales, secrets, forward_partitions, user
+            kube, owner, stage, keda_scales, secrets, forward_partitions, user, named_partitions
         )
         actions += deployment_actions
         budget_actions, budget = await apply_disruption_budget(kube, owner, stage)
@@ -206,7 +207,16 @@ def stage_model(body: Mapping[str, Any]) -> PhoenixStage:
 def parse_stage(body: Mapping[str, Any]) -> PhoenixStage:
     """The validated stage, ready to run; rules the schema cannot express fail as a permanent InvalidSpec error."""
     stage = stage_model(body)
-    check_stream_names(resolve_streams(stage.metadata.name, stage.namespace, stage.spec))
+    streams = resolve_streams(stage.metadata.name, stage.namespace, stage.spec)
+    check_stream_names(streams)
+    for output in stage.spec.outputs or []:
+        if input_stream(output.stage, stage.namespace) == streams.input:
+            raise StageError(
+                "InvalidSpec",
+                f"spec.outputs {output.name!r} names stage {output.stage!r}, whose input is this stage's own: the "
+                "stage would feed itself (its workers refuse to start so); name another stage",
+                permanent=True,
+            )
     return stage
 
 
@@ -346,11 +356,24 @@ async def output_partitions(kube: KubeApi, client: Redis, stage: PhoenixStage) -
     output = stage.spec.output
     if output is None or output.stage is None:
         return 1, 1
-    body = await kube.get_stage(stage.namespace, output.stage)
+    return await _next_partitions(kube, client, stage.namespace, output.stage)
+
+
+async def outputs_partitions(kube: KubeApi, client: Redis, stage: PhoenixStage) -> dict[str, int]:
+    """The partitions of each stage spec.outputs names, by output name, read as output_partitions reads them."""
+    found = {}
+    for output in stage.spec.outputs or []:
+        found[output.name], _ = await _next_partitions(kube, client, stage.namespace, output.stage)
+    return found
+
+
+async def _next_partitions(kube: KubeApi, client: Redis, namespace: str, next_stage: str) -> tuple[int, int]:
+    """The next stage's partitions: its layout in Redis, else its spec's (or 1); and its spec's."""
+    body = await kube.get_stage(namespace, next_stage)
     asked = ((body or {}).get("spec") or {}).get("partitions", 1)
     # The API server checked it (an int in 1..MAX_PARTITIONS); anything else is read as the default.
     asked = asked if isinstance(asked, int) and asked >= 1 else 1
-    laid_out = await client.hget(StageKeys.for_stage(output.stage, stage.namespace).layout, "partitions")
+    laid_out = await client.hget(StageKeys.for_stage(next_stage, namespace).layout, "partitions")
     return (asked if laid_out is None else int(laid_out)), asked
 
 
