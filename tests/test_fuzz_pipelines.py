@@ -1,8 +1,8 @@
-"""Generated pipeline graphs (names repeated or not, edges inside, outside or to a stage with its own input, self
-edges and cycles) through the models (phoenix/crds/pipeline.py) and through the real API server's CEL rules (a
-server-side dry run): wherever a CEL rule can see the fault, both refuse; a longer cycle, which CEL cannot follow,
-is admitted by the API server and refused by the models (the operator then shows it as a condition:
-tests/test_operator_pipeline.py)."""
+"""Generated pipeline graphs (names repeated or not, edges by output.stage and by named outputs, inside, outside or
+to a stage with its own input, self edges and cycles) through the models (phoenix/crds/pipeline.py) and through the
+real API server's CEL rules (a server-side dry run): wherever a CEL rule can see the fault, both refuse; a longer
+cycle, which CEL cannot follow, is admitted by the API server and refused by the models (the operator then shows it
+as a condition: tests/test_operator_pipeline.py)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,12 @@ def namespace(kube_cluster: ControlPlane) -> Iterator[str]:
     yield NAMESPACE
 
 
+def _target(draw: st.DrawFn, name: str, others: list[str]) -> str:
+    """Mostly another stage of the pipeline, now and then the stage itself or a name outside the pipeline."""
+    pick = draw(st.integers(0, 9))
+    return OUTSIDE if pick == 0 else name if pick == 1 or not others else draw(st.sampled_from(others))
+
+
 @st.composite
 def pipeline_entries(draw: st.DrawFn) -> list[dict[str, Any]]:
     """1 to 5 stages, their names mostly unique (a repeated one now and then), each with no output, a stream, or an
@@ -49,12 +55,14 @@ def pipeline_entries(draw: st.DrawFn) -> list[dict[str, Any]]:
     entries = []
     for i, name in enumerate(names):
         spec: dict[str, Any] = {"processor": "router", "image": "phoenix:1", "redis": REDIS}
-        output = "ring" if ring else draw(st.sampled_from(["none", "stream", "stage", "stage", "stage", "stage"]))
         others = [other for other in names if other != name]
+
+        output = "ring" if ring else draw(st.sampled_from(["none", "stream", "stage", "stage", "named", "named"]))
         if output == "stage":
-            pick = draw(st.integers(0, 9))
-            target = OUTSIDE if pick == 0 else name if pick == 1 or not others else draw(st.sampled_from(others))
-            spec["output"] = {"stage": target}
+            spec["output"] = {"stage": _target(draw, name, others)}
+        elif output == "named":  # a router's named outputs (spec.outputs), one to three of them
+            targets = [_target(draw, name, others) for _ in range(draw(st.integers(1, 3)))]
+            spec["outputs"] = [{"name": f"out{j}", "stage": stage} for j, stage in enumerate(targets)]
         elif output == "ring":
             spec["output"] = {"stage": names[(i + 1) % len(names)]}
         elif output == "stream":
@@ -65,30 +73,37 @@ def pipeline_entries(draw: st.DrawFn) -> list[dict[str, Any]]:
     return entries
 
 
-def _target(entry: dict[str, Any]) -> str | None:
-    return (entry["spec"].get("output") or {}).get("stage")
+def _targets(entry: dict[str, Any]) -> list[str]:
+    spec = entry["spec"]
+    if "outputs" in spec:
+        return [output["stage"] for output in spec["outputs"]]
+    stage = (spec.get("output") or {}).get("stage")
+    return [] if stage is None else [stage]
 
 
 def faults_cel_sees(entries: list[dict[str, Any]]) -> bool:
     """Repeated names, an edge to no stage of the pipeline or to one with its own input, a self edge."""
     names = [entry["name"] for entry in entries]
     own_input = {entry["name"] for entry in entries if "input" in entry["spec"]}
-    targets = [(entry["name"], _target(entry)) for entry in entries if _target(entry) is not None]
+    edges = [(entry["name"], target) for entry in entries for target in _targets(entry)]
     return len(set(names)) != len(names) or any(
-        target not in names or target in own_input or target == name for name, target in targets
+        target not in names or target in own_input or target == name for name, target in edges
     )
 
 
 def has_cycle(entries: list[dict[str, Any]]) -> bool:
-    """A cycle by walking each stage's one output (every name unique and every edge inside: faults_cel_sees is
-    False), independently of the models' graph code."""
-    next_of = {entry["name"]: _target(entry) for entry in entries}
+    """A cycle, by a walk from each stage along every edge (every name unique and every edge inside:
+    faults_cel_sees is False), independently of the models' graph code."""
+    next_of = {entry["name"]: _targets(entry) for entry in entries}
     for start in next_of:
-        seen, current = 0, next_of[start]
-        while current is not None and seen <= len(next_of):
+        frontier, seen = list(next_of[start]), set()
+        while frontier:
+            current = frontier.pop()
             if current == start:
                 return True
-            current, seen = next_of[current], seen + 1
+            if current not in seen:
+                seen.add(current)
+                frontier += next_of[current]
     return False
 
 

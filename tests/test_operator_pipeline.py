@@ -211,7 +211,7 @@ def test_a_cycle_is_a_condition_and_an_unknown_edge_is_refused_at_admission(
     pipeline["metadata"]["name"] = "strays"
     result = kube_cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump(pipeline))
     assert result.returncode != 0
-    assert "an output.stage must name a stage of this pipeline" in result.stderr
+    assert "an output.stage or outputs[].stage must name a stage of this pipeline" in result.stderr
 
 
 @pytest.mark.timeout(240)

@@ -40,7 +40,7 @@ CHAIN = (entry("router", "parser"), entry("parser", "grouper"), entry("grouper")
     ("entries", "message"),
     [
         ((entry("a"), entry("a")), "each stage's name must be unique in the pipeline (repeated: a)"),
-        ((entry("a", "b"),), "an output.stage must name a stage of this pipeline"),
+        ((entry("a", "b"),), "an output.stage or outputs[].stage must name a stage of this pipeline"),
         ((entry("a", "b"), entry("b", input="custom:in")), "a stage that sets spec.input is fed with output.stream"),
         ((entry("a", "a"),), "must not name the stage itself (a pipeline has no cycle) (stage a)"),
         ((entry("a", "b"), entry("b", "c"), entry("c", "a")), "(a pipeline is a DAG) (found a -> b -> c -> a)"),
@@ -162,3 +162,24 @@ def test_a_stage_is_patched_only_where_it_departs_from_the_pipeline() -> None:
     assert {"op": "replace", "path": "/spec", "value": wanted["spec"]} in ops
     assert {"op": "add", "path": "/metadata/labels", "value": {}} in ops
     assert {"op": "add", "path": "/metadata/labels/phoenix.io~1pipeline", "value": "documents"} in ops
+
+
+def test_named_outputs_are_edges_too() -> None:
+    router = {
+        "name": "router",
+        "spec": {
+            **entry("router")["spec"],
+            "outputs": [{"name": "parser", "stage": "parser"}, {"name": "imaging", "stage": "imaging"}],
+        },
+    }
+    spec = pipeline(router, entry("parser", "grouper"), entry("imaging", "grouper"), entry("grouper"))
+    assert spec.edges()["router"] == ("parser", "imaging")
+    assert spec.upstream()["grouper"] == ("parser", "imaging")
+    closing = {
+        "name": "grouper",
+        "spec": {**entry("grouper")["spec"], "outputs": [{"name": "back", "stage": "router"}]},
+    }
+    with pytest.raises(ValidationError, match=r"found router -> (parser|imaging) -> grouper -> router"):
+        pipeline(router, entry("parser", "grouper"), entry("imaging", "grouper"), closing)
+    with pytest.raises(ValidationError, match="must name a stage of this pipeline"):
+        pipeline(router, entry("parser"))

@@ -1,5 +1,6 @@
 """PhoenixPipeline: the stages of one pipeline as one object, each stage's spec inline (the PhoenixStage schema),
-its edges the stages' own `output.stage`. The operator makes one PhoenixStage per entry (operator/pipeline/)."""
+its edges the stages' own `output.stage` and named `outputs`. The operator makes one PhoenixStage per entry
+(operator/pipeline/)."""
 
 from __future__ import annotations
 
@@ -25,15 +26,17 @@ MAX_STAGES = 16
 
 _UNIQUE_NAMES = "spec.stages: each stage's name must be unique in the pipeline"
 _EDGE_INSIDE = (
-    "spec.stages: an output.stage must name a stage of this pipeline (a pipeline's edges stay inside it: to feed a "
-    "stream or stage elsewhere, use output.stream)"
+    "spec.stages: an output.stage or outputs[].stage must name a stage of this pipeline (a pipeline's edges stay "
+    "inside it: to feed a stream or stage elsewhere, use output.stream)"
 )
 _EDGE_TO_DEFAULT_INPUT = (
-    "spec.stages: an output.stage must name a stage that reads its default input (output.stage writes to "
-    "phoenix:{<namespace>}:<stage>:input): a stage that sets spec.input is fed with output.stream"
+    "spec.stages: an output.stage or outputs[].stage must name a stage that reads its default input (they write "
+    "to phoenix:{<namespace>}:<stage>:input): a stage that sets spec.input is fed with output.stream"
 )
-_NO_SELF_EDGE = "spec.stages: a stage's output.stage must not name the stage itself (a pipeline has no cycle)"
-_CYCLE = "spec.stages: the stages' output.stage edges must not form a cycle (a pipeline is a DAG)"
+_NO_SELF_EDGE = (
+    "spec.stages: a stage's output.stage or outputs[].stage must not name the stage itself (a pipeline has no cycle)"
+)
+_CYCLE = "spec.stages: the stages' edges (output.stage, outputs[].stage) must not form a cycle (a pipeline is a DAG)"
 
 
 class PipelineStage(CamelModel):
@@ -44,7 +47,10 @@ class PipelineStage(CamelModel):
 
 
 def next_stages(spec: PhoenixStageSpec) -> tuple[str, ...]:
-    """The stages a stage's results go to by name: the edges of the pipeline's graph."""
+    """The stages a stage's results go to by name (its output.stage, or each of its named outputs' stage): the
+    edges of the pipeline's graph."""
+    if spec.outputs is not None:
+        return tuple(dict.fromkeys(output.stage for output in spec.outputs))
     output = spec.output
     return () if output is None or output.stage is None else (output.stage,)
 
@@ -59,9 +65,12 @@ def find_cycle(upstream: Mapping[str, Iterable[str]]) -> list[str] | None:
     return None
 
 
-def _stage_cel(rule: str) -> str:
-    """A rule over every stage's output.stage (`o`), for the stages that have one."""
-    return f"self.stages.all(s, !has(s.spec.output) || !has(s.spec.output.stage) || {rule})"
+def _edges_cel(rule: str) -> str:
+    """`rule` over every edge of every stage `s`, `{target}` in it the name of the edge's next stage (output.stage,
+    outputs[].stage)."""
+    one = f"(!has(s.spec.output) || !has(s.spec.output.stage) || {rule.format(target='s.spec.output.stage')})"
+    named = f"(!has(s.spec.outputs) || s.spec.outputs.all(o, {rule.format(target='o.stage')}))"
+    return f"self.stages.all(s, {one} && {named})"
 
 
 class PhoenixPipelineSpec(CamelModel):
@@ -69,19 +78,17 @@ class PhoenixPipelineSpec(CamelModel):
 
     model_config = cel(
         ("self.stages.all(s, self.stages.exists_one(t, t.name == s.name))", _UNIQUE_NAMES),
-        (_stage_cel("self.stages.exists(t, t.name == s.spec.output.stage)"), _EDGE_INSIDE),
-        (
-            _stage_cel("!self.stages.exists(t, t.name == s.spec.output.stage && has(t.spec.input))"),
-            _EDGE_TO_DEFAULT_INPUT,
-        ),
-        (_stage_cel("s.spec.output.stage != s.name"), _NO_SELF_EDGE),
+        (_edges_cel("self.stages.exists(t, t.name == {target})"), _EDGE_INSIDE),
+        (_edges_cel("!self.stages.exists(t, t.name == {target} && has(t.spec.input))"), _EDGE_TO_DEFAULT_INPUT),
+        (_edges_cel("{target} != s.name"), _NO_SELF_EDGE),
     )
 
     stages: list[PipelineStage] = Field(
         min_length=1,
         max_length=MAX_STAGES,
         description="The stages, each made a PhoenixStage of its name with the pipeline as its owner. Edges: a "
-        "stage's output.stage names another stage of the pipeline; names are unique, the graph has no cycle.",
+        "stage's output.stage (or each of its named outputs' stage) names another stage of the pipeline; names are "
+        "unique, the graph has no cycle.",
     )
     paused: bool = Field(
         default=False,
@@ -105,11 +112,9 @@ class PhoenixPipelineSpec(CamelModel):
         for stage in self.stages:
             for target in next_stages(stage.spec):
                 if target not in by_name:
-                    raise ValueError(
-                        f"{_EDGE_INSIDE} (stage {stage.name}: output.stage {target}; stages: {', '.join(names)})"
-                    )
+                    raise ValueError(f"{_EDGE_INSIDE} (stage {stage.name}: {target}; stages: {', '.join(names)})")
                 if by_name[target].input is not None:
-                    raise ValueError(f"{_EDGE_TO_DEFAULT_INPUT} (stage {stage.name}: output.stage {target})")
+                    raise ValueError(f"{_EDGE_TO_DEFAULT_INPUT} (stage {stage.name}: {target})")
                 if target == stage.name:
                     raise ValueError(f"{_NO_SELF_EDGE} (stage {stage.name})")
         if cycle := find_cycle(self.upstream()):
