@@ -7,6 +7,7 @@ import copy
 from typing import Any
 
 import pytest
+from kubernetes import client
 from pydantic import ValidationError
 
 from phoenix.crds import API_VERSION, DeletionPolicy
@@ -14,7 +15,10 @@ from phoenix.crds.pipeline import PIPELINE_KIND, PhoenixPipelineSpec, find_cycle
 from phoenix.kube_names import PIPELINE_LABEL
 from phoenix.operator.builders import Owner
 from phoenix.operator.builders.pipeline import owned_by, pipeline_stage, stage_changes, wanted_stage_spec
+from phoenix.operator.context import OperatorContext
+from phoenix.operator.kube.api import KubeApi
 from phoenix.operator.pipeline.lifecycle import paused_stages
+from phoenix.operator.pipeline.loop import stage_of_pipeline_seen
 from phoenix.operator.pipeline.summary import StageView, pipeline_status
 
 REDIS = {"urlSecretRef": {"name": "phoenix-redis", "key": "url"}}
@@ -183,3 +187,17 @@ def test_named_outputs_are_edges_too() -> None:
         pipeline(router, entry("parser", "grouper"), entry("imaging", "grouper"), closing)
     with pytest.raises(ValidationError, match="must name a stage of this pipeline"):
         pipeline(router, entry("parser"))
+
+
+def test_a_pipeline_or_a_stage_it_made_is_looked_at_at_once_and_no_other() -> None:
+    context = OperatorContext(KubeApi(client.ApiClient()), namespaces=(), refresh_interval=10.0)
+    pipelines = context.pipelines
+    pipelines.observe({"metadata": {"namespace": "team", "name": "documents", "generation": 1}})
+    assert pipelines.changed == {("team", "documents")} and pipelines.wake.is_set()
+    pipelines.changed.clear()
+    pipelines.wake.clear()
+    stage_of_pipeline_seen(context, {"metadata": {"namespace": "team", "name": "router"}})  # a hand-made stage
+    assert not pipelines.changed and not pipelines.wake.is_set()
+    labelled = {"metadata": {"namespace": "team", "name": "parser", "labels": {PIPELINE_LABEL: "documents"}}}
+    stage_of_pipeline_seen(context, labelled)
+    assert pipelines.changed == {("team", "documents")} and pipelines.wake.is_set()

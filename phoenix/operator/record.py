@@ -158,11 +158,18 @@ class PipelineRecord:
 
 class PipelineRegistry:
     """Every pipeline seen and not seen deleted, fed by the watch (handlers.pipeline_seen), walked by the pipeline
-    loop (pipeline/loop.py); `wake` is set when a pipeline or one of its stages changed."""
+    loop (pipeline/loop.py); `wake` is set when a pipeline or one of its stages changed, and `changed` says which
+    (the loop takes those at once, the others at its interval)."""
 
     def __init__(self) -> None:
         self._records: dict[PipelineKey, PipelineRecord] = {}
         self.wake = asyncio.Event()
+        self.changed: set[PipelineKey] = set()
+
+    def touch(self, key: PipelineKey) -> None:
+        """The pipeline `key` (or one of its stages) changed: the loop looks at it now."""
+        self.changed.add(key)
+        self.wake.set()
 
     def observe(self, body: Mapping[str, Any]) -> PipelineRecord:
         meta = body["metadata"]
@@ -173,7 +180,7 @@ class PipelineRegistry:
             self._records[key] = record
         record.generation = meta.get("generation")
         record.body = body
-        self.wake.set()
+        self.touch(key)
         return record
 
     def forget(self, key: PipelineKey) -> None:

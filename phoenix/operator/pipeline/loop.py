@@ -1,11 +1,13 @@
-"""The background loop of the pipelines: every pipeline reconciled when it or one of its stages changed (the watch
-sets the registry's wake), and every refresh interval anyway (its status follows its stages', its pause moves on)."""
+"""The background loop of the pipelines: a pipeline reconciled when it or one of its stages changed (the watch
+touches it in the registry), and every pipeline every refresh interval anyway (its status follows its stages', its
+pause moves on)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -22,18 +24,27 @@ SETTLE_SECONDS = 0.2
 def stage_of_pipeline_seen(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
     """A PhoenixStage's watch event: when a pipeline made it, that pipeline is looked at again (a hand edit put
     back, a deleted stage made again, the status summed anew)."""
-    if PIPELINE_LABEL in (body.get("metadata", {}).get("labels") or {}):
-        ctx.pipelines.wake.set()
+    meta = body.get("metadata", {})
+    pipeline = (meta.get("labels") or {}).get(PIPELINE_LABEL)
+    if pipeline is not None:
+        ctx.pipelines.touch((meta["namespace"], pipeline))
 
 
 async def pipelines_forever(ctx: OperatorContext) -> None:
-    wake = ctx.pipelines.wake
+    pipelines = ctx.pipelines
+    due = time.monotonic() + ctx.refresh_interval
     while True:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), ctx.refresh_interval)
+            await asyncio.wait_for(pipelines.wake.wait(), max(0.0, due - time.monotonic()))
         await asyncio.sleep(SETTLE_SECONDS)
-        wake.clear()
-        for record in ctx.pipelines.records():
+        pipelines.wake.clear()
+        everyone = time.monotonic() >= due
+        if everyone:
+            due = time.monotonic() + ctx.refresh_interval
+        changed, pipelines.changed = pipelines.changed, set()
+        for record in pipelines.records():
+            if not everyone and record.key not in changed:
+                continue
             try:
                 await reconcile_pipeline(ctx, record)
             except Exception:  # one pipeline's unforeseen failure must not stop the others' loop

@@ -85,7 +85,7 @@ async def _reconcile(ctx: OperatorContext, record: PipelineRecord, body: Mapping
         wanted = pipeline_stage(
             owner, name, wanted_stage_spec(entry["spec"], wanted_paused[name], spec.deletion_policy)
         )
-        stage, action = await _keep(ctx, record, owned.get(name), wanted)
+        stage, action = await _keep(ctx, record, owner.uid, owned.get(name), wanted)
         if action is not None:
             actions.append(action)
         views.append(StageView(name, stage, not_owned=stage is None and action is None))
@@ -114,15 +114,16 @@ async def _reconcile(ctx: OperatorContext, record: PipelineRecord, body: Mapping
 
 
 async def _keep(
-    ctx: OperatorContext, record: PipelineRecord, stage: Json | None, wanted: Json
+    ctx: OperatorContext, record: PipelineRecord, uid: str, stage: Json | None, wanted: Json
 ) -> tuple[Json | None, ActionTaken | None]:
-    """Make the stage `wanted` names be `wanted`: (the stage as it is now, what was done). (None, None): a
-    PhoenixStage of its name exists that the pipeline does not own."""
+    """Make the stage `wanted` names be `wanted`: (the stage as it is now, what was done). `stage`: the stage the
+    pipeline (of `uid`) owns under that name as listed, None when the list had none (not made yet, or its label
+    taken off). (None, None): a PhoenixStage of its name exists that the pipeline does not own."""
     meta = wanted["metadata"]
     name, namespace = meta["name"], meta["namespace"]
     if stage is None:
         stage = await ctx.kube.get_stage(namespace, name)
-        if stage is not None and not owned_by(stage, wanted["metadata"]["ownerReferences"][0]["uid"]):
+        if stage is not None and not owned_by(stage, uid):
             return None, None
     if stage is None:
         created = await ctx.kube.create_stage(wanted)
