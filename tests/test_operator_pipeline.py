@@ -294,3 +294,35 @@ def test_a_pause_waits_for_each_stage_to_drain_and_replays_and_the_delete_policy
     custom.delete_namespaced_custom_object("phoenix.io", "v1alpha1", ns, PIPELINE_PLURAL, PIPELINE)
     eventually(lambda: all(get_stage(kube_cluster, ns, n) is None for n in STAGES), "the stages deleted", 60)
     assert not any(connection.exists(stream) for stream in inputs)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("redis_db", [13], indirect=True)
+def test_a_foreground_deletion_waits_for_the_stages_and_makes_none_again(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    url, _ = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, sample_pipeline(url, ns))
+    eventually(lambda: all(get_stage(kube_cluster, ns, n) for n in STAGES), "the stages made")
+    # A finalizer of someone else's holds the grouper: in a foreground deletion the pipeline then stays (its
+    # deletionTimestamp set) while the garbage collector has deleted the router and the parser.
+    hold = {"metadata": {"finalizers": ["test.phoenix.io/hold"]}}
+    custom = client.CustomObjectsApi(kube_api)
+    custom.patch_namespaced_custom_object("phoenix.io", "v1alpha1", ns, "phoenixstages", "grouper", hold)
+    deleted = kube_cluster.kubectl(
+        "delete", PIPELINE_PLURAL, PIPELINE, "-n", ns, "--cascade=foreground", "--wait=false"
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    eventually(lambda: all(get_stage(kube_cluster, ns, n) is None for n in ("router", "parser")), "two deleted", 30)
+    time.sleep(3)  # a few passes of the pipeline loop: it must not make them again for a pipeline being deleted
+    assert get_pipeline(kube_cluster, ns, PIPELINE) is not None
+    assert all(get_stage(kube_cluster, ns, n) is None for n in ("router", "parser"))
+    assert event_reasons(kube_api, ns, PIPELINE).count("StageCreated") == len(STAGES)
+    release = {"metadata": {"finalizers": None}}
+    custom.patch_namespaced_custom_object("phoenix.io", "v1alpha1", ns, "phoenixstages", "grouper", release)
+    eventually(lambda: get_pipeline(kube_cluster, ns, PIPELINE) is None, "the pipeline deleted after its stages", 30)

@@ -53,7 +53,8 @@ def _entry_names(body: Mapping[str, Any]) -> list[str]:
 async def reconcile_pipeline(ctx: OperatorContext, record: PipelineRecord) -> None:
     """One pass over the pipeline `record` last saw; an API failure is a Warning and the next pass tries again."""
     body = record.body
-    if body is None:
+    # Being deleted (foreground: until the garbage collector has deleted its stages): nothing is made again.
+    if body is None or body.get("metadata", {}).get("deletionTimestamp"):
         return
     try:
         async with ctx.events.reporting(record, API):
