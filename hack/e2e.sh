@@ -31,6 +31,20 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# In cgroup hybrid mode (v1 hierarchies beside a cgroup2 at /sys/fs/cgroup/unified) crun, which runs buildah's RUN
+# steps, refuses to start while cgroup2 offers any controller ("cgroups in hybrid mode not supported, drop all
+# controllers from cgroupv2"). Machines of this kind come up with `hugetlb` left on cgroup2: each controller left
+# there gets a v1 hierarchy of its own, which takes it off cgroup2 (nothing uses it there).
+unified=/sys/fs/cgroup/unified
+if [[ -f $unified/cgroup.controllers ]]; then
+  read -r -a controllers < "$unified/cgroup.controllers" || true
+  for controller in "${controllers[@]}"; do
+    mkdir -p "/sys/fs/cgroup/$controller"
+    mount -t cgroup -o "$controller" cgroup "/sys/fs/cgroup/$controller"
+    echo "cgroup controller $controller moved from cgroup2 to a v1 hierarchy (hybrid mode, for crun)"
+  done
+fi
+
 make --no-print-directory e2e-tools
 bash hack/build-images.sh
 run=.cache/e2e/runs/$(date -u +%Y%m%dT%H%M%SZ)
