@@ -139,9 +139,9 @@ lock: $(LOCK_TOOLS)/bin/uv  ## Re-pin the image's hashed requirements
 	$(PYTHON) -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
 	  | $(LOCK_TOOLS)/bin/uv pip compile - $(LOCK_ARGS) -o requirements-build.lock
 
-# The CRD from phoenix/crds (into manifests/crds/ and the chart), then the chart's copies of the monitoring files
+# The CRDs from phoenix/crds (PhoenixStage, PhoenixPipeline: into manifests/crds/ and the chart), then the chart's copies of the monitoring files
 # (a chart cannot read files outside its directory; tests/test_helm_chart.py fails while they differ).
-manifests: $(STAMP)  ## Regenerate the CRD and the chart's copies of manifests/
+manifests: $(STAMP)  ## Regenerate the CRDs and the chart's copies of manifests/
 	$(BIN)/python -m phoenix.crds.generate
 	cp manifests/grafana/phoenix-dashboard.json manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
 

@@ -30,7 +30,8 @@ MANAGED_BY = "phoenix-operator"
 # On a PhoenixStage made by a PhoenixPipeline: the pipeline's name (its ownerReference says which one, by uid).
 PIPELINE_LABEL = f"{PREFIX}/pipeline"
 
-# On a PhoenixStage: one-off actions asked for by people (stage/requests.py).
+# On a PhoenixStage: one-off actions asked for by people (stage/requests.py); on a PhoenixPipeline, passed on to
+# each of its stages (operator/pipeline/requests.py).
 RESTART_ANNOTATION = f"{PREFIX}/restart"
 REPLAY_ANNOTATION = f"{PREFIX}/replay-dlq"
 # On the Deployment: the restart value whose rollout it carries, written in the same patch as the rollout.

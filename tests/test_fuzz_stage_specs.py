@@ -8,7 +8,6 @@ Each disagreement found became a regular test (tests/test_crds.py, tests/test_bu
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,6 +38,7 @@ from phoenix.operator.builders import (
 )
 from phoenix.redis_spec import RedisSpec
 from phoenix.worker_runtime.settings import WorkerSettings
+from tests.fixtures.admission import refused_by_the_api_server
 from tests.fixtures.cluster_objects import ensure_namespace
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.fuzzing import FUZZ_SCALE, fuzz_settings
@@ -47,8 +47,6 @@ from tests.fixtures.stage_specs import stage_objects
 pytestmark = [pytest.mark.fuzz, pytest.mark.kube]
 
 NAMESPACE = "fuzz-stage-specs"
-# A strict dry run: nothing is stored, and a field the schema does not know is an error, as with kubectl.
-DRY_RUN = {"dry_run": "All", "field_validation": "Strict"}
 UID = "5f0c3ad2-6d7e-4a55-9a50-0d4c5d0c7b8e"
 
 
@@ -69,17 +67,6 @@ def refused_by_the_models(stage: dict[str, Any]) -> str | None:
         PhoenixStage.model_validate(stage)
     except ValidationError as exc:
         return str(exc)
-    return None
-
-
-def refused_by_the_api_server(create: Any, *args: Any, body: dict[str, Any]) -> str | None:
-    """None when a dry run of `create(*args, body)` passes, else what the API server said (400 or 422)."""
-    try:
-        create(*args, body=body, **DRY_RUN)
-    except client.ApiException as exc:
-        if exc.status not in (400, 422):
-            raise
-        return str(json.loads(exc.body or "{}").get("message", exc.body))
     return None
 
 

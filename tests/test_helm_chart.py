@@ -39,6 +39,7 @@ HELM_ANNOTATIONS = {"helm.sh/resource-policy"}
 # The chart's copies of manifests/ files it cannot read from outside its directory (`make manifests` copies them).
 CHART_FILES = {
     "phoenix.io_phoenixstages.yaml": MANIFESTS / "crds" / "phoenix.io_phoenixstages.yaml",
+    "phoenix.io_phoenixpipelines.yaml": MANIFESTS / "crds" / "phoenix.io_phoenixpipelines.yaml",
     "phoenix-dashboard.json": MANIFESTS / "grafana" / "phoenix-dashboard.json",
     "prometheus-rule.yaml": MANIFESTS / "monitoring" / "prometheus-rule.yaml",
 }
@@ -135,6 +136,7 @@ def test_default_values_install_the_crd_rbac_and_two_operator_replicas(helm: Hel
     assert sorted(doc["kind"] for doc in documents) == sorted(
         [
             "CustomResourceDefinition",
+            "CustomResourceDefinition",
             "ServiceAccount",
             "ClusterRole",
             "ClusterRole",
@@ -146,9 +148,10 @@ def test_default_values_install_the_crd_rbac_and_two_operator_replicas(helm: Hel
             "PodDisruptionBudget",
         ]
     )
-    # Kept by `helm uninstall`, and with it every PhoenixStage.
-    crd = one(documents, "CustomResourceDefinition", "phoenixstages.phoenix.io")
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    # Kept by `helm uninstall`, and with them every PhoenixStage and PhoenixPipeline.
+    for name in ("phoenixstages.phoenix.io", "phoenixpipelines.phoenix.io"):
+        crd = one(documents, "CustomResourceDefinition", name)
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
     container = operator_container(documents)
     assert container["image"] == "ghcr.io/phoenix/phoenix:0.1.0"
     assert container["args"] == ["--metrics-port=8080", "--leader-election"]
@@ -184,10 +187,11 @@ def test_every_install_ships_the_stage_roles_aggregated_into_edit_and_view(helm:
             f"{AGGREGATE}{role}" for role in aggregated_into
         }
     [edit] = roles["phoenix-stage-edit"]["rules"]
-    assert (edit["apiGroups"], edit["resources"]) == (["phoenix.io"], ["phoenixstages"])  # no status: the operator's
+    # No status: the operator's.
+    assert (edit["apiGroups"], edit["resources"]) == (["phoenix.io"], ["phoenixstages", "phoenixpipelines"])
     assert {"create", "update", "patch", "delete"} <= set(edit["verbs"])
     [view] = roles["phoenix-stage-view"]["rules"]
-    assert view["resources"] == ["phoenixstages", "phoenixstages/status"]
+    assert view["resources"] == ["phoenixstages", "phoenixstages/status", "phoenixpipelines", "phoenixpipelines/status"]
     assert view["verbs"] == ["get", "list", "watch"]
 
 

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from phoenix.crds import PhoenixStage
+from phoenix.crds.pipeline import PhoenixPipeline
 from phoenix.operator.builders import resolve_streams
 from phoenix.operator.builders.security import container_security_context, pod_security_context
 from phoenix.operator.options import DEFAULT_LEASE_NAME
@@ -58,6 +59,7 @@ def test_install_creates_namespace_rbac_operator_and_crd() -> None:
     kinds = sorted(doc["kind"] for doc in kustomization_documents(MANIFESTS))
     assert kinds == sorted(
         [
+            "CustomResourceDefinition",
             "CustomResourceDefinition",
             "Namespace",
             "ServiceAccount",
@@ -163,8 +165,12 @@ def test_cluster_role_is_least_privilege() -> None:
     rules = rbac_rules()
     assert all("*" not in group + resource and "*" not in verbs for (group, resource), verbs in rules.items())
     assert rules[("", "secrets")] == {"get"}
-    assert "create" not in rules[("phoenix.io", "phoenixstages")]
-    assert "delete" not in rules[("phoenix.io", "phoenixstages")]
+    # create and delete: a PhoenixPipeline's stages (the operator creates and deletes those it owns only).
+    assert rules[("phoenix.io", "phoenixstages")] == {"get", "list", "watch", "create", "patch", "update", "delete"}
+    # A pipeline is its user's: watched, its replay annotation removed once passed on, its status written.
+    assert rules[("phoenix.io", "phoenixpipelines")] == {"get", "list", "watch", "patch"}
+    assert rules[("phoenix.io", "phoenixpipelines/status")] == {"patch"}
+    assert rules[("phoenix.io", "phoenixpipelines/finalizers")] == {"update"}
     assert ("", "pods") not in rules
     assert rules[("", "namespaces")] == {"list", "watch", "get"}
     # get: of kube-system alone (the cluster's identity, its uid).
@@ -323,4 +329,14 @@ def test_the_documented_patches_of_the_network_policies_set_what_they_say(tmp_pa
     assert workers["egress"][-1] == {
         "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
         "ports": [{"port": 443, "protocol": "TCP"}],
+    }
+
+
+def test_the_sample_pipeline_runs_the_sample_stages_specs(sample_stages: dict[str, PhoenixStage]) -> None:
+    """manifests/samples/pipeline is the same pipeline as the three stage manifests beside it, as one object."""
+    (document,) = kustomization_documents(MANIFESTS / "samples" / "pipeline")
+    pipeline = PhoenixPipeline.model_validate(document)
+    assert [entry.name for entry in pipeline.spec.stages] == ["router", "parser", "grouper"]
+    assert {entry.name: entry.spec for entry in pipeline.spec.stages} == {
+        name: stage.spec for name, stage in sample_stages.items()
     }

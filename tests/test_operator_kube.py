@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from tests.fixtures.operator_process import (
     existing_stage,
     health,
     kubectl_apply,
+    kubectl_columns,
     read_or_none,
     ready_reason,
     redis_db_url,
@@ -57,18 +57,6 @@ def operator(kube_cluster: ControlPlane, operator_kubeconfig: Path) -> Iterator[
     with running_operator(kube_cluster, operator_kubeconfig) as (process, liveness):
         yield liveness
         assert process.alive, process.failure("died during the tests")
-
-
-def _columns(plane: ControlPlane, namespace: str) -> dict[str, dict[str, str]]:
-    """`kubectl get phoenixstages` as a person reads it: {stage: {column: value}}."""
-    lines = plane.kubectl("get", "phoenixstages", "-n", namespace).stdout.splitlines()
-    if not lines:
-        return {}
-    # Columns are cut at the header's positions: an empty cell (no figure yet) has no text to split on.
-    starts = [m.start() for m in re.finditer(r"\S+", lines[0])]
-    bounds = list(zip(starts, [*starts[1:], None], strict=True))
-    rows = [{lines[0][a:b].strip(): row[a:b].strip() for a, b in bounds} for row in lines[1:]]
-    return {row["NAME"]: row for row in rows}
 
 
 def _enqueue(connection: sync_redis.Redis, namespace: str, record_id: str, document: Path) -> None:
@@ -180,7 +168,8 @@ def test_streams_groups_and_children_exist_before_any_worker(
 def test_the_backlog_shows_in_kubectl_get(pipeline: Pipeline, kube_cluster: ControlPlane) -> None:
     eventually(
         lambda: (
-            _columns(kube_cluster, pipeline.namespace).get("router", {}).get("BACKLOG") == str(len(pipeline.documents))
+            kubectl_columns(kube_cluster, "phoenixstages", pipeline.namespace).get("router", {}).get("BACKLOG")
+            == str(len(pipeline.documents))
         ),
         "the router's backlog in kubectl get",
         timeout=30,
@@ -193,11 +182,13 @@ def test_the_queues_drain_and_the_stages_are_ready(
     ns = processed.namespace
 
     def drained() -> bool:
-        rows = _columns(kube_cluster, ns)
+        rows = kubectl_columns(kube_cluster, "phoenixstages", ns)
         return all(rows.get(s, {}).get("BACKLOG") == "0" and rows.get(s, {}).get("PENDING") == "0" for s in STAGES)
 
     eventually(drained, "backlog and pending back to 0 in kubectl get", timeout=30)
-    assert _columns(kube_cluster, ns)["parser"]["THROTTLED"] == "False"  # the Backpressure condition's column
+    assert (
+        kubectl_columns(kube_cluster, "phoenixstages", ns)["parser"]["THROTTLED"] == "False"
+    )  # the Backpressure condition's column
     # The server's durability, as the workers' start line and the operator read it (the tests' Valkey keeps
     # nothing on disk, a REDIS_URL given by the user may).
     risk = asyncio.run(_assess(processed.url))
@@ -229,7 +220,11 @@ def test_a_replay_brings_a_dead_letter_back(
     ns, connection = processed.namespace, processed.connection
     missing = processed.workdir / "docs" / "late.pdf"  # under the router's DOCUMENT_ROOT
     _enqueue(connection, ns, "late", missing)
-    eventually(lambda: _columns(kube_cluster, ns)["router"]["DLQ"] == "1", "the DLQ column at 1", timeout=60)
+    eventually(
+        lambda: kubectl_columns(kube_cluster, "phoenixstages", ns)["router"]["DLQ"] == "1",
+        "the DLQ column at 1",
+        timeout=60,
+    )
     missing.write_bytes(processed.documents[0].read_bytes())
     kube_cluster.kubectl("annotate", "phoenixstage", "router", "-n", ns, f"{REPLAY_ANNOTATION}=all")
     eventually(lambda: connection.exists(grouped_key(ns, "late")), "the replayed record processed", timeout=60)
@@ -449,7 +444,7 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
     players["router"].start()
     try:
         eventually(
-            lambda: _columns(kube_cluster, ns).get("router", {}).get("THROTTLED") == "True",
+            lambda: kubectl_columns(kube_cluster, "phoenixstages", ns).get("router", {}).get("THROTTLED") == "True",
             "the router throttled in kubectl get",
             timeout=60,
         )
@@ -473,6 +468,9 @@ def test_a_stage_held_back_by_its_output_shows_backpressure(
             "every record routed and parsed once",
             timeout=120,
         )
-        eventually(lambda: _columns(kube_cluster, ns)["router"]["THROTTLED"] == "False", "the router reads again")
+        eventually(
+            lambda: kubectl_columns(kube_cluster, "phoenixstages", ns)["router"]["THROTTLED"] == "False",
+            "the router reads again",
+        )
     except AssertionError as exc:
         raise AssertionError(f"{exc}\n{_worker_report(players)}") from None

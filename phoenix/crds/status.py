@@ -20,6 +20,9 @@ class ConditionType(StrEnum):
     BACKPRESSURE = "Backpressure"
     REDIS_RISK = "RedisRisk"
     OUTPUT_UNREAD = "OutputUnread"
+    # A PhoenixPipeline's (crds/pipeline.py), beside its Ready.
+    STAGES_READY = "StagesReady"
+    PAUSED = "Paused"
 
 
 class StatusModel(CamelModel):

@@ -8,7 +8,7 @@ from typing import Any
 
 from phoenix.operator.kube.api import KubeApi
 from phoenix.operator.kube.events import EventRecorder
-from phoenix.operator.record import StageRegistry
+from phoenix.operator.record import PipelineRegistry, StageRegistry
 from phoenix.operator.redis.acl import RedisUsers
 from phoenix.operator.redis.pool import RedisPool
 from phoenix.operator.status.writer import StatusWriter
@@ -21,9 +21,9 @@ class OperatorContext:
     """What every kopf handler and background task of the operator process shares, made once at its start
     (main.py) and handed to the handlers in kopf's memo: the clients (`kube` for the API server, `pool` of Redis
     clients by connection spec), what it watches (`namespaces`, `refresh_interval`), who it is (`cluster`), the
-    namespaces' Redis ACL users when it runs them (`users`), its memory of the stages
-    (`registry`), the status writer and Event recorder built on `kube`, the converger's `wake`, and what the status
-    refresh last found (`refresh_reports`, `redis_risks`)."""
+    namespaces' Redis ACL users when it runs them (`users`), its memory of the stages (`registry`) and of the
+    pipelines (`pipelines`), the status writer and Event recorder built on `kube`, the converger's `wake`, and what
+    the status refresh last found (`refresh_reports`, `redis_risks`)."""
 
     kube: KubeApi
     namespaces: tuple[str, ...]  # empty: the whole cluster
@@ -34,6 +34,7 @@ class OperatorContext:
     users: RedisUsers | None = None
     pool: RedisPool = field(default_factory=RedisPool)
     registry: StageRegistry = field(default_factory=StageRegistry)
+    pipelines: PipelineRegistry = field(default_factory=PipelineRegistry)
     writer: StatusWriter = field(init=False)
     events: EventRecorder = field(init=False)
     # Set when a stage has new work for the converger (drift noticed), so that it does not wait for its tick.

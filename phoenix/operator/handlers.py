@@ -1,6 +1,7 @@
 """kopf wiring: which event calls which function, each handler named after the event it handles. A stage's
 reconcile and the drift its watch events show live in stage/reconcile.py, its deletion in stage/delete.py, its
-restart and replay in stage/requests.py (run by stage/converge.py), its status refresh in stage/refresh.py."""
+restart and replay in stage/requests.py (run by stage/converge.py), its status refresh in stage/refresh.py; a
+pipeline's stages, status and requests in pipeline/ (run by pipeline/loop.py)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,14 @@ from typing import Any
 import kopf
 
 from phoenix.crds import GROUP, PLURAL, VERSION, DeletionPolicy
+from phoenix.crds.pipeline import PIPELINE_PLURAL
 from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
 from phoenix.operator.context import OperatorContext
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube.api import KEDA_GROUP, KEDA_VERSION
 from phoenix.operator.kube.kopf_settings import configure, quiet_handlers
 from phoenix.operator.metrics import observed_reconcile
+from phoenix.operator.pipeline.loop import pipelines_forever, stage_of_pipeline_seen
 from phoenix.operator.stage.converge import converge_forever
 from phoenix.operator.stage.delete import delete_stage
 from phoenix.operator.stage.reconcile import child_changed, kopf_retry, next_stage_seen, reconcile_stage
@@ -24,13 +27,14 @@ from phoenix.operator.stage.refresh import refresh_forever
 from phoenix.operator.stage.secret_check import check_secrets_forever
 
 STAGES = (GROUP, VERSION, PLURAL)
+PIPELINES = (GROUP, VERSION, PIPELINE_PLURAL)
 # The children the operator creates carry this label; only their events can be drift.
 MANAGED = {MANAGED_BY_LABEL: MANAGED_BY}
 DEPLOYMENTS = ("apps", "v1", "deployments")
 SCALED_OBJECTS = (KEDA_GROUP, KEDA_VERSION, "scaledobjects")
 TRIGGER_AUTHENTICATIONS = (KEDA_GROUP, KEDA_VERSION, "triggerauthentications")
 DISRUPTION_BUDGETS = ("policy", "v1", "poddisruptionbudgets")
-_BACKGROUND = ("refresh_task", "converge_task", "secret_check_task", "acl_sync_task")
+_BACKGROUND = ("refresh_task", "converge_task", "secret_check_task", "pipelines_task", "acl_sync_task")
 
 
 def _context(memo: kopf.Memo) -> OperatorContext:
@@ -42,11 +46,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     children = [(group, plural) for group, _, plural in (DEPLOYMENTS, SCALED_OBJECTS, TRIGGER_AUTHENTICATIONS)]
     configure(settings, children, ",".join(f"{key}={value}" for key, value in MANAGED.items()))
     # kopf's decorators return the function itself but type it as the WatchingFn protocol, which has no __name__.
-    quiet_handlers((stage_seen.__name__, child_seen.__name__))  # type: ignore[attr-defined]
+    quiet_handlers((stage_seen.__name__, child_seen.__name__, pipeline_seen.__name__))  # type: ignore[attr-defined]
     context = _context(memo)
     memo["refresh_task"] = asyncio.create_task(refresh_forever(context), name="phoenix-status-refresh")
     memo["converge_task"] = asyncio.create_task(converge_forever(context), name="phoenix-converger")
     memo["secret_check_task"] = asyncio.create_task(check_secrets_forever(context), name="phoenix-secret-check")
+    memo["pipelines_task"] = asyncio.create_task(pipelines_forever(context), name="phoenix-pipelines")
     if context.users is not None:
         sync = context.users.sync_forever(context.registry)
         memo["acl_sync_task"] = asyncio.create_task(sync, name="phoenix-redis-acl-users")
@@ -107,6 +112,18 @@ async def stage_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: An
     else:
         registry.observe(body)
         next_stage_seen(_context(memo), body)
+    stage_of_pipeline_seen(_context(memo), body)
+
+
+@kopf.on.event(*PIPELINES)
+async def pipeline_seen(type: str | None, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Keep the latest pipeline for the pipeline loop, which makes and keeps its stages; forget a deleted one (the
+    garbage collector deletes its stages)."""
+    pipelines = _context(memo).pipelines
+    if type == "DELETED":
+        pipelines.forget((body["metadata"]["namespace"], body["metadata"]["name"]))
+    else:
+        pipelines.observe(body)
 
 
 @kopf.on.event(*DEPLOYMENTS, labels=MANAGED)

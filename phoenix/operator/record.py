@@ -1,17 +1,19 @@
-"""What the operator remembers about each stage between events (StageRecord), and the StageRegistry of them all."""
+"""What the operator remembers about each stage between events (StageRecord), and the StageRegistry of them all;
+the same of each pipeline (PipelineRecord, PipelineRegistry)."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from phoenix.crds import Condition
 from phoenix.keys import StageKeys
 from phoenix.redis_spec import RedisSpec
 
 StageKey = tuple[str, str]  # (namespace, name)
+PipelineKey = tuple[str, str]  # (namespace, name)
 # What the absence of a Secret is remembered as, in place of its resourceVersion.
 ABSENT = ""
 
@@ -120,4 +122,70 @@ class StageRegistry:
 
     def records(self) -> list[StageRecord]:
         """A copy: the callers await while walking it, and a handler may add or forget a stage meanwhile."""
+        return list(self._records.values())
+
+
+class EventSubject(Protocol):
+    """What Events are posted about (kube/events.py): a StageRecord or a PipelineRecord, its object as last seen and
+    the Warnings last posted per source."""
+
+    namespace: str
+    name: str
+    generation: int | None
+    body: Mapping[str, Any] | None
+    warnings: dict[str, tuple[str, int | None]]
+
+
+@dataclass
+class PipelineRecord:
+    """The operator's memory of one PhoenixPipeline (operator/pipeline/): its object as last seen on the watch, the
+    status this operator last wrote, the stage specs it last wrote (to tell a hand edit from a change of the
+    pipeline), and the Warnings posted. Rebuilt from the objects after a restart, like a StageRecord."""
+
+    namespace: str
+    name: str
+    generation: int | None = None
+    body: Mapping[str, Any] | None = field(default=None, repr=False)
+    status: dict[str, Any] = field(default_factory=dict)
+    # By stage name: the spec last written to (or found on) the stage, as the pipeline wanted it then.
+    applied: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
+    warnings: dict[str, tuple[str, int | None]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> PipelineKey:
+        return (self.namespace, self.name)
+
+
+class PipelineRegistry:
+    """Every pipeline seen and not seen deleted, fed by the watch (handlers.pipeline_seen), walked by the pipeline
+    loop (pipeline/loop.py); `wake` is set when a pipeline or one of its stages changed, and `changed` says which
+    (the loop takes those at once, the others at its interval)."""
+
+    def __init__(self) -> None:
+        self._records: dict[PipelineKey, PipelineRecord] = {}
+        self.wake = asyncio.Event()
+        self.changed: set[PipelineKey] = set()
+
+    def touch(self, key: PipelineKey) -> None:
+        """The pipeline `key` (or one of its stages) changed: the loop looks at it now."""
+        self.changed.add(key)
+        self.wake.set()
+
+    def observe(self, body: Mapping[str, Any]) -> PipelineRecord:
+        meta = body["metadata"]
+        key = (meta["namespace"], meta["name"])
+        record = self._records.get(key)
+        if record is None:
+            record = PipelineRecord(meta["namespace"], meta["name"], status=dict(body.get("status") or {}))
+            self._records[key] = record
+        record.generation = meta.get("generation")
+        record.body = body
+        self.touch(key)
+        return record
+
+    def forget(self, key: PipelineKey) -> None:
+        self._records.pop(key, None)
+
+    def records(self) -> list[PipelineRecord]:
+        """A copy: the loop awaits while walking it."""
         return list(self._records.values())

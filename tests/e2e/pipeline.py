@@ -69,8 +69,17 @@ FETCH_IN_CLUSTER = {
     "value": "10.0.0.0/8,172.16.0.0/12,192.168.0.0/16,198.18.0.0/15,fc00::/7",
 }
 # The parser held to a quarter of a core, so that its pods always have entries in flight while a backlog lasts
-# (a pod is force-deleted mid-run) instead of finishing each in a few milliseconds.
-PARSER_LIMITS = {"resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "250m"}}}
+# (a pod is force-deleted mid-run) instead of finishing each in a few milliseconds. Its rate limits keep the
+# samples' shape (the model's quota per downstream and per user) at rates the suite's one user, sending hundreds of
+# records within a minute, does not reach: the samples' 30 a minute held most of them back for minutes (the limits
+# themselves are proven by tests/test_rate_limits.py with real workers).
+PARSER_LIMITS = {
+    "resources": {"requests": {"cpu": "100m"}, "limits": {"cpu": "250m"}},
+    "rateLimits": [
+        {"rate": 60000, "per": "minute", "scope": "downstream", "downstream": "llm"},
+        {"rate": 30000, "per": "minute", "burst": 500, "scope": "user"},
+    ],
+}
 
 
 @dataclass(frozen=True)

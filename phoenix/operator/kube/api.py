@@ -24,7 +24,8 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.util.retry import Retry
 
 from phoenix.crds import GROUP, PLURAL, VERSION, SecretKeyRef
-from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL
+from phoenix.crds.pipeline import PIPELINE_PLURAL
+from phoenix.kube_names import MANAGED_BY, MANAGED_BY_LABEL, PIPELINE_LABEL
 from phoenix.operator.builders.keda import KEDA_API_VERSION
 from phoenix.operator.errors import StageError
 from phoenix.operator.kube.status_patcher import StatusPatcher
@@ -108,11 +109,19 @@ class KubeApi:
         await self._status.aclose()
 
     async def _patch_unless(
-        self, statuses: tuple[int, ...], call: Callable[..., Any], namespace: str, name: str, body: Any, content: str
+        self,
+        statuses: tuple[int, ...],
+        call: Callable[..., Any],
+        namespace: str,
+        name: str,
+        body: Any,
+        content: str,
+        plural: str = PLURAL,
     ) -> bool:
-        """Patch a PhoenixStage; False instead of an error when the API server answers one of `statuses`."""
+        """Patch a PhoenixStage (or another of phoenix.io's kinds by its `plural`); False instead of an error when
+        the API server answers one of `statuses`."""
         try:
-            await _json(self._timeout, call, GROUP, VERSION, namespace, PLURAL, name, body, _content_type=content)
+            await _json(self._timeout, call, GROUP, VERSION, namespace, plural, name, body, _content_type=content)
         except ApiException as exc:
             if exc.status in statuses:
                 return False
@@ -303,10 +312,89 @@ class KubeApi:
             (404, 422), self._custom.patch_namespaced_custom_object_status, namespace, name, ops, JSON_PATCH
         )
 
-    async def remove_stage_annotation(self, namespace: str, name: str, key: str, expected: str) -> bool:
-        """Remove annotation `key` only while it still holds `expected`: a newer request is left for later."""
+    async def remove_stage_annotation(
+        self, namespace: str, name: str, key: str, expected: str, plural: str = PLURAL
+    ) -> bool:
+        """Remove annotation `key` only while it still holds `expected`: a newer request is left for later. Of a
+        PhoenixPipeline with its `plural`."""
         path = _annotation_path(key)
         ops = [{"op": "test", "path": path, "value": expected}, {"op": "remove", "path": path}]
         return await self._patch_unless(
-            (404, 422), self._custom.patch_namespaced_custom_object, namespace, name, ops, JSON_PATCH
+            (404, 422), self._custom.patch_namespaced_custom_object, namespace, name, ops, JSON_PATCH, plural
         )
+
+    # -- The PhoenixStages of a PhoenixPipeline -------------------------------------------------------------------
+
+    async def pipeline_stages(self, namespace: str, pipeline: str) -> list[Json]:
+        """The PhoenixStages labelled as `pipeline`'s (their owner references say whether it owns them)."""
+        found = await _json(
+            self._timeout,
+            self._custom.list_namespaced_custom_object,
+            GROUP,
+            VERSION,
+            namespace,
+            PLURAL,
+            label_selector=f"{PIPELINE_LABEL}={pipeline}",
+        )
+        return list(found.get("items", []))
+
+    async def create_stage(self, body: Json) -> Json | None:
+        """The PhoenixStage created; None when one of its name exists already (409)."""
+        namespace = body["metadata"]["namespace"]
+        try:
+            return await _json(
+                self._timeout, self._custom.create_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, body
+            )
+        except ApiException as exc:
+            if exc.status == 409:
+                return None
+            raise
+
+    async def patch_stage(self, namespace: str, name: str, ops: list[Json]) -> Json | None:
+        """Apply a JSON patch to a PhoenixStage; None when it is gone or a `test` of the patch failed."""
+        try:
+            return await _json(
+                self._timeout,
+                self._custom.patch_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                ops,
+                _content_type=JSON_PATCH,
+            )
+        except ApiException as exc:
+            if exc.status in (404, 422):
+                return None
+            raise
+
+    async def annotate_stage(self, namespace: str, name: str, key: str, value: str) -> bool:
+        """Set one annotation of a PhoenixStage (a merge patch: the others stay); False when it is gone."""
+        patch = {"metadata": {"annotations": {key: value}}}
+        return await self._patch_unless(
+            (404,), self._custom.patch_namespaced_custom_object, namespace, name, patch, MERGE_PATCH
+        )
+
+    async def delete_stage(self, namespace: str, name: str, uid: str) -> bool:
+        """Delete the PhoenixStage of that uid only (never a newer one of its name); True when it was there."""
+        try:
+            await _json(
+                self._timeout,
+                self._custom.delete_namespaced_custom_object,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                body={"preconditions": {"uid": uid}},
+            )
+        except ApiException as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def patch_pipeline_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> bool:
+        """Merge-patch a PhoenixPipeline's status (None deletes a field); False when it no longer exists."""
+        return await self._status.patch(namespace, name, {"status": dict(status)}, MERGE_PATCH, PIPELINE_PLURAL)

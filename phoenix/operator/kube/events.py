@@ -1,5 +1,6 @@
-"""Events on PhoenixStages: a Normal Event for every action the operator takes, a Warning for every failure,
-posted once per cause (a retry that fails the same way posts nothing new; a different cause or a recovery does).
+"""Events on PhoenixStages and PhoenixPipelines: a Normal Event for every action the operator takes, a Warning for
+every failure, posted once per cause (a retry that fails the same way posts nothing new; a different cause or a
+recovery does).
 
 A cause is the failure's reason under one spec generation: the message's details (a driver's wording of a refused
 connection, say) may vary from one retry to the next without anything having changed for the reader.
@@ -18,12 +19,12 @@ from kubernetes.client.exceptions import ApiException
 
 from phoenix.operator.errors import StageError, api_error
 from phoenix.operator.kube.api import KubeApi
-from phoenix.operator.record import StageRecord
+from phoenix.operator.record import EventSubject
 
 logger = logging.getLogger(__name__)
 
 
-def involved_object(record: StageRecord) -> dict[str, Any]:
+def involved_object(record: EventSubject) -> dict[str, Any]:
     body = record.body or {}
     meta = body.get("metadata", {})
     return {
@@ -39,10 +40,10 @@ class EventRecorder:
     def __init__(self, kube: KubeApi) -> None:
         self._kube = kube
 
-    async def normal(self, record: StageRecord, reason: str, message: str) -> None:
+    async def normal(self, record: EventSubject, reason: str, message: str) -> None:
         await self._post(record, "Normal", reason, message)
 
-    async def warning(self, record: StageRecord, source: str, error: StageError) -> None:
+    async def warning(self, record: EventSubject, source: str, error: StageError) -> None:
         """A Warning for `error` unless the same one is the last posted for `source` (reconcile, restart, ...)."""
         cause = (error.reason, record.generation)
         if record.warnings.get(source) == cause:
@@ -50,16 +51,16 @@ class EventRecorder:
         record.warnings[source] = cause
         await self._post(record, "Warning", error.reason, error.message)
 
-    def reporting(self, record: StageRecord, source: str) -> Reporting:
+    def reporting(self, record: EventSubject, source: str) -> Reporting:
         """`async with events.reporting(record, source):` around one piece of the stage's work."""
         return Reporting(self, record, source)
 
     @staticmethod
-    def resolved(record: StageRecord, source: str) -> None:
+    def resolved(record: EventSubject, source: str) -> None:
         """`source` works again: its next failure is news, even with a cause seen before."""
         record.warnings.pop(source, None)
 
-    async def _post(self, record: StageRecord, type_: str, reason: str, message: str) -> None:
+    async def _post(self, record: EventSubject, type_: str, reason: str, message: str) -> None:
         logger.info("event %s %s on %s/%s: %s", type_, reason, record.namespace, record.name, message)
         try:
             await self._kube.post_event(involved_object(record), type_, reason, message)
@@ -73,7 +74,7 @@ class Reporting:
     caller's retry; success makes the next failure news. A class rather than contextlib.asynccontextmanager,
     which sets __traceback__ on the exception and so cannot pass a StageError (a frozen dataclass) through."""
 
-    def __init__(self, recorder: EventRecorder, record: StageRecord, source: str) -> None:
+    def __init__(self, recorder: EventRecorder, record: EventSubject, source: str) -> None:
         self._recorder, self._record, self._source = recorder, record, source
 
     async def __aenter__(self) -> None:
