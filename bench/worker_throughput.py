@@ -303,6 +303,12 @@ def describe(runs: list[WorkerRun]) -> str:
     )
 
 
+def per_redis_core(us_per_msg: float) -> str:
+    """Records a second one Valkey core serves at this CPU per message: the ceiling of a stage whatever its workers
+    do (a shard's, on a cluster)."""
+    return f"{1e6 / us_per_msg:,.0f}" if us_per_msg > 0 else "-"
+
+
 def compared(mine: list[WorkerRun], theirs: list[WorkerRun]) -> str:
     """This worker against the other checkout's, per message: medians of the rounds."""
 
@@ -431,6 +437,12 @@ async def run(
     print(
         f"(d3) process() on {SHARDS} shards, {SHARD_PARTITIONS} partitions: {sharded.rate:10,.0f} msg/s (from the "
         f"worker's start); Valkey CPU per message by shard: {spread}"
+    )
+    print(
+        "records/s per Redis core (1 s / Valkey CPU per message): standalone "
+        f"{per_redis_core(median_run(runs['process']).redis_cpu_us_per_msg)}, one-shard cluster "
+        f"{per_redis_core(median_run(one_shard).redis_cpu_us_per_msg)}, the busiest of {SHARDS} shards "
+        f"{per_redis_core(max(sharded.shard_cpu_us_per_msg))}"
     )
     if other:
         print(f"(c) {other}, process(): {describe(theirs)}")
