@@ -1,7 +1,7 @@
 """The operator installed with Helm (charts/phoenix), not kustomize, as docs/kubernetes.md ("Run it on your cluster")
-and docs/operations.md ("Moving a kustomize install to Helm") say: the kustomize install's objects but the CRD are
-deleted (the stages stay), the CRD is handed to the release, `helm install` runs the operator that serves the
-pipeline, `helm upgrade` with a changed value rolls it, and `helm uninstall` leaves only the CRD with its stages.
+and docs/operations.md ("Moving a kustomize install to Helm") say: the kustomize install's objects but the CRDs are
+deleted (the stages stay), the CRDs are handed to the release, `helm install` runs the operator that serves the
+pipeline, `helm upgrade` with a changed value rolls it, and `helm uninstall` leaves only the CRDs with their stages.
 The module's end puts the kustomize install back for the rest of the suite."""
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ import pytest
 import redis as redis_client
 import yaml
 
+from phoenix.crds.definition import CRD_NAME
+from phoenix.crds.pipeline import PIPELINE_CRD_NAME
 from phoenix.kube_names import HANDLED_RESTART_ANNOTATION, RESTART_ANNOTATION
 from phoenix.operator.options import DEFAULT_LEASE_NAME
 from tests.e2e.helm import CHART, helm
@@ -37,7 +39,8 @@ from tests.fixtures.eventually import eventually
 pytestmark = pytest.mark.e2e
 
 RELEASE = "phoenix"
-CRD = "customresourcedefinition/phoenixstages.phoenix.io"
+# The project's CRDs: the stages' and the pipelines'.
+CRDS = [f"customresourcedefinition/{name}" for name in (CRD_NAME, PIPELINE_CRD_NAME)]
 STAGES = {"router", "parser", "grouper"}
 
 
@@ -82,12 +85,13 @@ def helm_release(
     kustomize_objects(kustomized)
     kubectl("delete", "--ignore-not-found", "--wait=true", "-f", str(kustomized), timeout=300)
     eventually(lambda: not operator_pod_names(), "the kustomize install's operator pods to go", timeout=180, interval=2)
-    # The CRD (and so the stages) stays; the release takes it over (Helm adopts an object with these marks).
-    kubectl("label", "--overwrite", CRD, "app.kubernetes.io/managed-by=Helm")
+    # The CRDs (and so the stages and pipelines) stay; the release takes them over (Helm adopts an object with these
+    # marks).
+    kubectl("label", "--overwrite", *CRDS, "app.kubernetes.io/managed-by=Helm")
     kubectl(
         "annotate",
         "--overwrite",
-        CRD,
+        *CRDS,
         f"meta.helm.sh/release-name={RELEASE}",
         f"meta.helm.sh/release-namespace={OPERATOR_NAMESPACE}",
     )
@@ -155,7 +159,7 @@ def test_helm_uninstall_leaves_only_the_crd_and_its_stages(helm_release: set[str
     release = [f"--namespace={OPERATOR_NAMESPACE}"]
     rendered = [doc for doc in yaml.safe_load_all(helm("get", "manifest", RELEASE, *release, home=helm_home)) if doc]
     kept = [doc for doc in rendered if doc["kind"] == "CustomResourceDefinition"]
-    assert [doc["metadata"]["name"] for doc in kept] == [CRD.split("/")[1]]
+    assert sorted(doc["metadata"]["name"] for doc in kept) == sorted(crd.split("/")[1] for crd in CRDS)
     helm("uninstall", RELEASE, *release, "--wait", home=helm_home)
     for doc in rendered:
         if doc in kept:
@@ -165,7 +169,7 @@ def test_helm_uninstall_leaves_only_the_crd_and_its_stages(helm_release: set[str
         namespace = doc["metadata"].get("namespace", OPERATOR_NAMESPACE)
         left = kubectl("get", kind, name, f"--namespace={namespace}", "--ignore-not-found", "-o", "name")
         assert left == "", f"helm uninstall left {left.strip()}"
-    kubectl("get", CRD)
+    kubectl("get", *CRDS)
     assert kubectl("get", "secrets", *release, "-l", f"owner=helm,name={RELEASE}", "-o", "name") == ""
     eventually(lambda: not operator_pod_names(), "the operator pods to go", timeout=180, interval=2)
 
