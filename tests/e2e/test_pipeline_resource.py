@@ -60,13 +60,20 @@ def pipeline_document(image: str) -> dict[str, Any]:
     document = yaml.safe_load((MANIFESTS / "samples" / "pipeline" / "pipeline.yaml").read_text())
     for entry in document["spec"]["stages"]:
         spec = entry["spec"]
-        spec["image"] = image
-        spec.update(copy.deepcopy(STAGE_TIMINGS))
         extra = [KEEP_ACKNOWLEDGED, *([FETCH_IN_CLUSTER] if entry["name"] == "router" else [])]
-        spec["env"] = [*spec.get("env", []), *extra]
-        if entry["name"] == "parser":
-            spec.update(copy.deepcopy(PARSER_LIMITS))
+        changes: dict[str, Any] = {**STAGE_TIMINGS, "image": image, "env": [*spec.get("env", []), *extra]}
+        entry["spec"] = merged(merged(spec, changes), PARSER_LIMITS if entry["name"] == "parser" else {})
     return document
+
+
+def merged(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """`target` after the merge patch `patch` (RFC 7386: objects merge, anything else replaces), as the suite's
+    kustomize patches change the sample stages."""
+    result = copy.deepcopy(target)
+    for key, value in patch.items():
+        both = isinstance(value, dict) and isinstance(result.get(key), dict)
+        result[key] = merged(result[key], value) if both else copy.deepcopy(value)
+    return result
 
 
 def in_namespace(kind: str) -> list[dict[str, Any]]:
@@ -86,21 +93,21 @@ def applied_pipeline(
     kubectl("delete", "namespace", PIPELINE_NAMESPACE, "--ignore-not-found", "--wait=true", timeout=300)
     kubectl("create", "namespace", PIPELINE_NAMESPACE)
     kubectl("label", "namespace", PIPELINE_NAMESPACE, "pod-security.kubernetes.io/enforce=restricted")
-    overlay = tmp_path / "overlay"
-    overlay.mkdir()
-    # kustomize reads files only inside the overlay: the Valkey and the Secret of manifests/ copied in.
-    shutil.copy(MANIFESTS / "dev" / "valkey.yaml", overlay)
-    shutil.copy(MANIFESTS / "samples" / "redis-secret.yaml", overlay)
-    (overlay / "pipeline.yaml").write_text(yaml.safe_dump(pipeline_document(phoenix_image)))
-    write_overlay(
-        overlay / "all",
-        overlay,
-        {"namespace": PIPELINE_NAMESPACE, "images": [image_override(VALKEY_IMAGE, valkey_image)]},
-    )
-    (overlay / "kustomization.yaml").write_text(
+    base = tmp_path / "base"
+    base.mkdir()
+    # kustomize reads files only inside a kustomization: the Valkey and the Secret of manifests/ copied in.
+    shutil.copy(MANIFESTS / "dev" / "valkey.yaml", base)
+    shutil.copy(MANIFESTS / "samples" / "redis-secret.yaml", base)
+    (base / "pipeline.yaml").write_text(yaml.safe_dump(pipeline_document(phoenix_image)))
+    (base / "kustomization.yaml").write_text(
         yaml.safe_dump({"resources": ["valkey.yaml", "redis-secret.yaml", "pipeline.yaml"]})
     )
-    kubectl("apply", "--server-side", "-k", str(overlay / "all"))
+    overlay = write_overlay(
+        tmp_path / "overlay",
+        base,
+        {"namespace": PIPELINE_NAMESPACE, "images": [image_override(VALKEY_IMAGE, valkey_image)]},
+    )
+    kubectl("apply", "--server-side", "-k", str(overlay))
     wait_rollout(PIPELINE_NAMESPACE, "redis")
     secret = kubectl_json("get", "secret", "-n", PIPELINE_NAMESPACE, "phoenix-redis")
     password = base64.b64decode(secret["data"]["password"]).decode()
