@@ -122,7 +122,7 @@ def applied_pipeline(
 def test_the_example_pipeline_as_one_object(applied_pipeline: redis_client.Redis, pipeline: Pipeline) -> None:
     redis = applied_pipeline
     columns = ("phoenixpipeline", "documents", "-n", PIPELINE_NAMESPACE)
-    wait_for("READY 3/3", lambda: printed_columns("get", *columns).get("READY") == "3/3")
+    wait_for("READY 3/3", lambda: printed_columns(*columns).get("READY") == "3/3")
     owned = stage_specs()
     assert set(owned) == set(STAGES)
     for item in owned.values():
@@ -146,7 +146,7 @@ def test_the_example_pipeline_as_one_object(applied_pipeline: redis_client.Redis
     wait_for("Paused=True", paused_condition)
     kubectl("patch", *columns[:2], "-n", PIPELINE_NAMESPACE, "--type=merge", "-p", '{"spec": {"paused": false}}')
     wait_for("every stage resumed", lambda: not any(s["spec"].get("paused") for s in stage_specs().values()))
-    wait_for("READY 3/3 again", lambda: printed_columns("get", *columns).get("READY") == "3/3")
+    wait_for("READY 3/3 again", lambda: printed_columns(*columns).get("READY") == "3/3")
 
     # Deleted with everything it made.
     kubectl("delete", *columns, "--wait=true", timeout=180)
