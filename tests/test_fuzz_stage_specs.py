@@ -149,4 +149,5 @@ def test_what_the_models_admit_builds_objects_the_api_server_and_the_worker_admi
     }
     # As the worker builds them (from its environment, through __init__): model_validate skips what pydantic-settings
     # does there and refused every partitioned stage.
-    WorkerSettings(**{name.lower(): value for name, value in operators.items()})
+    settings: dict[str, Any] = {name.lower(): value for name, value in operators.items()}
+    WorkerSettings(**settings)
