@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import redis.asyncio
 
 from phoenix.keys import shared_data_key
+from phoenix.redis_spec import is_cluster
 from phoenix.worker_runtime import (
     BaseProcessor,
     BatchResult,
@@ -36,6 +37,16 @@ from phoenix.worker_runtime import (
 
 class InvalidInputError(PermanentError):
     """A processor's own permanent failure: the DLQ entry must name it, not a runtime class."""
+
+
+async def count_effect(client: redis.asyncio.Redis, stage: str, record_id: str) -> None:
+    """The call's side effect: `effects:{stage}` counts it, `pids:{stage}:{record}` says which process made it.
+    One transaction, so a kill cannot separate the two; on a cluster they are in two slots, which no transaction
+    spans, so there they are written one after the other."""
+    async with client.pipeline(transaction=not is_cluster(client)) as pipe:
+        pipe.hincrby(f"effects:{stage}", record_id, 1)
+        pipe.sadd(f"pids:{stage}:{record_id}", os.getpid())
+        await pipe.execute()
 
 
 class ScriptedProcessor(BaseProcessor):
@@ -65,11 +76,7 @@ class ScriptedProcessor(BaseProcessor):
             raise RuntimeError(f"transient failure of {record_id}")
         if action.startswith("sleep:"):
             await asyncio.sleep(float(action.partition(":")[2]))
-        # One transaction, so a kill cannot separate the side effect from the record of who caused it.
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(f"effects:{stage}", record_id, 1)
-            pipe.sadd(f"pids:{stage}:{record_id}", os.getpid())
-            await pipe.execute()
+        await count_effect(self.redis, stage, record_id)
         if action == "crash-after" and await self.redis.set(f"crashed:{stage}:{record_id}", 1, nx=True):
             os.kill(os.getpid(), signal.SIGKILL)
         if action == "none":
@@ -85,10 +92,7 @@ class RoutingProcessor(BaseProcessor):
     async def process(self, record_id: str, user_id: str, data: dict[str, Any]) -> ProcessResult:
         stage = self.settings.service_name
         await asyncio.sleep(float(data.get("sleep", 0)))
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hincrby(f"effects:{stage}", record_id, 1)
-            pipe.sadd(f"pids:{stage}:{record_id}", os.getpid())
-            await pipe.execute()
+        await count_effect(self.redis, stage, record_id)
         kind = data.get("kind")
         routes = {
             "lab": {"parser": {**data, "to": "parser"}},

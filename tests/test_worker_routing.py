@@ -114,6 +114,25 @@ async def _empty(redis: aioredis.Redis, stream: str) -> bool:
     return await redis.xlen(stream) == 0
 
 
+@pytest.mark.parametrize("partitions", [1, 2])
+async def test_on_a_cluster_routed_records_reach_outputs_in_their_own_and_in_other_slots(
+    cluster: aioredis.Redis, cluster_url: str, partitions: int
+) -> None:
+    """The single-node cluster refuses CROSSSLOT as a cluster does: outputs of one partition share the router's
+    slot (written in its settle script), outputs of two are in slots of their own (relayed through the outbox).
+    Either way each record arrives once where its processor sent it, and the DLQ holds the two it could not."""
+    await feed(cluster, 24)
+    worker = await run_burst(
+        cluster_url, service="rt", processor=RoutingProcessor, outputs=outputs(partitions), redis_mode="cluster"
+    )
+    await wait_until(lambda: _empty(cluster, worker.settings.keys.outbox), "the outbox relayed", 30)
+    for name, stage in NEXT.items():
+        ids = sorted(e["record_id"] for e in await arrived(cluster, stage, partitions=partitions))
+        assert ids == sorted(f"r{i}" for i in range(24) if name in EXPECTED.get(kind_of(i), ())), name
+    dead = [fields["record_id"] for _, fields in await stream_entries(cluster, StageKeys.for_stage("rt").dlq)]
+    assert sorted(dead) == sorted(f"r{i}" for i in range(24) if kind_of(i) in ("unknown", "plain"))
+
+
 def test_settings_refuse_outputs_that_name_no_stage_or_clash() -> None:
     with pytest.raises(ValueError, match="OUTPUTS\\[parser\\]: 'orders' is no stage's default input"):
         WorkerSettings(service_name="rt", processor="x:Y", outputs={"parser": {"queue": "orders"}})
