@@ -6,6 +6,7 @@ how to change it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -137,25 +138,37 @@ def test_a_partitioned_pipeline_is_run_shown_replayed_and_guarded_by_its_layout(
     assert (_deployment_env(kube_api, ns, "router") or {}).get("OUTPUT_PARTITIONS") == "4"
 
 
+def _forwards_to(env: dict[str, str] | None) -> int | None:
+    """The partitions the workers forward to: OUTPUT_PARTITIONS, or the named output `lab`'s in OUTPUTS."""
+    if not env:
+        return None
+    outputs = env.get("OUTPUTS")
+    return int(json.loads(outputs)["lab"]["partitions"] if outputs else env["OUTPUT_PARTITIONS"])
+
+
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("redis_db", [11], indirect=True)
+@pytest.mark.parametrize("named", [False, True], ids=["output", "outputs"])
 def test_a_stage_forwarding_to_one_created_later_follows_its_partitions(
     operator: ServingOperator,
     kube_cluster: ControlPlane,
     kube_api: client.ApiClient,
     kube_namespace: str,
     redis_db: tuple[str, sync_redis.Redis],
+    named: bool,
 ) -> None:
-    """The next stage does not exist yet: the workers forward as to one partition; once it appears with 3, the
-    operator reconciles the forwarding stage again and its workers get OUTPUT_PARTITIONS=3."""
+    """The next stage (output.stage, or a named output's) does not exist yet: the workers forward as to one
+    partition; once it appears with 3, the operator reconciles the forwarding stage again and its workers forward
+    to 3 (OUTPUT_PARTITIONS, or the output's partitions in OUTPUTS)."""
     url, _ = redis_db
     ns = kube_namespace
-    kubectl_apply(kube_cluster, final_stage(url, ns, name="early", output={"stage": "latecomer"}))
+    forward = {"outputs": [{"name": "lab", "stage": "latecomer"}]} if named else {"output": {"stage": "latecomer"}}
+    kubectl_apply(kube_cluster, final_stage(url, ns, name="early", **forward))
     env = eventually(lambda: _deployment_env(kube_api, ns, "early"), "the early stage's Deployment")
-    assert env["OUTPUT_PARTITIONS"] == "1"
+    assert _forwards_to(env) == 1
     kubectl_apply(kube_cluster, final_stage(url, ns, name="latecomer", partitions=3)[1:])
     eventually(
-        lambda: (_deployment_env(kube_api, ns, "early") or {}).get("OUTPUT_PARTITIONS") == "3",
+        lambda: _forwards_to(_deployment_env(kube_api, ns, "early")) == 3,
         "the early stage forwarding to the latecomer's 3 partitions",
     )
 

@@ -59,8 +59,9 @@ class StageRecord:
     # The wanted form of each child by kind, as of the last reconcile; watch events of children are compared
     # with it (drift.differences).
     children: dict[str, dict[str, Any]] = field(default_factory=dict, repr=False)
-    # The partitions its output.stage asked for in its spec at the last reconcile (1: no such stage); None: not yet.
-    next_partitions: int | None = None
+    # The partitions each next stage (output.stage, and every stage spec.outputs names) asked for in its spec at the
+    # last reconcile, by stage name (1: no such stage); empty: none, or not reconciled yet.
+    next_partitions: dict[str, int] = field(default_factory=dict)
     # spec.paused as last reconciled by this process (None: not yet), for the Paused and Resumed Events.
     paused: bool | None = None
 

@@ -144,11 +144,12 @@ async def apply_spec(
         record.secret_versions = secrets.versions
     try:
         forward_partitions, next_partitions = await output_partitions(kube, pool.client(redis), stage)
-        named_partitions = await outputs_partitions(kube, pool.client(redis), stage)
+        named_partitions, named_asked = await outputs_partitions(kube, pool.client(redis), stage)
     except (RedisError, OSError) as exc:
         pool.failed(redis, exc)
         raise StageError("RedisUnavailable", f"cannot reach Redis: {redis.masked(str(exc))}") from None
-    record.next_partitions = next_partitions
+    output = stage.spec.output
+    record.next_partitions = named_asked | ({output.stage: next_partitions} if output and output.stage else {})
     record.streams, record.redis = streams, redis
     record.redis_user = None if user is None else user.username
     async with record.deployment_lock:
@@ -359,12 +360,16 @@ async def output_partitions(kube: KubeApi, client: Redis, stage: PhoenixStage) -
     return await _next_partitions(kube, client, stage.namespace, output.stage)
 
 
-async def outputs_partitions(kube: KubeApi, client: Redis, stage: PhoenixStage) -> dict[str, int]:
-    """The partitions of each stage spec.outputs names, by output name, read as output_partitions reads them."""
-    found = {}
+async def outputs_partitions(
+    kube: KubeApi, client: Redis, stage: PhoenixStage
+) -> tuple[dict[str, int], dict[str, int]]:
+    """The partitions of each stage spec.outputs names, by output name, read as output_partitions reads them; and
+    the count each of those stages asks for in its spec, by stage name (when it changes, this stage is reconciled
+    again: next_stage_seen)."""
+    found, asked = {}, {}
     for output in stage.spec.outputs or []:
-        found[output.name], _ = await _next_partitions(kube, client, stage.namespace, output.stage)
-    return found
+        found[output.name], asked[output.stage] = await _next_partitions(kube, client, stage.namespace, output.stage)
+    return found, asked
 
 
 async def _next_partitions(kube: KubeApi, client: Redis, namespace: str, next_stage: str) -> tuple[int, int]:
@@ -396,15 +401,16 @@ def _transitions(record: StageRecord, stage: PhoenixStage, autoscaling: Conditio
 
 
 def next_stage_seen(ctx: OperatorContext, body: Mapping[str, Any]) -> None:
-    """A stage was created or changed: the stages whose output.stage it is, reconciled while it asked for another
-    partition count (or did not exist), are marked for repair (the converger reconciles them: output_partitions)."""
+    """A stage was created or changed: the stages whose output.stage it is, or that name it in spec.outputs,
+    reconciled while it asked for another partition count (or did not exist), are marked for repair (the converger
+    reconciles them: output_partitions, outputs_partitions)."""
     meta = body["metadata"]
     partitions = (body.get("spec") or {}).get("partitions", 1)
     for record in ctx.registry.records():
-        output = ((record.body or {}).get("spec") or {}).get("output") or {}
-        if record.namespace != meta["namespace"] or output.get("stage") != meta["name"]:
+        if record.namespace != meta["namespace"]:
             continue
-        if record.next_partitions is not None and record.next_partitions != partitions:
+        asked = record.next_partitions.get(meta["name"])
+        if asked is not None and asked != partitions:
             record.drift[f"the next stage {meta['name']} asks for {partitions} partition(s)"] = "Deployment"
             ctx.wake.set()
 
