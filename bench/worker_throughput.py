@@ -123,10 +123,16 @@ async def original(client: aioredis.Redis, n: int) -> float:
     return n / (time.perf_counter() - start)
 
 
+def cpu_times(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds of a running process, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / tick, int(fields[12]) / tick
+
+
 def _proc_stat(pid: int) -> tuple[float, float]:
     """(CPU seconds, peak RSS in MiB) of a running process, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = sum(cpu_times(pid))
     hwm = next(line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:"))
     return cpu, int(hwm.split()[1]) / 1024
 
@@ -147,6 +153,34 @@ async def _redis_cpu(client: aioredis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+# (c)'s stage: its input, filled before the worker starts, and its output.
+INPUT, OUTPUT = "phoenix:{default}:bench:input", "phoenix:{default}:bench:output"
+
+
+async def start_worker(
+    url: str, concurrency: int, log_level: str, processor: str, extra_env: dict[str, str], root: Path = ROOT
+) -> asyncio.subprocess.Process:
+    """`phoenix worker` of (c)'s stage, started from the source tree `root`; its logs go to /dev/null (a terminal's
+    speed is not the worker's)."""
+    env = dict(
+        os.environ,
+        SERVICE_NAME="bench",
+        PROCESSOR=processor,
+        REDIS_URL=url,
+        INPUT_QUEUE=INPUT,
+        OUTPUT_QUEUE=OUTPUT,
+        CONSUMER_GROUP=GROUP,
+        CONCURRENCY=str(concurrency),
+        HEALTH_PORT="0",
+        LOG_LEVEL=log_level,
+        PYTHONPATH=str(root),
+        **extra_env,
+    )
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "phoenix", "worker", env=env, cwd=root, stdout=asyncio.subprocess.DEVNULL
+    )
+
+
 async def phoenix_worker(
     client: aioredis.Redis,
     url: str,
@@ -158,29 +192,11 @@ async def phoenix_worker(
     root: Path = ROOT,
 ) -> WorkerRun:
     """`phoenix worker` started from the source tree `root`, over n messages."""
-    stream, out = "phoenix:{default}:bench:input", "phoenix:{default}:bench:output"
-    await client.delete(out)
     await client.flushdb()
-    await fill(client, stream, n)
+    await fill(client, INPUT, n)
     await client.config_resetstat()
-    env = dict(
-        os.environ,
-        SERVICE_NAME="bench",
-        PROCESSOR=processor,
-        REDIS_URL=url,
-        INPUT_QUEUE=stream,
-        OUTPUT_QUEUE=out,
-        CONSUMER_GROUP=GROUP,
-        CONCURRENCY=str(concurrency),
-        HEALTH_PORT="0",
-        LOG_LEVEL=log_level,
-        PYTHONPATH=str(root),
-        **extra_env,
-    )
-    # Logs go to /dev/null: a terminal's speed is not the worker's.
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "phoenix", "worker", env=env, cwd=root, stdout=asyncio.subprocess.DEVNULL
-    )
+    proc = await start_worker(url, concurrency, log_level, processor, extra_env, root)
+    out = OUTPUT
     try:
         while not await client.xlen(out):
             await asyncio.sleep(0.001)
