@@ -13,6 +13,7 @@ from kubernetes import config
 
 from phoenix.arguments import port, seconds
 from phoenix.cli.kubectl import Stages, add_kube_options, api_client
+from phoenix.cli.tokens import token_from_file
 from phoenix.cli.ui.server import ServerOptions, make_app
 from phoenix.cli.ui.source import StageReader
 from phoenix.errors import ConfigError
@@ -63,13 +64,7 @@ def read_token(args: argparse.Namespace) -> str | None:
         return None
     if args.token_file is None:
         raise UiConfigError("give --token-file FILE (the bearer token the page sends), or --no-auth on loopback")
-    try:
-        token = args.token_file.read_text().strip()
-    except OSError as exc:
-        raise UiConfigError(f"cannot read --token-file {str(args.token_file)!r}: {exc.strerror}") from None
-    if not token or any(c.isspace() for c in token):
-        raise UiConfigError(f"--token-file {str(args.token_file)!r} holds no token (one word, no whitespace)")
-    return token
+    return token_from_file(args.token_file, UiConfigError)
 
 
 def _loopback(host: str) -> bool:
