@@ -46,6 +46,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
 from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
 from phoenix import keys, lua
 from phoenix.errors import PhoenixError
@@ -315,9 +316,7 @@ class Producer(_Sender):
             raise ValueError(f"window_seconds must be at least 1, not {window_seconds}")
         if self._once is None:
             self._once = self.client.register_script(ONCE_SCRIPT)
-            if isinstance(self.client, AsyncRedisCluster):
-                # A cluster's pipeline loads no script: each primary gets it now, the EVALSHAs find it there.
-                await self.client.script_load(ONCE_SCRIPT)
+            await self.client.script_load(ONCE_SCRIPT)  # on a cluster, every primary
         sha, target = self._once.sha, self._target
         await self._learn_layout()
 
@@ -348,13 +347,21 @@ class Producer(_Sender):
                 self.min_replicas_timeout_ms,
                 script=script,
             )
-        pipe = self.client.pipeline(transaction=False)
-        if script is not None and isinstance(pipe, aioredis.client.Pipeline):
-            # The pipeline loads it first where the server lacks it (as run_then_wait does).
-            pipe.scripts.add(script)  # type: ignore[arg-type]
-        for command in pipeline.commands:
-            pipe.execute_command(*command)
-        return await pipe.execute(), 0
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for command in pipeline.commands:
+                pipe.execute_command(*command)
+            replies = await pipe.execute(raise_on_error=False)
+            if script is not None and attempt == 0 and replies and all(isinstance(r, NoScriptError) for r in replies):
+                # The server lost it (a restart, a promoted replica): none ran; loaded, they run once more. Loaded
+                # once up front rather than checked per pipeline (a SCRIPT EXISTS round trip each).
+                await self.client.script_load(script.script)
+                continue
+            break
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies, 0
 
 
 class SyncProducer(_Sender):

@@ -230,6 +230,9 @@ async def test_send_once_adds_a_record_id_once_within_its_window(redis: aioredis
     # The entry is what send_many writes.
     (entry_id, fields), *_ = await stream_entries(redis, STAGE.lane_of("r3").input, first[3].entry_id)
     assert entry_id == first[3].entry_id and fields["data"] == '{"i": 3}' and "entered_at" in fields
+    # A server that lost the script (a restart) gets it again, and the batch runs once.
+    await redis.script_flush()
+    assert [s.new for s in await producer.send_once([Record("after-flush"), Record("r1")], 60)] == [True, False]
     # Once the marker is gone (the window passed), the id is new again.
     await redis.delete(STAGE.lane_of("r0").ingest_marker(STAGE.lane_of("r0").input, "r0"))
     assert (await producer.send_once([Record("r0")], 60))[0].new
