@@ -16,13 +16,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import aiohttp
@@ -30,8 +27,7 @@ import redis.asyncio as aioredis
 
 from phoenix.embedded import embedded_valkey
 from phoenix.producer import Producer, Record
-from tests.fixtures.eventually import eventually
-from tests.fixtures.processes import LoggedProcess, free_loopback_port
+from tests.fixtures.ingest import running_ingest
 
 TOKEN = "bench-ingest-token"
 STAGE = "first"
@@ -59,23 +55,6 @@ async def producer_rates(redis_url: str, total: int, batch: int) -> dict[str, fl
             rates[name] = total / (time.perf_counter() - started)
             assert await client.xlen(f"phoenix:{{bench-{name.replace('_', '-')}}}:{STAGE}:input") == total
     return rates
-
-
-@contextmanager
-def running_ingest(redis_url: str, workdir: Path) -> Iterator[str]:
-    token_file = workdir / "token"
-    token_file.write_text(TOKEN)
-    port = free_loopback_port()
-    argv = [str(Path(sys.executable).parent / "phoenix"), "ingest", f"--port={port}", f"--token-file={token_file}"]
-    argv += [f"--redis-url={redis_url}", "--namespace=bench-http", "--pipeline=bench", f"--stage={STAGE}"]
-    argv += ["--high-water=0"]  # no 429: the load measures the write path
-    process = LoggedProcess.start("phoenix-ingest", argv, workdir / "ingest.log", dict(os.environ))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        eventually(lambda: process.alive and "serving" in process.log_tail(), "phoenix ingest serving", 30)
-        yield base
-    finally:
-        process.stop(10)
 
 
 async def http_load(base: str, requests: int, batch: int, concurrency: int) -> dict[str, float]:
@@ -125,7 +104,9 @@ def main() -> int:
     total = args.requests * args.batch
     with embedded_valkey() as redis_url, tempfile.TemporaryDirectory() as workdir:
         rates = asyncio.run(producer_rates(redis_url, total, args.batch))
-        with running_ingest(redis_url, Path(workdir)) as base:
+        given = [f"--redis-url={redis_url}", "--namespace=bench-http", "--pipeline=bench", f"--stage={STAGE}"]
+        # --high-water=0: no 429, the load measures the write path.
+        with running_ingest(Path(workdir), TOKEN, *given, "--high-water=0") as base:
             http = asyncio.run(http_load(base, args.requests, args.batch, args.concurrency))
     print(f"{total} records, batches of {args.batch}; HTTP: {args.requests} requests, {args.concurrency} in flight")
     print(f"  (p) Producer.send_many    {rates['send_many']:>9.0f} records/s")

@@ -7,10 +7,6 @@ never get a 500 and never write part of a batch."""
 from __future__ import annotations
 
 import json
-import os
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +27,8 @@ from phoenix.keys import StageKeys
 from phoenix.redis_spec import RedisSpec
 from tests.fixtures.eventually import eventually
 from tests.fixtures.fuzzing import fuzz_settings
-from tests.fixtures.processes import LoggedProcess, free_loopback_port
+from tests.fixtures.ingest import Answer, running_ingest
+from tests.fixtures.ingest import call as ingest_call
 from tests.fixtures.replies import read_group_now, stream_entries_now
 
 pytestmark = pytest.mark.subprocess
@@ -39,53 +36,21 @@ pytestmark = pytest.mark.subprocess
 TOKEN = "ingest-test-token-8d2e41"  # the test's own; it must never show in the server's log
 NAMESPACE = "ingest"
 FIRST, SECOND = StageKeys.for_stage("router", NAMESPACE), StageKeys.for_stage("parser", NAMESPACE)
-PHOENIX = str(Path(sys.executable).parent / "phoenix")
-
-Answer = tuple[int, dict[str, str], Any]
 
 
 @contextmanager
-def running_ingest(redis_url: str, workdir: Path, *options: str) -> Iterator[str]:
+def serving(redis_url: str, workdir: Path, *options: str) -> Iterator[str]:
     """`phoenix ingest` serving the pipeline `docs` (router, then parser) of NAMESPACE; yields its base URL."""
-    token_file = workdir / "token"
-    token_file.write_text(TOKEN + "\n")
-    port = free_loopback_port()
-    argv = [PHOENIX, "ingest", f"--port={port}", f"--token-file={token_file}", f"--redis-url={redis_url}"]
-    argv += [f"--namespace={NAMESPACE}", "--pipeline=docs", "--stage=router", "--stage=parser", *options]
-    process = LoggedProcess.start("phoenix-ingest", argv, workdir / f"ingest-{port}.log", dict(os.environ))
-    base = f"http://127.0.0.1:{port}"
-    try:
-        eventually(lambda: _serving(process, base), "phoenix ingest serving", 30)
+    given = [f"--redis-url={redis_url}", f"--namespace={NAMESPACE}", "--pipeline=docs", "--stage=router"]
+    with running_ingest(workdir, TOKEN, *given, "--stage=parser", *options) as base:
         yield base
-        assert process.alive, process.failure("died during the test")
-    finally:
-        process.stop(10)
-        assert TOKEN not in process.log_path.read_text()
-
-
-def _serving(process: LoggedProcess, base: str) -> bool:
-    if not process.alive:
-        raise process.failure("stopped")
-    try:
-        return call(base, "GET", "/healthz")[0] == 200
-    except OSError:
-        return False
 
 
 def call(
     base: str, method: str, path: str, body: Any = None, token: str | None = TOKEN, raw: bytes | None = None
 ) -> Answer:
-    """One request: (status, headers, the JSON body)."""
-    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data, method=method)
-    request.add_header("Content-Type", "application/json")
-    if token is not None:
-        request.add_header("Authorization", f"Bearer {token}")
-    try:
-        with urllib.request.urlopen(request, timeout=20) as response:
-            return response.status, dict(response.headers), json.loads(response.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), json.loads(exc.read())
+    """One request, with the test's token unless told otherwise."""
+    return ingest_call(base, method, path, body, token, raw)
 
 
 @pytest.fixture
@@ -98,7 +63,7 @@ def valkey(redis_url: str) -> Iterator[sync_redis.Redis]:
 
 @pytest.fixture
 def ingest(redis_url: str, valkey: sync_redis.Redis, tmp_path: Path) -> Iterator[str]:
-    with running_ingest(redis_url, tmp_path) as base:
+    with serving(redis_url, tmp_path) as base:
         yield base
 
 
@@ -198,7 +163,7 @@ def test_refusals_write_nothing_and_say_why(ingest: str, valkey: sync_redis.Redi
 def test_over_the_high_water_answers_429_until_the_stage_catches_up(
     redis_url: str, valkey: sync_redis.Redis, tmp_path: Path
 ) -> None:
-    with running_ingest(redis_url, tmp_path, "--high-water=5", "--retry-after=3") as base:
+    with serving(redis_url, tmp_path, "--high-water=5", "--retry-after=3") as base:
         post = "/v1/pipelines/docs/records"
         assert call(base, "POST", post, [{"record_id": f"r{i}"} for i in range(5)])[0] == 201
         answer = call(base, "POST", post, {"record_id": "late"})

@@ -191,6 +191,9 @@ class Targets:
             client,
             first.service_name,
             first.key_namespace,
+            # The spec's partitions, which the stage's layout in Redis holds too; one: its owner marker names the
+            # input (spec.input), which the producer reads.
+            partitions=first.partitions if first.partitions > 1 else None,
             min_replicas_ack=first.min_replicas_ack,
             min_replicas_timeout_ms=first.min_replicas_timeout_ms,
         )
