@@ -7,6 +7,7 @@ never get a 500 and never write part of a batch."""
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,8 +28,9 @@ from phoenix.keys import StageKeys
 from phoenix.redis_spec import RedisSpec
 from tests.fixtures.eventually import eventually
 from tests.fixtures.fuzzing import fuzz_settings
-from tests.fixtures.ingest import Answer, running_ingest
+from tests.fixtures.ingest import PHOENIX, Answer, running_ingest
 from tests.fixtures.ingest import call as ingest_call
+from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.replies import read_group_now, stream_entries_now
 
 pytestmark = pytest.mark.subprocess
@@ -260,3 +262,25 @@ def test_hostile_bodies_never_get_a_500_or_a_partial_write(ingest: str, valkey: 
         check(body)
 
     bodies()
+
+
+def test_bad_options_are_one_line_and_exit_2_with_nothing_listening(tmp_path: Path) -> None:
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    empty = tmp_path / "empty"
+    empty.write_text(" \n")
+    refusals = {
+        f"--token-file={tmp_path / 'none'} --stage=a --pipeline=p": "cannot read --token-file",
+        f"--token-file={empty} --stage=a --pipeline=p": "holds no token",
+        f"--token-file={token} --stage=a": "--stage needs --pipeline",
+        f"--token-file={token} --pipeline=p --stage=a --high-water=-1": "not a whole number",
+    }
+    for options, message in refusals.items():
+        done = subprocess.run(
+            [PHOENIX, "ingest", f"--port={free_loopback_port()}", *options.split()],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 2 and message in done.stderr, (options, done.stderr)
+        assert TOKEN not in done.stderr

@@ -5,7 +5,6 @@ stages, an unknown pipeline is a 404."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,7 +21,6 @@ from tests.fixtures.replies import stream_entries_now
 
 pytestmark = [pytest.mark.kube, pytest.mark.subprocess]
 TOKEN = "ingest-kube-token-1b9f07"
-REDIS_DB = 13  # a database of its own: stage names, hence keys, repeat across test modules
 # The chart's Role phoenix-ingest (charts/phoenix/templates/ingest.yaml; tests/test_helm_chart.py checks its rules).
 INGEST_RULES = [
     client.V1PolicyRule(api_groups=["phoenix.io"], resources=["phoenixstages"], verbs=["get", "list"]),
@@ -30,15 +28,8 @@ INGEST_RULES = [
 ]
 
 
-@pytest.fixture
-def redis_db(redis_url: str) -> Iterator[tuple[str, sync_redis.Redis]]:
-    url = f"{redis_url.rsplit('/', 1)[0]}/{REDIS_DB}"
-    with sync_redis.Redis.from_url(url, decode_responses=True) as connection:
-        connection.flushdb()
-        yield url, connection
-
-
 @pytest.mark.timeout(120)
+@pytest.mark.parametrize("redis_db", [13], indirect=True)
 def test_ingest_serves_a_pipeline_of_phoenixstages_with_the_charts_rights_only(
     kube_cluster: ControlPlane,
     kube_api: client.ApiClient,

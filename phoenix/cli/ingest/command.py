@@ -5,8 +5,6 @@ them), or, with --stage, the one pipeline --pipeline of those stages on --redis-
 from __future__ import annotations
 
 import argparse
-import asyncio
-import signal
 from pathlib import Path
 
 from aiohttp import web
@@ -16,8 +14,8 @@ from phoenix.arguments import port, positive_whole, seconds, whole
 from phoenix.cli.ingest.server import ServerOptions, make_app
 from phoenix.cli.ingest.targets import GivenPipeline, IngestOptions, KubePipelines, PipelineSource, Targets
 from phoenix.cli.kubectl import Stages, api_client
+from phoenix.cli.serving import serve, token_from_file
 from phoenix.cli.stage import add_redis_argument, redis_spec
-from phoenix.cli.tokens import token_from_file
 from phoenix.errors import ConfigError
 
 API_TIMEOUT_SECONDS = 10.0
@@ -108,21 +106,10 @@ async def run(args: argparse.Namespace) -> int:
     found, serving = source(args)
     targets = Targets(found, IngestOptions(args.high_water, args.dedup_seconds, args.refresh))
     app = make_app(targets, ServerOptions(token, args.retry_after, args.max_body_bytes))
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
+    started = f"phoenix ingest: serving http://{args.host}:{args.port}/ for {serving}"
     try:
-        try:
-            await web.TCPSite(runner, args.host, args.port).start()
-        except OSError as exc:
-            raise IngestConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-        print(f"phoenix ingest: serving http://{args.host}:{args.port}/ for {serving}", flush=True)
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await serve(web.AppRunner(app, access_log=None), args.host, args.port, IngestConfigError, started)
     finally:
-        await runner.cleanup()
         if isinstance(found, KubePipelines):
             found.stages.api.close()
     return 0
