@@ -153,6 +153,7 @@ def test_refusals_write_nothing_and_say_why(ingest: str, valkey: sync_redis.Redi
     assert call(ingest, "POST", post, too_many)[0] == 422
     assert call(ingest, "POST", post, {"record_id": "x", "extra": 1})[0] == 422
     assert call(ingest, "POST", post, {"record_id": "x", "deadline": "2030-01-01T00:00:00"})[0] == 422  # no zone
+    assert call(ingest, "POST", post, {"record_id": "x", "deadline": "2300-01-01T00:00:00Z"})[0] == 422  # no time
     big = {"record_id": "big", "data": {"text": "x" * 1_100_000}}  # over the first stage's MAX_MESSAGE_BYTES
     answer = call(ingest, "POST", post, big)
     assert answer[0] == 422 and "MAX_MESSAGE_BYTES" in conforms(answer, RECORDS, "post")["error"]
@@ -225,7 +226,7 @@ _records = st.fixed_dictionaries(
         "user_id": _ids | _json_values,
         "data": st.dictionaries(st.text(max_size=8), _json_values, max_size=4) | _json_values,
         "deadline": st.floats(allow_nan=True, allow_infinity=True)
-        | st.sampled_from(["2030-01-01T00:00:00Z", "2030-01-01", "soon", -1, 1e12])
+        | st.sampled_from(["2030-01-01T00:00:00Z", "2300-01-01T00:00:00Z", "2030-01-01", "soon", -1, 1e12])
         | _json_values,
         "extra": _json_values,
     },

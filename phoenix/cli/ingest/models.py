@@ -6,7 +6,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Discriminator, Field, RootModel, Tag, field_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    RootModel,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from phoenix.producer import BATCH, Record
 
@@ -58,6 +68,11 @@ class IngestRecord(BaseModel):
         if _depth(data) > MAX_DATA_DEPTH:
             raise ValueError(f"data is nested deeper than {MAX_DATA_DEPTH} levels")
         return data
+
+    @model_validator(mode="after")
+    def _an_entry(self) -> IngestRecord:
+        self.record().fields()  # what the producer refuses (a deadline past the year 2286) is a 422, not a 500
+        return self
 
     def record(self) -> Record:
         return Record(self.record_id, self.data, self.user_id, deadline=self.deadline)

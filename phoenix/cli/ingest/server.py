@@ -109,6 +109,12 @@ def _unavailable(request: web.Request, message: str) -> web.HTTPException:
     return _error(web.HTTPServiceUnavailable, message, headers={"Retry-After": retry})
 
 
+def _redis_failed(request: web.Request, target: Target, exc: RedisError) -> web.HTTPException:
+    """503, and the pipeline read again at its next request (a rotated password, a moved service)."""
+    request.app[TARGETS].forget(target.pipeline.name)
+    return _unavailable(request, f"Redis: {target.pipeline.redis.explain(exc)}")
+
+
 def _invalid(exc: ValidationError) -> web.HTTPException:
     """422 with each problem's place and message (never the input: it may be large, or someone's data); 400 for a
     body that is no JSON at all."""
@@ -146,8 +152,7 @@ async def _post_records(request: web.Request) -> web.Response:
         # Written, not yet on enough replicas: the client's retry finds them (duplicates) once they are.
         raise _unavailable(request, str(exc)) from None
     except RedisError as exc:
-        request.app[TARGETS].forget(target.pipeline.name)
-        raise _unavailable(request, f"Redis: {target.pipeline.redis.explain(exc)}") from None
+        raise _redis_failed(request, target, exc) from None
     target.gate.note_added(sum(s.new for s in sent))
     written = [
         Written(record_id=r.record_id, entry_id=s.entry_id, status="created" if s.new else "duplicate")
@@ -172,8 +177,7 @@ async def _backlog_over(request: web.Request, target: Target) -> int | None:
     try:
         return await target.gate.backlog_over(target.client)
     except RedisError as exc:
-        request.app[TARGETS].forget(target.pipeline.name)
-        raise _unavailable(request, f"Redis: {target.pipeline.redis.explain(exc)}") from None
+        raise _redis_failed(request, target, exc) from None
 
 
 async def _get_record(request: web.Request) -> web.Response:
@@ -188,8 +192,7 @@ async def _get_record(request: web.Request) -> web.Response:
             target.client, target.pipeline.name, list(target.pipeline.stages), record_id, DEFAULT_SCAN_LIMIT
         )
     except RedisError as exc:
-        request.app[TARGETS].forget(target.pipeline.name)
-        raise _unavailable(request, f"Redis: {target.pipeline.redis.explain(exc)}") from None
+        raise _redis_failed(request, target, exc) from None
     return web.json_response(found.as_dict())
 
 
