@@ -265,6 +265,41 @@ def test_hostile_bodies_never_get_a_500_or_a_partial_write(ingest: str, valkey: 
     bodies()
 
 
+def test_a_redis_that_does_not_answer_is_a_503_naming_no_password(tmp_path: Path) -> None:
+    nobody = f"redis://:pw-s3cret-77@127.0.0.1:{free_loopback_port()}/0"
+    with serving(nobody, tmp_path) as base:
+        for method, path, body in (
+            ("POST", "/v1/pipelines/docs/records", {"record_id": "a"}),
+            ("GET", "/v1/pipelines/docs/records/a", None),
+        ):
+            status, headers, answer = call(base, method, path, body)
+            assert status == 503 and headers["Retry-After"] == "5", answer
+            assert answer["error"].startswith("Redis: ") and "pw-s3cret-77" not in json.dumps(answer)
+    assert not [log for log in tmp_path.glob("ingest-*.log") if "pw-s3cret-77" in log.read_text()]
+
+
+def test_an_api_server_that_does_not_answer_is_a_503(tmp_path: Path) -> None:
+    """The pipelines from the API server (no --stage), which nothing serves: a 503, the server goes on."""
+    kubeconfig = tmp_path / "kubeconfig"
+    server = f"https://127.0.0.1:{free_loopback_port()}"
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": server, "insecure-skip-tls-verify": True}}],
+                "users": [{"name": "u", "user": {"token": "kube-t0ken-x"}}],
+                "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "x",
+            }
+        )
+    )
+    with running_ingest(tmp_path, TOKEN, f"--kubeconfig={kubeconfig}", "--namespace=team") as base:
+        status, headers, answer = call(base, "POST", "/v1/pipelines/docs/records", {"record_id": "a"})
+        assert status == 503 and "Retry-After" in headers and answer["error"].startswith("the API server"), answer
+        assert "kube-t0ken-x" not in json.dumps(answer)
+
+
 def test_bad_options_are_one_line_and_exit_2_with_nothing_listening(tmp_path: Path) -> None:
     token = tmp_path / "token"
     token.write_text(TOKEN)

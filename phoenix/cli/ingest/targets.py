@@ -15,7 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from kubernetes.client.exceptions import ApiException
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from urllib3.exceptions import HTTPError
 
 from phoenix.cli.kubectl import PluginError, Stages, pipeline_stages, spec_settings, stage_target
 from phoenix.cli.stage import StageSettings, redis_client
@@ -71,7 +74,12 @@ class KubePipelines:
     redis_host: str | None = None
 
     async def read(self, name: str) -> Pipeline:
-        return await asyncio.to_thread(self._read, name)
+        try:
+            return await asyncio.to_thread(self._read, name)
+        except ApiException as exc:
+            raise PipelineUnavailable(f"the API server refused: {exc.status} {exc.reason}") from None
+        except (HTTPError, OSError) as exc:  # the API server unreachable: urllib3's errors
+            raise PipelineUnavailable(f"the API server: {type(exc).__name__}") from None
 
     def _read(self, name: str) -> Pipeline:
         try:
@@ -100,8 +108,11 @@ class GivenPipeline:
     async def read(self, name: str) -> Pipeline:
         if name != self.name:
             raise UnknownPipeline(f"no pipeline {name!r}: this ingest serves {self.name!r}")
-        async with redis_client(self.redis) as client:
-            keys = await laid_out(client, [StageKeys.for_stage(stage, self.namespace) for stage in self.stage_names])
+        try:
+            async with redis_client(self.redis) as client:
+                keys = await laid_out(client, [StageKeys.for_stage(s, self.namespace) for s in self.stage_names])
+        except RedisError as exc:
+            raise PipelineUnavailable(f"Redis: {self.redis.explain(exc)}") from None
         stages = tuple(
             StageSettings(service_name=k.name, key_namespace=k.namespace, partitions=k.partitions) for k in keys
         )
