@@ -214,9 +214,14 @@ def test_the_openapi_document_is_valid_and_names_every_route_the_server_answers(
 
 # -- hostile bodies ---------------------------------------------------------------------------------------------
 
+
+def _nested(inner: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+
+
 _json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    _nested,
     max_leaves=20,
 )
 _ids = st.text(min_size=0, max_size=12) | st.sampled_from(["a", "b", "ok", "x y", "\x00", "é", "a" * 300])
