@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test test-fast fuzz eval ocr tls-redis browser shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
+.PHONY: help demo test test-fast fuzz eval ocr tls-redis browser shellcheck e2e bench bench-peers bench-ingest bench-operator manifests kube helm promtool go-tools \
 	node keda kube-router e2e-tools lint format lock clean
 .DEFAULT_GOAL := help
 
@@ -119,6 +119,9 @@ $(PEERS_STAMP): bench/peers/peers-requirements.txt
 
 bench-peers: $(STAMP) $(PEERS_STAMP)  ## The benchmark with taskiq-redis, dramatiq and arq beside Phoenix
 	$(BIN)/python -m bench.worker_throughput --peers-python $(PEERS_VENV)/bin/python
+
+bench-ingest: $(STAMP)  ## phoenix ingest over HTTP beside the Python producer, same Valkey (bounded)
+	$(BIN)/python -m bench.ingest_load $(BENCH_ARGS)
 
 bench-operator: $(STAMP) kube  ## The operator's reconcile cost over many stages
 	$(BIN)/python -m bench.operator_scale

@@ -303,6 +303,14 @@ class StageKeys:
         cannot be in the commit's script): written by the commit, relayed to their streams idempotently."""
         return f"{self._stage}:outbox"
 
+    def ingest_marker(self, stream: str, record_id: str) -> str:
+        """Set, for the producer's dedup window, once `record_id` was added to `stream`, this lane's input
+        (producer_once.lua): a retried send adds nothing. Under the lane's own tag when the stream is (its default
+        input), else under the stream's hashed part, in its slot; it expires with the window."""
+        if hashed_part(stream) == hashed_part(self._stage):
+            return f"{self._stage}:ingested:{record_id}"
+        return f"{PREFIX}:{{{hashed_part(stream)}}}:_ingested:{self.namespace}/{self.name}:{record_id}"
+
     def relay_marker(self, target: str, entry_id: str) -> str:
         """Set when the relay wrote the lane's outbox entry `entry_id` to `target`, a stream no stage reads
         (relay_write.lua): in the target's slot, so one script sets it and writes. Its tag is the target's hashed

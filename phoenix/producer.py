@@ -24,6 +24,10 @@ redis-py) builds: one Redis, a Sentinel's master, a Redis Cluster.
   (WAIT, on the connection that wrote them, per node on a cluster); fewer in time raises `NotReplicated` with the
   entries' ids: they are written, and only a failover before they replicate could lose them. Sending the same
   records again is safe: a record id the stage committed once is a duplicate.
+- **Once per record id.** `Producer.send_once` adds each record only if its record id was not sent so within
+  `window_seconds` (an ingest marker per record, `StageKeys.ingest_marker`, set by the same script that adds the
+  entry: producer_once.lua): a client retrying a request whose answer it lost adds no second entry, and learns the
+  first one's id. The HTTP ingest (`phoenix ingest`) sends so.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.cluster import RedisCluster
+from redis.commands.core import AsyncScript
+from redis.exceptions import NoScriptError
 
-from phoenix import keys
+from phoenix import keys, lua
 from phoenix.errors import PhoenixError
 from phoenix.keys import DEFAULT_NAMESPACE, StageKeys
 from phoenix.record_format import DEADLINE, ENTERED_AT
@@ -53,6 +59,9 @@ Grouped = dict[str, list[tuple[int, dict[str, str]]]]
 
 # Entries per pipeline: large enough to amortise round trips, small enough to bound a producer's memory.
 BATCH = 1000
+# One XADD (plain) or one producer_once.lua call (once per record id) from an entry's stream and fields.
+Command = Callable[[str, dict[str, str]], tuple[Any, ...]]
+ONCE_SCRIPT = lua.source("producer_once.lua", __package__)
 
 
 @dataclass(frozen=True)
@@ -149,6 +158,13 @@ class _Target:
         assert self.stage is not None
         return keys.forward_stream(self.stage, self.namespace, record_id, self.partitions or 1)
 
+    def ingest_marker(self, stream: str, record_id: str) -> str:
+        """The marker saying `record_id` was added to `stream` (the lane of the stage it belongs to)."""
+        if self.stage is None:
+            raise ValueError("sending once per record id needs a stage (its keys hold the markers), not a stream")
+        lane = StageKeys.for_stage(self.stage, self.namespace, partitions=self.partitions or 1).lane_of(record_id)
+        return lane.ingest_marker(stream, record_id)
+
     def grouped(self, batch: list[Record]) -> Grouped:
         by_stream: Grouped = {}
         for position, record in enumerate(batch):
@@ -182,9 +198,13 @@ class _Pipeline:
 PipelineReplies = tuple[Sequence[Any], int]
 
 
-def _pipelines(by_stream: Grouped, node_of: Callable[[str], Any] | None) -> list[_Pipeline]:
-    """The pipelines that write a batch's grouped entries: one, or with `node_of` (a cluster client's
-    `get_node_from_key`) one for each node, as WAIT counts only the writes of its own connection."""
+def _xadd(stream: str, fields: dict[str, str]) -> tuple[Any, ...]:
+    return ("XADD", stream, "*", *(part for item in fields.items() for part in item))
+
+
+def _pipelines(by_stream: Grouped, node_of: Callable[[str], Any] | None, command: Command = _xadd) -> list[_Pipeline]:
+    """The pipelines that write a batch's grouped entries, each by `command`: one, or with `node_of` (a cluster
+    client's `get_node_from_key`) one for each node, as WAIT counts only the writes of its own connection."""
     groups = list(_by_node(by_stream, node_of).values()) if node_of is not None else [by_stream]
     result = []
     for streams in groups:
@@ -192,7 +212,7 @@ def _pipelines(by_stream: Grouped, node_of: Callable[[str], Any] | None) -> list
         for stream, entries in streams.items():
             for position, fields in entries:
                 positions.append(position)
-                commands.append(("XADD", stream, "*", *(part for item in fields.items() for part in item)))
+                commands.append(command(stream, fields))
         result.append(_Pipeline(next(iter(streams)), positions, commands))
     return result
 
@@ -228,28 +248,50 @@ class _Sender:
     def _waits_per_node(self) -> bool:
         return bool(self.min_replicas_ack) and isinstance(self.client, RedisCluster | AsyncRedisCluster)
 
-    def _batches(self, records: Iterable[Record]) -> Iterator[tuple[int, list[_Pipeline]]]:
+    def _batches(self, records: Iterable[Record], command: Command = _xadd) -> Iterator[tuple[int, list[_Pipeline]]]:
         """Each batch's size and the pipelines that write it (read the layout first: it places the records)."""
         node_of = self.client.get_node_from_key if self._waits_per_node() else None
         for batch in _batches(records):
-            yield len(batch), _pipelines(self._target.grouped(batch), node_of)
+            yield len(batch), _pipelines(self._target.grouped(batch), node_of, command)
 
-    def _entry_ids(self, size: int, runs: Sequence[tuple[_Pipeline, PipelineReplies]]) -> list[str]:
-        """The batch's entry ids in the records' order; NotReplicated if a WAIT counted fewer than min_replicas_ack."""
-        ids = [""] * size
-        for pipeline, (replies, _) in runs:
-            for position, entry_id in zip(pipeline.positions, replies, strict=False):
-                ids[position] = _text(entry_id)
+    def _replies(
+        self, size: int, runs: Sequence[tuple[_Pipeline, PipelineReplies]], entry_id: Callable[[Any], str] = _text
+    ) -> list[Any]:
+        """The batch's replies in the records' order; NotReplicated (with the entry ids `entry_id` reads from the
+        replies) if a WAIT counted fewer than min_replicas_ack."""
+        replies: list[Any] = [""] * size
+        for pipeline, (run, _) in runs:
+            for position, reply in zip(pipeline.positions, run, strict=False):
+                replies[position] = reply
         acked = min(node_acked for _, (_, node_acked) in runs)
         if self.min_replicas_ack and acked < self.min_replicas_ack:
+            ids = [entry_id(reply) for reply in replies]
             raise NotReplicated(ids, acked, self.min_replicas_ack, self.min_replicas_timeout_ms)
-        return ids
+        return replies
+
+    def _entry_ids(self, size: int, runs: Sequence[tuple[_Pipeline, PipelineReplies]]) -> list[str]:
+        """The batch's entry ids in the records' order (NotReplicated as `_replies`)."""
+        return [_text(reply) for reply in self._replies(size, runs)]
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """What `send_once` did with one record: its entry's id, and whether it added it now (False: a record of this
+    id was added within the window, whose entry id this is)."""
+
+    entry_id: str
+    new: bool
+
+
+def _sent(reply: Sequence[Any]) -> Sent:
+    return Sent(_text(reply[1]), bool(reply[0]))
 
 
 class Producer(_Sender):
     """Sends records to a stage (or an explicit stream) through an asyncio client."""
 
     client: aioredis.Redis | AsyncRedisCluster
+    _once: AsyncScript | None = None
 
     async def send(
         self, record_id: str, data: Mapping[str, Any] | None = None, **options: Unpack[_RecordOptions]
@@ -260,25 +302,66 @@ class Producer(_Sender):
 
     async def send_many(self, records: Iterable[Record]) -> list[str]:
         """Write the records, pipelined; returns their entry ids in order."""
-        if (lookup := self._target.lookup_keys()) is not None:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.hget(lookup[0], "partitions")
-            pipe.hget(lookup[1], "input")
-            self._target.learn(*await pipe.execute())
+        await self._learn_layout()
         ids: list[str] = []
         for size, batch in self._batches(records):
             ids += self._entry_ids(size, [(pipeline, await self._run(pipeline)) for pipeline in batch])
         return ids
 
-    async def _run(self, pipeline: _Pipeline) -> PipelineReplies:
+    async def send_once(self, records: Iterable[Record], window_seconds: int) -> list[Sent]:
+        """Write each record unless a record of its id was sent so within the last `window_seconds` (to a stage,
+        not a stream: the stage's keys hold the markers); what happened to each, in order. A batch that fails on
+        the way may be partly written: sending it again adds only the rest."""
+        if window_seconds < 1:
+            raise ValueError(f"window_seconds must be at least 1, not {window_seconds}")
+        if self._once is None:
+            self._once = self.client.register_script(ONCE_SCRIPT)
+            await self.client.script_load(ONCE_SCRIPT)  # on a cluster, every primary
+        sha, target = self._once.sha, self._target
+        await self._learn_layout()
+
+        def once(stream: str, fields: dict[str, str]) -> tuple[Any, ...]:
+            marker = target.ingest_marker(stream, fields["record_id"])
+            return ("EVALSHA", sha, 2, marker, stream, window_seconds, *(p for item in fields.items() for p in item))
+
+        sent: list[Sent] = []
+        for size, batch in self._batches(records, once):
+            runs = [(pipeline, await self._run(pipeline, self._once)) for pipeline in batch]
+            sent += [_sent(reply) for reply in self._replies(size, runs, lambda reply: _sent(reply).entry_id)]
+        return sent
+
+    async def _learn_layout(self) -> None:
+        if (lookup := self._target.lookup_keys()) is not None:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.hget(lookup[0], "partitions")
+            pipe.hget(lookup[1], "input")
+            self._target.learn(*await pipe.execute())
+
+    async def _run(self, pipeline: _Pipeline, script: AsyncScript | None = None) -> PipelineReplies:
         if self.min_replicas_ack:
             return await run_then_wait(
-                self.client, pipeline.key, pipeline.commands, self.min_replicas_ack, self.min_replicas_timeout_ms
+                self.client,
+                pipeline.key,
+                pipeline.commands,
+                self.min_replicas_ack,
+                self.min_replicas_timeout_ms,
+                script=script,
             )
-        pipe = self.client.pipeline(transaction=False)
-        for command in pipeline.commands:
-            pipe.execute_command(*command)
-        return await pipe.execute(), 0
+        for attempt in range(2):
+            pipe = self.client.pipeline(transaction=False)
+            for command in pipeline.commands:
+                pipe.execute_command(*command)
+            replies = await pipe.execute(raise_on_error=False)
+            if script is not None and attempt == 0 and replies and all(isinstance(r, NoScriptError) for r in replies):
+                # The server lost it (a restart, a promoted replica): none ran; loaded, they run once more. Loaded
+                # once up front rather than checked per pipeline (a SCRIPT EXISTS round trip each).
+                await self.client.script_load(script.script)
+                continue
+            break
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        return replies, 0
 
 
 class SyncProducer(_Sender):

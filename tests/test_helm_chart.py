@@ -319,6 +319,42 @@ def test_redis_acl_users_add_only_the_user_secrets_rights_and_their_options(helm
     ]
 
 
+def test_ingest_values_add_phoenix_ingest_in_the_served_namespace_with_its_token_from_a_secret(helm: Helm) -> None:
+    """ci/ingest-values.yaml: a ServiceAccount, a Role reading stages and Secrets only, its binding, the Deployment
+    running `phoenix ingest` with the token as a mounted file, and its Service: all in the served namespace."""
+    documents = helm.render("--values", str(CHART / "ci" / "ingest-values.yaml"))
+    ingest = [doc for doc in documents if doc["metadata"]["name"] == "phoenix-ingest"]
+    assert sorted(doc["kind"] for doc in ingest) == ["Deployment", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert {doc["metadata"]["namespace"] for doc in ingest} == {PIPELINES}
+    role = one(documents, "Role", "phoenix-ingest", PIPELINES)
+    assert role["rules"] == [
+        {"apiGroups": ["phoenix.io"], "resources": ["phoenixstages"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    ]
+    pod = one(documents, "Deployment", "phoenix-ingest", PIPELINES)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["phoenix", "ingest"]
+    assert container["args"] == [
+        "--host=0.0.0.0",
+        "--port=8000",
+        f"--namespace={PIPELINES}",
+        "--token-file=/var/run/phoenix-ingest/token",
+        "--high-water=50000",
+        "--dedup-seconds=3600",
+    ]
+    assert "env" not in container  # the token is a file, never a variable
+    assert pod["volumes"] == [
+        {"name": "token", "secret": {"secretName": "ingest-token", "items": [{"key": "token", "path": "token"}]}}
+    ]
+    assert pod["serviceAccountName"] == "phoenix-ingest"
+    service = one(documents, "Service", "phoenix-ingest", PIPELINES)
+    assert service["spec"]["selector"] == {"app.kubernetes.io/name": "phoenix-ingest"}
+    # Off by default; on without a namespace: the release's.
+    assert not [doc for doc in helm.render() if doc["metadata"]["name"] == "phoenix-ingest"]
+    alone = helm.render("--set=ingest.enabled=true")
+    assert {doc["metadata"]["namespace"] for doc in alone if doc["metadata"]["name"] == "phoenix-ingest"} == {NAMESPACE}
+
+
 def test_crds_install_false_leaves_the_crd_out(helm: Helm) -> None:
     assert not [doc for doc in helm.render("--set=crds.install=false") if doc["kind"] == "CustomResourceDefinition"]
 

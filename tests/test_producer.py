@@ -209,6 +209,65 @@ async def test_on_a_cluster_each_node_gets_its_entries_and_its_own_wait(cluster_
     assert await cluster_client.xlen(STAGE.lane_of("w0").input) >= 1
 
 
+async def test_send_once_adds_a_record_id_once_within_its_window(redis: aioredis.Redis) -> None:
+    """A retried batch adds nothing a second time and answers the first entries' ids; the marker lives as long as
+    the window; a stage of partitions gets each record in its own lane with its marker in that lane's slot."""
+    await _set_layout(redis, 4)
+    producer = Producer(redis, "parser", "team")
+    first = await producer.send_once([Record(f"r{i}", {"i": i}) for i in range(20)], window_seconds=60)
+    assert all(sent.new for sent in first)
+    again = await producer.send_once([Record("new"), *(Record(f"r{i}", {"i": -1}) for i in range(20))], 60)
+    assert again[0].new and not any(sent.new for sent in again[1:])
+    assert [sent.entry_id for sent in again[1:]] == [sent.entry_id for sent in first]
+    by_stream = await _records_by_stream(redis, [lane.input for lane in STAGE.lanes])
+    assert Counter(r for rs in by_stream.values() for r in rs) == Counter([*(f"r{i}" for i in range(20)), "new"])
+    for record in ("r0", "r1", "new"):
+        lane = STAGE.lane_of(record)
+        assert record in by_stream[lane.input]
+        marker = lane.ingest_marker(lane.input, record)
+        assert key_slot(marker.encode()) == key_slot(lane.input.encode())
+        assert 55 <= await redis.ttl(marker) <= 60
+    # The entry is what send_many writes.
+    (entry_id, fields), *_ = await stream_entries(redis, STAGE.lane_of("r3").input, first[3].entry_id)
+    assert entry_id == first[3].entry_id and fields["data"] == '{"i": 3}' and "entered_at" in fields
+    # A server that lost the script (a restart) gets it again, and the batch runs once.
+    await redis.script_flush()
+    assert [s.new for s in await producer.send_once([Record("after-flush"), Record("r1")], 60)] == [True, False]
+    # Once the marker is gone (the window passed), the id is new again.
+    await redis.delete(STAGE.lane_of("r0").ingest_marker(STAGE.lane_of("r0").input, "r0"))
+    assert (await producer.send_once([Record("r0")], 60))[0].new
+
+
+async def test_send_once_needs_a_stage_and_a_window(redis: aioredis.Redis) -> None:
+    with pytest.raises(ValueError, match="needs a stage"):
+        await Producer(redis, stream="plain").send_once([Record("a")], 60)
+    with pytest.raises(ValueError, match="at least 1"):
+        await Producer(redis, "parser", "team").send_once([Record("a")], 0)
+    assert await redis.xlen("plain") == 0
+
+
+async def test_send_once_to_a_named_input_marks_in_its_slot(redis: aioredis.Redis) -> None:
+    named = StageKeys.for_stage("parser", "team", input="orders")
+    await claim(redis, named, "uid-1", adopt=True)
+    (sent,) = await Producer(redis, "parser", "team").send_once([Record("o1")], 60)
+    assert sent.new and (await stream_entries(redis, "orders"))[0][0] == sent.entry_id
+    assert await redis.get(named.ingest_marker("orders", "o1")) == sent.entry_id
+    assert named.ingest_marker("orders", "o1") == "phoenix:{orders}:_ingested:team/parser:o1"
+
+
+@pytest.mark.subprocess
+async def test_send_once_on_a_cluster_and_with_a_replica_check(cluster_client: AsyncRedisCluster) -> None:
+    await _set_layout(cluster_client, 4)
+    producer = Producer(cluster_client, "parser", "team")
+    assert all(s.new for s in await producer.send_once([Record(f"c{i}") for i in range(12)], 60))
+    assert not any(s.new for s in await producer.send_once([Record(f"c{i}") for i in range(12)], 60))
+    no_replica = Producer(cluster_client, "parser", "team", min_replicas_ack=1, min_replicas_timeout_ms=200)
+    with pytest.raises(NotReplicated, match="by 0 of 1 replicas") as raised:
+        await no_replica.send_once([Record(f"w{i}") for i in range(6)], 60)
+    assert all(raised.value.entry_ids)
+    assert not any(s.new for s in await producer.send_once([Record(f"w{i}") for i in range(6)], 60))
+
+
 @pytest.mark.subprocess
 def test_sync_producer_on_a_cluster() -> None:
     with single_node_cluster() as url, RedisCluster.from_url(url, decode_responses=True) as client:

@@ -27,6 +27,7 @@ from redis.exceptions import ResponseError
 import phoenix
 from phoenix.keys import StageKeys
 from phoenix.operator.redis.ops import Destroyed, destroy
+from phoenix.producer import Producer, Record
 from phoenix.rate_limits import RateLimit
 from phoenix.record_format import DONE, LOCKED
 from phoenix.tools import dlq, repair
@@ -379,6 +380,7 @@ DIRECT_SCRIPTS = {
     "tools/repair_reclaim.lua",
     "tools/repair_reprocess.lua",
     "worker_runtime/billing_delete_if.lua",
+    "producer_once.lua",
 }
 
 
@@ -557,6 +559,8 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
             assert await provider.key_for("u1") is not None
         finally:
             await provider.aclose()
+        # The HTTP ingest's send: the record's marker and its input, in one call.
+        assert [s.new for s in await Producer(cluster, STAGE.name, NAMESPACE).send_once([Record("i")], 60)] == [True]
         # deletionPolicy Delete: the record keys, the ledger, then the streams, the retry set and the marker.
         destroyed = await destroy(cluster, STAGE, "uid-1")
         assert isinstance(destroyed, Destroyed) and destroyed.streams == [STAGE.input, STAGE.dlq]

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from phoenix.arguments import positive_whole, whole
 from phoenix.cli import migrate, records, status
+from phoenix.cli.ingest import command as ingest
 from phoenix.cli.stage import StageUsageError, add_redis_argument, confirm, fail, redis_spec, stage_keys
 from phoenix.cli.stage import client as _client
 from phoenix.cli.ui import command as ui
@@ -354,6 +355,7 @@ def _parser() -> argparse.ArgumentParser:
     records.add_commands(sub)
     migrate.add_command(sub)
     ui.add_command(sub)
+    ingest.add_command(sub)
     return p
 
 
@@ -396,7 +398,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except StageUsageError as exc:
         return fail(f"phoenix {args.command}: {exc}")
-    except ConfigError as exc:  # phoenix ui's options
+    except ConfigError as exc:  # phoenix ui's and ingest's options
         print(f"phoenix {args.command}: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

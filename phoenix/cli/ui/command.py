@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import ipaddress
-import signal
 from pathlib import Path
 
 from aiohttp import web
@@ -13,6 +11,7 @@ from kubernetes import config
 
 from phoenix.arguments import port, seconds
 from phoenix.cli.kubectl import Stages, add_kube_options, api_client
+from phoenix.cli.serving import serve, token_from_file
 from phoenix.cli.ui.server import ServerOptions, make_app
 from phoenix.cli.ui.source import StageReader
 from phoenix.errors import ConfigError
@@ -63,13 +62,7 @@ def read_token(args: argparse.Namespace) -> str | None:
         return None
     if args.token_file is None:
         raise UiConfigError("give --token-file FILE (the bearer token the page sends), or --no-auth on loopback")
-    try:
-        token = args.token_file.read_text().strip()
-    except OSError as exc:
-        raise UiConfigError(f"cannot read --token-file {str(args.token_file)!r}: {exc.strerror}") from None
-    if not token or any(c.isspace() for c in token):
-        raise UiConfigError(f"--token-file {str(args.token_file)!r} holds no token (one word, no whitespace)")
-    return token
+    return token_from_file(args.token_file, UiConfigError)
 
 
 def _loopback(host: str) -> bool:
@@ -91,23 +84,10 @@ async def run(args: argparse.Namespace) -> int:
     stages = Stages(api, request_timeout=max(API_TIMEOUT_SECONDS, args.interval))
     reader = StageReader(stages, args.namespace, args.redis_host, args.show_data)
     runner = web.AppRunner(make_app(reader, ServerOptions(token, args.interval)))
-    await runner.setup()
+    auth = "no auth (loopback)" if token is None else f"a bearer token from {args.token_file}"
+    started = f"phoenix ui: serving http://{args.host}:{args.port}/ ({auth}); the stages read every {args.interval:g} s"
     try:
-        try:
-            await web.TCPSite(runner, args.host, args.port).start()
-        except OSError as exc:
-            raise UiConfigError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from None
-        auth = "no auth (loopback)" if token is None else f"a bearer token from {args.token_file}"
-        print(
-            f"phoenix ui: serving http://{args.host}:{args.port}/ ({auth}); the stages read every {args.interval:g} s",
-            flush=True,
-        )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await serve(runner, args.host, args.port, UiConfigError, started)
     finally:
-        await runner.cleanup()
         api.close()
     return 0
