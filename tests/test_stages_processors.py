@@ -313,7 +313,8 @@ async def _llm_failure(redis: aioredis.Redis, record_id: str) -> LLMExtractionEr
     finally:
         await parser.cleanup()
     assert "sk-user-key" not in str(caught.value)
-    assert caught.value.__cause__ is None and caught.value.__suppress_context__  # the SDK's error, its request, gone
+    # Never the SDK's error, which carries the request: neither chained nor shown as the context.
+    assert caught.value.__cause__ is None and (caught.value.__context__ is None or caught.value.__suppress_context__)
     return caught.value
 
 
@@ -327,7 +328,9 @@ async def test_an_llm_service_unreachable_or_too_slow_is_a_transient_error_sent_
         monkeypatch.setenv("PARSER_LLM_URL", service.url)
         slow = await _llm_failure(redis, "rec-13")
         assert len(service.requests) == 1
-    gone = await _llm_failure(redis, "rec-14")  # nothing listens on the service's port any more
+    # Nothing listens on the service's port any more; a proxy's credentials in the URL are in no message.
+    monkeypatch.setenv("PARSER_LLM_URL", service.url.replace("http://", "http://proxy-user:proxy-secret@"))
+    gone = await _llm_failure(redis, "rec-14")
     assert (type(slow), str(slow)) == (
         LLMExtractionError,
         f"POST {service.url}/chat/completions failed: APITimeoutError",
@@ -375,6 +378,27 @@ async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_l
     reason = "reached LLMReplyError.max_attempts=3; last error: LLMReplyError: the model's reply is not findings JSON"
     assert reason in dead["error"]
     assert "process-key" not in json.dumps(dead)
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ("not JSON", " replied without a chat completion (not JSON)"),
+        ("[1, 2]", " replied without a chat completion"),
+        ('{"choices": [{}], "usage": {}}', " replied without a chat completion's message"),
+        ('{"choices": [{"message": {"content": 5}}], "usage": {"total_tokens": "many"}}', " completion's message"),
+        ('{"choices": [{"message": {"content": "[]"}}]}', "first at top level: Input should be an object"),
+    ],
+)
+async def test_an_llm_reply_that_is_no_chat_completion_of_findings_is_a_reply_error(
+    redis: aioredis.Redis, llm_parser: tuple[ParserProcessor, ChatService], raw: str, error: str
+) -> None:
+    """Replies of a proxy the SDK does not validate: whatever part is missing or wrong, an LLMReplyError (a few
+    attempts, then the DLQ), never an AttributeError or TypeError retried for ever."""
+    _, fake = llm_parser
+    fake.raw_reply = raw
+    failure = await _llm_failure(redis, "rec-16")
+    assert isinstance(failure, LLMReplyError) and str(failure).endswith(error)
 
 
 @pytest.mark.parametrize(("retry_after", "seconds"), [("3", 3.0), ("0.25", 0.25), (None, 1.0), ("soon", 1.0)])

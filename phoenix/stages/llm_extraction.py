@@ -12,6 +12,7 @@ import json
 import openai
 from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
 from pydantic import ValidationError
+from yarl import URL
 
 from phoenix.stages.models import Category, Findings, Page
 from phoenix.worker_runtime import RateLimited, report_cost
@@ -54,7 +55,8 @@ class LLMExtractor:
     """Client of one OpenAI-compatible endpoint (`POST {base_url}/chat/completions`): OpenAI's, or a proxy's."""
 
     def __init__(self, base_url: str, model: str, timeout: float) -> None:
-        self.url = f"{base_url.rstrip('/')}/chat/completions"  # for messages: never carries a key
+        # For messages: without the base URL's user info and query, where a proxy's credentials may be.
+        self.url = f"{str(URL(base_url).with_user(None).with_query(None)).rstrip('/')}/chat/completions"
         self.model = model
         self.client = openai.AsyncOpenAI(base_url=base_url, api_key=_no_shared_key, max_retries=0, timeout=timeout)
 
@@ -71,8 +73,10 @@ class LLMExtractor:
         completion = await self._complete(build_messages(pages), api_key)
         if not isinstance(completion, ChatCompletion):  # a body that is not JSON, served as text
             raise LLMReplyError(f"POST {self.url} replied without a chat completion")
-        if completion.usage is not None:  # billed whatever the reply says: counts for a `cost: tokens` limit
-            report_cost(completion.usage.total_tokens)
+        # The SDK builds replies without validating them: a proxy's reply may lack any part, or have it wrong.
+        tokens = getattr(completion.usage, "total_tokens", None)
+        if isinstance(tokens, int) and tokens > 0:  # billed whatever the reply says: counts for a `cost: tokens` limit
+            report_cost(tokens)
         return self._findings(completion)
 
     async def _complete(self, messages: list[ChatCompletionMessageParam], api_key: str) -> ChatCompletion:
@@ -98,9 +102,9 @@ class LLMExtractor:
             raise LLMReplyError(f"POST {self.url} replied without a chat completion (not JSON)") from None
 
     def _findings(self, completion: ChatCompletion) -> Findings:
-        # The SDK builds replies without validating them: a proxy's reply may lack any part.
         choices = getattr(completion, "choices", None)
-        content = choices[0].message.content if choices else None
+        message = getattr(choices[0], "message", None) if isinstance(choices, list) and choices else None
+        content = getattr(message, "content", None)
         if not isinstance(content, str):
             raise LLMReplyError(f"POST {self.url} replied without a chat completion's message")
         try:
