@@ -141,7 +141,9 @@ async def test_a_429_storm_slows_the_stage_and_fails_no_record(
     )
     assert len(answered) == 40 and sorted(RECORD.findall(r.report)[0] for r in answered) == sorted(users)
     assert all(r.at >= chat.storm_until for r in answered)
-    assert len(refused) < 5 + 20 * 3  # the pauses held calls back, not only the limit
+    # The pauses held calls back, not only the limit: without them it lets up to 5 + 20 x 3 through (61 measured
+    # 2026-12-07 with the worker's pause taken out; 38-42 with it).
+    assert len(refused) <= 50
     assert sorted(fields["record_id"] for fields in await outputs(redis)) == sorted(users)
     assert await redis.xlen(DLQ) == 0
     assert finished("retried") == retried_before  # held back is no failure
