@@ -269,10 +269,10 @@ class StageKeys:
         return f"{self._whole_stage}:audit"
 
     @property
-    def throttled(self) -> str:
-        """Counter of the records the stage's rate limits sent back to wait in the retry set, ever (rate_limit.lua:
-        under the namespace's tag, with the buckets)."""
-        return f"{self._whole_stage}:throttled"
+    def held(self) -> str:
+        """Sorted set of the records the stage's rate limits (or a provider's 429) hold back in the retry set now:
+        record id -> when it is due, ms (rate_limit.lua: under the namespace's tag, with the buckets)."""
+        return f"{self._whole_stage}:held"
 
     @property
     def backpressure(self) -> str:

@@ -32,6 +32,7 @@ from tests.fixtures.operator_process import (
     event_messages,
     event_reasons,
     existing_stage,
+    final_stage,
     health,
     kubectl_apply,
     kubectl_columns,
@@ -46,6 +47,7 @@ from tests.fixtures.operator_process import (
     wait_ready,
 )
 from tests.fixtures.replies import stream_entries_now
+from tests.fixtures.workers import ROOT
 
 pytestmark = pytest.mark.kube
 STAGES = ("router", "parser", "grouper")
@@ -416,6 +418,43 @@ def test_pause_scales_to_zero_and_pauses_keda_then_restores(
     eventually(lambda: replicas() == 2, "unpaused: back to replicas.min")
     eventually(lambda: keda_paused() == {}, "KEDA no longer paused")
     eventually(lambda: "Resumed" in event_reasons(kube_api, ns, "router"), "a Resumed Event")
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("redis_db", [10], indirect=True)
+def test_the_rate_limited_column_shows_the_records_held_back_now(
+    operator: str,
+    kube_cluster: ControlPlane,
+    kube_namespace: str,
+    kubelet_player: PlayKubelet,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """A stage of one record a minute given five: one runs, four wait in the retry set, and `kubectl get -o wide`
+    says RATE-LIMITED 4, what is held back now (tests/test_rate_limits.py shows the count going down)."""
+    url, connection = redis_db
+    ns = kube_namespace
+    limits = [{"rate": 1, "per": "minute", "burst": 1}]
+    stage = final_stage(url, ns, "limited", processor="tests.processors:ScriptedProcessor", rateLimits=limits)
+    stage[1]["spec"]["replicas"] = {"min": 1, "max": 1}
+    kubectl_apply(kube_cluster, stage)
+    eventually(lambda: stage_status(kube_cluster, ns, "limited").get("streams"), "the stage reconciled")
+    for i in range(5):
+        connection.xadd(StageKeys.for_stage("limited", ns).input, {"record_id": f"r{i}", "user_id": "u", "data": "{}"})
+    player = kubelet_player(ns, "limited", {"PYTHONPATH": str(ROOT)})  # the test processors
+    player.start()
+    try:
+        eventually(
+            lambda: (
+                kubectl_columns(kube_cluster, "phoenixstages", ns, wide=True).get("limited", {}).get("RATE-LIMITED")
+                == "4"
+            ),
+            "four records held back in kubectl get -o wide",
+            timeout=90,
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{_worker_report({'limited': player})}") from None
+    assert stage_status(kube_cluster, ns, "limited")["queue"]["throttled"] == 4
+    assert connection.zcard(StageKeys.for_stage("limited", ns).retry) == 4
 
 
 @pytest.mark.timeout(210)

@@ -20,6 +20,7 @@ from phoenix.worker_runtime.messages import Message, RawFields, parse_entry
 from phoenix.worker_runtime.outcomes import Disposition, Outcome, RecordPolicy, Unprocessable, error_text
 from phoenix.worker_runtime.processor import PermanentError, RecordNotFoundError
 from phoenix.worker_runtime.settings import WorkerSettings
+from tests.fixtures.sample_stage import finished
 
 RAW: RawFields = {b"record_id": b"r1", b"user_id": b"u1", b"data": b'{"n": 1}'}
 
@@ -40,10 +41,6 @@ def _message(retry_count: int = 0, first_failed_at: float | None = None) -> Mess
     m = parse_entry("1700000000000-0", raw, 1_000_000, 1000)
     assert isinstance(m, Message)
     return m
-
-
-def _counted(stage: str, outcome: str) -> float:
-    return REGISTRY.get_sample_value("phoenix_messages_total", {"stage": stage, "outcome": outcome}) or 0.0
 
 
 def _dlq_fields(outcome: Outcome) -> dict[str, str]:
@@ -80,7 +77,7 @@ def test_a_result_json_cannot_hold_is_dead_lettered_at_once() -> None:
     fields = _dlq_fields(outcome)
     assert fields["error_type"] == "UnserializableResult" and fields["attempts"] == "3"
     assert fields["error"].startswith("the result cannot be written as JSON: TypeError")
-    assert _counted(stage, "dead_lettered") == 1
+    assert finished("dead_lettered", stage) == 1
 
 
 @pytest.mark.parametrize("result", [ValueError("returned, not raised"), "not a dict"])
@@ -94,7 +91,7 @@ def test_a_transient_failure_is_retried_after_base_x_2_to_the_retries_so_far() -
     policy, _, stage = _policy(retry_base_seconds=1.5, retry_max_seconds=100)
     delays = [policy.of_failure(_message(retry_count=n), OSError("down"), time.time()).fields[0] for n in range(8)]
     assert delays == [1500, 3000, 6000, 12000, 24000, 48000, 96000, 100000]
-    assert _counted(stage, "retried") == 8
+    assert finished("retried", stage) == 8
 
 
 def test_a_retry_carries_the_failure_history_into_its_retry_set_member() -> None:
@@ -127,7 +124,7 @@ def test_a_permanent_error_is_dead_lettered_at_once_named_by_its_type(error: Per
     fields = _dlq_fields(outcome)
     assert (fields["error_type"], fields["error"], fields["attempts"]) == (type(error).__name__, str(error), "5")
     assert (fields["record_id"], fields["stage"], fields["original_id"]) == ("r1", stage, "1700000000000-0")
-    assert _counted(stage, "dead_lettered") == 1 and _counted(stage, "retried") == 0
+    assert finished("dead_lettered", stage) == 1 and finished("retried", stage) == 0
     for _ in range(3):  # the record's fault, not the processor's dependency's: the circuit stays closed
         policy.of_failure(_message(), error, time.time())
     assert breaker.state is CircuitState.CLOSED
@@ -172,7 +169,7 @@ def test_a_timeout_is_a_failure_and_the_shutdown_leaves_the_record() -> None:
     assert "TimeoutError: processing exceeded PROCESSING_TIMEOUT=7s" in str(timed_out.fields[1])
     left = policy.of_raised(_message(), cancelled, time.time(), cancelled_by_worker=True, timed_out=False)
     assert (left.disposition, left.holds_lock, tuple(left.fields)) == (Disposition.LEAVE, True, ())
-    assert _counted(stage, "deferred") == 1
+    assert finished("deferred", stage) == 1
 
 
 @pytest.mark.parametrize("error", [asyncio.CancelledError(), SystemExit(3)])
@@ -190,7 +187,7 @@ def test_an_open_circuit_and_the_shutdown_leave_the_entry_pending(circuit_open: 
     policy, _, stage = _policy()
     outcome = policy.deferred(_message(), circuit_open=circuit_open)
     assert (outcome.disposition, outcome.record_id, outcome.holds_lock) == (Disposition.LEAVE, "r1", True)
-    assert _counted(stage, "deferred") == 1
+    assert finished("deferred", stage) == 1
 
 
 # -- at intake ----------------------------------------------------------------------------------------------------
@@ -218,7 +215,7 @@ def test_a_malformed_entry_is_dead_lettered_without_a_lock() -> None:
     outcome = policy.unprocessable(screened)
     assert (outcome.disposition, outcome.entry_id, outcome.record_id) == (Disposition.DEAD_LETTER, "5-0", "")
     assert not outcome.holds_lock
-    assert _dlq_fields(outcome)["error_type"] == "MalformedMessage" and _counted(stage, "dead_lettered") == 1
+    assert _dlq_fields(outcome)["error_type"] == "MalformedMessage" and finished("dead_lettered", stage) == 1
 
 
 def test_an_entry_delivered_past_max_deliveries_is_poison() -> None:
@@ -234,7 +231,7 @@ def test_a_duplicate_is_acknowledged_only() -> None:
     policy, _, stage = _policy()
     outcome = policy.duplicate(_message())
     assert (outcome.disposition, outcome.record_id, outcome.holds_lock) == (Disposition.SKIP, "r1", False)
-    assert _counted(stage, "skipped_duplicate") == 1
+    assert finished("skipped_duplicate", stage) == 1
 
 
 def test_entries_trimmed_while_pending_are_counted() -> None:

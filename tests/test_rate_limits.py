@@ -8,6 +8,7 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Awaitable
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,7 +24,7 @@ from phoenix.worker_runtime.settings import load_settings
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.replies import scored_members, stream_entries
-from tests.fixtures.sample_stage import DLQ, OUT, RETRY, idle, outputs
+from tests.fixtures.sample_stage import DLQ, OUT, RETRY, finished, idle, outputs
 from tests.fixtures.workers import WorkerPool
 from tests.processors import LimitedCallProcessor
 
@@ -57,9 +58,9 @@ async def test_three_workers_share_one_limit_of_20_per_second(redis: aioredis.Re
     assert await redis.xlen(DLQ) == 0  # held back is no failure
     held = [json.loads(member) for member, _ in await scored_members(redis, RETRY)]
     assert held and all("retry_count" not in member for member in held)  # as they came: no failure history
-    # What the status (queue.throttled, the RATE-LIMITED column) shows: the records sent back, ever.
+    # What the status (queue.throttled, the RATE-LIMITED column) shows: the records held back now.
     (stats,) = await queue_stats.collect(redis, [StageKeys.for_stage("s")])
-    assert stats.throttled >= len(held) and stats.as_status()["throttled"] == stats.throttled
+    assert stats.throttled > 0 and stats.as_status()["throttled"] == stats.throttled
     for worker in workers.workers:
         assert worker.alive and "circuit_opened" not in worker.event_names()
 
@@ -140,6 +141,51 @@ async def test_reported_usage_counts_for_a_tokens_limit(redis: aioredis.Redis, r
     print(f"a tokens limit of 200/s, 100 tokens a call: {len(calls)} calls in 4 s")
     assert 7 <= len(calls) <= 11  # 2 at once, then 2 a second; a call reported after the one in flight
     assert await redis.xlen(DLQ) == 0
+
+
+async def _held_now(redis: aioredis.Redis) -> int:
+    """What the stage's status shows in queue.throttled (the RATE-LIMITED column)."""
+    (stats,) = await queue_stats.collect(redis, [StageKeys.for_stage("s")])
+    return stats.throttled
+
+
+@pytest.mark.timeout(60)
+async def test_the_status_counts_the_records_held_back_now_not_a_failed_one(
+    redis: aioredis.Redis, redis_url: str
+) -> None:
+    """Under a limit of one record a minute, six records: the first fails (and waits 30 s to be retried), the five
+    others are held back, due over the next minutes. The retry set holds six; the status counts the five."""
+    await Producer(redis, "s").send_many(
+        [Record("failing", {"action": "fail"}, "u"), *(Record(f"r{i}", {}, "u") for i in range(5))]
+    )
+    throttled_before = finished("throttled")
+    limit = RateLimit(rate=1, per="minute", burst=1)
+    async with running_worker(
+        redis_url, output_queue=OUT, rate_limits=[limit], retry_base_seconds=30, retry_max_seconds=60
+    ):
+        await wait_until(lambda: _count(redis.zcard(RETRY), 6), "six records in the retry set", 20)
+        assert await _held_now(redis) == 5
+    assert finished("throttled") - throttled_before == 5  # the total, ever, is the workers' metric
+    held = StageKeys.for_stage("s").held
+    assert 4 * 60_000 < await redis.pttl(held) <= 5 * 60_000 + 2000  # goes with its last record's due time
+
+
+@pytest.mark.timeout(60)
+async def test_a_record_a_429_sent_back_is_counted_held_until_it_is_due(redis: aioredis.Redis, redis_url: str) -> None:
+    """A provider's 429 with Retry-After 3 s: the status counts its record as held back, then, once it was retried
+    and committed, no longer."""
+    await redis.set("answer-429:s", 1)
+    await Producer(redis, "s").send("r1", {"retry_after": 3}, user_id="u")
+    limit = RateLimit(rate=100, scope="downstream", downstream="llm")
+    async with running_worker(redis_url, "s", LimitedCallProcessor, output_queue=OUT, rate_limits=[limit]):
+        await wait_until(lambda: _count(_held_now(redis), 1), "the refused record counted held back", 10)
+        await wait_until(lambda: idle(redis), "the record committed", 20)
+        assert await _held_now(redis) == 0
+    assert len(await outputs(redis)) == 1 and await redis.xlen(DLQ) == 0
+
+
+async def _count(value: Awaitable[int], expected: int) -> bool:
+    return await value == expected
 
 
 def test_a_limit_of_a_downstream_names_it_and_only_it_does() -> None:

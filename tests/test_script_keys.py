@@ -60,6 +60,7 @@ KEY_POSITIONS: dict[str, tuple[int, ...] | str] = {
             "HMGET",
             "HSET",
             "INCRBY",
+            "PEXPIREAT",
             "SET",
             "TYPE",
             "XACK",
@@ -71,8 +72,10 @@ KEY_POSITIONS: dict[str, tuple[int, ...] | str] = {
             "XRANGE",
             "XTRIM",
             "ZADD",
+            "ZRANGE",
             "ZRANGEBYSCORE",
             "ZREM",
+            "ZREMRANGEBYSCORE",
         )
     },
     # Every argument is a key.

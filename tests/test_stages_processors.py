@@ -28,9 +28,10 @@ from phoenix.stages.ocr import ocr_unavailable_reason
 from phoenix.stages.parser import ParserProcessor
 from phoenix.stages.router import RouterProcessor, UnreadableDocumentError
 from phoenix.stages.samples import ensure_samples
-from phoenix.worker_runtime import BaseProcessor, PermanentError, RecordNotFoundError, Routed
+from phoenix.worker_runtime import BaseProcessor, PermanentError, RateLimited, RecordNotFoundError, Routed
 from phoenix.worker_runtime.billing import ApiKeyRejectedError, api_key_scope
 from phoenix.worker_runtime.settings import WorkerSettings
+from tests.fixtures.chat_service import FINDINGS, ChatService, running_chat_service
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.inprocess import running_worker
 from tests.fixtures.replies import get_existing, stream_entries
@@ -219,48 +220,24 @@ async def test_grouper_without_findings_is_record_not_found(grouper: GrouperProc
         await grouper.process("rec-6", "user-1", {})
 
 
-LLM_FINDINGS = {
-    "biomarkers": [{"name": "HbA1c", "value": 7.4, "unit": "%", "reference_range": "4.0-5.6", "flag": "H", "page": 1}],
-    "diagnoses": [{"icd10": "R91.1", "description": "Solitary pulmonary nodule", "page": 1}],
-    "procedures": [],
-    "genetics": [{"gene": "BRCA1", "hgvs": "c.68_69delAG", "page": 1}],
-}
-
-
-class FakeOpenAI:
-    """An OpenAI-compatible chat endpoint on loopback that records what it was sent."""
-
-    def __init__(self, status: int = 200, content: str = json.dumps(LLM_FINDINGS)) -> None:
-        self.status, self.content = status, content
-        self.requests: list[tuple[str | None, dict[str, Any]]] = []
-
-    async def chat_completions(self, request: web.Request) -> web.Response:
-        self.requests.append((request.headers.get("Authorization"), await request.json()))
-        if self.status != 200:
-            return web.json_response({"error": {"message": "overloaded"}}, status=self.status)
-        return web.json_response({"choices": [{"message": {"role": "assistant", "content": self.content}}]})
-
-
 @pytest.fixture
 async def llm_parser(
     redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[ParserProcessor, FakeOpenAI]]:
-    fake = FakeOpenAI()
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", fake.chat_completions)
-    async with TestServer(app, host="127.0.0.1") as server:
-        monkeypatch.setenv("PARSER_LLM_URL", str(server.make_url("/v1")))
+) -> AsyncIterator[tuple[ParserProcessor, ChatService]]:
+    async with running_chat_service() as service:
+        monkeypatch.setenv("PARSER_LLM_URL", service.url)
         monkeypatch.setenv("PARSER_LLM_MODEL", "test-model")
         monkeypatch.setenv("OPENAI_API_KEY", "process-key")
         parser = await started(ParserProcessor(), redis)
-        yield parser, fake
+        yield parser, service
         await parser.cleanup()
+    assert service.invalid == []  # every request the parser sent is one the SDK's types accept
 
 
 async def test_llm_mode_bills_the_users_key_and_stores_the_models_findings(
     redis: aioredis.Redis,
     router: RouterProcessor,
-    llm_parser: tuple[ParserProcessor, FakeOpenAI],
+    llm_parser: tuple[ParserProcessor, ChatService],
     samples: dict[str, Path],
 ) -> None:
     parser, fake = llm_parser
@@ -277,36 +254,38 @@ async def test_llm_mode_bills_the_users_key_and_stores_the_models_findings(
         "status": "parsed",
     }
     assert Findings.model_validate_json(await get_existing(redis, parsed_key(NS, "rec-7"))) == Findings.model_validate(
-        LLM_FINDINGS
+        FINDINGS
     )
-    ((authorization, body),) = fake.requests
-    assert authorization == "Bearer user-7-key"
-    assert body["model"] == "test-model"
-    report = body["messages"][1]["content"]
+    (request,) = fake.requests
+    assert request.key == "user-7-key"
+    assert (request.body["model"], request.body["temperature"]) == ("test-model", 0)
+    report = request.report
     assert "=== Page 1 ===\nMetro Imaging Center" in report
     assert "=== Page 2 ===" not in report  # the textless scan is not sent
 
 
 async def test_llm_mode_falls_back_to_the_process_key(
-    router: RouterProcessor, llm_parser: tuple[ParserProcessor, FakeOpenAI], samples: dict[str, Path]
+    router: RouterProcessor, llm_parser: tuple[ParserProcessor, ChatService], samples: dict[str, Path]
 ) -> None:
     parser, fake = llm_parser
     routed = await one_output(router, "rec-8", "user-8", {"document_url": samples[CT_CHEST].as_uri()})
     await parser.process("rec-8", "user-8", routed)
-    assert [authorization for authorization, _ in fake.requests] == ["Bearer process-key"]
+    assert fake.sent_keys() == ["process-key"]
 
 
 @pytest.mark.parametrize(
     ("status", "content", "error"),
     [
         (503, "", "returned 503"),
+        (400, "", "returned 400"),
+        (200, "not JSON at all", "not findings JSON: 1 error"),
         (200, '{"biomarkers": [{"name": "HbA1c"}]}', "not findings JSON: 3 error"),
     ],
 )
 async def test_llm_failures_are_transient_keep_the_pages_and_hide_the_key(
     redis: aioredis.Redis,
     router: RouterProcessor,
-    llm_parser: tuple[ParserProcessor, FakeOpenAI],
+    llm_parser: tuple[ParserProcessor, ChatService],
     samples: dict[str, Path],
     status: int,
     content: str,
@@ -323,6 +302,46 @@ async def test_llm_failures_are_transient_keep_the_pages_and_hide_the_key(
     assert await redis.exists(parsed_key(NS, "rec-9")) == 0
 
 
+async def _llm_failure(redis: aioredis.Redis, record_id: str) -> LLMExtractionError:
+    """What a parser in LLM mode (as the environment sets it) raises for one page of labs, on a user's key."""
+    parser = await started(ParserProcessor(), redis)
+    labs = Page(number=1, text="HbA1c 6.1 % (4.0-5.6) H", categories=[Category.LABS])
+    await redis.set(pages_key(NS, record_id), PageList.dump_json([labs]))
+    try:
+        with api_key_scope(SecretStr("sk-user-key"), swap_env=False), pytest.raises(LLMExtractionError) as caught:
+            await parser.process(record_id, "user", {})
+    finally:
+        await parser.cleanup()
+    assert "sk-user-key" not in str(caught.value)
+    # Never the SDK's error, which carries the request: neither chained nor shown as the context.
+    assert caught.value.__cause__ is None and (caught.value.__context__ is None or caught.value.__suppress_context__)
+    return caught.value
+
+
+async def test_an_llm_service_unreachable_or_too_slow_is_a_transient_error_sent_once(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SDK's timeout (PARSER_LLM_TIMEOUT) and connection error, each one request: the SDK retries nothing."""
+    monkeypatch.setenv("PARSER_LLM_TIMEOUT", "0.5")
+    async with running_chat_service() as service:
+        service.delay = 2.0
+        monkeypatch.setenv("PARSER_LLM_URL", service.url)
+        slow = await _llm_failure(redis, "rec-13")
+        assert len(service.requests) == 1
+    # Nothing listens on the service's port any more; a proxy's credentials in the URL are in no message.
+    monkeypatch.setenv("PARSER_LLM_URL", service.url.replace("http://", "http://proxy-user:proxy-secret@"))
+    gone = await _llm_failure(redis, "rec-14")
+    assert (type(slow), str(slow)) == (
+        LLMExtractionError,
+        f"POST {service.url}/chat/completions failed: APITimeoutError",
+    )
+    assert (type(gone), str(gone)) == (
+        LLMExtractionError,
+        f"POST {service.url}/chat/completions failed: APIConnectionError",
+    )
+    assert len(service.requests) == 1
+
+
 @pytest.mark.parametrize(
     ("status", "content", "limited"),
     [(200, '{"biomarkers": [{"name": "HbA1c"}]}', True), (503, "", False)],
@@ -333,9 +352,6 @@ async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_l
 ) -> None:
     """In a real worker: a reply that is not findings is billed on every attempt, so LLMReplyError.max_attempts
     ends it in the DLQ; a service that is down is retried on (it recovers)."""
-    fake = FakeOpenAI(status, content)
-    app = web.Application()
-    app.router.add_post("/v1/chat/completions", fake.chat_completions)
     labs = Page(number=1, text="HbA1c 6.1 % (4.0-5.6) H", categories=[Category.LABS])
     await redis.set(pages_key(DEFAULT_NAMESPACE, "rec-12"), PageList.dump_json([labs]))
     await add(redis, "rec-12", pages_key=pages_key(DEFAULT_NAMESPACE, "rec-12"))
@@ -343,8 +359,9 @@ async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_l
     async def requests(n: int) -> bool:
         return len(fake.requests) >= n
 
-    async with TestServer(app, host="127.0.0.1") as server:
-        monkeypatch.setenv("PARSER_LLM_URL", str(server.make_url("/v1")))
+    async with running_chat_service() as fake:
+        fake.status, fake.content = status, content
+        monkeypatch.setenv("PARSER_LLM_URL", fake.url)
         monkeypatch.setenv("OPENAI_API_KEY", "process-key")
         async with running_worker(redis_url, processor=ParserProcessor, circuit_failure_threshold=100):
             if limited:
@@ -363,9 +380,49 @@ async def test_llm_reply_that_is_not_findings_is_retried_a_few_times_then_dead_l
     assert "process-key" not in json.dumps(dead)
 
 
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        ("not JSON", " replied without a chat completion (not JSON)"),
+        ("[1, 2]", " replied without a chat completion"),
+        ('{"choices": [{}], "usage": {}}', " replied without a chat completion's message"),
+        ('{"choices": [{"message": {"content": 5}}], "usage": {"total_tokens": "many"}}', " completion's message"),
+        ('{"choices": [{"message": {"content": "[]"}}]}', "first at top level: Input should be an object"),
+    ],
+)
+async def test_an_llm_reply_that_is_no_chat_completion_of_findings_is_a_reply_error(
+    redis: aioredis.Redis, llm_parser: tuple[ParserProcessor, ChatService], raw: str, error: str
+) -> None:
+    """Replies of a proxy the SDK does not validate: whatever part is missing or wrong, an LLMReplyError (a few
+    attempts, then the DLQ), never an AttributeError or TypeError retried for ever."""
+    _, fake = llm_parser
+    fake.raw_reply = raw
+    failure = await _llm_failure(redis, "rec-16")
+    assert isinstance(failure, LLMReplyError) and str(failure).endswith(error)
+
+
+@pytest.mark.parametrize(("retry_after", "seconds"), [("3", 3.0), ("0.25", 0.25), (None, 1.0), ("soon", 1.0)])
+async def test_an_llm_429_is_rate_limited_for_its_retry_after(
+    redis: aioredis.Redis,
+    llm_parser: tuple[ParserProcessor, ChatService],
+    retry_after: str | None,
+    seconds: float,
+) -> None:
+    """The provider's Retry-After (seconds; none or unreadable: a second) becomes RateLimited.retry_after, which the
+    runtime turns into a pause of the stage's shared limits (tests/test_parser_llm.py runs it in a worker)."""
+    parser, fake = llm_parser
+    fake.status, fake.retry_after = 429, retry_after
+    labs = Page(number=1, text="HbA1c 6.1 % (4.0-5.6) H", categories=[Category.LABS])
+    await redis.set(pages_key(NS, "rec-15"), PageList.dump_json([labs]))
+    with pytest.raises(RateLimited, match="returned 429") as caught:
+        await parser.process("rec-15", "user-15", {})
+    assert caught.value.retry_after == seconds and caught.value.__cause__ is None
+    assert await redis.exists(pages_key(NS, "rec-15")) == 1
+
+
 @pytest.mark.parametrize("status", [401, 403])
 async def test_a_refused_llm_key_is_signalled_to_the_runtime(
-    router: RouterProcessor, llm_parser: tuple[ParserProcessor, FakeOpenAI], samples: dict[str, Path], status: int
+    router: RouterProcessor, llm_parser: tuple[ParserProcessor, ChatService], samples: dict[str, Path], status: int
 ) -> None:
     parser, fake = llm_parser
     fake.status = status
@@ -376,7 +433,7 @@ async def test_a_refused_llm_key_is_signalled_to_the_runtime(
 
 
 async def test_llm_mode_does_not_call_the_model_for_pages_without_findings(
-    redis: aioredis.Redis, llm_parser: tuple[ParserProcessor, FakeOpenAI]
+    redis: aioredis.Redis, llm_parser: tuple[ParserProcessor, ChatService]
 ) -> None:
     parser, fake = llm_parser
     scan = Page(number=1, text="", categories=[Category.OTHER])
@@ -389,7 +446,7 @@ async def test_llm_mode_does_not_call_the_model_for_pages_without_findings(
 async def test_llm_mode_without_any_key_is_a_clear_transient_error(
     redis: aioredis.Redis,
     router: RouterProcessor,
-    llm_parser: tuple[ParserProcessor, FakeOpenAI],
+    llm_parser: tuple[ParserProcessor, ChatService],
     samples: dict[str, Path],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

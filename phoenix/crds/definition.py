@@ -45,7 +45,7 @@ _PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Rate-Limited",
         "type": "integer",
         "jsonPath": ".status.queue.throttled",
-        "description": "Records the stage's rate limits held back to wait in the retry set, ever",
+        "description": "Records the stage's rate limits (or a 429) hold back in the retry set now",
         "priority": 1,
     },
     {"name": "Processor", "type": "string", "jsonPath": ".spec.processor", "priority": 1},

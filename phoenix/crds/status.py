@@ -81,8 +81,9 @@ class QueueStatus(StatusModel):
     throttled: int | None = Field(
         default=None,
         ge=0,
-        description="Records the stage's rate limits held back to wait in the retry set, ever (no failure: they "
-        "come back when their limit has room; the RATE-LIMITED column).",
+        description="Records the stage's rate limits, or a provider's 429, hold back in the retry set now (no "
+        "failure: they come back when their limit has room; the RATE-LIMITED column). The total, ever, is the "
+        'workers\' metric phoenix_messages_total{outcome="throttled"}.',
     )
 
 

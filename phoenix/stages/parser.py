@@ -1,7 +1,7 @@
 """Parser stage: extract biomarkers, diagnoses, procedures and variants from the pages the router stored.
 
-Rules (extraction.py) by default; an OpenAI-compatible model (llm_extraction.py) when PARSER_LLM_URL is set,
-billed to the message's user through the key the runtime makes current.
+Rules (extraction.py) by default; an OpenAI-compatible model through the `openai` SDK (llm_extraction.py) when
+PARSER_LLM_URL is set, each call billed to its record's user through the key the runtime makes current.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class QueueStats:
     oldest_undelivered_seconds: float | None = None
     read: int | None = None  # entries the group has read ever (entries-read): unlike LENGTH, not cut by trimming
     dlq_trimmed: int = 0  # dead letters DLQ_MAXLEN has removed, ever
-    throttled: int = 0  # records the stage's rate limits sent back to the retry set, ever (of the stage as a whole)
+    throttled: int = 0  # records the stage's rate limits hold back in the retry set now (of the stage as a whole)
     backpressure: int | None = None  # while the stage is paused: its output's unfinished entries, as reported
     # True while no consumer group reads the output stream (it is missing, or has none); None: no output asked.
     output_unread: bool | None = None
@@ -151,7 +151,7 @@ def summed(lanes: Sequence[QueueStats]) -> QueueStats:
         oldest_undelivered_seconds=oldest([lane.oldest_undelivered_seconds for lane in lanes]),
         read=total([lane.read for lane in lanes]),
         dlq_trimmed=sum(lane.dlq_trimmed for lane in lanes),
-        throttled=lanes[0].throttled,  # one counter for the stage, read with each lane
+        throttled=lanes[0].throttled,  # one held set for the stage, read with each lane
         backpressure=max(paused) if paused else None,
         output_unread=lanes[0].output_unread,
     )
@@ -160,13 +160,15 @@ def summed(lanes: Sequence[QueueStats]) -> QueueStats:
 async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStats]:
     """At most two round trips for any number of stages (lanes); a missing stream or group reads as empty."""
     pipe = client.pipeline(transaction=False)
+    # Held back now: due later than now (the set keeps records past due until the next limiter call).
+    held_from = time.time() * 1000
     for st in stages:
         pipe.xlen(st.input)
         pipe.xinfo_groups(st.input)
         pipe.xpending(st.input, st.consumer_group)
         pipe.xlen(st.dlq)
         pipe.get(st.dlq_trimmed)
-        pipe.get(st.throttled)
+        pipe.zcount(st.held, held_from, "+inf")
         pipe.get(st.backpressure)
         if st.output is not None:
             pipe.xinfo_groups(st.output)

@@ -11,12 +11,15 @@
 --   record sent back by any pod (the bucket's horizon), so a held backlog comes back spread at the limit's rate,
 --   not all at once.
 -- A bucket's value: "<tat>,<horizon>" (ms).
+-- The stage's held set counts what its limits hold back now (status.queue.throttled): each record sent back, and
+-- each one a provider's 429 sent back (reported by the worker), by its record id, scored when it is due; what is
+-- past is removed, and the set expires with its last record.
 -- KEYS: the buckets of this call, each a rate limit's key (keys.rate_limit_key: all under the namespace's
---       own hash tag, one slot), each once; then the stage's counter of records sent back (StageKeys.throttled,
---       under that tag too), increased by how many this call sent back.
+--       own hash tag, one slot), each once; then the stage's held set (StageKeys.held, under that tag too).
 -- ARGV: hold_ms, bucket count b; per bucket, in KEYS order: interval_ms, capacity, kind ('r' records | 't'
 --       tokens), charge (units to charge now, 0 for none), pause_ms (0 for none); then the record count m and per
---       record: its bucket count k and k bucket positions (from 1).
+--       record: its id, its bucket count k and k bucket positions (from 1); then the count h of records a 429 sent
+--       back and per one its id and the ms until it is due.
 -- Returns per record: 0 to start now, w > 0 to start in w ms (reserved), -w to come back in w ms (not reserved).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
@@ -43,9 +46,15 @@ end
 local i = 3 + b * 5
 local m = tonumber(ARGV[i])
 i = i + 1
-local replies = {}
+local held = KEYS[b + 1]
+local replies, added = {}, false
+local function hold_back(id, due)
+  redis.call('ZADD', held, due, id)
+  added = true
+end
 for r = 1, m do
-  local n = tonumber(ARGV[i])
+  local id, n = ARGV[i], tonumber(ARGV[i + 1])
+  i = i + 1
   local wait = 0
   for j = i + 1, i + n do
     local k = tonumber(ARGV[j])
@@ -72,17 +81,17 @@ for r = 1, m do
       end
     end
     replies[r] = -math.max(1, math.ceil(back))
+    hold_back(id, now - replies[r])
   end
   i = i + n + 1
 end
-local sent_back = 0
-for r = 1, m do
-  if replies[r] < 0 then
-    sent_back = sent_back + 1
-  end
+for j = i + 1, i + 2 * tonumber(ARGV[i]), 2 do
+  hold_back(ARGV[j], now + tonumber(ARGV[j + 1]))
 end
-if sent_back > 0 then
-  redis.call('INCRBY', KEYS[b + 1], sent_back)
+redis.call('ZREMRANGEBYSCORE', held, '-inf', now)
+if added then
+  local last = redis.call('ZRANGE', held, -1, -1, 'WITHSCORES')
+  redis.call('PEXPIREAT', held, math.ceil(tonumber(last[2])) + 1000)
 end
 for k = 1, b do
   if changed[k] then

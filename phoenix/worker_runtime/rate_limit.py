@@ -4,14 +4,16 @@ The intake asks once per read batch, after the claim and before anything starts:
 every bucket it needs (the stage's, its user's, a downstream's), in one script call with whatever usage and pauses
 were reported since the last one. A record whose buckets have room within HOLD_MS is reserved its unit and started
 when its time comes (it keeps its slot meanwhile); one further off is not a failure: it goes to the retry set due
-when its bucket has room (no retry count, nothing told to the circuit breaker), counted `throttled`.
+when its bucket has room (no retry count, nothing told to the circuit breaker), counted `throttled`, and kept in the
+stage's held set until it is due (what status.queue.throttled shows: the records held back now).
 
-`report_cost` (a processor's call cost, for limits of `cost: tokens`) and `pause` (a provider's 429 Retry-After) are
-applied with the next call, or within FLUSH_SECONDS when no record comes.
+`report_cost` (a processor's call cost, for limits of `cost: tokens`) and `pause` (a provider's 429 Retry-After, and
+the record it sent back) are applied with the next call, or within FLUSH_SECONDS when no record comes.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -43,13 +45,14 @@ class RateLimiter:
         self._script = lua.register(client, "rate_limit.lua", __package__)
         self._limits = settings.rate_limits
         self._namespace, self._stage = settings.key_namespace, settings.service_name
-        self._throttled = settings.keys.throttled
+        self._held_key = settings.keys.held
         # The buckets every record takes from (stage and downstream scope), by limit index.
         self._shared = {i: self._bucket(i, limit, "") for i, limit in enumerate(self._limits) if limit.scope != "user"}
         self._user_keys: dict[tuple[int, str], str] = {}
         self._limit_of: dict[str, RateLimit] = {}  # every bucket key made, for the charges and pauses sent alone
         self._charges: dict[str, float] = {}
         self._pauses: dict[str, float] = {}
+        self._held: dict[str, float] = {}  # record id -> when it is due (time.monotonic()), sent back by a 429
         RateLimiter.current = self
 
     def _bucket(self, index: int, limit: RateLimit, user_id: str) -> str:
@@ -79,8 +82,10 @@ class RateLimiter:
             if limit.cost == "tokens" and (limit.scope != "user" or user_id):
                 self._charges[key] = self._charges.get(key, 0.0) + units
 
-    def pause(self, seconds: float, user_id: str) -> None:
-        """A provider said to wait (429 Retry-After): the shared buckets, and the user's, grant nothing meanwhile."""
+    def pause(self, seconds: float, user_id: str, record_id: str) -> None:
+        """A provider said to wait (429 Retry-After): the shared buckets, and the user's, grant nothing meanwhile;
+        the record it refused waits as long, held back."""
+        self._held[record_id] = time.monotonic() + seconds
         for limit, key in self._keys_of(user_id):
             if limit.scope != "user" or user_id:
                 self._pauses[key] = max(self._pauses.get(key, 0.0), seconds * 1000)
@@ -90,10 +95,10 @@ class RateLimiter:
         retry set); one script call, carrying the usage and pauses reported since the last."""
         keys: dict[str, int] = {}
         params: list[float | int | str] = []
-        records: list[int] = []
+        records: list[int | str] = []
         for m in messages:
             buckets = self._keys_of(m.user_id)
-            records.append(len(buckets))
+            records += (m.record_id, len(buckets))
             for limit, key in buckets:
                 if (position := keys.get(key)) is None:
                     position = keys[key] = len(keys) + 1
@@ -102,10 +107,15 @@ class RateLimiter:
         for key in {*self._charges, *self._pauses} - keys.keys():  # reported for buckets no record here needs
             keys[key] = len(keys) + 1
             params += self._params(key, self._limit_of[key])
-        if not keys:
+        if not keys and not self._held:
             return [0] * len(messages)
-        args = [HOLD_MS, len(keys), *params, len(messages), *records]
-        waits = await self._script(keys=[*keys, self._throttled], args=args)
+        now, held = time.monotonic(), list[int | str]()
+        for record_id, due in self._held.items():
+            if due > now:
+                held += (record_id, round((due - now) * 1000))
+        self._held.clear()
+        args = [HOLD_MS, len(keys), *params, len(messages), *records, len(held) // 2, *held]
+        waits = await self._script(keys=[*keys, self._held_key], args=args)
         return [int(w) for w in waits]
 
     def _params(self, key: str, limit: RateLimit) -> tuple[float, int, str, float, float]:
@@ -115,7 +125,7 @@ class RateLimiter:
 
     async def flush(self) -> None:
         """Send what was reported, when no record carried it within FLUSH_SECONDS."""
-        if self._charges or self._pauses:
+        if self._charges or self._pauses or self._held:
             await self.admit(())
 
 

@@ -621,7 +621,7 @@ class Worker:
             # A provider's 429 is no failure of the record: every pod's shared limits pause, the record waits.
             m = flight.message
             if self.limiter is not None:
-                self.limiter.pause(exc.retry_after, m.user_id)
+                self.limiter.pause(exc.retry_after, m.user_id, m.record_id)
             return self.policy.throttled(m, max(1, round(exc.retry_after * 1000)))
         task = asyncio.current_task()
         by_worker = isinstance(exc, asyncio.CancelledError) and task is not None and task.cancelling() > 0

@@ -75,7 +75,7 @@ async def destroy(client: Redis, given: StageKeys, uid: str, cluster: str = "") 
     shared = {stream for stream, users in (await name_users(client, keys, cluster)).items() if users - {keys.name}}
     delete = client.register_script(_DELETE_OWNED)
     count, group_destroyed, created_streams = 0, None, []
-    stage_wide = [(keys.audit, "stream"), (keys.layout, "hash"), (keys.throttled, "string")]
+    stage_wide = [(keys.audit, "stream"), (keys.layout, "hash"), (keys.held, "zset")]
     for lane, marker in lanes:
         if not marker:
             continue  # a lane never claimed (a claim refused half-way) has nothing of this stage's
