@@ -55,6 +55,7 @@ KEY_POSITIONS: dict[str, tuple[int, ...] | str] = {
             "GET",
             "HDEL",
             "HGET",
+            "HINCRBY",
             "HKEYS",
             "HMGET",
             "HSET",
@@ -368,6 +369,8 @@ WORKER_SCRIPTS = {
 }
 # Run by a partitioned worker whose forwards are relayed (test_a_partitioned_worker_relays_...).
 RELAY_SCRIPTS = {"worker_runtime/relay_done.lua", "worker_runtime/relay_write.lua"}
+# Run by the worker of a final stage (test_a_final_stage_flushes_its_latencies_...).
+FINAL_SCRIPTS = {"worker_runtime/latency_flush.lua"}
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
     "worker_runtime/claim_name.lua",
@@ -383,7 +386,9 @@ DIRECT_SCRIPTS = {
 
 
 def test_the_live_checks_drive_every_script() -> None:
-    assert {str(path.relative_to(PACKAGE)) for path in SCRIPTS} == WORKER_SCRIPTS | RELAY_SCRIPTS | DIRECT_SCRIPTS
+    assert {
+        str(path.relative_to(PACKAGE)) for path in SCRIPTS
+    } == WORKER_SCRIPTS | RELAY_SCRIPTS | FINAL_SCRIPTS | DIRECT_SCRIPTS
 
 
 STAGE = StageKeys.for_stage("scripts", NAMESPACE)
@@ -484,6 +489,27 @@ async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_i
     check_calls(monitor, {"worker_runtime/relay_write.lua"}, key_slot(output.encode()))
     done = [call for call in monitor.calls if call.sha == _sha("worker_runtime/relay_done.lua") and call.inner]
     assert {call.keys[0] for call in done} <= {lane.outbox.encode() for lane in stage.lanes}
+
+
+@pytest.mark.timeout(90)
+async def test_a_final_stage_flushes_its_latencies_under_the_stages_own_tag(
+    cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """PARTITIONS=2, no output: the latency windows are the stage's as a whole, in the namespace's slot, written
+    in one call per flush whatever the lane a record came from."""
+    stage = StageKeys.for_stage("scripts", NAMESPACE, partitions=2)
+    records = [f"r{i}" for i in range(10)]
+    monitor_client = aioredis.Redis.from_url(cluster_url, decode_responses=False)
+    async with ScriptMonitor(monitor_client) as monitor:
+        for record in records:
+            fields = {"record_id": record, "user_id": "u1", "data": "{}"}
+            await add_entry(cluster, stage.lane_of(record).input, fields)
+        async with running_worker(cluster_url, "scripts", OutcomeProcessor, key_namespace=NAMESPACE, partitions=2) as w:
+            await wait_until(lambda: drained(w), "every lane drained", 60)
+    await monitor_client.aclose()
+    check_calls(monitor, FINAL_SCRIPTS, key_slot(STAGE.input.encode()))
+    [window] = [key async for key in cluster.scan_iter(match=f"{stage.pattern.removesuffix('*')}latency:*")]
+    assert sum(int(count) for count in (await cluster.hgetall(window)).values()) == len(records)
 
 
 async def _count(client: aioredis.Redis, stream: str, count: int) -> bool:

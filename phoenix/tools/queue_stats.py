@@ -19,8 +19,9 @@ from typing import TypedDict
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from phoenix.keys import StageKeys
+from phoenix.keys import LATENCY_WINDOWS, StageKeys
 from phoenix.redis_replies import text
+from phoenix.tools.latency import Buckets, merged, parse_hash
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,8 @@ class QueueStats:
     backpressure: int | None = None  # while the stage is paused: its output's unfinished entries, as reported
     # True while no consumer group reads the output stream (it is missing, or has none); None: no output asked.
     output_unread: bool | None = None
+    # A final stage's end-to-end latencies of the last windows (keys.LATENCY_WINDOWS), merged (tools/latency.py).
+    latency: Buckets = field(default_factory=dict)
 
     @property
     def oldest_unfinished_seconds(self) -> float | None:
@@ -98,7 +101,7 @@ class RateMeter:
         return (done - d0) / (now - t0) if now > t0 else 0.0
 
 
-_COMMANDS_PER_STAGE = 7  # one more for a stage with an output
+_COMMANDS_PER_STAGE = 7  # one more for a stage with an output, LATENCY_WINDOWS more for one that may be final
 
 
 class _Extra(TypedDict):
@@ -108,6 +111,7 @@ class _Extra(TypedDict):
     throttled: int
     backpressure: int | None
     output_unread: bool | None
+    latency: Buckets
 
 
 async def collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStats]:
@@ -154,12 +158,14 @@ def summed(lanes: Sequence[QueueStats]) -> QueueStats:
         throttled=lanes[0].throttled,  # one counter for the stage, read with each lane
         backpressure=max(paused) if paused else None,
         output_unread=lanes[0].output_unread,
+        latency=lanes[0].latency,  # of the stage as a whole, read with its first lane
     )
 
 
 async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStats]:
     """At most two round trips for any number of stages (lanes); a missing stream or group reads as empty."""
     pipe = client.pipeline(transaction=False)
+    now = time.time()
     for st in stages:
         pipe.xlen(st.input)
         pipe.xinfo_groups(st.input)
@@ -170,8 +176,11 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
         pipe.get(st.backpressure)
         if st.output is not None:
             pipe.xinfo_groups(st.output)
+        if _may_be_final(st):
+            for window in st.latency_windows(now):
+                pipe.hgetall(window)
     replies = await pipe.execute(raise_on_error=False)
-    now_ms = time.time() * 1000
+    now_ms = now * 1000
     out = []
     # Stages with a backlog, and the id their group delivered last: the next entry is the first undelivered.
     backlog: dict[int, str] = {}
@@ -180,11 +189,14 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
         count = _COMMANDS_PER_STAGE + (st.output is not None)
         length, groups, pending, dlq_length, dlq_trimmed, throttled, paused, *output_groups = replies[at : at + count]
         at += count
+        windows = replies[at : at + LATENCY_WINDOWS] if _may_be_final(st) else []
+        at += len(windows)
         extra: _Extra = {
             "dlq_trimmed": _int(dlq_trimmed),
             "throttled": _int(throttled),
             "backpressure": None if paused is None else _int(paused),
             "output_unread": _unread(output_groups[0]) if output_groups else None,
+            "latency": merged(parse_hash(window) for window in windows if isinstance(window, dict)),
         }
         group = _find_group(groups, st.consumer_group)
         if group is None or isinstance(pending, ResponseError):
@@ -220,6 +232,12 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
                 age = _age_seconds(text(first[0][0]), now_ms)
                 out[i] = dataclasses.replace(out[i], oldest_undelivered_seconds=age)
     return out
+
+
+def _may_be_final(st: StageKeys) -> bool:
+    """Whether the stage's workers may write latency windows: its first lane (collect_lanes asks the others with no
+    output) of a stage of no single output (named outputs do not show in StageKeys)."""
+    return not st.partition and st.output is None
 
 
 def _age_seconds(entry_id: str, now_ms: float) -> float:

@@ -33,6 +33,7 @@ from phoenix.operator.status.durability import (
     output_unread_condition,
     redis_risk_condition,
 )
+from phoenix.operator.status.latency import stage_latency
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.redis_spec import RedisSpec
 from phoenix.tools.queue_stats import QueueStats, collect
@@ -171,6 +172,7 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
         if record.key in queues:
             stats = queues[record.key]
             changes["queue"] = queue_status(stats)
+            changes["latency"] = stage_latency(stats.latency)  # None: no record finished lately, the field goes
             conditions.append(backpressure_condition(stats.backpressure, record.generation))
             conditions.append(await _output_unread(ctx, record, stats))
         if record.redis is not None and (risk := risk_by_redis.get(record.redis)) is not None:
