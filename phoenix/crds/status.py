@@ -20,6 +20,7 @@ class ConditionType(StrEnum):
     BACKPRESSURE = "Backpressure"
     REDIS_RISK = "RedisRisk"
     OUTPUT_UNREAD = "OutputUnread"
+    QUEUE_FIGURES_DISAGREE = "QueueFiguresDisagree"
     # A PhoenixPipeline's (crds/pipeline.py), beside its Ready.
     STAGES_READY = "StagesReady"
     PAUSED = "Paused"
@@ -37,7 +38,8 @@ class Condition(StatusModel):
     type: str = Field(
         max_length=316,
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure, RedisRisk or OutputUnread.",
+        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure, RedisRisk, OutputUnread or "
+        "QueueFiguresDisagree.",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
@@ -186,8 +188,9 @@ class PhoenixStageStatus(StatusModel):
         max_length=16,
         description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure (True while the stage has "
         "stopped reading because its output is over OUTPUT_HIGH_WATER), RedisRisk (True when Redis may lose "
-        "acknowledged data) and OutputUnread (True while no consumer group reads the output stream: it is then "
-        "trimmed only to output.retention, if set).",
+        "acknowledged data), OutputUnread (True while no consumer group reads the output stream: it is then "
+        "trimmed only to output.retention, if set) and QueueFiguresDisagree (True while Redis's lag or oldest "
+        "pending entry disagrees with the stream's ids, as after XDEL or XTRIM; the message says how).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     streams: StreamsStatus | None = Field(default=None, description="Resolved Redis names.")

@@ -3,8 +3,10 @@ plus the age of the oldest unfinished entry (the first undelivered one or the ol
 any consumer group reads the stage's output.
 
 Used by `phoenix status`, the demo and the operator's status refresh; all stages go out in one pipeline, and a
-second one asks for the first undelivered entry of the stages that have a backlog. A stage of several partitions
-is read lane by lane (collect_lanes) and summed (collect): what waits, is pending or dead-lettered in any lane.
+second one asks the stream's ids of the stages that have a backlog or pending entries: their first undelivered
+entry, and the checks of Redis's lag and oldest pending entry, which XDEL and XTRIM make wrong (_cross_check).
+A stage of several partitions is read lane by lane (collect_lanes) and summed (collect): what waits, is pending or
+dead-lettered in any lane.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class QueueStats:
     backpressure: int | None = None  # while the stage is paused: its output's unfinished entries, as reported
     # True while no consumer group reads the output stream (it is missing, or has none); None: no output asked.
     output_unread: bool | None = None
+    # What the stream's ids say against Redis's counters (after XDEL/XTRIM): (reason, message) each.
+    disagreements: tuple[tuple[str, str], ...] = ()
     # A final stage's end-to-end latencies of the last windows (keys.LATENCY_WINDOWS), merged (tools/latency.py).
     latency: Buckets = field(default_factory=dict)
 
@@ -65,6 +69,9 @@ class QueueStats:
             "throttled": self.throttled,
         }
 
+
+# The reasons of `disagreements` (the operator's QueueFiguresDisagree condition).
+LAG_UNKNOWN, LAG_WRONG, PENDING_DELETED = "LagUnknown", "LagWrong", "PendingDeleted"
 
 # The window a stage's rate is measured over (the demo's table, `phoenix ui`).
 RATE_WINDOW_SECONDS = 2.0
@@ -159,6 +166,7 @@ def summed(lanes: Sequence[QueueStats]) -> QueueStats:
         backpressure=max(paused) if paused else None,
         output_unread=lanes[0].output_unread,
         latency=lanes[0].latency,  # of the stage as a whole, read with its first lane
+        disagreements=tuple(note for lane in lanes for note in lane.disagreements),
     )
 
 
@@ -182,8 +190,8 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
     replies = await pipe.execute(raise_on_error=False)
     now_ms = now * 1000
     out = []
-    # Stages with a backlog, and the id their group delivered last: the next entry is the first undelivered.
-    backlog: dict[int, str] = {}
+    # Stages whose figures the ids are to check (_cross_check).
+    checks: dict[int, _Check] = {}
     at = 0
     for i, st in enumerate(stages):
         count = _COMMANDS_PER_STAGE + (st.output is not None)
@@ -202,14 +210,16 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
         if group is None or isinstance(pending, ResponseError):
             out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False, **extra))
             if _int(length):
-                backlog[i] = "0-0"  # no group: every entry is undelivered
+                checks[i] = _Check("0-0", None)  # no group: every entry is undelivered
             continue
         oldest = None
         if pending["pending"]:
             oldest = _age_seconds(text(pending["min"]), now_ms)
         lag, read = group.get("lag"), group.get("entries-read")
-        if lag is None or lag > 0:
-            backlog[i] = text(group["last-delivered-id"])
+        # A lag of 0 is trusted: the cross-check costs a round trip, asked only where something waits or is pending.
+        waiting = text(group["last-delivered-id"]) if lag is None or lag > 0 else None
+        if waiting is not None or pending["pending"]:
+            checks[i] = _Check(waiting, text(pending["min"]) if pending["pending"] else None)
         out.append(
             QueueStats(
                 length=_int(length),
@@ -223,15 +233,115 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
                 **extra,
             )
         )
-    if backlog:
-        pipe = client.pipeline(transaction=False)
-        for i, last_delivered in backlog.items():
-            pipe.xrange(stages[i].input, min=f"({last_delivered}", count=1)
-        for i, first in zip(backlog, await pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(first, list) and first:
-                age = _age_seconds(text(first[0][0]), now_ms)
-                out[i] = dataclasses.replace(out[i], oldest_undelivered_seconds=age)
+    if checks:
+        await _cross_check(client, stages, out, checks, now_ms)
     return out
+
+
+# Pending entries counted below the stream's first entry, at most: how many trimmed ones a condition names.
+GHOSTS_COUNTED = 100
+
+
+@dataclass(frozen=True, slots=True)
+class _Check:
+    """What the second round trip looks at for a stage: the entries after the group's last-delivered id (None: the
+    group's lag says none wait) and whether its oldest pending entry (None: nothing pending) is still in the
+    stream."""
+
+    last_delivered: str | None
+    pending_min: str | None
+
+
+async def _cross_check(
+    client: Redis, stages: Sequence[StageKeys], out: list[QueueStats], checks: dict[int, _Check], now_ms: float
+) -> None:
+    """The backlog and the ages from the stream's ids, against XINFO's lag and XPENDING's oldest entry, which are
+    wrong after XDEL and XTRIM: lag null (an entry deleted after the last-delivered id) or counting entries trimmed
+    before delivery, the oldest pending one deleted from the stream. Corrects what the ids tell exactly, and says
+    in `disagreements` what disagreed. One round trip; a second only for stages whose oldest pending entry is gone."""
+    pipe = client.pipeline(transaction=False)
+    for i, check in checks.items():
+        pipe.xrange(stages[i].input, count=1)  # the first entry
+        if check.last_delivered is not None:
+            pipe.xrange(stages[i].input, min=f"({check.last_delivered}", count=1)
+        if check.pending_min is not None:
+            pipe.xrange(stages[i].input, min=check.pending_min, max=check.pending_min, count=1)
+    replies = iter(await pipe.execute(raise_on_error=False))
+    gone: dict[int, str] = {}  # stages whose oldest pending entry is gone: the stream's first entry id
+    for i, check in checks.items():
+        first = _first_id(next(replies))
+        undelivered = _first_id(next(replies)) if check.last_delivered is not None else None
+        stats = out[i]
+        if check.last_delivered is not None:
+            stats = _backlog_checked(stats, stages[i].partition, first, undelivered, now_ms)
+        if check.pending_min is not None and _first_id(next(replies)) is None:
+            gone[i] = first or "+"
+        out[i] = stats
+    if not gone:
+        return
+    pipe = client.pipeline(transaction=False)
+    for i, first in gone.items():
+        st = stages[i]
+        pipe.xpending_range(st.input, st.consumer_group, min=first, max="+", count=1)
+        pipe.xpending_range(
+            st.input, st.consumer_group, min="-", max=f"({first}" if first != "+" else "+", count=GHOSTS_COUNTED
+        )
+    replies = iter(await pipe.execute(raise_on_error=False))
+    for i in gone:
+        kept, deleted = next(replies), next(replies)
+        oldest = _age_seconds(text(kept[0]["message_id"]), now_ms) if isinstance(kept, list) and kept else None
+        ghosts = len(deleted) if isinstance(deleted, list) else 0
+        more = "at least " if ghosts >= GHOSTS_COUNTED else ""
+        message = (
+            f"{more}{ghosts} pending entries are no longer in the stream (deleted or trimmed before they were "
+            "acknowledged): their age is left out of OLDEST; a worker's XAUTOCLAIM clears them from the group"
+        )
+        out[i] = _noted(
+            dataclasses.replace(out[i], oldest_pending_seconds=oldest), stages[i].partition, PENDING_DELETED, message
+        )
+
+
+def _noted(stats: QueueStats, partition: int | None, reason: str, message: str) -> QueueStats:
+    """`stats` with the disagreement (reason, message), the message naming the lane's partition."""
+    where = "" if partition is None else f"partition {partition}: "
+    return dataclasses.replace(stats, disagreements=(*stats.disagreements, (reason, where + message)))
+
+
+def _backlog_checked(
+    stats: QueueStats, partition: int | None, first: str | None, undelivered: str | None, now_ms: float
+) -> QueueStats:
+    """The backlog from the ids: none after the last-delivered id, or every entry of the stream when the first one is
+    undelivered; else XINFO's lag, unknown when null."""
+    age = None if undelivered is None else _age_seconds(undelivered, now_ms)
+    stats = dataclasses.replace(stats, oldest_undelivered_seconds=age)
+    if not stats.group_exists:
+        return stats  # every entry is undelivered: the length is the backlog already
+    reported = "null" if stats.lag is None else str(stats.lag)
+    exact = 0 if undelivered is None else stats.length if undelivered == first else None
+    if exact is not None and exact != stats.lag:
+        why = (
+            "no entry is left after the group's last-delivered id"
+            if exact == 0
+            else f"every one of the stream's {stats.length} entries is after the group's last-delivered id"
+        )
+        reason = LAG_WRONG if stats.lag is not None else LAG_UNKNOWN
+        message = (
+            f"XINFO GROUPS reports lag {reported} but {why} (entries deleted or trimmed before delivery): BACKLOG "
+            f"shows {exact}; KEDA scales on Redis's figure"
+        )
+        return _noted(dataclasses.replace(stats, lag=exact), partition, reason, message)
+    if stats.lag is None:
+        message = (
+            "XINFO GROUPS reports lag null (an entry was deleted after the group's last-delivered id): BACKLOG is "
+            f"unknown, at most the stream's {stats.length} entries; OLDEST is read from the first undelivered entry"
+        )
+        return _noted(stats, partition, LAG_UNKNOWN, message)
+    return stats
+
+
+def _first_id(reply: object) -> str | None:
+    """The id of an XRANGE reply's first entry; None when it has none (or is an error: no stream)."""
+    return text(reply[0][0]) if isinstance(reply, list) and reply else None
 
 
 def _may_be_final(st: StageKeys) -> bool:
