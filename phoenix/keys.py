@@ -295,6 +295,11 @@ class StageKeys:
         start = int(at // LATENCY_WINDOW_SECONDS) * LATENCY_WINDOW_SECONDS
         return f"{self._whole_stage}:latency:{start}"
 
+    @property
+    def latency_windows_pattern(self) -> str:
+        """SCAN MATCH pattern of every latency window of the stage (deletionPolicy Delete finds them by it)."""
+        return f"{self._whole_stage}:latency:*"
+
     def latency_windows(self, now: float) -> tuple[str, ...]:
         """The LATENCY_WINDOWS windows up to `now`, newest first: the last 5 to 6 minutes."""
         return tuple(self.latency_window(now - i * LATENCY_WINDOW_SECONDS) for i in range(LATENCY_WINDOWS))
