@@ -30,6 +30,7 @@ from phoenix.operator.redis.ops import Destroyed, destroy
 from phoenix.rate_limits import RateLimit
 from phoenix.record_format import DONE, LOCKED
 from phoenix.tools import dlq, repair
+from phoenix.tools.queue_stats import collect
 from phoenix.worker_runtime import ownership
 from phoenix.worker_runtime.billing import ApiKeyProvider
 from phoenix.worker_runtime.ownership import Claimed
@@ -381,6 +382,7 @@ DIRECT_SCRIPTS = {
     "tools/repair_unlock.lua",
     "tools/repair_reclaim.lua",
     "tools/repair_reprocess.lua",
+    "tools/queue_check.lua",
     "worker_runtime/billing_delete_if.lua",
 }
 
@@ -571,6 +573,9 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
             await cluster.xadd(STAGE.dlq, {"record_id": record, "user_id": "u1", "data": "{}", "error": "gone"})
         assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, 1) == 1
         assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, None, ledger=STAGE.replay_ledger("r1")) == 1
+        # The operator's queue figures, checked against the ids of a stream with a backlog.
+        [stats] = await collect(cluster, [STAGE])
+        assert stats.lag and stats.disagreements == ()
         # Billing: a fetch under the single-fetch guard, which is released with the compare-and-delete script.
         provider = ApiKeyProvider(
             cluster,

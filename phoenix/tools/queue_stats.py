@@ -19,8 +19,9 @@ from dataclasses import dataclass, field, replace
 from typing import TypedDict
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import NoScriptError, ResponseError
 
+from phoenix import lua
 from phoenix.keys import LATENCY_WINDOWS, StageKeys
 from phoenix.redis_replies import text
 from phoenix.tools.latency import Buckets, merged, parse_hash
@@ -191,7 +192,7 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
     now_ms = now * 1000
     out = []
     # Stages whose figures the ids are to check (_cross_check).
-    checks: dict[int, _Check] = {}
+    checks: list[int] = []
     at = 0
     for i, st in enumerate(stages):
         count = _COMMANDS_PER_STAGE + (st.output is not None)
@@ -210,16 +211,16 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
         if group is None or isinstance(pending, ResponseError):
             out.append(QueueStats(_int(length), 0, _int(length), None, _int(dlq_length), 0, False, **extra))
             if _int(length):
-                checks[i] = _Check("0-0", None)  # no group: every entry is undelivered
+                checks.append(i)  # no group: every entry is undelivered, the first one the oldest
             continue
         oldest = None
         if pending["pending"]:
             oldest = _age_seconds(text(pending["min"]), now_ms)
         lag, read = group.get("lag"), group.get("entries-read")
-        # A lag of 0 is trusted: the cross-check costs a round trip, asked only where something waits or is pending.
-        waiting = text(group["last-delivered-id"]) if lag is None or lag > 0 else None
-        if waiting is not None or pending["pending"]:
-            checks[i] = _Check(waiting, text(pending["min"]) if pending["pending"] else None)
+        # A lag of 0 with nothing pending is trusted: the cross-check costs a round trip, asked only where something
+        # waits or is pending.
+        if lag is None or lag > 0 or pending["pending"]:
+            checks.append(i)
         out.append(
             QueueStats(
                 length=_int(length),
@@ -242,101 +243,85 @@ async def _collect(client: Redis, stages: Sequence[StageKeys]) -> list[QueueStat
 GHOSTS_COUNTED = 100
 
 
-@dataclass(frozen=True, slots=True)
-class _Check:
-    """What the second round trip looks at for a stage: the entries after the group's last-delivered id (None: the
-    group's lag says none wait) and whether its oldest pending entry (None: nothing pending) is still in the
-    stream."""
-
-    last_delivered: str | None
-    pending_min: str | None
-
-
 async def _cross_check(
-    client: Redis, stages: Sequence[StageKeys], out: list[QueueStats], checks: dict[int, _Check], now_ms: float
+    client: Redis, stages: Sequence[StageKeys], out: list[QueueStats], checks: Sequence[int], now_ms: float
 ) -> None:
     """The backlog and the ages from the stream's ids, against XINFO's lag and XPENDING's oldest entry, which are
     wrong after XDEL and XTRIM: lag null (an entry deleted after the last-delivered id) or counting entries trimmed
-    before delivery, the oldest pending one deleted from the stream. Corrects what the ids tell exactly, and says
-    in `disagreements` what disagreed. One round trip; a second only for stages whose oldest pending entry is gone."""
-    pipe = client.pipeline(transaction=False)
-    for i, check in checks.items():
-        pipe.xrange(stages[i].input, count=1)  # the first entry
-        if check.last_delivered is not None:
-            pipe.xrange(stages[i].input, min=f"({check.last_delivered}", count=1)
-        if check.pending_min is not None:
-            pipe.xrange(stages[i].input, min=check.pending_min, max=check.pending_min, count=1)
-    replies = iter(await pipe.execute(raise_on_error=False))
-    gone: dict[int, str] = {}  # stages whose oldest pending entry is gone: the stream's first entry id
-    for i, check in checks.items():
-        first = _first_id(next(replies))
-        undelivered = _first_id(next(replies)) if check.last_delivered is not None else None
-        stats = out[i]
-        if check.last_delivered is not None:
-            stats = _backlog_checked(stats, stages[i].partition, first, undelivered, now_ms)
-        if check.pending_min is not None and _first_id(next(replies)) is None:
-            gone[i] = first or "+"
-        out[i] = stats
-    if not gone:
-        return
-    pipe = client.pipeline(transaction=False)
-    for i, first in gone.items():
-        st = stages[i]
-        pipe.xpending_range(st.input, st.consumer_group, min=first, max="+", count=1)
-        pipe.xpending_range(
-            st.input, st.consumer_group, min="-", max=f"({first}" if first != "+" else "+", count=GHOSTS_COUNTED
+    before delivery, the oldest pending entry deleted from the stream. Corrects what the ids tell exactly and says
+    in `disagreements` what disagreed. One round trip: queue_check.lua per stage with a group (one atomic look at
+    the figures and the ids), the first entry of one without (all its entries are undelivered)."""
+    script = lua.register(client, "queue_check.lua", __package__)
+    for attempt in range(2):
+        # EVALSHA queued plainly (a cluster's pipeline refuses scripts); the script is loaded where it is missing,
+        # then asked again, once.
+        pipe = client.pipeline(transaction=False)
+        for i in checks:
+            st = stages[i]
+            if out[i].group_exists:
+                pipe.execute_command("EVALSHA", script.sha, 1, st.input, st.consumer_group, GHOSTS_COUNTED)
+            else:
+                pipe.xrange(st.input, count=1)
+        replies = await pipe.execute(raise_on_error=False)
+        if attempt or not any(isinstance(reply, NoScriptError) for reply in replies):
+            break
+        await client.script_load(script.script)
+    for i, reply in zip(checks, replies, strict=True):
+        if not out[i].group_exists:
+            first = _first_id(reply)
+            age = None if first is None else _age_seconds(first, now_ms)
+            out[i] = dataclasses.replace(out[i], oldest_undelivered_seconds=age)
+        elif isinstance(reply, list) and reply:  # else the stream or group went since the first round trip
+            out[i] = _checked(out[i], stages[i].partition, [text(value) for value in reply], now_ms)
+
+
+def _checked(stats: QueueStats, partition: int | None, look: list[str], now_ms: float) -> QueueStats:
+    """`stats` with the figures of queue_check.lua's look, corrected from the ids, and what disagreed: the backlog is
+    0 with no entry after the last-delivered id, the stream's length when its first entry is undelivered, else
+    XINFO's lag (unknown when null); the oldest pending entry is the oldest still in the stream."""
+    length, lag, head, undelivered, pending, oldest, gone = look
+    reported = None if lag == "-1" else int(lag)
+    exact = 0 if not undelivered else int(length) if undelivered == head else None
+    stats = dataclasses.replace(
+        stats,
+        length=int(length),
+        pending=int(pending),
+        lag=reported if exact is None else exact,
+        oldest_pending_seconds=_age_seconds(oldest, now_ms) if oldest else None,
+        oldest_undelivered_seconds=_age_seconds(undelivered, now_ms) if undelivered else None,
+    )
+    shown = "null" if reported is None else str(reported)
+    if exact is not None and exact != reported:
+        why = (
+            "no entry is left after the group's last-delivered id"
+            if exact == 0
+            else f"every one of the stream's {length} entries is after the group's last-delivered id"
         )
-    replies = iter(await pipe.execute(raise_on_error=False))
-    for i in gone:
-        kept, deleted = next(replies), next(replies)
-        oldest = _age_seconds(text(kept[0]["message_id"]), now_ms) if isinstance(kept, list) and kept else None
-        ghosts = len(deleted) if isinstance(deleted, list) else 0
-        more = "at least " if ghosts >= GHOSTS_COUNTED else ""
         message = (
-            f"{more}{ghosts} pending entries are no longer in the stream (deleted or trimmed before they were "
+            f"XINFO GROUPS reports lag {shown} but {why} (entries deleted or trimmed before delivery): BACKLOG "
+            f"shows {exact}; KEDA scales on Redis's figure"
+        )
+        stats = _noted(stats, partition, LAG_WRONG if reported is not None else LAG_UNKNOWN, message)
+    elif reported is None:
+        message = (
+            "XINFO GROUPS reports lag null (an entry was deleted after the group's last-delivered id): BACKLOG is "
+            f"unknown, at most the stream's {length} entries; OLDEST is read from the first undelivered entry"
+        )
+        stats = _noted(stats, partition, LAG_UNKNOWN, message)
+    if int(gone):
+        more = "at least " if int(gone) >= GHOSTS_COUNTED else ""
+        message = (
+            f"{more}{gone} pending entries are no longer in the stream (deleted or trimmed before they were "
             "acknowledged): their age is left out of OLDEST; a worker's XAUTOCLAIM clears them from the group"
         )
-        out[i] = _noted(
-            dataclasses.replace(out[i], oldest_pending_seconds=oldest), stages[i].partition, PENDING_DELETED, message
-        )
+        stats = _noted(stats, partition, PENDING_DELETED, message)
+    return stats
 
 
 def _noted(stats: QueueStats, partition: int | None, reason: str, message: str) -> QueueStats:
     """`stats` with the disagreement (reason, message), the message naming the lane's partition."""
     where = "" if partition is None else f"partition {partition}: "
     return dataclasses.replace(stats, disagreements=(*stats.disagreements, (reason, where + message)))
-
-
-def _backlog_checked(
-    stats: QueueStats, partition: int | None, first: str | None, undelivered: str | None, now_ms: float
-) -> QueueStats:
-    """The backlog from the ids: none after the last-delivered id, or every entry of the stream when the first one is
-    undelivered; else XINFO's lag, unknown when null."""
-    age = None if undelivered is None else _age_seconds(undelivered, now_ms)
-    stats = dataclasses.replace(stats, oldest_undelivered_seconds=age)
-    if not stats.group_exists:
-        return stats  # every entry is undelivered: the length is the backlog already
-    reported = "null" if stats.lag is None else str(stats.lag)
-    exact = 0 if undelivered is None else stats.length if undelivered == first else None
-    if exact is not None and exact != stats.lag:
-        why = (
-            "no entry is left after the group's last-delivered id"
-            if exact == 0
-            else f"every one of the stream's {stats.length} entries is after the group's last-delivered id"
-        )
-        reason = LAG_WRONG if stats.lag is not None else LAG_UNKNOWN
-        message = (
-            f"XINFO GROUPS reports lag {reported} but {why} (entries deleted or trimmed before delivery): BACKLOG "
-            f"shows {exact}; KEDA scales on Redis's figure"
-        )
-        return _noted(dataclasses.replace(stats, lag=exact), partition, reason, message)
-    if stats.lag is None:
-        message = (
-            "XINFO GROUPS reports lag null (an entry was deleted after the group's last-delivered id): BACKLOG is "
-            f"unknown, at most the stream's {stats.length} entries; OLDEST is read from the first undelivered entry"
-        )
-        return _noted(stats, partition, LAG_UNKNOWN, message)
-    return stats
 
 
 def _first_id(reply: object) -> str | None:

@@ -2,9 +2,8 @@
 same figures feed the per-stage gauges of the operator's /metrics.
 
 One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it; a
-second one when some stage has a backlog or pending entries, checking the figures against the stream's ids; a third
-only for stages whose oldest pending entry was deleted), one Deployment list call, and a status patch only for
-stages whose figures changed.
+second one when some stage has a backlog or pending entries, checking the figures against the stream's ids), one
+Deployment list call, and a status patch only for stages whose figures changed.
 """
 
 from __future__ import annotations
