@@ -147,6 +147,7 @@ lock: $(LOCK_TOOLS)/bin/uv  ## Re-pin the image's hashed requirements
 manifests: $(STAMP)  ## Regenerate the CRDs and the chart's copies of manifests/
 	$(BIN)/python -m phoenix.crds.generate
 	cp manifests/grafana/phoenix-dashboard.json manifests/monitoring/prometheus-rule.yaml charts/phoenix/files/
+	cp manifests/samples/pipeline/pipeline.yaml charts/phoenix/files/example-pipeline.yaml
 
 lint: $(STAMP) shellcheck  ## ruff, ruff format, mypy (phoenix/, tests/, bench/, hack/), the import layers, shellcheck, codespell
 	$(BIN)/ruff check .

@@ -43,6 +43,14 @@ DEFAULT_NAMESPACE = "default"
 MAX_PARTITIONS = 1024
 # A Kubernetes namespace name (a DNS label): no `{`, `}` or `:`, so the hash tag and the segments stay unambiguous.
 NAMESPACE_PATTERN = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+# A final stage's end-to-end latencies are counted in windows of this long (StageKeys.latency_windows): the window
+# being counted and the ones before it, LATENCY_WINDOWS in all, are what the operator reads back.
+LATENCY_WINDOW_SECONDS = 60
+LATENCY_WINDOWS = 6
+# The upper bounds of its buckets, the fields of a window's hash (with +Inf), and of phoenix_pipeline_latency_seconds:
+# a record's whole path takes a fraction of a second through idle stages to hours for document pipelines (a model
+# call per stage, a backlog after an outage), up to a day.
+LATENCY_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
 # The tag: a namespace (no `~`, `{`, `}` or `:`), then `~<partition>` for a lane of a partitioned stage.
 _TAG = r"\{(?P<namespace>[^{}:~]+)(?:~(?P<partition>\d+))?\}"
 _SCOPED = re.compile(rf"^phoenix:{_TAG}:(?P<stage>[^:]+):input$")
@@ -279,6 +287,22 @@ class StageKeys:
         """While set: the stage is paused by backpressure; the value is its output's unfinished entries, as
         measured."""
         return f"{self._stage}:backpressure"
+
+    def latency_window(self, at: float) -> str:
+        """Hash of the end-to-end latencies a final stage observed in the window of LATENCY_WINDOW_SECONDS holding
+        `at` (epoch seconds): field the bucket's upper bound as Prometheus writes it (`0.5`, `+Inf`), value its
+        count (worker_runtime/latency.py); expires. Of the stage as a whole, under the namespace's tag."""
+        start = int(at // LATENCY_WINDOW_SECONDS) * LATENCY_WINDOW_SECONDS
+        return f"{self._whole_stage}:latency:{start}"
+
+    @property
+    def latency_windows_pattern(self) -> str:
+        """SCAN MATCH pattern of every latency window of the stage (deletionPolicy Delete finds them by it)."""
+        return f"{self._whole_stage}:latency:*"
+
+    def latency_windows(self, now: float) -> tuple[str, ...]:
+        """The LATENCY_WINDOWS windows up to `now`, newest first: the last 5 to 6 minutes."""
+        return tuple(self.latency_window(now - i * LATENCY_WINDOW_SECONDS) for i in range(LATENCY_WINDOWS))
 
     @property
     def dlq_trimmed(self) -> str:

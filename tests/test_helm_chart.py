@@ -42,6 +42,7 @@ CHART_FILES = {
     "phoenix.io_phoenixpipelines.yaml": MANIFESTS / "crds" / "phoenix.io_phoenixpipelines.yaml",
     "phoenix-dashboard.json": MANIFESTS / "grafana" / "phoenix-dashboard.json",
     "prometheus-rule.yaml": MANIFESTS / "monitoring" / "prometheus-rule.yaml",
+    "example-pipeline.yaml": MANIFESTS / "samples" / "pipeline" / "pipeline.yaml",
 }
 
 
@@ -365,6 +366,56 @@ def test_the_chart_and_its_default_image_are_the_packages_version() -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     package = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
     assert (chart["version"], chart["appVersion"]) == (package, package)
+
+
+def test_the_example_pipeline_is_the_samples_pipeline_in_the_release_namespace(helm: Helm) -> None:
+    assert not [doc for doc in helm.render() if doc["kind"] == "PhoenixPipeline"]  # off by default
+    [pipeline] = [doc for doc in helm.render("--set=examplePipeline.enabled=true") if doc["kind"] == "PhoenixPipeline"]
+    # manifests/samples/pipeline's kustomization is that one file (tests/test_manifests.py checks it lists them all).
+    sample = yaml.safe_load((MANIFESTS / "samples" / "pipeline" / "pipeline.yaml").read_text())
+    assert without_helm_metadata(pipeline) == {**sample, "metadata": {**sample["metadata"], "namespace": NAMESPACE}}
+    assert set(pipeline["metadata"]["labels"]) == HELM_LABELS
+
+
+def ui_objects(helm: Helm, *args: str) -> dict[str, dict[str, Any]]:
+    return {doc["kind"]: doc for doc in helm.render("--set=ui.enabled=true", *args) if "ui" in doc["metadata"]["name"]}
+
+
+def test_the_ui_serves_phoenix_ui_with_its_token_from_a_secret_and_reads_only_stages_and_secrets(helm: Helm) -> None:
+    assert not [doc for doc in helm.render() if doc["metadata"]["name"] == "phoenix-ui"]  # off by default
+    objects = ui_objects(helm, "--set=ui.tokenSecret=view-token")
+    assert sorted(objects) == ["ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "ServiceAccount"]
+    pod = objects["Deployment"]["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["command"] == ["phoenix", "ui"]
+    assert container["args"] == ["--host=0.0.0.0", "--port=8088", "--token-file=/var/run/secrets/phoenix-ui/token"]
+    assert container["image"] == operator_container(helm.render())["image"]
+    [volume] = pod["volumes"]
+    assert volume["secret"] == {"secretName": "view-token", "items": [{"key": "token", "path": "token"}]}
+    assert container["volumeMounts"] == [
+        {"name": "token", "mountPath": "/var/run/secrets/phoenix-ui", "readOnly": True}
+    ]
+    assert pod["serviceAccountName"] == "phoenix-ui"
+    assert objects["Service"]["spec"]["ports"] == [{"name": "http", "port": 8088, "targetPort": "http"}]
+    assert objects["Service"]["spec"]["selector"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
+    # What `phoenix ui` reads and nothing more: the stages (list, get) and the Secrets their spec.redis names (get).
+    assert objects["ClusterRole"]["rules"] == [
+        {"apiGroups": ["phoenix.io"], "resources": ["phoenixstages"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+    ]
+    binding = objects["ClusterRoleBinding"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "phoenix-ui", "namespace": NAMESPACE}]
+
+    # One namespace: a Role there, and the page shows that namespace's stages only.
+    scoped = ui_objects(helm, "--set=ui.namespace=team-a", "--set=ui.port=9000")
+    assert (scoped["Role"]["metadata"]["namespace"], scoped["RoleBinding"]["roleRef"]["kind"]) == ("team-a", "Role")
+    assert "ClusterRole" not in scoped
+    [container] = scoped["Deployment"]["spec"]["template"]["spec"]["containers"]
+    assert container["args"][1:] == [
+        "--port=9000",
+        "--token-file=/var/run/secrets/phoenix-ui/token",
+        "--namespace=team-a",
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(CHART_FILES))

@@ -674,3 +674,47 @@ def test_the_disruption_budget_and_spec_pod_converge_like_the_other_children(
         "phoenix.io/stage"
     ] == "shaped"
     assert not event_reasons(kube_api, ns, "shaped", "Warning")
+
+
+@pytest.mark.parametrize("redis_db", [9], indirect=True)
+def test_redis_counters_wrong_after_xtrim_and_xdel_show_in_status_corrected(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """Entries trimmed before delivery: XINFO's lag still counts them, BACKLOG shows what the ids say and the
+    QueueFiguresDisagree condition says both; a deletion past the last-delivered id: Redis's lag is null, BACKLOG
+    is left out (not kept at its last figure); the figures agreeing again: the condition is False."""
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, final_stage(url, ns))
+    streams = eventually(lambda: stage_status(kube_cluster, ns, "router").get("streams"), "router reconciled")
+    stream, group = streams["input"], streams["consumerGroup"]
+    ids = [connection.xadd(stream, {"record_id": f"r{i}", "data": "{}"}) for i in range(10)]
+    connection.xreadgroup(group, "test-worker", {stream: ">"}, count=3)
+    connection.xtrim(stream, maxlen=4, approximate=False)  # three pending and three undelivered gone
+
+    def disagreeing(reason: str) -> dict[str, Any] | None:
+        return condition_of_reason(kube_cluster, ns, "router", reason, "QueueFiguresDisagree")
+
+    found = eventually(lambda: disagreeing("LagWrong"), "QueueFiguresDisagree=True, LagWrong", 30)
+    assert "reports lag 7 but every one of the stream's 4 entries" in found["message"]
+    assert "3 pending entries are no longer in the stream" in found["message"]
+    queue = stage_status(kube_cluster, ns, "router")["queue"]
+    assert (queue["lag"], queue["pending"], queue["length"]) == (4, 3, 4)
+    assert "oldestPendingSeconds" not in queue  # the pending entries are gone from the stream
+
+    # One of the undelivered ones deleted, with one delivered entry left in the stream: Redis's lag turns null.
+    connection.xreadgroup(group, "test-worker", {stream: ">"}, count=1)
+    connection.xdel(stream, ids[8])
+    found = eventually(lambda: disagreeing("LagUnknown"), "QueueFiguresDisagree=True, LagUnknown", 30)
+    assert "reports lag null" in found["message"]
+    assert "lag" not in stage_status(kube_cluster, ns, "router")["queue"]
+
+    # The rest read past the deletion and everything acknowledged: Redis counts again, nothing to disagree about.
+    connection.xreadgroup(group, "test-worker", {stream: ">"}, count=10)
+    pending = connection.xpending_range(stream, group, min="-", max="+", count=10)
+    connection.xack(stream, group, *(entry["message_id"] for entry in pending))
+    eventually(lambda: disagreeing("FiguresAgree"), "QueueFiguresDisagree=False", 30)
+    assert stage_status(kube_cluster, ns, "router")["queue"]["lag"] == 0

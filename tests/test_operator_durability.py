@@ -1,12 +1,18 @@
-"""The Backpressure, RedisRisk and OutputUnread conditions: pure builders, fed by what the workers and the server
-report."""
+"""The Backpressure, RedisRisk, OutputUnread and QueueFiguresDisagree conditions: pure builders, fed by what the
+workers and the server report."""
 
 from __future__ import annotations
 
 import redis.asyncio as aioredis
 
 from phoenix.keys import StageKeys
-from phoenix.operator.status.durability import backpressure_condition, output_unread_condition, redis_risk_condition
+from phoenix.operator.stage.refresh import queue_status
+from phoenix.operator.status.durability import (
+    backpressure_condition,
+    output_unread_condition,
+    queue_figures_condition,
+    redis_risk_condition,
+)
 from phoenix.operator.status.readiness import ready_condition
 from phoenix.operator.status.writer import merged_status
 from phoenix.tools.queue_stats import collect
@@ -81,3 +87,22 @@ async def test_collect_tells_whether_a_group_reads_the_output(redis: aioredis.Re
     await redis.xgroup_create("sink:results", "reader", id="0")
     [read] = await collect(redis, [feeding])
     assert read.output_unread is False
+
+
+async def test_an_xdel_makes_the_figures_disagree_and_the_unknown_lag_leaves_the_status(redis: aioredis.Redis) -> None:
+    stage = StageKeys.for_stage("s")
+    ids = [await redis.xadd(stage.input, {"record_id": f"r{i}"}) for i in range(4)]
+    await redis.xgroup_create(stage.input, stage.consumer_group, id="0")
+    await redis.xreadgroup(stage.consumer_group, "c1", {stage.input: ">"}, count=1)
+    (agreeing,) = await collect(redis, [stage])
+    assert queue_figures_condition(agreeing.disagreements).to_k8s()["reason"] == "FiguresAgree"
+    await redis.xdel(stage.input, ids[2])
+    (stats,) = await collect(redis, [stage])
+    found = queue_figures_condition(stats.disagreements, generation=2).to_k8s()
+    assert (found["status"], found["reason"], found["observedGeneration"]) == ("True", "LagUnknown", 2)
+    assert "reports lag null" in found["message"]
+    # The lag sampled before (3) is removed by the merge patch, not left standing beside the condition.
+    assert queue_status(agreeing)["lag"] == 3 and queue_status(stats)["lag"] is None
+    # Figures that disagree are no failure of the stage: Ready does not depend on them.
+    status = merged_status({}, {}, [queue_figures_condition(stats.disagreements)], None, None)
+    assert ready_condition(status["conditions"], None).reason == "Reconciling"

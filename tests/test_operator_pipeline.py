@@ -1,8 +1,9 @@
 """A PhoenixPipeline against the real API server and a real operator process: its stages made (owned, labelled),
 READY 3/3, a spec change carried to its stage, a removed stage deleted, a hand edit put back, a stage of the same
 name it does not own refused, a cycle and an unknown edge refused, a pause in order and a resume at once, a restart
-passed on, and the pipeline's deletion taking its stages with it. (No kubelet: every stage scales 0..5, so that a
-Deployment of zero pods is ready.)"""
+passed on, and the pipeline's deletion taking its stages with it; its P50 and P99 from a real worker of its final
+stage. (No kubelet: every stage scales 0..5, so that a Deployment of zero pods is ready; the final stage's one pod is
+played by tests/fixtures/kubelet_player.py.)"""
 
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ from kubernetes import client
 
 from phoenix.crds.pipeline import PIPELINE_PLURAL
 from phoenix.kube_names import PIPELINE_LABEL, REPLAY_ANNOTATION, RESTART_ANNOTATION
+from phoenix.record_format import ENTERED_AT
 from tests.fixtures.control_plane import ControlPlane
 from tests.fixtures.eventually import eventually
+from tests.fixtures.kubelet_player import KubeletPlayer
 from tests.fixtures.operator_process import (
     ServingOperator,
     condition,
@@ -88,7 +91,7 @@ def test_a_pipeline_makes_keeps_pauses_and_deletes_its_stages(
     eventually(lambda: _pipeline_condition(kube_cluster, ns).get("reason") == "PipelineReady", "pipeline Ready", 90)
     row = kubectl_columns(kube_cluster, PIPELINE_PLURAL, ns)[PIPELINE]
     assert (row["READY"], row["BACKLOG"], row["IN-FLIGHT"], row["DLQ"]) == ("3/3", "0", "0", "0")
-    assert row["P99"] == ""  # no end-to-end latency figure yet (issue 33's figures): shown empty, not made up
+    assert row["P99"] == ""  # no record finished yet: shown empty, not made up
     assert "StageCreated" in event_reasons(kube_api, ns, PIPELINE)
     status = existing_stage(kube_cluster, ns, "router")["status"]
     lines = (get_pipeline(kube_cluster, ns, PIPELINE) or {})["status"]["stages"]
@@ -326,3 +329,44 @@ def test_a_foreground_deletion_waits_for_the_stages_and_makes_none_again(
     release = {"metadata": {"finalizers": None}}
     custom.patch_namespaced_custom_object("phoenix.io", "v1alpha1", ns, "phoenixstages", "grouper", release)
     eventually(lambda: get_pipeline(kube_cluster, ns, PIPELINE) is None, "the pipeline deleted after its stages", 30)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("redis_db", [13], indirect=True)
+def test_a_pipelines_p99_is_the_end_to_end_latency_its_final_stage_observed(
+    operator: ServingOperator,
+    kube_cluster: ControlPlane,
+    kube_api: client.ApiClient,
+    kube_namespace: str,
+    redis_db: tuple[str, sync_redis.Redis],
+) -> None:
+    """The grouper's worker (its pod's container run by the kubelet player, with a processor that commits anything)
+    commits records that entered the pipeline 100 s and 1000 s ago: its latency windows reach the grouper's status
+    and the pipeline's P50 and P99."""
+    url, connection = redis_db
+    ns = kube_namespace
+    kubectl_apply(kube_cluster, sample_pipeline(url, ns))
+    eventually(lambda: _pipeline_condition(kube_cluster, ns).get("reason") == "PipelineReady", "pipeline Ready", 90)
+    assert "latency" not in (get_pipeline(kube_cluster, ns, PIPELINE) or {})["status"]
+    grouper = existing_stage(kube_cluster, ns, "grouper")["status"]["streams"]["input"]
+    now_ms = int(time.time() * 1000)
+    ages = [100] * 3 + [1000]  # seconds: three in (60, 120], one in (600, 1200]
+    for i, age in enumerate(ages):
+        add_entry_now(connection, grouper, {"record_id": f"r-{i}", "data": "{}", ENTERED_AT: str(now_ms - age * 1000)})
+    overrides = {"PROCESSOR": "tests.processors:ScriptedProcessor", "PYTHONPATH": str(Path(__file__).parents[1])}
+    with KubeletPlayer(kube_cluster, ns, "grouper", env_overrides=overrides) as player:
+        player.start()
+        client.AppsV1Api(kube_api).patch_namespaced_deployment_scale("grouper", ns, {"spec": {"replicas": 1}})
+
+        def latency() -> dict[str, Any] | None:
+            found = ((get_pipeline(kube_cluster, ns, PIPELINE) or {}).get("status") or {}).get("latency")
+            return found if found and found["count"] == len(ages) else None
+
+        figures = eventually(latency, "the pipeline's latency from its final stage's windows", 90)
+    # Rank 2 of 4 is the second of three in (60, 120]; rank 3.96 is 96 % into (600, 1200].
+    assert figures == {"windowSeconds": 360, "count": 4, "p50Seconds": 100.0, "p99Seconds": 1176.0}
+    stage = existing_stage(kube_cluster, ns, "grouper")["status"]["latency"]
+    assert stage["buckets"] == [{"le": "120.0", "count": 3}, {"le": "1200.0", "count": 1}]
+    assert "latency" not in existing_stage(kube_cluster, ns, "router")["status"]  # it forwards: no end there
+    row = kubectl_columns(kube_cluster, PIPELINE_PLURAL, ns)[PIPELINE]
+    assert float(row["P99"]) == 1176.0

@@ -1,4 +1,5 @@
-"""phoenix_pipeline_latency_seconds: observed at the final stage's commit, once per record, from entered_at."""
+"""phoenix_pipeline_latency_seconds: observed at the final stage's commit, once per record, from entered_at; its
+bucket counts written into the stage's latency windows in Redis, where the operator's queue figures read them."""
 
 from __future__ import annotations
 
@@ -8,8 +9,11 @@ import aiohttp
 import redis.asyncio as aioredis
 from prometheus_client.parser import text_string_to_metric_families
 
-from phoenix.keys import StageKeys
+from phoenix.keys import LATENCY_WINDOW_SECONDS, StageKeys
 from phoenix.producer import Producer, Record
+from phoenix.tools.latency import Buckets, quantile
+from phoenix.tools.queue_stats import collect
+from phoenix.worker_runtime.latency import KEEP_SECONDS
 from tests.fixtures.eventually import wait_until
 from tests.fixtures.processes import free_loopback_port
 from tests.fixtures.records import committed
@@ -78,3 +82,32 @@ async def test_the_final_stage_observes_each_record_once_from_its_entry_into_the
     assert cumulative == {"60.0": 0, "120.0": 1, "1200.0": 2, "7200.0": 3, "+Inf": 3}
     # Stage a forwards its results: no end of a path there, nothing observed.
     assert not [name for name, _ in upstream if name.startswith(LATENCY)]
+
+
+async def test_the_final_stage_writes_its_latencies_into_windows_that_the_queue_figures_read(
+    redis: aioredis.Redis, workers: WorkerPool
+) -> None:
+    workers.start("a", OUTPUT_QUEUE=B.input, PIPELINE="docs")
+    workers.start("b", PIPELINE="docs")
+    sent = time.time()
+    ages = [100.0, 1000.0, 1000.0, 4000.0]  # seconds in the pipeline before this test sent them
+    await Producer(redis, "a").send_many([Record(f"r{i}", {}, entered_at=sent - age) for i, age in enumerate(ages)])
+
+    # Within the flush interval (5 s), into the window of the moment: the buckets' counts, not one write a record.
+    async def figures() -> Buckets | None:
+        [stats] = await collect(redis, [B])
+        return stats.latency if sum(stats.latency.values()) == len(ages) else None
+
+    latency = await wait_until(figures, "the final stage's latencies in its windows", 30)
+    assert latency == {"120.0": 1, "1200.0": 2, "7200.0": 1}
+    windows = [key async for key in redis.scan_iter(match="phoenix:{default}:*:latency:*")]
+    assert windows and all(key.startswith("phoenix:{default}:b:latency:") for key in windows)  # b's only: a forwards
+    for key in windows:
+        start = int(key.rsplit(":", 1)[1])
+        assert start % LATENCY_WINDOW_SECONDS == 0 and sent - LATENCY_WINDOW_SECONDS < start <= time.time()
+        assert 0 < await redis.ttl(key) <= KEEP_SECONDS
+    # The median is in (600, 1200], the 99th percentile in (3600, 7200]: interpolated within the bucket.
+    assert 600 < (quantile(latency, 0.5) or 0) <= 1200
+    assert 3600 < (quantile(latency, 0.99) or 0) <= 7200
+    [upstream] = await collect(redis, [A])
+    assert upstream.latency == {}

@@ -31,6 +31,7 @@ from phoenix.producer import Producer, Record
 from phoenix.rate_limits import RateLimit
 from phoenix.record_format import DONE, LOCKED
 from phoenix.tools import dlq, repair
+from phoenix.tools.queue_stats import collect
 from phoenix.worker_runtime import ownership
 from phoenix.worker_runtime.billing import ApiKeyProvider
 from phoenix.worker_runtime.ownership import Claimed
@@ -56,6 +57,7 @@ KEY_POSITIONS: dict[str, tuple[int, ...] | str] = {
             "GET",
             "HDEL",
             "HGET",
+            "HINCRBY",
             "HKEYS",
             "HMGET",
             "HSET",
@@ -372,6 +374,8 @@ WORKER_SCRIPTS = {
 }
 # Run by a partitioned worker whose forwards are relayed (test_a_partitioned_worker_relays_...).
 RELAY_SCRIPTS = {"worker_runtime/relay_done.lua", "worker_runtime/relay_write.lua"}
+# Run by the worker of a final stage (test_a_final_stage_flushes_its_latencies_...).
+FINAL_SCRIPTS = {"worker_runtime/latency_flush.lua"}
 DIRECT_SCRIPTS = {
     "worker_runtime/claim_keys.lua",
     "worker_runtime/claim_name.lua",
@@ -382,13 +386,16 @@ DIRECT_SCRIPTS = {
     "tools/repair_unlock.lua",
     "tools/repair_reclaim.lua",
     "tools/repair_reprocess.lua",
+    "tools/queue_check.lua",
     "worker_runtime/billing_delete_if.lua",
     "producer_once.lua",
 }
 
 
 def test_the_live_checks_drive_every_script() -> None:
-    assert {str(path.relative_to(PACKAGE)) for path in SCRIPTS} == WORKER_SCRIPTS | RELAY_SCRIPTS | DIRECT_SCRIPTS
+    assert {
+        str(path.relative_to(PACKAGE)) for path in SCRIPTS
+    } == WORKER_SCRIPTS | RELAY_SCRIPTS | FINAL_SCRIPTS | DIRECT_SCRIPTS
 
 
 STAGE = StageKeys.for_stage("scripts", NAMESPACE)
@@ -491,6 +498,27 @@ async def test_a_partitioned_worker_relays_and_calls_its_scripts_per_lane_each_i
     assert {call.keys[0] for call in done} <= {lane.outbox.encode() for lane in stage.lanes}
 
 
+@pytest.mark.timeout(90)
+async def test_a_final_stage_flushes_its_latencies_under_the_stages_own_tag(
+    cluster: aioredis.Redis, cluster_url: str
+) -> None:
+    """PARTITIONS=2, no output: the latency windows are the stage's as a whole, in the namespace's slot, written
+    in one call per flush whatever the lane a record came from."""
+    stage = StageKeys.for_stage("scripts", NAMESPACE, partitions=2)
+    records = [f"r{i}" for i in range(10)]
+    monitor_client = aioredis.Redis.from_url(cluster_url, decode_responses=False)
+    async with ScriptMonitor(monitor_client) as monitor:
+        for record in records:
+            fields = {"record_id": record, "user_id": "u1", "data": "{}"}
+            await add_entry(cluster, stage.lane_of(record).input, fields)
+        async with running_worker(cluster_url, "scripts", OutcomeProcessor, key_namespace=NAMESPACE, partitions=2) as w:
+            await wait_until(lambda: drained(w), "every lane drained", 60)
+    await monitor_client.aclose()
+    check_calls(monitor, FINAL_SCRIPTS, key_slot(STAGE.input.encode()))
+    [window] = [key async for key in cluster.scan_iter(match=f"{stage.pattern.removesuffix('*')}latency:*")]
+    assert sum(int(count) for count in (await cluster.hgetall(window)).values()) == len(records)
+
+
 async def _count(client: aioredis.Redis, stream: str, count: int) -> bool:
     return await client.xlen(stream) >= count
 
@@ -550,6 +578,9 @@ async def test_repairs_replays_billing_and_the_operator_call_their_scripts_with_
             await cluster.xadd(STAGE.dlq, {"record_id": record, "user_id": "u1", "data": "{}", "error": "gone"})
         assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, 1) == 1
         assert await dlq.replay(cluster, STAGE.dlq, STAGE.input, None, ledger=STAGE.replay_ledger("r1")) == 1
+        # The operator's queue figures, checked against the ids of a stream with a backlog.
+        [stats] = await collect(cluster, [STAGE])
+        assert stats.lag and stats.disagreements == ()
         # Billing: a fetch under the single-fetch guard, which is released with the compare-and-delete script.
         provider = ApiKeyProvider(
             cluster,

@@ -37,13 +37,20 @@ def aggregated_into(role: dict[str, Any]) -> set[str]:
     }
 
 
-def documented_roles() -> dict[str, tuple[set[str], set[str]]]:
-    """Role name -> (verbs its row grants on phoenixstages, roles its row says it is aggregated into, before any
-    parenthesis: what those include in turn is Kubernetes's own aggregation)."""
+# The columns of "Who may create stages" after the role's name, in order: the resources whose grants each states.
+RESOURCES = ("phoenixstages", "phoenixpipelines")
+
+
+def documented_roles() -> dict[str, tuple[dict[str, set[str]], set[str]]]:
+    """Role name -> (the verbs its row grants on each of RESOURCES, roles its row says it is aggregated into), each
+    read before any parenthesis: what those include in turn is Kubernetes's own aggregation."""
     verbs = {"create", "update", "patch", "delete", "deletecollection", "get", "list", "watch"}
     roles = {}
-    for name, grants, into in table(OPERATOR_PAGE, "### Who may create stages"):
-        granted = set(re.findall(r"[a-z]+", grants.split("(")[0])) & verbs
+    for name, *grants, into in table(OPERATOR_PAGE, "### Who may create stages"):
+        granted = {
+            resource: set(re.findall(r"[a-z]+", cell.split("(")[0])) & verbs
+            for resource, cell in zip(RESOURCES, grants, strict=True)
+        }
         roles[name.strip("`")] = (granted, set(re.findall(r"`(\w+)`", into.split("(")[0])))
     return roles
 
@@ -52,12 +59,14 @@ def test_the_roles_for_people_grant_what_the_security_model_says() -> None:
     shipped = {role["metadata"]["name"]: role for role in documents(MANIFESTS / "rbac" / "stage-roles.yaml")}
     documented = documented_roles()
     assert set(documented) == set(shipped)
-    for name, (verbs, into) in documented.items():
-        assert stage_rules(shipped[name]).get("phoenixstages") == verbs, name
+    for name, (granted, into) in documented.items():
+        for resource, verbs in granted.items():
+            assert stage_rules(shipped[name]).get(resource) == verbs, (name, resource)
         assert aggregated_into(shipped[name]) == into, name
     # "not `status`: the operator's alone": the editing role writes no status; the viewing role reads it.
-    assert "phoenixstages/status" not in stage_rules(shipped["phoenix-stage-edit"])
-    assert stage_rules(shipped["phoenix-stage-view"])["phoenixstages/status"] == {"get", "list", "watch"}
+    for resource in RESOURCES:
+        assert f"{resource}/status" not in stage_rules(shipped["phoenix-stage-edit"]), resource
+        assert stage_rules(shipped["phoenix-stage-view"])[f"{resource}/status"] == {"get", "list", "watch"}, resource
 
 
 def test_the_operator_gets_secrets_by_name_only_as_the_security_model_says() -> None:

@@ -33,10 +33,13 @@ from phoenix.crds.spec import (
 from phoenix.crds.status import (
     Condition,
     ConditionType,
+    LatencyBucket,
+    LatencyStatus,
     PhoenixStageStatus,
     QueueStatus,
     ReplayStatus,
     ReplicaStatus,
+    StageLatencyStatus,
     StreamsStatus,
 )
 
@@ -55,6 +58,8 @@ __all__ = [
     "ConditionType",
     "DeletionPolicy",
     "EnvVar",
+    "LatencyBucket",
+    "LatencyStatus",
     "NamedOutput",
     "Output",
     "PhoenixStage",
@@ -71,6 +76,7 @@ __all__ = [
     "Retry",
     "SecretKeyRef",
     "SecretRef",
+    "StageLatencyStatus",
     "StageMetadata",
     "StageRedisSpec",
     "StreamsStatus",

@@ -54,8 +54,8 @@ _PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-# The pipeline's figures are sums over its stages' status (operator/pipeline/summary.py). P99: the end-to-end latency
-# of issue 33's figures, empty until a status field carries it.
+# The pipeline's figures are sums over its stages' status (operator/pipeline/summary.py); P50 and P99 the end-to-end
+# latency over its final stages' buckets.
 _PIPELINE_PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": ".status.ready", "description": "Stages ready/total"},
     {"name": "Backlog", "type": "integer", "jsonPath": ".status.backlog", "description": "Undelivered entries"},
@@ -68,6 +68,13 @@ _PIPELINE_PRINTER_COLUMNS: list[dict[str, Any]] = [
         "description": "Seconds the oldest unfinished entry of any stage has waited",
     },
     {"name": "P99", "type": "number", "jsonPath": ".status.latency.p99Seconds", "description": "End to end"},
+    {
+        "name": "P50",
+        "type": "number",
+        "jsonPath": ".status.latency.p50Seconds",
+        "description": "End to end",
+        "priority": 1,
+    },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Status", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].reason', "priority": 1},
 ]

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from phoenix.crds.common import CamelModel, cel
 from phoenix.crds.resource import API_VERSION, GROUP, StageMetadata
 from phoenix.crds.spec import DeletionPolicy, PhoenixStageSpec, StageName
-from phoenix.crds.status import Condition, StatusModel
+from phoenix.crds.status import Condition, LatencyStatus, StatusModel
 from phoenix.keys import DEFAULT_NAMESPACE
 
 PIPELINE_KIND = "PhoenixPipeline"
@@ -165,6 +165,11 @@ class PhoenixPipelineStatus(StatusModel):
         default=None,
         ge=0,
         description="The oldest unfinished entry anywhere in the pipeline: the largest of the stages' own.",
+    )
+    latency: LatencyStatus | None = Field(
+        default=None,
+        description="End-to-end latency over the last minutes: the buckets of every final stage's status.latency "
+        "merged, then P50 and P99 (the P99 column); absent while no record was finished in them.",
     )
     stages: list[PipelineStageStatus] = Field(
         default_factory=list, max_length=MAX_STAGES, description="Each stage, in the spec's order."

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import ConfigDict, Field
 
 from phoenix.crds.common import CamelModel
-from phoenix.keys import StageKeys
+from phoenix.keys import LATENCY_WINDOW_SECONDS, LATENCY_WINDOWS, StageKeys
 
 
 class ConditionType(StrEnum):
@@ -20,6 +20,7 @@ class ConditionType(StrEnum):
     BACKPRESSURE = "Backpressure"
     REDIS_RISK = "RedisRisk"
     OUTPUT_UNREAD = "OutputUnread"
+    QUEUE_FIGURES_DISAGREE = "QueueFiguresDisagree"
     # A PhoenixPipeline's (crds/pipeline.py), beside its Ready.
     STAGES_READY = "StagesReady"
     PAUSED = "Paused"
@@ -37,7 +38,8 @@ class Condition(StatusModel):
     type: str = Field(
         max_length=316,
         pattern=r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$",
-        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure, RedisRisk or OutputUnread.",
+        description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure, RedisRisk, OutputUnread or "
+        "QueueFiguresDisagree.",
     )
     status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
     reason: str = Field(
@@ -84,6 +86,43 @@ class QueueStatus(StatusModel):
         description="Records the stage's rate limits, or a provider's 429, hold back in the retry set now (no "
         "failure: they come back when their limit has room; the RATE-LIMITED column). The total, ever, is the "
         'workers\' metric phoenix_messages_total{outcome="throttled"}.',
+    )
+
+
+class LatencyStatus(StatusModel):
+    """End-to-end latency (entered_at to the commit at a final stage) of the records finished in the last minutes,
+    from the buckets of phoenix_pipeline_latency_seconds (tools/latency.py)."""
+
+    window_seconds: int = Field(
+        default=LATENCY_WINDOW_SECONDS * LATENCY_WINDOWS,
+        ge=0,
+        description=f"The figures cover the minute being counted and the {LATENCY_WINDOWS - 1} before it: the last "
+        f"{LATENCY_WINDOW_SECONDS * (LATENCY_WINDOWS - 1)} to {LATENCY_WINDOW_SECONDS * LATENCY_WINDOWS} seconds.",
+    )
+    count: int = Field(ge=0, description="Records finished in the window.")
+    p50_seconds: float | None = Field(
+        default=None, ge=0, description="Median, interpolated within its bucket (0.1 s to 24 h buckets)."
+    )
+    p99_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="99th percentile, interpolated within its bucket: off by at most that bucket's width; 86400 "
+        "means at least a day.",
+    )
+
+
+class LatencyBucket(StatusModel):
+    """The records of one bucket of phoenix_pipeline_latency_seconds (not cumulative)."""
+
+    le: str = Field(max_length=32, description="The bucket's upper bound in seconds, as Prometheus writes it.")
+    count: int = Field(ge=0, description="Records whose latency fell in this bucket and not in a smaller one.")
+
+
+class StageLatencyStatus(LatencyStatus):
+    """A final stage's own end-to-end latency, with its buckets for a pipeline to merge."""
+
+    buckets: list[LatencyBucket] = Field(
+        default_factory=list, max_length=32, description="The non-empty buckets, smallest first."
     )
 
 
@@ -150,12 +189,18 @@ class PhoenixStageStatus(StatusModel):
         max_length=16,
         description="Ready, StreamReady, DeploymentReady, AutoscalingReady, Backpressure (True while the stage has "
         "stopped reading because its output is over OUTPUT_HIGH_WATER), RedisRisk (True when Redis may lose "
-        "acknowledged data) and OutputUnread (True while no consumer group reads the output stream: it is then "
-        "trimmed only to output.retention, if set).",
+        "acknowledged data), OutputUnread (True while no consumer group reads the output stream: it is then "
+        "trimmed only to output.retention, if set) and QueueFiguresDisagree (True while Redis's lag or oldest "
+        "pending entry disagrees with the stream's ids, as after XDEL or XTRIM; the message says how).",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
     streams: StreamsStatus | None = Field(default=None, description="Resolved Redis names.")
     queue: QueueStatus | None = Field(default=None, description="Backlog of the input stream.")
+    latency: StageLatencyStatus | None = Field(
+        default=None,
+        description="A final stage's end-to-end latency over the last minutes; absent when it finished no record "
+        "in them.",
+    )
     replicas: ReplicaStatus | None = Field(default=None, description="Worker pods.")
     last_restart: datetime | None = Field(default=None, description="When the workers were last restarted.")
     last_replay: ReplayStatus | None = Field(default=None, description="The last DLQ replay.")

@@ -11,24 +11,23 @@ from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
+from phoenix.keys import LATENCY_BUCKETS
+
 # Queue waits span milliseconds (hot stream) to hours (backlog after an outage).
 _WAIT_BUCKETS = (0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 3600, 14400)
 _DURATION_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 600)
-# A record's whole path: a fraction of a second through idle stages to hours for document pipelines (a model call
-# per stage, a backlog after an outage), up to a day.
-_PIPELINE_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600, 7200, 14400, 28800, 86400)
 
 
-class _StageHistogramChild:
-    __slots__ = ("_bounds", "counts", "sum")
+class StageHistogramChild:
+    __slots__ = ("bounds", "counts", "sum")
 
     def __init__(self, bounds: Sequence[float]) -> None:
-        self._bounds = bounds
+        self.bounds = bounds  # each bucket's upper bound, the last one +Inf
         self.counts = [0] * len(bounds)  # per bucket, not cumulative
         self.sum = 0.0
 
     def observe(self, value: float) -> None:
-        self.counts[bisect_left(self._bounds, value)] += 1  # the first bucket with value <= le
+        self.counts[bisect_left(self.bounds, value)] += 1  # the first bucket with value <= le
         self.sum += value
 
 
@@ -45,14 +44,14 @@ class StageHistogram(Collector):
         self._name, self._documentation = name, documentation
         self.labelnames = ("stage", *labelnames)
         self._bounds = (*buckets, math.inf)
-        self._children: dict[tuple[str, ...], _StageHistogramChild] = {}
+        self._children: dict[tuple[str, ...], StageHistogramChild] = {}
         REGISTRY.register(self)
 
-    def labels(self, stage: str, *values: str) -> _StageHistogramChild:
+    def labels(self, stage: str, *values: str) -> StageHistogramChild:
         key = (stage, *values)
         if len(key) != len(self.labelnames):
             raise ValueError(f"{self._name} is labelled by {', '.join(self.labelnames)}")
-        return self._children.setdefault(key, _StageHistogramChild(self._bounds))
+        return self._children.setdefault(key, StageHistogramChild(self._bounds))
 
     def collect(self) -> Iterator[HistogramMetricFamily]:
         family = HistogramMetricFamily(self._name, self._documentation, labels=self.labelnames)
@@ -81,7 +80,7 @@ QUEUE_WAIT_SECONDS = StageHistogram(
 PIPELINE_LATENCY_SECONDS = StageHistogram(
     "phoenix_pipeline_latency_seconds",
     "From the record's entry into the pipeline (entered_at) to its commit at a final stage, once per record.",
-    _PIPELINE_BUCKETS,
+    LATENCY_BUCKETS,  # the operator reads them back from Redis (worker_runtime/latency.py)
     ["pipeline"],
 )
 IN_FLIGHT = Gauge("phoenix_in_flight_messages", "Messages read and not yet settled.", ["stage"])

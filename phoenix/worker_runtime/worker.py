@@ -29,6 +29,8 @@ from phoenix.worker_runtime.billing import ApiKeyProvider, api_key_scope
 from phoenix.worker_runtime.blocking import BLOCKING_THREADS
 from phoenix.worker_runtime.circuit_breaker import CircuitBreaker, CircuitState
 from phoenix.worker_runtime.intake import InFlight, Intake, Lane, Slots
+from phoenix.worker_runtime.latency import FLUSH_SECONDS as LATENCY_FLUSH_SECONDS
+from phoenix.worker_runtime.latency import LatencyWindows
 from phoenix.worker_runtime.locks import RecordLocks
 from phoenix.worker_runtime.log import CURRENT_MESSAGE, log_info_lines
 from phoenix.worker_runtime.messages import Message
@@ -167,6 +169,8 @@ class Worker:
         self._m_wait = metrics.QUEUE_WAIT_SECONDS.labels(stage)
         # Only where a record's path ends: one observe per committed record, nothing on the other stages.
         self._m_latency = metrics.PIPELINE_LATENCY_SECONDS.labels(stage, settings.pipeline) if settings.final else None
+        # ... and its counts carried to the operator through Redis (latency.py).
+        self.latency = None if self._m_latency is None else LatencyWindows(client, settings.keys, self._m_latency)
         metrics.IN_FLIGHT.labels(stage).set_function(self._in_flight_count)
         self._m_circuit = metrics.CIRCUIT_STATE.labels(stage)
         metrics.LEAKED_THREADS.labels(stage).set_function(lambda: BLOCKING_THREADS.leaked)
@@ -324,6 +328,10 @@ class Worker:
         relay = [asyncio.create_task(self.relay.run(), name="relay")] if self.relay.enabled else []
         if self.limiter is not None:
             background.append(asyncio.create_task(self._every(FLUSH_SECONDS, self.limiter.flush), name="limiter"))
+        if self.latency is not None:
+            background.append(
+                asyncio.create_task(self._every(LATENCY_FLUSH_SECONDS, self.latency.flush), name="latency")
+            )
         if self.backpressure.enabled:
             background.append(
                 asyncio.create_task(
@@ -349,6 +357,11 @@ class Worker:
             await self.relay.finish(_RELAY_FINISH_SECONDS)
         self._note_ended(background)  # one may have ended while the work drained
         await _cancel(background)
+        if self.latency is not None:  # the last commits' latencies, not left to a window nobody writes again
+            try:
+                await self.latency.flush()
+            except RedisError as exc:
+                log.warning("latency_flush_failed", error=error_line(exc))
         log.info("worker_stopped")
         if self._task_ended:
             raise TaskEnded(self._task_ended)

@@ -11,6 +11,7 @@ from phoenix.crds import Condition, ConditionType
 from phoenix.crds.pipeline import PipelineStageStatus
 from phoenix.operator.pipeline.lifecycle import drained, stopped
 from phoenix.operator.status.conditions import find_condition, new_condition, set_condition
+from phoenix.operator.status.latency import pipeline_latency
 
 MISSING, NOT_OWNED, PAUSED, READY, NOT_READY = "Missing", "NotOwned", "Paused", "Ready", "NotReady"
 # Stages named in a condition's message, at most.
@@ -134,6 +135,7 @@ def pipeline_status(
         "inFlight": _total(line.in_flight for line in lines),
         "dlq": _total(line.dlq for line in lines),
         "oldestUnfinishedSeconds": max(oldest) if oldest else None,
+        "latency": pipeline_latency((view.stage or {}).get("status") or {} for view in views),
         "stages": [line.to_k8s() for line in lines],
     }
     status = {**current, **figures}

@@ -61,9 +61,9 @@ async def destroy(client: Redis, given: StageKeys, uid: str, cluster: str = "") 
     it has its type: of each lane, the streams and group its marker says it created (a stream only while no other
     consumer group reads it and no other stage of its namespace uses its claimed name), its retry set, record keys,
     replay ledgers, backpressure figure, DLQ trim counter and outbox, and last its marker; of the stage as a whole
-    its audit stream and layout (a stage of several partitions: with its stage-wide marker, last; a retry after a
-    failure finds it still there). A stage whose marker (or any lane's) names another stage, uid or cluster, or
-    that has none, deletes nothing. The names it claimed are given up apart (ownership.release_names)."""
+    its audit stream, layout and latency windows (a stage of several partitions: with its stage-wide marker, last; a
+    retry after a failure finds it still there). A stage whose marker (or any lane's) names another stage, uid or
+    cluster, or that has none, deletes nothing. The names it claimed are given up apart (ownership.release_names)."""
     [keys] = await laid_out(client, [given])
     whole = await _marker(client, keys.owner)
     if not _holds(whole, keys, uid, cluster):
@@ -76,6 +76,7 @@ async def destroy(client: Redis, given: StageKeys, uid: str, cluster: str = "") 
     delete = client.register_script(_DELETE_OWNED)
     count, group_destroyed, created_streams = 0, None, []
     stage_wide = [(keys.audit, "stream"), (keys.layout, "hash"), (keys.held, "zset")]
+    stage_wide_scanned = [(keys.latency_windows_pattern, "hash")]
     for lane, marker in lanes:
         if not marker:
             continue  # a lane never claimed (a claim refused half-way) has nothing of this stage's
@@ -93,7 +94,11 @@ async def destroy(client: Redis, given: StageKeys, uid: str, cluster: str = "") 
             (lane.outbox, "stream"),
             *(stage_wide if lane.owner == keys.owner else []),
         ]
-        scanned = [(lane.record_prefix + "*", "string"), (lane.replay_ledgers_pattern, "hash")]
+        scanned = [
+            (lane.record_prefix + "*", "string"),
+            (lane.replay_ledgers_pattern, "hash"),
+            *(stage_wide_scanned if lane.owner == keys.owner else []),
+        ]
         done = await _delete_owned(client, delete, lane.owner, uid, scanned, final, destroyed_group or "")
         if done < 0:
             return NotHeld(marker["stage"])  # adopted by another PhoenixStage meanwhile
@@ -101,7 +106,7 @@ async def destroy(client: Redis, given: StageKeys, uid: str, cluster: str = "") 
         group_destroyed = group_destroyed or destroyed_group
         created_streams += mine
     if keys.owner not in {lane.owner for lane in keys.lanes}:
-        done = await _delete_owned(client, delete, keys.owner, uid, [], stage_wide, "")
+        done = await _delete_owned(client, delete, keys.owner, uid, stage_wide_scanned, stage_wide, "")
         if done < 0:
             return NotHeld(whole["stage"])
         count += done

@@ -2,8 +2,8 @@
 same figures feed the per-stage gauges of the operator's /metrics.
 
 One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it; a
-second one when some stage has a backlog, for the age of its first undelivered entry), one Deployment list call,
-and a status patch only for stages whose figures changed.
+second one when some stage has a backlog or pending entries, checking the figures against the stream's ids), one
+Deployment list call, and a status patch only for stages whose figures changed.
 """
 
 from __future__ import annotations
@@ -31,8 +31,10 @@ from phoenix.operator.status.durability import (
     OUTPUT_NEVER_TRIMMED,
     backpressure_condition,
     output_unread_condition,
+    queue_figures_condition,
     redis_risk_condition,
 )
+from phoenix.operator.status.latency import stage_latency
 from phoenix.operator.status.readiness import deployment_condition, replica_status
 from phoenix.redis_spec import RedisSpec
 from phoenix.tools.queue_stats import QueueStats, collect
@@ -71,9 +73,10 @@ def group_by_redis(records: Iterable[StageRecord]) -> dict[RedisSpec, list[Stage
     return dict(groups)
 
 
-def queue_status(stats: QueueStats) -> dict[str, int]:
-    """status.queue: whole numbers, unknown figures left out."""
-    return {key: round(value) for key, value in stats.as_status().items() if value is not None}
+def queue_status(stats: QueueStats) -> dict[str, int | None]:
+    """status.queue: whole numbers; an unknown figure None, which the merge patch removes (left out, the figure
+    sampled before it would stay: a lag Redis stops counting after an XDEL)."""
+    return {key: None if value is None else round(value) for key, value in stats.as_status().items()}
 
 
 async def _sample(pool: RedisPool, redis: RedisSpec, records: list[StageRecord]) -> dict[StageKey, QueueStats] | None:
@@ -171,7 +174,9 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
         if record.key in queues:
             stats = queues[record.key]
             changes["queue"] = queue_status(stats)
+            changes["latency"] = stage_latency(stats.latency)  # None: no record finished lately, the field goes
             conditions.append(backpressure_condition(stats.backpressure, record.generation))
+            conditions.append(queue_figures_condition(stats.disagreements, record.generation))
             conditions.append(await _output_unread(ctx, record, stats))
         if record.redis is not None and (risk := risk_by_redis.get(record.redis)) is not None:
             conditions.append(redis_risk_condition(risk, record.generation))

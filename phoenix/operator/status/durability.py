@@ -1,7 +1,9 @@
-"""Pure status logic for what can hold records back or lose them: the Backpressure, RedisRisk and OutputUnread
-conditions."""
+"""Pure status logic for what can hold records back or lose them: the Backpressure, RedisRisk, OutputUnread and
+QueueFiguresDisagree conditions."""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from phoenix.crds import Condition, ConditionType
 from phoenix.operator.status.conditions import new_condition
@@ -70,3 +72,16 @@ def redis_risk_condition(risk: RedisRisk, generation: int | None = None) -> Cond
             ConditionType.REDIS_RISK, True, "DataLossPossible", risk.describe(), observed_generation=generation
         )
     return new_condition(ConditionType.REDIS_RISK, False, "Durable", risk.describe(), observed_generation=generation)
+
+
+def queue_figures_condition(disagreements: Sequence[tuple[str, str]], generation: int | None = None) -> Condition:
+    """True while Redis's counters (XINFO's lag, XPENDING's oldest entry) disagree with the stream's ids, as after
+    XDEL or XTRIM (tools/queue_stats.py): the reason is the first disagreement's, the message says each."""
+    if not disagreements:
+        message = "XINFO's lag and XPENDING's oldest entry agree with the stream's entry ids"
+        return new_condition(
+            ConditionType.QUEUE_FIGURES_DISAGREE, False, "FiguresAgree", message, observed_generation=generation
+        )
+    message = "; ".join(message for _, message in disagreements)
+    reason = disagreements[0][0]
+    return new_condition(ConditionType.QUEUE_FIGURES_DISAGREE, True, reason, message, observed_generation=generation)
