@@ -327,12 +327,18 @@ class StageKeys:
         cannot be in the commit's script): written by the commit, relayed to their streams idempotently."""
         return f"{self._stage}:outbox"
 
+    @property
+    def ingest_prefix(self) -> str:
+        """+ record id: the ingest marker of a record added to the lane's own input (deletionPolicy Delete finds
+        them by it; a marker of another input stream, in that stream's slot, is left to expire with its window)."""
+        return f"{self._stage}:ingested:"
+
     def ingest_marker(self, stream: str, record_id: str) -> str:
         """Set, for the producer's dedup window, once `record_id` was added to `stream`, this lane's input
         (producer_once.lua): a retried send adds nothing. Under the lane's own tag when the stream is (its default
         input), else under the stream's hashed part, in its slot; it expires with the window."""
         if hashed_part(stream) == hashed_part(self._stage):
-            return f"{self._stage}:ingested:{record_id}"
+            return self.ingest_prefix + record_id
         return f"{PREFIX}:{{{hashed_part(stream)}}}:_ingested:{self.namespace}/{self.name}:{record_id}"
 
     def relay_marker(self, target: str, entry_id: str) -> str:

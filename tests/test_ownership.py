@@ -117,6 +117,8 @@ async def _fill(redis: aioredis.Redis, keys: StageKeys) -> None:
     await redis.set(keys.dlq_trimmed, 3)
     await redis.hset(keys.replay_ledger("req"), "moved", 1)
     await redis.hset(keys.latency_window(time.time()), "1.0", 2)  # a final stage's, of the stage as a whole
+    await redis.set(keys.ingest_marker(keys.input, "r1"), "1-0")  # phoenix ingest's, for its dedup window
+    await redis.zadd(keys.held, {"r3": 1})  # held back by a rate limit
 
 
 async def test_delete_removes_what_its_own_stage_created_and_nothing_else(
@@ -128,11 +130,11 @@ async def test_delete_removes_what_its_own_stage_created_and_nothing_else(
         await claim(redis, keys, uid, adopt=True)
         await _fill(redis, keys)
     assert await destroy(redis, B, UID_A) == NotHeld("team-b/shared (uid uid-b)")  # not its uid: nothing
-    # The ten and its group (a stage of one partition has no layout).
-    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 11)
+    # The twelve and its group (a stage of one partition has no layout).
+    assert await destroy(redis, B, UID_B) == Destroyed("shared-group", [B.input, B.dlq], 13)
     assert [key async for key in redis.scan_iter(match="phoenix:{team-b}:*")] == []
-    # team-a's keys, all ten and its marker, untouched.
-    assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 11
+    # team-a's keys, all twelve and its marker, untouched.
+    assert len([key async for key in redis.scan_iter(match="phoenix:{team-a}:*")]) == 13
     assert await destroy(redis, B, UID_B) == NotHeld("")  # gone, marker too: nothing more to do
 
 
@@ -255,9 +257,9 @@ async def test_delete_removes_every_lane_and_the_stage_wide_keys(redis: aioredis
     destroyed = await destroy(redis, P4, UID_A)
     assert isinstance(destroyed, Destroyed)
     assert destroyed.streams == [s for lane in P4.lanes for s in (lane.input, lane.dlq)]
-    # Per lane: group, input, DLQ, retry, 2 records, replay ledger, backpressure, trim counter, outbox; audit, layout,
-    # latency window.
-    assert destroyed.keys == 4 * 10 + 3
+    # Per lane: group, input, DLQ, retry, 2 records, ingest marker, replay ledger, backpressure, trim counter, outbox;
+    # audit, layout, latency window, held set.
+    assert destroyed.keys == 4 * 11 + 4
     assert [key async for key in redis.scan_iter(match="phoenix:{team-a*")] == []
     assert sorted([key async for key in redis.scan_iter(match="phoenix:{team-b}:*")]) == before_b
 

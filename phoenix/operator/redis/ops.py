@@ -96,6 +96,7 @@ async def destroy(client: Redis, given: StageKeys, uid: str, cluster: str = "") 
         ]
         scanned = [
             (lane.record_prefix + "*", "string"),
+            (lane.ingest_prefix + "*", "string"),
             (lane.replay_ledgers_pattern, "hash"),
             *(stage_wide_scanned if lane.owner == keys.owner else []),
         ]
