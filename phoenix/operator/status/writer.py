@@ -29,8 +29,17 @@ def merged_status(
 
 
 def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """A merge patch turning `current` into `new` at the top level (lists and objects are replaced whole)."""
-    patch = {key: value for key, value in new.items() if current.get(key) != value}
+    """A merge patch (RFC 7386) turning `current` into `new`: objects hold only their fields that changed, lists are
+    replaced whole (a refresh where only the backlog moved sends that one figure)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = current.get(key)
+        if before == value:
+            continue
+        if isinstance(before, Mapping) and isinstance(value, Mapping):
+            patch[key] = status_patch(before, value)
+        else:
+            patch[key] = value
     patch.update({key: None for key in current if key not in new})
     return patch
 
@@ -40,6 +49,14 @@ class StatusWriter:
 
     def __init__(self, kube: KubeApi) -> None:
         self._kube = kube
+
+    @staticmethod
+    def pending(
+        record: StageRecord, changes: Mapping[str, Any] | None = None, conditions: Iterable[Condition] = ()
+    ) -> dict[str, Any]:
+        """The patch update() would write now with these `changes` and `conditions` (empty: nothing changed)."""
+        new = merged_status(record.status, changes or {}, conditions, record.error, record.generation)
+        return status_patch(record.status, new)
 
     async def update(
         self, record: StageRecord, changes: Mapping[str, Any] | None = None, conditions: Iterable[Condition] = ()
