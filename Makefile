@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test test-fast fuzz eval ocr tls-redis browser shellcheck e2e bench bench-peers bench-operator manifests kube helm promtool go-tools \
+.PHONY: help demo test test-fast fuzz eval ocr tls-redis browser shellcheck e2e bench bench-peers bench-latency bench-operator manifests kube helm promtool go-tools \
 	node keda kube-router e2e-tools lint format lock clean
 .DEFAULT_GOAL := help
 
@@ -119,6 +119,9 @@ $(PEERS_STAMP): bench/peers/peers-requirements.txt
 
 bench-peers: $(STAMP) $(PEERS_STAMP)  ## The benchmark with taskiq-redis, dramatiq and arq beside Phoenix
 	$(BIN)/python -m bench.worker_throughput --peers-python $(PEERS_VENV)/bin/python
+
+bench-latency: $(STAMP)  ## End-to-end latency of a 3-stage pipeline at 50% and 90% of its maximum rate
+	$(BIN)/python -m bench.pipeline_latency
 
 bench-operator: $(STAMP) kube  ## The operator's reconcile cost over many stages
 	$(BIN)/python -m bench.operator_scale

@@ -33,7 +33,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -147,6 +147,37 @@ async def _redis_cpu(client: aioredis.Redis) -> float:
     return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
 
+def worker_env(
+    url: str,
+    service: str,
+    processor: str,
+    concurrency: int,
+    log_level: str,
+    settings: Mapping[str, str],
+    root: Path = ROOT,
+) -> dict[str, str]:
+    """The environment of a bench's `phoenix worker` from the source tree `root`, with its stage's `settings`."""
+    return dict(
+        os.environ,
+        SERVICE_NAME=service,
+        PROCESSOR=processor,
+        REDIS_URL=url,
+        CONSUMER_GROUP=GROUP,
+        CONCURRENCY=str(concurrency),
+        HEALTH_PORT="0",
+        LOG_LEVEL=log_level,
+        PYTHONPATH=str(root),
+        **settings,
+    )
+
+
+async def start_worker(env: dict[str, str], root: Path = ROOT) -> asyncio.subprocess.Process:
+    # Logs go to /dev/null: a terminal's speed is not the worker's.
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "phoenix", "worker", env=env, cwd=root, stdout=asyncio.subprocess.DEVNULL
+    )
+
+
 async def phoenix_worker(
     client: aioredis.Redis,
     url: str,
@@ -163,24 +194,9 @@ async def phoenix_worker(
     await client.flushdb()
     await fill(client, stream, n)
     await client.config_resetstat()
-    env = dict(
-        os.environ,
-        SERVICE_NAME="bench",
-        PROCESSOR=processor,
-        REDIS_URL=url,
-        INPUT_QUEUE=stream,
-        OUTPUT_QUEUE=out,
-        CONSUMER_GROUP=GROUP,
-        CONCURRENCY=str(concurrency),
-        HEALTH_PORT="0",
-        LOG_LEVEL=log_level,
-        PYTHONPATH=str(root),
-        **extra_env,
-    )
-    # Logs go to /dev/null: a terminal's speed is not the worker's.
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "phoenix", "worker", env=env, cwd=root, stdout=asyncio.subprocess.DEVNULL
-    )
+    settings = {"INPUT_QUEUE": stream, "OUTPUT_QUEUE": out, **extra_env}
+    env = worker_env(url, "bench", processor, concurrency, log_level, settings, root)
+    proc = await start_worker(env, root)
     try:
         while not await client.xlen(out):
             await asyncio.sleep(0.001)
@@ -226,26 +242,22 @@ async def sharded_worker(
         for lane in stage.lanes:
             await client.xgroup_create(lane.input, GROUP, id="0", mkstream=True)
         await Producer(client, "bench", partitions=partitions).send_many(records(n))
-        env = dict(
-            os.environ,
-            SERVICE_NAME="bench",
-            PROCESSOR=VARIANTS["process"][0],
-            REDIS_URL=url,
-            OUTPUT_QUEUE=out.input,
-            OUTPUT_PARTITIONS=str(partitions),
-            PARTITIONS=str(partitions),
-            CONSUMER_GROUP=GROUP,
-            CONCURRENCY=str(concurrency),
-            HEALTH_PORT="0",
-            LOG_LEVEL=log_level,
-            PYTHONPATH=str(ROOT),
-            **CLUSTER_ENV,
+        env = worker_env(
+            url,
+            "bench",
+            VARIANTS["process"][0],
+            concurrency,
+            log_level,
+            {
+                "OUTPUT_QUEUE": out.input,
+                "OUTPUT_PARTITIONS": str(partitions),
+                "PARTITIONS": str(partitions),
+                **CLUSTER_ENV,
+            },
         )
         cpu_start = [await _redis_cpu(node) for node in nodes]
         start = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "phoenix", "worker", env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL
-        )
+        proc = await start_worker(env)
         try:
             while sum([await client.xlen(lane.input) for lane in out.lanes]) < n:
                 if proc.returncode is not None:
