@@ -159,7 +159,7 @@ class PlannedWrite:
         waits for its stages to drain: pipeline/lifecycle.py), written at once."""
         if self.patch.keys() != {FIGURES}:
             return False
-        return queue_drained(self.record.status.get(FIGURES) or {}) == queue_drained(self.changes[FIGURES])
+        return queue_drained(self.record.status.get(FIGURES) or {}) == queue_drained(self.changes.get(FIGURES) or {})
 
 
 def due_writes(planned: Sequence[PlannedWrite], stages: int) -> list[PlannedWrite]:
