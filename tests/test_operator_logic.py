@@ -153,8 +153,8 @@ def test_a_cycle_writes_changed_states_at_once_and_figures_of_the_longest_unwrit
 
 
 def test_the_columns_say_how_old_the_figures_may_be() -> None:
-    oldest = FIGURES_MAX_CYCLES * DEFAULT_REFRESH_SECONDS
-    assert f"within {FIGURES_MAX_CYCLES} status refreshes ({oldest:g} s by default)" in FIGURES_AGE
+    apart = DEFAULT_REFRESH_SECONDS
+    assert f"within {FIGURES_MAX_CYCLES} status refreshes ({apart:g} s apart by default)" in FIGURES_AGE
 
 
 @pytest.mark.parametrize(("value", "expected"), [("all", None), ("ALL", None), ("5", 5), (" 12 ", 12)])

@@ -24,7 +24,7 @@ CRD_NAME = f"{PLURAL}.{GROUP}"
 
 # The queue figures' age: the operator writes a stage's moved figures within 3 status refreshes
 # (operator/stage/refresh.py FIGURES_MAX_CYCLES; --refresh-interval is 10 s by default).
-FIGURES_AGE = ", written within 3 status refreshes (30 s by default)"
+FIGURES_AGE = ", written within 3 status refreshes (10 s apart by default)"
 
 _PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},

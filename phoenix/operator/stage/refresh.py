@@ -46,7 +46,7 @@ logger = logging.getLogger(__name__)
 PATCH_CONCURRENCY = 32
 # status.queue, the figures a refresh writes for at most max(PATCH_CONCURRENCY, stages / FIGURES_MAX_CYCLES)
 # stages a cycle when nothing else of theirs changed: the figures `kubectl get phoenixstages` shows are then at most
-# FIGURES_MAX_CYCLES refresh intervals old (30 s at the default 10 s; docs/operator.md).
+# FIGURES_MAX_CYCLES refreshes old (each refresh-interval, 10 s by default, after the last one ended: docs/operator.md).
 FIGURES = "queue"
 FIGURES_MAX_CYCLES = 3
 # The source of the OutputUnread Warning, de-duplicated on its own (events.EventRecorder.warning).
