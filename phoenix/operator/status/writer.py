@@ -51,21 +51,27 @@ class StatusWriter:
         self._kube = kube
 
     @staticmethod
+    def _next(
+        record: StageRecord, changes: Mapping[str, Any] | None, conditions: Iterable[Condition]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The status after `changes` and `conditions`, and the patch from the one we know to it."""
+        new = merged_status(record.status, changes or {}, conditions, record.error, record.generation)
+        # Fields other writers own (kopf's, say) are not ours to remove: compare only what we know.
+        return new, status_patch(record.status, new)
+
+    @classmethod
     def pending(
-        record: StageRecord, changes: Mapping[str, Any] | None = None, conditions: Iterable[Condition] = ()
+        cls, record: StageRecord, changes: Mapping[str, Any] | None = None, conditions: Iterable[Condition] = ()
     ) -> dict[str, Any]:
         """The patch update() would write now with these `changes` and `conditions` (empty: nothing changed)."""
-        new = merged_status(record.status, changes or {}, conditions, record.error, record.generation)
-        return status_patch(record.status, new)
+        return cls._next(record, changes, conditions)[1]
 
     async def update(
         self, record: StageRecord, changes: Mapping[str, Any] | None = None, conditions: Iterable[Condition] = ()
     ) -> bool:
         """Apply `changes` and `conditions`; True when something was patched."""
         async with record.status_lock:
-            new = merged_status(record.status, changes or {}, conditions, record.error, record.generation)
-            # Fields other writers own (kopf's, say) are not ours to remove: compare only what we know.
-            patch = status_patch(record.status, new)
+            new, patch = self._next(record, changes, conditions)
             if not patch:
                 return False
             if await self._kube.patch_stage_status(record.namespace, record.name, patch):
