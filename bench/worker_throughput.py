@@ -159,15 +159,9 @@ async def _redis_cpu(client: aioredis.Redis) -> float:
 
 
 def worker_env(
-    url: str,
-    service: str,
-    processor: str,
-    concurrency: int,
-    log_level: str,
-    settings: Mapping[str, str],
-    root: Path = ROOT,
+    url: str, service: str, processor: str, concurrency: int, log_level: str, stage: Mapping[str, str]
 ) -> dict[str, str]:
-    """The environment of a bench's `phoenix worker` from the source tree `root`, with its stage's `settings`."""
+    """The environment of a bench's `phoenix worker`, with its `stage`'s settings."""
     return dict(
         os.environ,
         SERVICE_NAME=service,
@@ -177,15 +171,20 @@ def worker_env(
         CONCURRENCY=str(concurrency),
         HEALTH_PORT="0",
         LOG_LEVEL=log_level,
-        PYTHONPATH=str(root),
-        **settings,
+        **stage,
     )
 
 
 async def start_worker(env: dict[str, str], root: Path = ROOT) -> asyncio.subprocess.Process:
-    # Logs go to /dev/null: a terminal's speed is not the worker's.
+    """`phoenix worker` from the source tree `root`. Logs go to /dev/null: a terminal's speed is not the worker's."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "phoenix", "worker", env=env, cwd=root, stdout=asyncio.subprocess.DEVNULL
+        sys.executable,
+        "-m",
+        "phoenix",
+        "worker",
+        env={**env, "PYTHONPATH": str(root)},
+        cwd=root,
+        stdout=asyncio.subprocess.DEVNULL,
     )
 
 
@@ -206,7 +205,7 @@ async def phoenix_worker(
     await fill(client, stream, n)
     await client.config_resetstat()
     settings = {"INPUT_QUEUE": stream, "OUTPUT_QUEUE": out, **extra_env}
-    env = worker_env(url, "bench", processor, concurrency, log_level, settings, root)
+    env = worker_env(url, "bench", processor, concurrency, log_level, settings)
     proc = await start_worker(env, root)
     try:
         while not await client.xlen(out):
