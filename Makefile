@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 PEERS_VENV := .cache/bench-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed
 
-.PHONY: help demo test test-fast fuzz eval ocr tls-redis browser shellcheck e2e bench bench-peers bench-ingest bench-operator manifests kube helm promtool go-tools \
+.PHONY: help demo test test-fast fuzz eval ocr tls-redis browser shellcheck e2e bench bench-peers bench-ingest bench-latency \
+	bench-operator manifests kube helm promtool go-tools \
 	node keda kube-router e2e-tools lint format lock clean
 .DEFAULT_GOAL := help
 
@@ -122,6 +123,9 @@ bench-peers: $(STAMP) $(PEERS_STAMP)  ## The benchmark with taskiq-redis, dramat
 
 bench-ingest: $(STAMP)  ## phoenix ingest over HTTP beside the Python producer, same Valkey (bounded)
 	$(BIN)/python -m bench.ingest_load $(BENCH_ARGS)
+
+bench-latency: $(STAMP)  ## End-to-end latency of a 3-stage pipeline at 50% and 90% of its maximum rate
+	$(BIN)/python -m bench.pipeline_latency
 
 bench-operator: $(STAMP) kube  ## The operator's reconcile cost over many stages
 	$(BIN)/python -m bench.operator_scale

@@ -22,7 +22,16 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from bench.worker_throughput import INPUT, OUTPUT, VARIANTS, cpu_times, fill, start_worker
+from bench.worker_throughput import (
+    INPUT,
+    OUTPUT,
+    VARIANTS,
+    bench_stage,
+    cpu_times,
+    fill,
+    start_worker,
+    worker_env,
+)
 from phoenix import lua
 from phoenix.embedded import embedded_valkey
 
@@ -60,7 +69,8 @@ async def profile(n: int, concurrency: int, log_level: str, output: Path, fmt: s
         await client.config_set("slowlog-log-slower-than", 0)
         await client.config_set("slowlog-max-len", 1_000_000)
         processor, _ = VARIANTS["process"]
-        worker = await start_worker(url, concurrency, log_level, processor, {"OUTPUT_HIGH_WATER": "0"})
+        env = worker_env(url, "bench", processor, concurrency, log_level, bench_stage({"OUTPUT_HIGH_WATER": "0"}))
+        worker = await start_worker(env)
         try:
             while not await client.xlen(OUTPUT):
                 await asyncio.sleep(0.001)

@@ -14,7 +14,10 @@ virtualenv) on the same Valkey.
 With --compare-with DIR, a checkout of another commit (`git worktree add ../base <commit>`): its worker, started
 from DIR, runs in every round too, and the bench prints how this worker's CPU and Redis time per message compare.
 (d1) the same worker (process()) on a Redis Cluster of one shard (one node holding every slot), right after (c) in
-     every round: the cluster costs Redis no more than 10% more per message (Valkey process CPU, same round).
+     every round, and (a1) the floor on that cluster right before it: the cluster costs Redis no more than 10% more
+     per message than standalone (Valkey process CPU, same round), or no more than 10 points over what it costs the
+     floor (Valkey's own cost of cluster mode). --cluster-only runs (a), (c), (a1) and (d1) alone, standalone and
+     cluster first in turn.
 (d3) the same worker on a cluster of 3 shards, the stage and the next in 8 partitions (each forward in its
      commit, in the record's slot): the Valkey CPU of each shard per message, to show the load spread.
 (a), (c0), (c) and (d1) run in rounds, each (c) right after its (a), and report medians, ratios per round; (b) and
@@ -33,8 +36,8 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -93,17 +96,25 @@ def records(n: int) -> Iterator[Record]:
     return (Record(f"r{i}", {"i": i}, "u1") for i in range(n))
 
 
-async def floor(client: aioredis.Redis, n: int) -> float:
+@dataclass
+class FloorRun:
+    rate: float
+    redis_cpu_us_per_msg: float
+
+
+async def floor(client: aioredis.Redis, n: int) -> FloorRun:
     stream = "bench:floor"
     await fill(client, stream, n)
     done = 0
+    redis_cpu_start = await _redis_cpu(client)
     start = time.perf_counter()
     while done < n:
         reply = cast(GroupRead, await client.xreadgroup(GROUP, "c1", {stream: ">"}, count=100))
         ids = [entry_id for entry_id, _ in reply[0][1]]
         await client.xack(stream, GROUP, *ids)
         done += len(ids)
-    return n / (time.perf_counter() - start)
+    rate = n / (time.perf_counter() - start)
+    return FloorRun(rate, (await _redis_cpu(client) - redis_cpu_start) / n * 1e6)
 
 
 async def original(client: aioredis.Redis, n: int) -> float:
@@ -157,27 +168,38 @@ async def _redis_cpu(client: aioredis.Redis) -> float:
 INPUT, OUTPUT = "phoenix:{default}:bench:input", "phoenix:{default}:bench:output"
 
 
-async def start_worker(
-    url: str, concurrency: int, log_level: str, processor: str, extra_env: dict[str, str], root: Path = ROOT
-) -> asyncio.subprocess.Process:
-    """`phoenix worker` of (c)'s stage, started from the source tree `root`; its logs go to /dev/null (a terminal's
-    speed is not the worker's)."""
-    env = dict(
+def bench_stage(extra_env: Mapping[str, str]) -> dict[str, str]:
+    """(c)'s stage's settings, with `extra_env` over them."""
+    return {"INPUT_QUEUE": INPUT, "OUTPUT_QUEUE": OUTPUT, **extra_env}
+
+
+def worker_env(
+    url: str, service: str, processor: str, concurrency: int, log_level: str, stage: Mapping[str, str]
+) -> dict[str, str]:
+    """The environment of a bench's `phoenix worker`, with its `stage`'s settings."""
+    return dict(
         os.environ,
-        SERVICE_NAME="bench",
+        SERVICE_NAME=service,
         PROCESSOR=processor,
         REDIS_URL=url,
-        INPUT_QUEUE=INPUT,
-        OUTPUT_QUEUE=OUTPUT,
         CONSUMER_GROUP=GROUP,
         CONCURRENCY=str(concurrency),
         HEALTH_PORT="0",
         LOG_LEVEL=log_level,
-        PYTHONPATH=str(root),
-        **extra_env,
+        **stage,
     )
+
+
+async def start_worker(env: dict[str, str], root: Path = ROOT) -> asyncio.subprocess.Process:
+    """`phoenix worker` from the source tree `root`. Logs go to /dev/null: a terminal's speed is not the worker's."""
     return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "phoenix", "worker", env=env, cwd=root, stdout=asyncio.subprocess.DEVNULL
+        sys.executable,
+        "-m",
+        "phoenix",
+        "worker",
+        env={**env, "PYTHONPATH": str(root)},
+        cwd=root,
+        stdout=asyncio.subprocess.DEVNULL,
     )
 
 
@@ -195,14 +217,14 @@ async def phoenix_worker(
     await client.flushdb()
     await fill(client, INPUT, n)
     await client.config_resetstat()
-    proc = await start_worker(url, concurrency, log_level, processor, extra_env, root)
-    out = OUTPUT
+    env = worker_env(url, "bench", processor, concurrency, log_level, bench_stage(extra_env))
+    proc = await start_worker(env, root)
     try:
-        while not await client.xlen(out):
+        while not await client.xlen(OUTPUT):
             await asyncio.sleep(0.001)
         cpu_start, _ = _proc_stat(proc.pid)
         redis_cpu_start = await _redis_cpu(client)
-        while await client.xlen(out) < n:
+        while await client.xlen(OUTPUT) < n:
             if proc.returncode is not None:
                 raise RuntimeError(f"phoenix worker exited with {proc.returncode}")
             await asyncio.sleep(0.02)
@@ -212,8 +234,8 @@ async def phoenix_worker(
         proc.terminate()
         await proc.wait()
     # Output ids carry the server's clock at each commit: first to last commit is the processing time.
-    first = cast(Entries, await client.xrange(out, count=1))
-    last = cast(Entries, await client.xrevrange(out, count=1))
+    first = cast(Entries, await client.xrange(OUTPUT, count=1))
+    last = cast(Entries, await client.xrevrange(OUTPUT, count=1))
     seconds = max(_id_ms(last[0][0]) - _id_ms(first[0][0]), 1) / 1000
     stats = await client.info("commandstats")
     scripts, reads = stats["cmdstat_evalsha"]["usec"], stats["cmdstat_xreadgroup"]["usec"]
@@ -242,26 +264,22 @@ async def sharded_worker(
         for lane in stage.lanes:
             await client.xgroup_create(lane.input, GROUP, id="0", mkstream=True)
         await Producer(client, "bench", partitions=partitions).send_many(records(n))
-        env = dict(
-            os.environ,
-            SERVICE_NAME="bench",
-            PROCESSOR=VARIANTS["process"][0],
-            REDIS_URL=url,
-            OUTPUT_QUEUE=out.input,
-            OUTPUT_PARTITIONS=str(partitions),
-            PARTITIONS=str(partitions),
-            CONSUMER_GROUP=GROUP,
-            CONCURRENCY=str(concurrency),
-            HEALTH_PORT="0",
-            LOG_LEVEL=log_level,
-            PYTHONPATH=str(ROOT),
-            **CLUSTER_ENV,
+        env = worker_env(
+            url,
+            "bench",
+            VARIANTS["process"][0],
+            concurrency,
+            log_level,
+            {
+                "OUTPUT_QUEUE": out.input,
+                "OUTPUT_PARTITIONS": str(partitions),
+                "PARTITIONS": str(partitions),
+                **CLUSTER_ENV,
+            },
         )
         cpu_start = [await _redis_cpu(node) for node in nodes]
         start = time.perf_counter()
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "phoenix", "worker", env=env, cwd=ROOT, stdout=asyncio.subprocess.DEVNULL
-        )
+        proc = await start_worker(env)
         try:
             while sum([await client.xlen(lane.input) for lane in out.lanes]) < n:
                 if proc.returncode is not None:
@@ -359,24 +377,53 @@ def traced_cost(plain: list[WorkerRun], traced: list[WorkerRun], exported: int, 
     )
 
 
-def cluster_cost(standalone: list[WorkerRun], cluster: list[WorkerRun]) -> str:
-    """What a one-shard cluster costs Redis per message over standalone: the median of the rounds' own ratios
-    (each pair ran back to back, so the machine's drifting load affects both alike). Valkey's process CPU, not
-    wall clock: it holds on a loaded machine."""
+@dataclass
+class ClusterRounds:
+    """(a), (c), (a1) and (d1) of each round: the floor and the worker on standalone Valkey and on the one-shard
+    cluster, for the cluster's cost to Phoenix beside its cost to Valkey alone."""
 
-    def ratio(figure: Callable[[WorkerRun], float]) -> str:
-        pairs = list(zip(standalone, cluster, strict=True))
-        change = statistics.median(figure(c) / figure(s) - 1 for s, c in pairs)
-        median = statistics.median(figure(c) for _, c in pairs)
-        return f"{statistics.median(figure(s) for s, _ in pairs):.1f} -> {median:.1f} us ({change:+.1%})"
+    floors: list[FloorRun] = field(default_factory=list)
+    workers: list[WorkerRun] = field(default_factory=list)
+    cluster_floors: list[FloorRun] = field(default_factory=list)
+    cluster_workers: list[WorkerRun] = field(default_factory=list)
 
-    return f"Valkey CPU {ratio(lambda r: r.redis_cpu_us_per_msg)}, commands' time {ratio(redis_us)}"
+    def report(self) -> list[str]:
+        """Valkey CPU per message, cluster over standalone, per round (each pair ran in the same round): the
+        worker's, the floor's, and the ratio of the two ratios, with their spread over the rounds."""
+        pairs = zip(self.workers, self.cluster_workers, strict=True)
+        worker = [c.redis_cpu_us_per_msg / s.redis_cpu_us_per_msg for s, c in pairs]
+        floor_pairs = zip(self.floors, self.cluster_floors, strict=True)
+        floor = [c.redis_cpu_us_per_msg / s.redis_cpu_us_per_msg for s, c in floor_pairs]
+        of_ratios = [w / f for w, f in zip(worker, floor, strict=True)]
+
+        def spread(ratios: list[float]) -> str:
+            each = ", ".join(f"{r:.2f}" for r in ratios)
+            return f"median {statistics.median(ratios):.3f} (min {min(ratios):.2f}, max {max(ratios):.2f}; {each})"
+
+        commands = [redis_us(c) / redis_us(s) for s, c in zip(self.workers, self.cluster_workers, strict=True)]
+        phoenix_over, floor_over = statistics.median(worker) - 1, statistics.median(floor) - 1
+        met = phoenix_over <= 0.10 or phoenix_over <= floor_over + 0.10
+        rate = statistics.median(f.rate for f in self.cluster_floors)
+        floor_cpu, cluster_cpu = (
+            statistics.median(f.redis_cpu_us_per_msg for f in runs) for runs in (self.floors, self.cluster_floors)
+        )
+        return [
+            f"(a1) floor on the one-shard cluster        : {rate:10,.0f} msg/s; Valkey CPU per message: floor "
+            f"{floor_cpu:.1f} us standalone, {cluster_cpu:.1f} us on the cluster",
+            f"    Valkey CPU per message, one-shard cluster / standalone, {len(worker)} rounds:",
+            f"      phoenix worker (d1/c): {spread(worker)}",
+            f"      floor (a1/a):          {spread(floor)}",
+            f"      ratio of ratios:       {spread(of_ratios)}",
+            f"      the worker's commands' time (Valkey's count, not its CPU): {spread(commands)}",
+            f"    target (the worker's cluster overhead within +10%, or within the floor's {floor_over:+.1%} + 10 "
+            f"points): {phoenix_over:+.1%} -> {'met' if met else 'NOT met'}",
+        ]
 
 
 async def run(
     n: int, concurrency: int, rounds: int, log_level: str, peers_python: str | None, other: Path | None
 ) -> int:
-    floors: list[float] = []
+    floors: list[FloorRun] = []
     runs: dict[str, list[WorkerRun]] = {name: [] for name in VARIANTS}
     traced: list[WorkerRun] = []
     sampled: list[WorkerRun] = []
@@ -386,6 +433,7 @@ async def run(
     app = web.Application()
     app.router.add_post("/v1/traces", sink.traces)
     one_shard: list[WorkerRun] = []
+    cluster_floors: list[FloorRun] = []
     with embedded_valkey() as url, single_node_cluster() as cluster_url:
         server = TestServer(app, host="127.0.0.1")
         await server.start_server()
@@ -406,6 +454,7 @@ async def run(
             traced.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, traced_env))
             traced_bytes += sink.bytes - before
             sampled.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, sampled_env))
+            cluster_floors.append(await floor(cluster_client, n))
             one_shard.append(
                 await phoenix_worker(cluster_client, cluster_url, n, concurrency, log_level, noop, CLUSTER_ENV)
             )
@@ -417,10 +466,10 @@ async def run(
         peers = peer_rates(peers_python, url, cluster_url, n) if peers_python else []
     with valkey_cluster(SHARDS, replicas_each=0) as cluster:
         sharded = await sharded_worker(cluster.url, cluster.primaries(), n, concurrency, log_level, SHARD_PARTITIONS)
-    a = statistics.median(floors)
+    a = statistics.median(f.rate for f in floors)
     c = median_run(runs["process"]).rate
     ratio, batch_ratio = (
-        statistics.median(r.rate / f for r, f in zip(runs[k], floors, strict=True)) for k in ("process", "batch")
+        statistics.median(r.rate / f.rate for r, f in zip(runs[k], floors, strict=True)) for k in ("process", "batch")
     )
     print(
         f"messages: {n}, one embedded Valkey, no-op processors, {rounds} rounds of (a) then (c), medians, "
@@ -428,7 +477,7 @@ async def run(
     )
     print(
         f"(a) floor, XREADGROUP COUNT 100 + XACK/batch : {a:10,.0f} msg/s  "
-        f"(rounds: {', '.join(f'{f:,.0f}' for f in floors)})"
+        f"(rounds: {', '.join(f'{f.rate:,.0f}' for f in floors)})"
     )
     print(f"(b) original design, one message at a time   : {b:10,.0f} msg/s")
     print(f"(c) phoenix worker, process()                : {describe(runs['process'])}")
@@ -447,7 +496,8 @@ async def run(
         f"{traced_cost(runs['process'], sampled, sink.bytes - traced_bytes, messages)}"
     )
     print(f"(d1) process() on a one-shard Redis Cluster  : {describe(one_shard)}")
-    print(f"    cluster vs standalone, per message (target within +10%): {cluster_cost(runs['process'], one_shard)}")
+    for line in ClusterRounds(floors, runs["process"], cluster_floors, one_shard).report():
+        print(line)
     total = sum(sharded.shard_cpu_us_per_msg)
     spread = ", ".join(f"{us:.1f} us ({us / total:.0%})" for us in sharded.shard_cpu_us_per_msg)
     print(
@@ -485,6 +535,44 @@ async def run(
     return 0
 
 
+async def cluster_rounds(n: int, concurrency: int, rounds: int, log_level: str) -> int:
+    """--cluster-only: (a) and (c) on standalone Valkey, (a1) and (d1) on the one-shard cluster, in every round,
+    which of the two goes first alternating."""
+    measured = ClusterRounds()
+    noop = VARIANTS["process"][0]
+    with embedded_valkey() as url, single_node_cluster() as cluster_url:
+        client = aioredis.Redis.from_url(url)
+        cluster_client = aioredis.Redis.from_url(cluster_url)
+
+        async def standalone() -> None:
+            measured.floors.append(await floor(client, n))
+            measured.workers.append(await phoenix_worker(client, url, n, concurrency, log_level, noop, {}))
+
+        async def cluster() -> None:
+            measured.cluster_floors.append(await floor(cluster_client, n))
+            measured.cluster_workers.append(
+                await phoenix_worker(cluster_client, cluster_url, n, concurrency, log_level, noop, CLUSTER_ENV)
+            )
+
+        for number in range(rounds):
+            for side in (standalone, cluster) if number % 2 == 0 else (cluster, standalone):
+                await side()
+        await client.aclose()
+        await cluster_client.aclose()
+    print(
+        f"messages: {n}, {rounds} rounds of standalone (a, c) and one-shard cluster (a1, d1), first in turn, "
+        f"CONCURRENCY={concurrency}, LOG_LEVEL={log_level}; load average {os.getloadavg()[0]:.1f}"
+    )
+    print(
+        f"(a) floor, standalone                    : {statistics.median(f.rate for f in measured.floors):10,.0f} msg/s"
+    )
+    print(f"(c) phoenix worker, process()            : {describe(measured.workers)}")
+    print(f"(d1) process() on a one-shard Redis Cluster: {describe(measured.cluster_workers)}")
+    for line in measured.report():
+        print(line)
+    return 0
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--messages", type=int, default=20_000)
@@ -493,7 +581,10 @@ def main() -> int:
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     p.add_argument("--peers-python", help="python of a virtualenv with bench/peers/peers-requirements.txt")
     p.add_argument("--compare-with", type=Path, help="a checkout of another commit, whose worker runs alongside")
+    p.add_argument("--cluster-only", action="store_true", help="only (a), (c), (a1) and (d1): the cluster's cost")
     args = p.parse_args()
+    if args.cluster_only:
+        return asyncio.run(cluster_rounds(args.messages, args.concurrency, args.rounds, args.log_level))
     return asyncio.run(
         run(args.messages, args.concurrency, args.rounds, args.log_level, args.peers_python, args.compare_with)
     )

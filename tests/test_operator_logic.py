@@ -10,16 +10,24 @@ import kopf
 import pytest
 
 from phoenix.crds import ConditionType, PhoenixStageSpec
+from phoenix.crds.definition import FIGURES_AGE
 from phoenix.keys import StageKeys
 from phoenix.operator import handlers  # noqa: F401  (registers the kopf handlers
 from phoenix.operator.errors import MAX_BACKOFF_SECONDS, StageError, retry_delay
 from phoenix.operator.kube.kopf_settings import QuietHandlers
+from phoenix.operator.options import DEFAULT_REFRESH_SECONDS
 from phoenix.operator.record import StageRecord
 from phoenix.operator.stage.children import deployment_replicas
 from phoenix.operator.stage.converge import current_view, due_work
 from phoenix.operator.stage.drift import describe, differences
 from phoenix.operator.stage.reconcile import kopf_retry, parse_stage
-from phoenix.operator.stage.refresh import group_by_redis
+from phoenix.operator.stage.refresh import (
+    FIGURES_MAX_CYCLES,
+    PATCH_CONCURRENCY,
+    PlannedWrite,
+    due_writes,
+    group_by_redis,
+)
 from phoenix.operator.stage.requests import (
     ReplayRequestError,
     has_replay_work,
@@ -114,6 +122,39 @@ def test_status_merge_patches_only_what_changed() -> None:
     assert status_patch(pending, merged_status(pending, {"replayRequest": None}, [], None, 1)) == {
         "replayRequest": None
     }
+
+
+def test_status_patch_sends_only_the_figures_that_moved() -> None:
+    current = {"queue": {"lag": 3, "pending": 1, "consumers": 2}, "replicas": {"ready": 1}}
+    new = {"queue": {"lag": 4, "pending": 1}, "replicas": {"ready": 1}}
+    assert status_patch(current, new) == {"queue": {"lag": 4, "consumers": None}}
+
+
+def _planned(name: str, queue: dict[str, int], before: dict[str, int], written: float) -> PlannedWrite:
+    record = StageRecord("ns", name, status={"queue": before}, figures_written=written)
+    return PlannedWrite(record, {"queue": queue}, [], status_patch(record.status, {"queue": queue}))
+
+
+def test_a_cycle_writes_changed_states_at_once_and_figures_of_the_longest_unwritten() -> None:
+    stages = 3 * FIGURES_MAX_CYCLES * PATCH_CONCURRENCY
+    budget = stages // FIGURES_MAX_CYCLES
+    moved = [_planned(f"s{i}", {"lag": 5 + i, "pending": 1}, {"lag": 2, "pending": 1}, float(i)) for i in range(stages)]
+    unchanged = _planned("same", {"lag": 2, "pending": 0}, {"lag": 2, "pending": 0}, 0.0)
+    drained = _planned("drained", {"lag": 0, "pending": 0}, {"lag": 2, "pending": 0}, 1e9)
+    filling = _planned("filling", {"lag": 1, "pending": 0}, {"lag": 0, "pending": 0}, 1e9)
+    state = PlannedWrite(StageRecord("ns", "state", figures_written=1e9), {}, [], {"conditions": []})
+    due = due_writes([*reversed(moved), unchanged, drained, filling, state], stages)
+    # A stage that drained or began to queue, and any other change, go at once, whatever the budget.
+    assert [p.record.name for p in due[:3]] == ["drained", "filling", "state"]
+    # Figure-only changes: the longest unwritten first, a third of the stages a cycle.
+    assert [p.record.name for p in due[3:]] == [f"s{i}" for i in range(budget)]
+    # With few stages, one round of concurrent patches writes them all.
+    assert len(due_writes(moved[:PATCH_CONCURRENCY], stages=PATCH_CONCURRENCY)) == PATCH_CONCURRENCY
+
+
+def test_the_columns_say_how_old_the_figures_may_be() -> None:
+    apart = DEFAULT_REFRESH_SECONDS
+    assert f"within {FIGURES_MAX_CYCLES} status refreshes ({apart:g} s apart by default)" in FIGURES_AGE
 
 
 @pytest.mark.parametrize(("value", "expected"), [("all", None), ("ALL", None), ("5", 5), (" 12 ", 12)])

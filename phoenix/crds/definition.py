@@ -22,12 +22,31 @@ from phoenix.crds.status import PhoenixStageStatus
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
+# The queue figures' age: the operator writes a stage's moved figures within 3 status refreshes
+# (operator/stage/refresh.py FIGURES_MAX_CYCLES; --refresh-interval is 10 s by default).
+FIGURES_AGE = ", written within 3 status refreshes (10 s apart by default)"
+
 _PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Ready", "type": "string", "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
     {"name": "Replicas", "type": "string", "jsonPath": ".status.replicas.summary", "description": "ready/desired"},
-    {"name": "Backlog", "type": "integer", "jsonPath": ".status.queue.lag", "description": "Undelivered entries"},
-    {"name": "Pending", "type": "integer", "jsonPath": ".status.queue.pending", "description": "Unacknowledged"},
-    {"name": "DLQ", "type": "integer", "jsonPath": ".status.queue.dlqLength"},
+    {
+        "name": "Backlog",
+        "type": "integer",
+        "jsonPath": ".status.queue.lag",
+        "description": "Undelivered entries" + FIGURES_AGE,
+    },
+    {
+        "name": "Pending",
+        "type": "integer",
+        "jsonPath": ".status.queue.pending",
+        "description": "Unacknowledged" + FIGURES_AGE,
+    },
+    {
+        "name": "DLQ",
+        "type": "integer",
+        "jsonPath": ".status.queue.dlqLength",
+        "description": "Dead letters" + FIGURES_AGE,
+    },
     {
         "name": "Throttled",
         "type": "string",
@@ -38,14 +57,14 @@ _PRINTER_COLUMNS: list[dict[str, Any]] = [
         "name": "Oldest",
         "type": "integer",
         "jsonPath": ".status.queue.oldestUnfinishedSeconds",
-        "description": "Seconds the oldest unfinished entry (undelivered or pending) has waited",
+        "description": "Seconds the oldest unfinished entry (undelivered or pending) has waited" + FIGURES_AGE,
     },
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {
         "name": "Rate-Limited",
         "type": "integer",
         "jsonPath": ".status.queue.throttled",
-        "description": "Records the stage's rate limits (or a 429) hold back in the retry set now",
+        "description": "Records the stage's rate limits (or a 429) hold back in the retry set now" + FIGURES_AGE,
         "priority": 1,
     },
     {"name": "Processor", "type": "string", "jsonPath": ".spec.processor", "priority": 1},

@@ -68,6 +68,8 @@ class StageRecord:
     # Its status as this operator wrote it.
     # The status as last written or read: the refresh patches only fields that differ from it.
     status: dict[str, Any] = field(default_factory=dict)
+    # When the refresh last wrote its queue figures (monotonic; 0: never): the longest unwritten go first.
+    figures_written: float = 0.0
     # The reconcile failure that keeps the stage not Ready, if any.
     error: Condition | None = None
     # The cause of the Warning last posted per source (reconcile, restart, replay, delete): reason, generation.

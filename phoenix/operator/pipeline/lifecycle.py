@@ -9,6 +9,7 @@ from graphlib import TopologicalSorter
 from typing import Any
 
 from phoenix.crds.pipeline import PhoenixPipelineSpec
+from phoenix.operator.status.readiness import queue_drained
 
 
 def _spec(stage: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -31,8 +32,7 @@ def stopped(stage: Mapping[str, Any] | None) -> bool:
 
 def drained(stage: Mapping[str, Any] | None) -> bool:
     """Nothing waits in the stage's input: no backlog and nothing in flight, as its status last sampled them."""
-    queue = _status(stage).get("queue") or {}
-    return queue.get("lag") == 0 and queue.get("pending") == 0
+    return queue_drained(_status(stage).get("queue") or {})
 
 
 def paused_stages(spec: PhoenixPipelineSpec, stages: Mapping[str, Mapping[str, Any]]) -> dict[str, bool]:

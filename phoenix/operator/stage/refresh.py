@@ -3,16 +3,21 @@ same figures feed the per-stage gauges of the operator's /metrics.
 
 One cycle costs one pipelined round trip per distinct Redis URL (queue_stats.collect covers all stages on it; a
 second one when some stage has a backlog or pending entries, checking the figures against the stream's ids), one
-Deployment list call, and a status patch only for stages whose figures changed.
+Deployment list call, and a status patch only for stages whose status changed: at once when a condition or the
+replicas changed, and when only the figures did (the queue's and the latency's: they move every cycle while records
+flow), for a bounded number of stages per cycle, the longest unwritten first (due_writes), so that every stage's
+figures are written within FIGURES_MAX_CYCLES cycles and a cycle where every stage's figures moved costs a fraction
+of the patches.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -35,13 +40,20 @@ from phoenix.operator.status.durability import (
     redis_risk_condition,
 )
 from phoenix.operator.status.latency import stage_latency
-from phoenix.operator.status.readiness import deployment_condition, replica_status
+from phoenix.operator.status.readiness import deployment_condition, queue_drained, replica_status
 from phoenix.redis_spec import RedisSpec
 from phoenix.tools.queue_stats import QueueStats, collect
 from phoenix.worker_runtime.redis_risk import RedisRisk, assess_redis
 
 logger = logging.getLogger(__name__)
 PATCH_CONCURRENCY = 32
+# status.queue, the figures a refresh writes for at most max(PATCH_CONCURRENCY, stages / FIGURES_MAX_CYCLES)
+# stages a cycle when nothing else of theirs changed: the figures `kubectl get phoenixstages` shows are then at most
+# FIGURES_MAX_CYCLES refreshes old (each refresh-interval, 10 s by default, after the last one ended: docs/operator.md).
+FIGURES = "queue"
+FIGURES_MAX_CYCLES = 3
+# status.latency, the end-to-end latency of a final stage: figures too, written as the queue's are.
+LATENCY = "latency"
 # The source of the OutputUnread Warning, de-duplicated on its own (events.EventRecorder.warning).
 OUTPUT = "output"
 # How long an output must have had no reader before the Warning: stages applied together create their groups
@@ -53,10 +65,12 @@ REDIS_RISK_CHECK_SECONDS = 300.0
 
 @dataclass(frozen=True)
 class CycleReport:
+    started_at: float  # seconds since the epoch: which cycle this is
     stages: int
     redis_round_trips: int
     redis_failures: int
     patched: int
+    deferred: int  # stages whose figures changed, left for a later cycle (due_writes)
     seconds: float
     read_seconds: float  # Redis and the Deployment list; the rest of `seconds` is writing status
 
@@ -136,6 +150,34 @@ def _by_stage(deployments: Iterable[Mapping[str, Any]]) -> dict[StageKey, Mappin
     return found
 
 
+@dataclass(frozen=True)
+class PlannedWrite:
+    """A stage's status as this cycle found it, and the patch it makes (empty: nothing changed)."""
+
+    record: StageRecord
+    changes: dict[str, Any]
+    conditions: list[Condition]
+    patch: dict[str, Any]
+
+    @property
+    def figures_only(self) -> bool:
+        """Only figures moved; a stage that drained or began to queue is a change of state (a pipeline's pause
+        waits for its stages to drain: pipeline/lifecycle.py), written at once."""
+        if not self.patch or not self.patch.keys() <= {FIGURES, LATENCY}:
+            return False
+        return queue_drained(self.record.status.get(FIGURES) or {}) == queue_drained(self.changes.get(FIGURES) or {})
+
+
+def due_writes(planned: Sequence[PlannedWrite], stages: int) -> list[PlannedWrite]:
+    """The patches this cycle writes: every one with more than figures in it, and the figure-only ones of the
+    stages longest unwritten, at most max(PATCH_CONCURRENCY: one round of concurrent patches, stages /
+    FIGURES_MAX_CYCLES) of them, so that each stage's turn comes within FIGURES_MAX_CYCLES cycles."""
+    urgent = [p for p in planned if p.patch and not p.figures_only]
+    figures = sorted((p for p in planned if p.figures_only), key=lambda p: p.record.figures_written)
+    budget = max(PATCH_CONCURRENCY, math.ceil(stages / FIGURES_MAX_CYCLES))
+    return urgent + figures[:budget]
+
+
 def note_missing_groups(
     ctx: OperatorContext, records: Iterable[StageRecord], queues: Mapping[StageKey, QueueStats]
 ) -> None:
@@ -150,6 +192,7 @@ def note_missing_groups(
 
 
 async def refresh_once(ctx: OperatorContext) -> CycleReport:
+    started_at = time.time()
     started = time.perf_counter()
     records = ctx.registry.records()
     groups = group_by_redis(records)
@@ -167,30 +210,40 @@ async def refresh_once(ctx: OperatorContext) -> CycleReport:
     by_stage = _by_stage(deployments)
     limit = asyncio.Semaphore(PATCH_CONCURRENCY)
 
-    async def refresh(record: StageRecord) -> bool:
+    async def plan(record: StageRecord) -> PlannedWrite:
         deployment = by_stage.get(record.key)
         changes: dict[str, Any] = {"replicas": replica_status(deployment).to_k8s()}
         conditions = [deployment_condition(deployment, record.generation)]
         if record.key in queues:
             stats = queues[record.key]
-            changes["queue"] = queue_status(stats)
-            changes["latency"] = stage_latency(stats.latency)  # None: no record finished lately, the field goes
+            changes[FIGURES] = queue_status(stats)
+            changes[LATENCY] = stage_latency(stats.latency)  # None: no record finished lately, the field goes
             conditions.append(backpressure_condition(stats.backpressure, record.generation))
             conditions.append(queue_figures_condition(stats.disagreements, record.generation))
             conditions.append(await _output_unread(ctx, record, stats))
         if record.redis is not None and (risk := risk_by_redis.get(record.redis)) is not None:
             conditions.append(redis_risk_condition(risk, record.generation))
+        return PlannedWrite(record, changes, conditions, ctx.writer.pending(record, changes, conditions))
+
+    async def write(planned: PlannedWrite) -> bool:
         async with limit:
-            return await ctx.writer.update(record, changes, conditions)
+            written = await ctx.writer.update(planned.record, planned.changes, planned.conditions)
+        if written and planned.patch.keys() & {FIGURES, LATENCY}:
+            planned.record.figures_written = time.monotonic()
+        return written
 
     # Stages whose reconcile failed have no Deployment to report on yet: their status says why already.
-    patched = await asyncio.gather(*(refresh(r) for r in records if r.error is None and r.streams is not None))
+    planned = await asyncio.gather(*(plan(r) for r in records if r.error is None and r.streams is not None))
+    due = due_writes(planned, len(records))
+    patched = await asyncio.gather(*(write(p) for p in due))
     STAGES.update(stage_figures(r, queues.get(r.key), by_stage.get(r.key)) for r in records)
     return CycleReport(
+        started_at=round(started_at, 3),
         stages=len(records),
         redis_round_trips=len(groups),
         redis_failures=sum(sample is None for sample in samples),
         patched=sum(patched),
+        deferred=sum(p.figures_only for p in planned) - sum(p.figures_only for p in due),
         seconds=round(time.perf_counter() - started, 4),
         read_seconds=round(read_seconds, 4),
     )

@@ -22,6 +22,11 @@ def replica_status(deployment: Mapping[str, Any] | None) -> ReplicaStatus:
     return ReplicaStatus.of(desired, int(deployment.get("status", {}).get("readyReplicas", 0) or 0))
 
 
+def queue_drained(queue: Mapping[str, Any]) -> bool:
+    """Nothing waits in the stage's input: no backlog and nothing in flight (status.queue's figures)."""
+    return queue.get("lag") == 0 and queue.get("pending") == 0
+
+
 def deployment_condition(deployment: Mapping[str, Any] | None, generation: int | None = None) -> Condition:
     """DeploymentReady from the Deployment's own status, the way `kubectl rollout status` reads it."""
     if deployment is None:

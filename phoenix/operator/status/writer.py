@@ -29,8 +29,17 @@ def merged_status(
 
 
 def status_patch(current: Mapping[str, Any], new: Mapping[str, Any]) -> dict[str, Any]:
-    """A merge patch turning `current` into `new` at the top level (lists and objects are replaced whole)."""
-    patch = {key: value for key, value in new.items() if current.get(key) != value}
+    """A merge patch (RFC 7386) turning `current` into `new`: objects hold only their fields that changed, lists are
+    replaced whole (a refresh where only the backlog moved sends that one figure)."""
+    patch: dict[str, Any] = {}
+    for key, value in new.items():
+        before = current.get(key)
+        if before == value:
+            continue
+        if isinstance(before, Mapping) and isinstance(value, Mapping):
+            patch[key] = status_patch(before, value)
+        else:
+            patch[key] = value
     patch.update({key: None for key in current if key not in new})
     return patch
 
@@ -41,14 +50,28 @@ class StatusWriter:
     def __init__(self, kube: KubeApi) -> None:
         self._kube = kube
 
+    @staticmethod
+    def _next(
+        record: StageRecord, changes: Mapping[str, Any] | None, conditions: Iterable[Condition]
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The status after `changes` and `conditions`, and the patch from the one we know to it."""
+        new = merged_status(record.status, changes or {}, conditions, record.error, record.generation)
+        # Fields other writers own (kopf's, say) are not ours to remove: compare only what we know.
+        return new, status_patch(record.status, new)
+
+    @classmethod
+    def pending(
+        cls, record: StageRecord, changes: Mapping[str, Any] | None = None, conditions: Iterable[Condition] = ()
+    ) -> dict[str, Any]:
+        """The patch update() would write now with these `changes` and `conditions` (empty: nothing changed)."""
+        return cls._next(record, changes, conditions)[1]
+
     async def update(
         self, record: StageRecord, changes: Mapping[str, Any] | None = None, conditions: Iterable[Condition] = ()
     ) -> bool:
         """Apply `changes` and `conditions`; True when something was patched."""
         async with record.status_lock:
-            new = merged_status(record.status, changes or {}, conditions, record.error, record.generation)
-            # Fields other writers own (kopf's, say) are not ours to remove: compare only what we know.
-            patch = status_patch(record.status, new)
+            new, patch = self._next(record, changes, conditions)
             if not patch:
                 return False
             if await self._kube.patch_stage_status(record.namespace, record.name, patch):
