@@ -65,6 +65,15 @@ def test_a_chain_is_one_pipeline_with_each_edge_lagging_by_the_next_stages_backl
     assert pipeline.p99_seconds is None  # no stage's status has it
 
 
+def test_the_pipelines_p99_merges_its_final_stages_latency_as_its_status_does() -> None:
+    final = [stage("lab"), stage("img")]
+    final[0]["status"]["latency"] = {"buckets": [{"le": "0.5", "count": 98}, {"le": "1.0", "count": 1}]}
+    final[1]["status"]["latency"] = {"buckets": [{"le": "10.0", "count": 1}]}
+    (pipeline,) = pipelines_of([stage("router", outputs={"a": "lab", "b": "img"}), *final])
+    # 100 records: the 99th is the last of the 0.5..1 bucket's one, its upper bound.
+    assert pipeline.p99_seconds == 1.0
+
+
 def test_named_outputs_are_edges_named_after_their_output() -> None:
     stages = [
         stage("router", outputs={"lab": "parser", "scans": "imaging"}),

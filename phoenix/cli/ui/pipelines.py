@@ -14,6 +14,7 @@ from typing import Any
 
 from phoenix.crds.status import ConditionType
 from phoenix.kube_names import PIPELINE_LABEL
+from phoenix.operator.status.latency import pipeline_latency
 
 Json = dict[str, Any]
 
@@ -49,7 +50,9 @@ class Pipeline:
     stages: list[StageBox]
     edges: list[Edge]
     oldest_seconds: int | None  # the largest of the stages' own (as a PhoenixPipeline's status has it)
-    p99_seconds: float | None  # end-to-end latency: only a PhoenixPipeline's status has it; None until then
+    # End-to-end latency over the last windows, the final stages' status.latency buckets merged as a PhoenixPipeline's
+    # status merges them; None while no final stage finished a record lately.
+    p99_seconds: float | None
 
     def as_json(self) -> Json:
         return asdict(self)
@@ -128,7 +131,8 @@ def pipelines_of(stages: Sequence[Json], rates: Mapping[tuple[str, str], float] 
         ordered = sorted((replace(box, column=columns[box.name]) for box in boxes.values()), key=_position)
         edges.sort(key=lambda e: (columns[e.source], e.source, columns[e.target], e.target))
         ages = [box.oldest_seconds for box in ordered if box.oldest_seconds is not None]
-        out.append(Pipeline(ns, name, labelled, ordered, edges, max(ages, default=None), None))
+        latency = pipeline_latency(body.get("status") or {} for body in members) or {}
+        out.append(Pipeline(ns, name, labelled, ordered, edges, max(ages, default=None), latency.get("p99Seconds")))
     return out
 
 

@@ -142,7 +142,7 @@ function drawPipeline(pipeline) {
   figures.append(html("span", { class: "muted" }, pipeline.stages.length + " stages" + grouped));
   const oldest = html("span", {}, "OLDEST ");
   oldest.append(html("b", { "data-figure": "oldest" }, seconds(pipeline.oldest_seconds)));
-  const p99 = html("span", { title: "end-to-end latency: shown when the pipeline's status has it" }, "P99 end to end ");
+  const p99 = html("span", { title: "end-to-end latency over the last minutes, from the final stages' status" }, "P99 end to end ");
   p99.append(html("b", { "data-figure": "p99" }, pipeline.p99_seconds === null ? "-" : pipeline.p99_seconds + " s"));
   figures.append(oldest, p99);
   card.append(figures);
