@@ -4,9 +4,10 @@ server refused none of it (ACL LOG); the user reaches none of another namespace'
 namespace claimed, nor the server-wide commands that would let it see or harm them.
 
 The flows: the operator (the admin) claims three stages of namespace team-a; as the user, two partitioned stages
-(2 lanes forwarding to 3: a relayed hop) and a stage with a named input and output run with retries, dead
-letters, billing, backpressure, MIN_REPLICAS_ACK, a database other than 0 and a dead consumer forgotten; the
-producer sends; people's repairs, replays, inspection, queue figures and audit run."""
+(2 lanes forwarding to 3: a relayed hop, the last under a rate limit that holds records back) and a stage with a
+named input and output run with retries, dead letters, billing, backpressure, MIN_REPLICAS_ACK, a database other
+than 0 and a dead consumer forgotten; the producer sends; people's repairs, replays, inspection, queue figures and
+audit run."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from phoenix.embedded import start_valkey
 from phoenix.keys import StageKeys, name_marker
 from phoenix.operator.redis.acl import USER_COMMANDS, user_rules, username
 from phoenix.producer import Producer, Record
+from phoenix.rate_limits import RateLimit
 from phoenix.record_format import DONE, LOCKED
 from phoenix.tools import audit, dlq, inspection, queue_stats, repair
 from phoenix.worker_runtime import ownership
@@ -125,7 +127,16 @@ async def test_the_runtime_and_tools_send_exactly_the_users_commands_and_none_is
         for dead in ("n2", "n3"):
             await _send(user, NAMED, dead, action="invalid")  # past DLQ_MAXLEN: trimmed and counted
         async with (
-            running_worker(url, "second", OutcomeProcessor, partitions=3, stage_uid="uid-second", **stages) as last,
+            running_worker(
+                url,
+                "second",
+                OutcomeProcessor,
+                partitions=3,
+                stage_uid="uid-second",
+                # 8 records 1.5 s apart, 1 at once: each further off than a second is held back in the retry set.
+                rate_limits=[RateLimit(rate=40, per="minute", burst=1)],
+                **stages,
+            ) as last,
             running_worker(
                 url,
                 "first",

@@ -23,6 +23,7 @@ from urllib3.exceptions import HTTPError
 from phoenix.cli.kubectl import PluginError, Stages, pipeline_stages, spec_settings, stage_target
 from phoenix.cli.stage import StageSettings, redis_client
 from phoenix.crds import PhoenixStage
+from phoenix.errors import PhoenixError
 from phoenix.keys import StageKeys
 from phoenix.producer import Producer
 from phoenix.redis_spec import RedisSpec
@@ -34,11 +35,11 @@ from phoenix.worker_runtime.ownership import laid_out
 MEASURE_SECONDS = 1.0
 
 
-class UnknownPipeline(LookupError):
+class UnknownPipeline(PhoenixError):
     """No pipeline of this name: the message says where it was looked for."""
 
 
-class PipelineUnavailable(RuntimeError):
+class PipelineUnavailable(PhoenixError):
     """The pipeline exists but cannot be read now (the API server, a Secret the ingest may not read): one line,
     no secret."""
 
