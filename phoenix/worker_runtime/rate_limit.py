@@ -32,7 +32,7 @@ FLUSH_SECONDS = 1.0
 # set. Long enough that a pod always holds the next records of a busy limit (no unit goes unused between two reads),
 # short enough that what waits in slots stays a second of the limit's rate.
 HOLD_MS = 1000
-# User buckets' key names kept between calls: a bound, not a cache that must hold every user.
+# Users whose bucket keys are kept between calls: a bound, not a cache that must hold every user.
 _USER_KEYS_KEPT = 10_000
 
 
@@ -48,7 +48,8 @@ class RateLimiter:
         self._held_key = settings.keys.held
         # The buckets every record takes from (stage and downstream scope), by limit index.
         self._shared = {i: self._bucket(i, limit, "") for i, limit in enumerate(self._limits) if limit.scope != "user"}
-        self._user_keys: dict[tuple[int, str], str] = {}
+        # Each user's buckets, made once (a read batch asks for them per record), at most _USER_KEYS_KEPT users.
+        self._buckets_of: dict[str, tuple[tuple[RateLimit, str], ...]] = {}
         self._limit_of: dict[str, RateLimit] = {}  # every bucket key made, for the charges and pauses sent alone
         self._charges: dict[str, float] = {}
         self._pauses: dict[str, float] = {}
@@ -62,18 +63,19 @@ class RateLimiter:
             return rate_limit_key(self._namespace, f"stage:{self._stage}:{index}")
         return rate_limit_key(self._namespace, f"user:{self._stage}:{index}:{user_id}")
 
-    def _keys_of(self, user_id: str) -> list[tuple[RateLimit, str]]:
+    def _keys_of(self, user_id: str) -> tuple[tuple[RateLimit, str], ...]:
         """The record's buckets: every shared one and, per limit of scope user, its user's."""
-        found = []
-        for i, limit in enumerate(self._limits):
-            key = self._shared.get(i)
-            if key is None and (key := self._user_keys.get((i, user_id))) is None:
-                if len(self._user_keys) >= _USER_KEYS_KEPT:
-                    self._user_keys.clear()
-                    self._limit_of.clear()
-                key = self._user_keys[i, user_id] = self._bucket(i, limit, user_id)
-            self._limit_of[key] = limit
-            found.append((limit, key))
+        found = self._buckets_of.get(user_id)
+        if found is None:
+            if len(self._buckets_of) >= _USER_KEYS_KEPT:
+                self._buckets_of.clear()
+                # Kept: the buckets with a charge or a pause still to send.
+                self._limit_of = {key: self._limit_of[key] for key in {*self._charges, *self._pauses}}
+            found = tuple(
+                (limit, self._shared.get(i) or self._bucket(i, limit, user_id)) for i, limit in enumerate(self._limits)
+            )
+            self._buckets_of[user_id] = found
+            self._limit_of.update((key, limit) for limit, key in found)
         return found
 
     def charge(self, units: float, user_id: str) -> None:
@@ -96,14 +98,19 @@ class RateLimiter:
         keys: dict[str, int] = {}
         params: list[float | int | str] = []
         records: list[int | str] = []
+        # Each user's bucket count and positions in this call, found once: a batch's records share their users.
+        placed: dict[str, list[int]] = {}
         for m in messages:
-            buckets = self._keys_of(m.user_id)
-            records += (m.record_id, len(buckets))
-            for limit, key in buckets:
-                if (position := keys.get(key)) is None:
-                    position = keys[key] = len(keys) + 1
-                    params += self._params(key, limit)
-                records.append(position)
+            if (positions := placed.get(m.user_id)) is None:
+                buckets = self._keys_of(m.user_id)
+                positions = placed[m.user_id] = [len(buckets)]
+                for limit, key in buckets:
+                    if (position := keys.get(key)) is None:
+                        position = keys[key] = len(keys) + 1
+                        params += self._params(key, limit)
+                    positions.append(position)
+            records.append(m.record_id)
+            records += positions
         for key in {*self._charges, *self._pauses} - keys.keys():  # reported for buckets no record here needs
             keys[key] = len(keys) + 1
             params += self._params(key, self._limit_of[key])
